@@ -1,0 +1,80 @@
+# Test helpers for fourway's own tests. Every test carries one of the labels cpu, gpu, mpi.
+#
+#   fourway_add_test(NAME n SOURCES a.cpp [LIBS ...] [LABELS ...] [TIMEOUT s])
+#       A GoogleTest executable; each TEST becomes one ctest entry (label cpu unless given).
+#   fourway_add_cuda_test(NAME n SOURCES a.cu [LIBS ...] [TIMEOUT s])
+#       Compiled by nvcc whenever CUDA is enabled (so CI proves it compiles); labelled gpu.
+#       At run time the tests GTEST_SKIP without a GPU, and ctest reports them as skipped.
+#   fourway_add_mpi_test(NAME n SOURCES a.cpp NP 2 4 [LIBS ...])
+#       Runs the executable under mpirun -np N for each N (oversubscribed, allowed as root).
+#   fourway_add_compile_fail_test(NAME n SOURCE f.cpp EXPECT "fourway: ..." [DEFINES ...])
+#       Passes when compiling SOURCE fails with a diagnostic containing EXPECT, and the same
+#       file compiles with -DFOURWAY_COMPILE_FAIL_CONTROL (so the failure is the one pinned).
+include(GoogleTest)
+find_package(GTest REQUIRED)
+
+set(FOURWAY_GTEST_SKIP_REGEX "\\[  SKIPPED \\]")
+
+function(fourway_add_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT A_LABELS)
+    set(A_LABELS cpu)
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  add_executable(${A_NAME} ${A_SOURCES})
+  target_link_libraries(${A_NAME} PRIVATE fourway::fourway fourway_project_options
+                        GTest::gtest GTest::gtest_main ${A_LIBS})
+  gtest_discover_tests(${A_NAME} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+               SKIP_REGULAR_EXPRESSION "${FOURWAY_GTEST_SKIP_REGEX}")
+endfunction()
+
+function(fourway_add_cuda_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  if(NOT TARGET fourway::cuda)
+    return()
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  add_executable(${A_NAME} ${A_SOURCES})
+  target_link_libraries(${A_NAME} PRIVATE fourway::cuda GTest::gtest GTest::gtest_main ${A_LIBS})
+  # One ctest entry per executable: discovery would run the binary at test time anyway, and
+  # a single entry keeps the skip message visible.
+  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  set_tests_properties(${A_NAME} PROPERTIES LABELS gpu TIMEOUT ${A_TIMEOUT}
+                       SKIP_REGULAR_EXPRESSION "${FOURWAY_GTEST_SKIP_REGEX}")
+endfunction()
+
+function(fourway_add_mpi_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;NP" ${ARGN})
+  if(NOT TARGET fourway::mpi)
+    message(STATUS "fourway: MPI not found, skipping MPI test ${A_NAME}")
+    return()
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  add_executable(${A_NAME} ${A_SOURCES})
+  target_link_libraries(${A_NAME} PRIVATE fourway::mpi fourway_project_options GTest::gtest
+                        ${A_LIBS})
+  foreach(np IN LISTS A_NP)
+    add_test(NAME ${A_NAME}_np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              --allow-run-as-root --bind-to none ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${A_NAME}>)
+    set_tests_properties(${A_NAME}_np${np} PROPERTIES LABELS mpi TIMEOUT ${A_TIMEOUT}
+      PROCESSORS ${np} ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader,tcp")
+  endforeach()
+endfunction()
+
+function(fourway_add_compile_fail_test)
+  cmake_parse_arguments(A "" "NAME;SOURCE;EXPECT" "DEFINES" ${ARGN})
+  set(inc "${PROJECT_SOURCE_DIR}/include")
+  add_test(NAME ${A_NAME}
+    COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} -DSRC=${A_SOURCE} -DINC=${inc}
+            "-DEXPECT=${A_EXPECT}" "-DDEFINES=${A_DEFINES}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/CompileFail.cmake)
+  set_tests_properties(${A_NAME} PROPERTIES LABELS "cpu;compile_fail" TIMEOUT 120)
+endfunction()

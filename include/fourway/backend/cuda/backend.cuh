@@ -1,0 +1,143 @@
+//! The Cuda backend: device memory through cudaMalloc, and the per-rank CUDA context (device,
+//! stream, cuBLAS handle). Several ranks may share one GPU, each with its own stream.
+//!
+//! All work a context issues goes to its stream; `synchronize()` waits for it. Host<->device
+//! copies are ordered on the same stream.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
+#include "fourway/core/tensor.hpp"
+
+namespace fourway {
+
+namespace cuda {
+/// Throws DeviceError naming the call and CUDA's message when `status` is not cudaSuccess.
+inline void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw DeviceError(detail::cat("fourway: ", what, " failed: ", cudaGetErrorName(status), " (",
+                                  cudaGetErrorString(status), ")"));
+  }
+}
+inline void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw DeviceError(detail::cat("fourway: ", what, " failed with cuBLAS status ",
+                                  static_cast<int>(status)));
+  }
+}
+/// Number of visible GPUs; 0 (never an exception) when there is no driver or no device.
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+}  // namespace cuda
+
+struct Cuda {
+  static constexpr std::string_view name = "cuda";
+  static constexpr bool on_device = true;
+
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t st = cudaMalloc(&p, bytes);
+    if (st != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw OutOfMemory(detail::cat("fourway: cudaMalloc of ", bytes, " B failed: ",
+                                    cudaGetErrorString(st)));
+    }
+    return p;
+  }
+  static void deallocate(void* p) noexcept { (void)cudaFree(p); }
+};
+static_assert(backend<Cuda>);
+
+/// Per-rank CUDA context: the rank's accountant, its device, a stream and a cuBLAS handle.
+template <>
+struct Context<Cuda> {
+  using backend_type = Cuda;
+  Context(MemoryAccountant& m, int device) : memory_(&m), device_(device) {
+    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                     "cudaStreamCreate");
+    cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    cuda::check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ~Context() {
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
+  [[nodiscard]] int device() const { return device_; }
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
+  /// Makes this context's device current for the calling thread.
+  void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  void synchronize() const { cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  MemoryAccountant* memory_;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+};
+
+namespace cuda {
+namespace detail {
+template <class T>
+__global__ void fill_kernel(T* p, std::int64_t n, T value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = value;
+  }
+}
+}  // namespace detail
+
+/// Device-to-device copy on the context's stream.
+template <class T>
+void copy(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
+  if (n <= 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                             cudaMemcpyDeviceToDevice, ctx.stream()),
+             "cudaMemcpyAsync D2D");
+}
+/// Device -> host; returns once the data is on the host.
+template <class T>
+void to_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
+  if (n <= 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                             cudaMemcpyDeviceToHost, ctx.stream()),
+             "cudaMemcpyAsync D2H");
+  ctx.synchronize();
+}
+/// Host -> device; returns once the host buffer may be reused.
+template <class T>
+void from_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
+  if (n <= 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                             cudaMemcpyHostToDevice, ctx.stream()),
+             "cudaMemcpyAsync H2D");
+  ctx.synchronize();
+}
+/// p[0, n) = value, on the context's stream.
+template <class T>
+void fill(const Context<Cuda>& ctx, T* p, std::int64_t n, T value) {
+  if (n <= 0) return;
+  const int threads = 256;
+  const auto blocks = static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+  detail::fill_kernel<<<blocks, threads, 0, ctx.stream()>>>(p, n, value);
+  check_cuda(cudaGetLastError(), "fill kernel launch");
+}
+}  // namespace cuda
+
+}  // namespace fourway

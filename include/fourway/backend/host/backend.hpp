@@ -1,0 +1,66 @@
+//! The Host backend: 64-byte aligned CPU memory, and the per-rank host context.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+#include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
+#include "fourway/core/tensor.hpp"
+
+namespace fourway {
+
+struct Host {
+  static constexpr std::string_view name = "host";
+  static constexpr bool on_device = false;
+  static constexpr std::size_t alignment = 64;
+
+  static void* allocate(std::size_t bytes) {
+    try {
+      return ::operator new(bytes, std::align_val_t{alignment});
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemory(detail::cat("fourway: host allocation of ", bytes, " B failed"));
+    }
+  }
+  static void deallocate(void* p) noexcept { ::operator delete(p, std::align_val_t{alignment}); }
+};
+static_assert(backend<Host>);
+
+/// Per-rank host context: the rank's memory accountant.
+template <>
+struct Context<Host> {
+  using backend_type = Host;
+  explicit Context(MemoryAccountant& m) : memory_(&m) {}
+  [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
+  /// Host work is synchronous; present so code can be written once for both backends.
+  void synchronize() const {}
+
+ private:
+  MemoryAccountant* memory_;
+};
+
+namespace host {
+/// dst[0, n) = src[0, n). Regions must not overlap.
+template <class T>
+void copy(const Context<Host>& /*ctx*/, T* dst, const T* src, std::int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(T));
+}
+/// p[0, n) = value.
+template <class T>
+void fill(const Context<Host>& /*ctx*/, T* p, std::int64_t n, T value) {
+  std::fill(p, p + n, value);
+}
+/// Copies host memory into a host buffer (the same call as `cuda::to_host` on the device side).
+template <class T>
+void to_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
+  copy(ctx, dst, src, n);
+}
+template <class T>
+void from_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
+  copy(ctx, dst, src, n);
+}
+}  // namespace host
+
+}  // namespace fourway

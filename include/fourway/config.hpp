@@ -1,0 +1,48 @@
+//! fourway configuration: host/device annotations and capability flags.
+//!
+//! Every other header includes this one first. A `.hpp` must compile with any C++20 compiler, so
+//! CUDA-only spellings live behind `FOURWAY_CUDA_COMPILATION`, which is defined only when nvcc
+//! (or clang in CUDA mode) compiles the translation unit.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDA_ARCH__)
+#define FOURWAY_CUDA_COMPILATION 1
+#endif
+
+#if defined(FOURWAY_CUDA_COMPILATION)
+#define FOURWAY_HOST_DEVICE __host__ __device__
+#define FOURWAY_DEVICE __device__
+#define FOURWAY_HOST __host__
+#else
+#define FOURWAY_HOST_DEVICE
+#define FOURWAY_DEVICE
+#define FOURWAY_HOST
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define FOURWAY_DEVICE_CODE 1  // inside device code (the device pass of nvcc)
+#endif
+
+// Capability flags. The CMake component targets (fourway::cuda, fourway::nccl, fourway::mpi) define
+// them as 1; a user who includes the headers without CMake may define them by hand.
+#ifndef FOURWAY_HAS_CUDA
+#define FOURWAY_HAS_CUDA 0
+#endif
+#ifndef FOURWAY_HAS_NCCL
+#define FOURWAY_HAS_NCCL 0
+#endif
+#ifndef FOURWAY_HAS_MPI
+#define FOURWAY_HAS_MPI 0
+#endif
+#ifndef FOURWAY_HAS_CBLAS
+#define FOURWAY_HAS_CBLAS 0
+#endif
+
+#define FOURWAY_VERSION_MAJOR 0
+#define FOURWAY_VERSION_MINOR 1
+#define FOURWAY_VERSION_PATCH 0
+
+namespace fourway {
+/// Sentinel for a degree that is known only at run time (e.g. from a command line).
+inline constexpr int dynamic = -1;
+}  // namespace fourway

@@ -1,0 +1,134 @@
+//! Tensor<T, Backend>: a typed, contiguous, row-major block of memory, owning or a view.
+//!
+//! An owning tensor allocates through its backend and reports the bytes, under its tag, to the
+//! rank's `MemoryAccountant`; destroying it gives them back. A view points into memory it does
+//! not own and allocates (and counts) nothing. Tensors move, they never copy implicitly.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include "fourway/core/dtype.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
+#include "fourway/core/shape.hpp"
+
+namespace fourway {
+
+/// A memory backend: `Host` or `Cuda`. Allocation is raw; the accountant is the tensor's job.
+template <class B>
+concept backend = requires(std::size_t n, void* p) {
+  { B::allocate(n) } -> std::same_as<void*>;
+  { B::deallocate(p) };
+  { B::name } -> std::convertible_to<std::string_view>;
+  { B::on_device } -> std::convertible_to<bool>;
+};
+
+/// Per-rank execution context of a backend (the rank's accountant; a stream for Cuda).
+template <class B>
+struct Context;
+
+template <class T, backend B>
+class Tensor {
+ public:
+  using value_type = T;
+  using backend_type = B;
+
+  Tensor() = default;
+
+  /// Allocates an uninitialised tensor of `shape`, counted under `tag` in `memory`.
+  Tensor(Shape shape, MemTag tag, MemoryAccountant& memory)
+      : shape_(shape), memory_(&memory), tag_(tag), owning_(true) {
+    const std::size_t n = bytes();
+    if (n > 0) data_ = static_cast<T*>(B::allocate(n));
+    memory.on_alloc(tag, n);
+  }
+
+  /// A non-owning view of `shape` at `data`.
+  static Tensor view_of(T* data, Shape shape) {
+    Tensor t;
+    t.data_ = data;
+    t.shape_ = shape;
+    return t;
+  }
+
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  Tensor(Tensor&& o) noexcept { swap(o); }
+  Tensor& operator=(Tensor&& o) noexcept {
+    if (this != &o) {
+      release();
+      swap(o);
+    }
+    return *this;
+  }
+  ~Tensor() { release(); }
+
+  /// A view of the whole tensor (same data, same shape).
+  [[nodiscard]] Tensor view() const { return view_of(data_, shape_); }
+  /// A view with another shape of the same number of elements.
+  [[nodiscard]] Tensor view(Shape shape) const {
+    check<ShapeError>(shape.numel() == numel(), "fourway: cannot view ", shape_.str(), " (",
+                      numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+    return view_of(data_, shape);
+  }
+  /// A view of `shape.numel()` contiguous elements starting at element `offset`.
+  [[nodiscard]] Tensor slice(std::int64_t offset, Shape shape) const {
+    check<ShapeError>(offset >= 0 && offset + shape.numel() <= numel(), "fourway: slice of ",
+                      shape.numel(), " elements at offset ", offset, " exceeds tensor ",
+                      shape_.str(), " of ", numel(), " elements");
+    return view_of(data_ + offset, shape);
+  }
+
+  [[nodiscard]] T* data() const { return data_; }
+  [[nodiscard]] const Shape& shape() const { return shape_; }
+  [[nodiscard]] std::int64_t numel() const { return shape_.numel(); }
+  [[nodiscard]] std::size_t bytes() const {
+    return static_cast<std::size_t>(numel()) * sizeof(T);
+  }
+  [[nodiscard]] bool owning() const { return owning_; }
+  [[nodiscard]] MemTag tag() const { return tag_; }
+  [[nodiscard]] bool empty() const { return numel() == 0; }
+
+  /// Element access, host tensors only.
+  T& operator[](std::int64_t i) const
+    requires(!B::on_device)
+  {
+    return data_[i];
+  }
+
+  /// Frees the memory now (an owning tensor) or forgets the view.
+  void reset() {
+    release();
+    data_ = nullptr;
+    shape_ = Shape{};
+  }
+
+ private:
+  void release() noexcept {
+    if (owning_) {
+      if (data_ != nullptr) B::deallocate(data_);
+      memory_->on_free(tag_, bytes());
+    }
+    owning_ = false;
+    memory_ = nullptr;
+  }
+  void swap(Tensor& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(shape_, o.shape_);
+    std::swap(memory_, o.memory_);
+    std::swap(tag_, o.tag_);
+    std::swap(owning_, o.owning_);
+  }
+
+  T* data_ = nullptr;
+  Shape shape_{};
+  MemoryAccountant* memory_ = nullptr;
+  MemTag tag_ = MemTag::workspace;
+  bool owning_ = false;
+};
+
+}  // namespace fourway
