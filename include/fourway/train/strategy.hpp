@@ -1,0 +1,189 @@
+//! The training strategy: what a `Trainer` delegates to, and `SingleRank`, the reference one.
+//!
+//! The Trainer is small: it splits the *global* batch into this rank's data-parallel share and
+//! into micro-batches, runs forward and backward on each, and asks the strategy for everything
+//! that depends on how the model is spread over ranks:
+//!
+//!   Trainer::step(global batch)                     strategy
+//!   ─────────────────────────────────────────────   ─────────────────────────────────────────
+//!                                                   begin_step()          grads = 0 (or alloc)
+//!   for each micro-batch i of n:                    begin_micro_batch(i, n)
+//!     loss_i = model.forward(..., hooks())            hooks(): pre/post_forward(unit), ...
+//!     model.backward(..., dloss, hooks())             (FSDP gathers, DP bucket all-reduce)
+//!                                                   end_micro_batch(i, n)
+//!   loss = sum_over_data_parallel(Σ loss_i·rows_i) / global rows
+//!   report = finish_step(StepControl{lr, loss_scale, check_finite})
+//!                                                     reduce grads; agree on inf/NaN over all
+//!                                                     ranks; global norm = sqrt(all-reduced Σg²)
+//!                                                     / loss_scale; skip, or clip + AdamW on the
+//!                                                     fp32 masters it owns; refresh the working
+//!                                                     weights (all-gather under ZeRO)
+//!   loss_scaler.update(report.found_inf)
+//!
+//! Gradient weighting (the invariant that makes the mathematics independent of the mesh): the
+//! trainer gives every micro-batch's backward the factor `loss_scale * rows_mb / rows_global`, so
+//! the gradients summed over micro-batches *and over ranks* are `loss_scale` times the gradient
+//! of the global-batch mean loss. A strategy therefore reduces gradients with a SUM, never an
+//! average, and divides by `loss_scale` only through `StepControl::loss_scale`.
+//!
+//! `training_strategy` is the concept; `SingleRank<Model, Precision, B>` is the model of it with
+//! no communication (DataParallel and Sharded<1|2|3> live in `parallel/` and follow it).
+//! A strategy is not movable once a Trainer holds it (hooks may point into it): the Trainer
+//! constructs it in place.
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fourway/core/dtype.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/core/tensor.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/clip.hpp"
+#include "fourway/optim/dispatch.hpp"
+#include "fourway/optim/precision.hpp"
+
+namespace fourway {
+
+/// What the Trainer tells the strategy at the end of a step.
+struct StepControl {
+  float lr = 0.0f;          // learning rate of this iteration (from the schedule)
+  float loss_scale = 1.0f;  // the factor the loss was multiplied by (1 unless fp16)
+  bool check_finite = false;  // look for inf/NaN gradients and skip the step if any (fp16)
+};
+
+/// What the strategy tells the Trainer after a step; identical on every rank.
+struct StepReport {
+  bool found_inf = false;  // some gradient element on some rank was inf or NaN
+  bool skipped = false;    // no update was applied: optimizer state and weights unchanged
+  double grad_norm = 0.0;  // global L2 norm of the (unscaled) gradients, before clipping
+  float clip_coef = 1.0f;  // the factor clipping applied (1 when not clipping)
+};
+
+/// Model hooks that do nothing (no parameter is gathered or released): one rank, DataParallel.
+struct NoHooks {
+  void pre_forward(int /*unit*/) {}
+  void post_forward(int /*unit*/) {}
+  void pre_backward(int /*unit*/) {}
+  void post_backward(int /*unit*/) {}
+};
+
+/// What a Trainer needs from a strategy (see the picture at the top of this file).
+template <class S>
+concept training_strategy = requires(S& s, const S& cs, const StepControl& c, int i, double x) {
+  typename S::model_type;
+  typename S::precision_type;
+  typename S::backend_type;
+  requires precision_policy<typename S::precision_type>;
+  { cs.dp_rank() } -> std::convertible_to<int>;
+  { cs.dp_size() } -> std::convertible_to<int>;
+  { s.model() } -> std::same_as<typename S::model_type&>;
+  { cs.context() } -> std::same_as<const Context<typename S::backend_type>&>;
+  { cs.optimizer() } -> std::convertible_to<const AdamW&>;
+  s.hooks();
+  s.begin_step();
+  s.begin_micro_batch(i, i);
+  s.end_micro_batch(i, i);
+  { s.sum_over_data_parallel(x) } -> std::same_as<double>;
+  { s.finish_step(c) } -> std::same_as<StepReport>;
+};
+
+/// The end of every strategy's `finish_step`, once the reductions are done: given the found_inf
+/// flag agreed by all ranks (in `r`) and the global sum of squares of the loss-scaled gradients,
+/// skip the step (nothing is touched, so optimizer state and weights stay bitwise unchanged) or
+/// clip on the global norm and apply AdamW to the segments of `state` this rank owns.
+template <class T, class B>
+StepReport apply_optimizer_step(const Context<B>& ctx, const AdamW& optimizer,
+                                MasterState<T, B>& state, const StepControl& c, StepReport r,
+                                double sum_squares, std::span<const SegmentBinding<T>> bindings) {
+  if (r.found_inf) {
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.clip_coef = 1.0f;
+    return r;
+  }
+  r.grad_norm = std::sqrt(sum_squares) / static_cast<double>(c.loss_scale);
+  r.clip_coef = clip_coefficient(r.grad_norm, optimizer.config().max_grad_norm);
+  optimizer.update(ctx, state, bindings, c.lr, r.clip_coef / c.loss_scale);
+  return r;
+}
+
+/// One rank, no communication: the reference every other strategy must reproduce.
+///
+/// Owns the optimizer and a `MasterState` with one segment per parameter, in
+/// `model.visit_parameters` order. Working weights and gradients stay in the model.
+template <class Model, precision_policy P, backend B>
+class SingleRank {
+ public:
+  using model_type = Model;
+  using precision_type = P;
+  using backend_type = B;
+  using param_type = typename P::param_type;
+
+  SingleRank(const Context<B>& ctx, Model& model, AdamW optimizer = AdamW{})
+      : ctx_(&ctx), model_(&model), optimizer_(optimizer), state_(ctx, segments_of(model)) {
+    std::size_t i = 0;
+    model.visit_parameters([&](auto& p) {
+      static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(p.weight)>::value_type,
+                                   param_type>,
+                    "fourway: the model's parameters are not in Precision<T>::param_type; "
+                    "build the model with the element type of the precision policy");
+      state_.init_master(ctx, i++, p.weight.data());
+    });
+  }
+  SingleRank(const SingleRank&) = delete;
+  SingleRank& operator=(const SingleRank&) = delete;
+
+  [[nodiscard]] int dp_rank() const { return 0; }
+  [[nodiscard]] int dp_size() const { return 1; }
+  [[nodiscard]] Model& model() { return *model_; }
+  [[nodiscard]] const Context<B>& context() const { return *ctx_; }
+  [[nodiscard]] const AdamW& optimizer() const { return optimizer_; }
+  [[nodiscard]] const MasterState<param_type, B>& state() const { return state_; }
+  [[nodiscard]] NoHooks& hooks() { return hooks_; }
+
+  void begin_step() {
+    model_->visit_parameters([&](auto& p) {
+      detail::optim_ops<B>::fill(*ctx_, p.grad.data(), p.grad.numel(), convert<param_type>(0.0f));
+    });
+  }
+  void begin_micro_batch(int /*i*/, int /*n*/) {}
+  void end_micro_batch(int /*i*/, int /*n*/) {}
+  [[nodiscard]] double sum_over_data_parallel(double x) { return x; }
+
+  StepReport finish_step(const StepControl& c) {
+    StepReport r;
+    double ss = 0.0;
+    std::vector<SegmentBinding<param_type>> bindings;
+    model_->visit_parameters([&](auto& p) {
+      if (c.check_finite) {
+        r.found_inf |= detail::optim_ops<B>::has_inf_nan(*ctx_, p.grad.data(), p.grad.numel());
+      }
+      ss += detail::optim_ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+      bindings.push_back({p.weight.data(), p.grad.data()});
+    });
+    return apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+  }
+
+ private:
+  static std::vector<StateSegment> segments_of(Model& model) {
+    std::vector<StateSegment> segs;
+    std::int64_t off = 0;
+    model.visit_parameters([&](auto& p) {
+      segs.push_back(StateSegment{off, p.weight.numel(), p.decay});
+      off += p.weight.numel();
+    });
+    return segs;
+  }
+
+  const Context<B>* ctx_;
+  Model* model_;
+  AdamW optimizer_;
+  MasterState<param_type, B> state_;
+  NoHooks hooks_;
+};
+
+}  // namespace fourway
