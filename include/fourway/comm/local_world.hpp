@@ -1,0 +1,839 @@
+//! LocalWorld: N ranks as threads of one process, and `LocalComm`, its communicator.
+//!
+//! Collectives are shared-memory and bandwidth-optimal: at entry every rank publishes its buffer
+//! pointers; then rank r alone owns slice r of the result. For all_reduce it reads slice r of
+//! every rank's send buffer, reduces in the fixed order rank 0, 1, ..., N-1 (fp32 accumulation for
+//! 16-bit types) and writes the result into slice r of *every* rank's recv buffer; each rank thus
+//! reads N·count/N and writes N·count/N elements, as a ring would, but in one pass. A second
+//! rendezvous ("done") keeps every buffer alive until all readers finished. The reduction order
+//! never depends on timing or slicing, so results are bitwise identical run to run (and equal to
+//! the one-rank reduction of the same inputs in the same order).
+//!
+//!     rank:        0            1            2
+//!     send:   [a0|a1|a2]   [b0|b1|b2]   [c0|c1|c2]
+//!     owner:   r0 r1 r2     r0 r1 r2     r0 r1 r2      slice s is reduced by rank s:
+//!     recv:   [S0|S1|S2]   [S0|S1|S2]   [S0|S1|S2]     Ss = (as + bs) + cs, written to all
+//!
+//! Point-to-point is eager: `send` copies the message into the (src, dst, tag) mailbox of the
+//! group and returns; `recv` takes the oldest message of that mailbox. Every wait has the group's
+//! deadline, fails fast when the world was aborted (a rank threw) or when the awaited rank already
+//! returned from its function, and names group, op, sequence number and missing ranks. The op,
+//! dtype, count, reduce op and root of every collective are checked across ranks at entry (always:
+//! the descriptors are already in shared memory), so mismatched calls throw CommMismatch on every
+//! rank instead of reading out of bounds.
+//!
+//! Async forms run on one worker thread per communicator, in call order; a blocking call runs on
+//! the caller's thread when that worker is idle, else after the queued work.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fourway/comm/communicator.hpp"
+
+namespace fourway {
+
+class LocalComm;
+
+/// The world kind "ranks as threads": `fw::launch<fw::LocalWorld>(n, fn)`.
+struct LocalWorld {
+  using comm_type = LocalComm;
+  template <class Fn>
+  static void launch(int n, Fn&& fn, CommOptions options = {});
+};
+
+namespace detail {
+
+/// State shared by every group of one LocalWorld launch.
+struct LocalWorldState {
+  explicit LocalWorldState(int n) : exited(static_cast<std::size_t>(n), 0) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> aborted{false};
+  int failed_rank = -1;       // world rank whose function threw first (guarded by mu)
+  std::string failure;        // its message (guarded by mu)
+  std::vector<char> exited;   // world rank returned from its function (guarded by mu)
+
+  void notify() {
+    { std::lock_guard lock(mu); }
+    cv.notify_all();
+  }
+  void abort(int world_rank, const std::string& what) {
+    {
+      std::lock_guard lock(mu);
+      if (!aborted.load()) {
+        failed_rank = world_rank;
+        failure = what;
+        aborted.store(true);
+      }
+    }
+    cv.notify_all();
+  }
+  void mark_exited(int world_rank) {
+    {
+      std::lock_guard lock(mu);
+      exited[static_cast<std::size_t>(world_rank)] = 1;
+    }
+    cv.notify_all();
+  }
+};
+
+struct LocalGroup;
+
+/// What one rank published for its current collective.
+struct LocalSlot {
+  std::uint64_t seq = 0;
+  CommOp op = CommOp::barrier;
+  Dtype dtype = Dtype::u8;
+  std::int64_t count = 0;
+  ReduceOp reduce = ReduceOp::sum;
+  int root = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<LocalGroup> split_result;
+};
+
+struct LocalMessage {
+  Dtype dtype;
+  std::int64_t count;
+  std::uint64_t number;  // the sender's send sequence number in this group
+  std::vector<std::byte> data;
+};
+
+/// One group: its members, their published slots (double-buffered by sequence parity: a rank
+/// can be at most one collective ahead of a peer that still reads its slot), arrival counters
+/// and the point-to-point mailboxes. Guarded by the world's mutex, except the atomic counters.
+struct LocalGroup {
+  LocalGroup(std::shared_ptr<LocalWorldState> w, std::string n, std::vector<int> ranks,
+             CommOptions o)
+      : world(std::move(w)),
+        name(std::move(n)),
+        world_ranks(std::move(ranks)),
+        options(o),
+        size(static_cast<int>(world_ranks.size())),
+        arrived(new std::atomic<std::uint64_t>[world_ranks.size()]),
+        done(new std::atomic<std::uint64_t>[world_ranks.size()]) {
+    for (auto& s : slots) s.resize(world_ranks.size());
+    for (int q = 0; q < size; ++q) {
+      arrived[q].store(0);
+      done[q].store(0);
+    }
+  }
+  std::shared_ptr<LocalWorldState> world;
+  std::string name;
+  std::vector<int> world_ranks;
+  CommOptions options;
+  int size;
+  std::vector<LocalSlot> slots[2];
+  std::unique_ptr<std::atomic<std::uint64_t>[]> arrived;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> done;
+  std::map<std::tuple<int, int, int>, std::deque<LocalMessage>> mail;  // (src, dst, tag)
+
+  [[nodiscard]] std::string who(int q) const {
+    if (world_ranks[static_cast<std::size_t>(q)] == q) return detail::cat("rank ", q);
+    return detail::cat("rank ", q, " (world rank ", world_ranks[static_cast<std::size_t>(q)], ")");
+  }
+  [[nodiscard]] std::string header() const { return detail::cat("group '", name, "' (", size, " ranks)"); }
+};
+
+/// "all_reduce(fp32, count 12, sum)", the way messages show a call.
+inline std::string describe_call(CommOp op, Dtype dtype, std::int64_t count, ReduceOp reduce,
+                                 int root) {
+  std::ostringstream os;
+  os << comm_op_name(op);
+  if (op == CommOp::barrier || op == CommOp::split) return os.str();
+  os << "(" << dtype_name(dtype) << ", count " << count;
+  if (op == CommOp::all_reduce || op == CommOp::reduce_scatter) os << ", " << reduce_op_name(reduce);
+  if (op == CommOp::broadcast) os << ", root " << root;
+  os << ")";
+  return os.str();
+}
+inline std::string describe_slot(const LocalSlot& s) {
+  return describe_call(s.op, s.dtype, s.count, s.reduce, s.root);
+}
+
+/// Accumulator of a reduction: fp32 for 16-bit floats, int64 (wrapping) for integers.
+template <class T>
+struct accumulator {
+  using type = float;
+};
+template <>
+struct accumulator<double> {
+  using type = double;
+};
+template <>
+struct accumulator<std::int32_t> {
+  using type = std::int64_t;
+};
+template <>
+struct accumulator<std::int64_t> {
+  using type = std::int64_t;
+};
+
+template <class A>
+inline A acc_add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    return static_cast<A>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+  } else {
+    return a + b;
+  }
+}
+template <class T, class A>
+inline A acc_load(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<A>(v);
+  } else {
+    return convert<A>(v);
+  }
+}
+template <class T, class A>
+inline T acc_store(A v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return convert<T>(static_cast<float>(v));
+  }
+}
+
+/// dst[d][i] = op over q = 0..n-1 (in this order) of src[q][i], for i in [lo, hi), d < ndst.
+template <class T>
+void reduce_range(const T* const* src, int n, T* const* dst, int ndst, std::int64_t lo,
+                  std::int64_t hi, ReduceOp op) {
+  using A = typename accumulator<T>::type;
+  constexpr std::int64_t chunk = 2048;
+  A acc[chunk];
+  for (std::int64_t base = lo; base < hi; base += chunk) {
+    const std::int64_t len = std::min(chunk, hi - base);
+    const T* s0 = src[0] + base;
+    for (std::int64_t j = 0; j < len; ++j) acc[j] = acc_load<T, A>(s0[j]);
+    for (int q = 1; q < n; ++q) {
+      const T* s = src[q] + base;
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::avg:
+          for (std::int64_t j = 0; j < len; ++j) acc[j] = acc_add(acc[j], acc_load<T, A>(s[j]));
+          break;
+        case ReduceOp::max:
+          for (std::int64_t j = 0; j < len; ++j) {
+            const A v = acc_load<T, A>(s[j]);
+            acc[j] = acc[j] < v ? v : acc[j];
+          }
+          break;
+        case ReduceOp::min:
+          for (std::int64_t j = 0; j < len; ++j) {
+            const A v = acc_load<T, A>(s[j]);
+            acc[j] = v < acc[j] ? v : acc[j];
+          }
+          break;
+      }
+    }
+    if (op == ReduceOp::avg) {
+      const A div = static_cast<A>(n);
+      for (std::int64_t j = 0; j < len; ++j) acc[j] = acc[j] / div;
+    }
+    for (int d = 0; d < ndst; ++d) {
+      T* out = dst[d] + base;
+      for (std::int64_t j = 0; j < len; ++j) out[j] = acc_store<T, A>(acc[j]);
+    }
+  }
+}
+
+/// [lo, hi) of slice `r` when `count` elements are split over `n` owners as evenly as possible.
+inline std::pair<std::int64_t, std::int64_t> balanced_slice(std::int64_t count, int n, int r) {
+  const std::int64_t base = count / n;
+  const std::int64_t extra = count % n;
+  const std::int64_t lo = r * base + std::min<std::int64_t>(r, extra);
+  return {lo, lo + base + (r < extra ? 1 : 0)};
+}
+
+/// One worker thread running a communicator's async operations in order.
+class LocalExecutor {
+ public:
+  LocalExecutor() = default;
+  LocalExecutor(const LocalExecutor&) = delete;
+  LocalExecutor& operator=(const LocalExecutor&) = delete;
+  ~LocalExecutor() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  /// True when nothing is queued or running (only the owner posts, so this stays true).
+  bool idle() {
+    std::lock_guard lock(mu_);
+    return queue_.empty() && !running_;
+  }
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(task));
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();
+      task();  // never throws: tasks catch into their Work
+      lock.lock();
+      running_ = false;
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+inline std::string exception_message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+}  // namespace detail
+
+/// One rank's handle on one LocalWorld group. See the file comment for the algorithms.
+class LocalComm {
+ public:
+  LocalComm(std::shared_ptr<detail::LocalGroup> group, int rank)
+      : s_(std::make_unique<State>(std::move(group), rank)) {}
+
+  [[nodiscard]] int rank() const { return s_->rank; }
+  [[nodiscard]] int size() const { return s_->group->size; }
+  [[nodiscard]] std::string_view name() const { return s_->group->name; }
+  [[nodiscard]] const CommOptions& options() const { return s_->group->options; }
+  /// This rank's rank in the world the group was split from.
+  [[nodiscard]] int world_rank() const {
+    return s_->group->world_ranks[static_cast<std::size_t>(s_->rank)];
+  }
+  /// Collectives this rank has entered on this group (the last sequence number).
+  [[nodiscard]] std::uint64_t sequence() const { return s_->seq; }
+
+  // ---- blocking forms ----------------------------------------------------------------------
+  template <comm_element T>
+  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    run_sync([=, this] { all_reduce_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    run_sync([=, this] { reduce_scatter_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::int64_t count) {
+    run_sync([=, this] { all_gather_now(send, recv, count); });
+  }
+  template <comm_element T>
+  void broadcast(T* buf, std::int64_t count, int root) {
+    run_sync([=, this] { broadcast_now(buf, count, root); });
+  }
+  template <comm_element T>
+  void send(const T* buf, std::int64_t count, int peer, int tag) {
+    run_sync([=, this] { send_now(buf, count, peer, tag); });
+  }
+  template <comm_element T>
+  void recv(T* buf, std::int64_t count, int peer, int tag) {
+    run_sync([=, this] { recv_now(buf, count, peer, tag); });
+  }
+  void barrier() {
+    run_sync([this] { barrier_now(); });
+  }
+  /// A communicator over the ranks that pass the same `color` (>= 0), ranked by (key, rank).
+  /// `name` names the new group in messages (default: "<parent>/<color>").
+  LocalComm split(int color, int key, std::string name = {}) {
+    LocalComm out;
+    run_sync([&, this] { out = split_now(color, key, std::move(name)); });
+    return out;
+  }
+
+  // ---- async forms -------------------------------------------------------------------------
+  template <comm_element T>
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    return run_async([=, this] { all_reduce_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    return run_async([=, this] { reduce_scatter_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  Work all_gather_async(const T* send, T* recv, std::int64_t count) {
+    return run_async([=, this] { all_gather_now(send, recv, count); });
+  }
+  template <comm_element T>
+  Work broadcast_async(T* buf, std::int64_t count, int root) {
+    return run_async([=, this] { broadcast_now(buf, count, root); });
+  }
+  template <comm_element T>
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
+    return run_async([=, this] { send_now(buf, count, peer, tag); });
+  }
+  template <comm_element T>
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
+    return run_async([=, this] { recv_now(buf, count, peer, tag); });
+  }
+  Work barrier_async() {
+    return run_async([this] { barrier_now(); });
+  }
+
+ private:
+  LocalComm() = default;
+
+  struct State {
+    State(std::shared_ptr<detail::LocalGroup> g, int r) : group(std::move(g)), rank(r) {}
+    std::shared_ptr<detail::LocalGroup> group;
+    int rank;
+    std::uint64_t seq = 0;    // collectives entered
+    std::uint64_t sends = 0;  // point-to-point sends posted
+    std::uint64_t recvs = 0;  // point-to-point receives started
+    detail::LocalExecutor exec;  // last: joined before the rest is destroyed
+  };
+  // Behind a pointer so queued async work keeps a stable address when the LocalComm moves.
+  std::unique_ptr<State> s_;
+
+  detail::LocalGroup& g() const { return *s_->group; }
+
+  template <class F>
+  void run_sync(F&& f) {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    if (s_->exec.idle()) {
+      f();
+      return;
+    }
+    run_async(std::forward<F>(f)).wait();
+  }
+  template <class F>
+  Work run_async(F f) {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    auto st = std::make_shared<detail::CompletionState>();
+    s_->exec.post([st, f = std::move(f)]() mutable {
+      try {
+        f();
+        st->finish(nullptr);
+      } catch (...) {
+        st->finish(std::current_exception());
+      }
+    });
+    return Work(st);
+  }
+
+  // ---- waiting -----------------------------------------------------------------------------
+
+  /// Waits until `ready()` holds. `ready` may be evaluated without the lock when `spin`;
+  /// `missing()` lists the group ranks waited for; `what()` describes the wait for messages.
+  template <class Ready, class Missing, class What>
+  void wait_until(bool spin, Ready ready, Missing missing, What what) const {
+    auto& group = g();
+    auto& world = *group.world;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + group.options.deadline;
+    if (spin) {
+      for (int i = 0; i < 256; ++i) {
+        if (ready()) return;
+        if (world.aborted.load(std::memory_order_relaxed)) break;
+        std::this_thread::yield();
+      }
+    }
+    std::unique_lock lock(world.mu);
+    for (;;) {
+      if (ready()) return;
+      if (world.aborted.load()) {
+        throw CommError(detail::cat("fourway: ", what(), " abandoned: world rank ", world.failed_rank,
+                            " failed: ", world.failure));
+      }
+      for (int q : missing()) {
+        if (world.exited[static_cast<std::size_t>(group.world_ranks[static_cast<std::size_t>(q)])]) {
+          throw CommError(detail::cat("fourway: ", what(), " cannot complete: ", group.who(q),
+                              " returned from its function without joining it"));
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
+        std::ostringstream os;
+        os << "fourway: CommTimeout: " << what() << ": waited " << waited
+           << " ms (deadline " << group.options.deadline.count() << " ms) for ";
+        bool first = true;
+        for (int q : missing()) {
+          os << (first ? "" : ", ") << group.who(q);
+          const std::uint64_t a = group.arrived[q].load();
+          if (a > 0) {
+            os << " [last entered #" << a << " "
+               << detail::describe_slot(group.slots[a % 2][static_cast<std::size_t>(q)]) << "]";
+          } else {
+            os << " [entered no collective yet]";
+          }
+          first = false;
+        }
+        os << ". If those ranks are only slow, raise CommOptions::deadline; otherwise find the "
+              "rank that skipped, reordered or never reached this call";
+        throw CommTimeout(os.str());
+      }
+      world.cv.wait_until(lock, deadline);
+    }
+  }
+
+  std::string op_context(const detail::LocalSlot& me) const {
+    return detail::cat(g().header(), ", ", detail::describe_slot(me), " #", me.seq, " on ",
+               g().who(s_->rank));
+  }
+
+  /// Publishes this rank's call and waits for every rank to publish theirs; then checks that
+  /// all calls agree. Returns the published slot, its sequence number filled in.
+  detail::LocalSlot enter(detail::LocalSlot me) {
+    auto& group = g();
+    check<CommError>(!group.world->aborted.load(), "fourway: ", detail::describe_slot(me),
+                     " in ", group.header(), " refused: the world was aborted");
+    me.seq = ++s_->seq;
+    {
+      std::lock_guard lock(group.world->mu);
+      group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
+      group.arrived[s_->rank].store(me.seq, std::memory_order_release);
+    }
+    group.world->cv.notify_all();
+    const auto seq = me.seq;
+    auto ready = [&] {
+      for (int q = 0; q < group.size; ++q) {
+        if (group.arrived[q].load(std::memory_order_acquire) < seq) return false;
+      }
+      return true;
+    };
+    auto missing = [&] {
+      std::vector<int> m;
+      for (int q = 0; q < group.size; ++q) {
+        if (group.arrived[q].load() < seq) m.push_back(q);
+      }
+      return m;
+    };
+    wait_until(true, ready, missing, [&] { return op_context(me) + " (arrival)"; });
+    verify(me);
+    return me;
+  }
+
+  /// Marks this rank's part of collective `seq` finished and waits for every rank's.
+  void leave(const detail::LocalSlot& me) {
+    auto& group = g();
+    const auto seq = me.seq;
+    group.done[s_->rank].store(seq, std::memory_order_release);
+    group.world->notify();
+    auto ready = [&] {
+      for (int q = 0; q < group.size; ++q) {
+        if (group.done[q].load(std::memory_order_acquire) < seq) return false;
+      }
+      return true;
+    };
+    auto missing = [&] {
+      std::vector<int> m;
+      for (int q = 0; q < group.size; ++q) {
+        if (group.done[q].load() < seq) m.push_back(q);
+      }
+      return m;
+    };
+    wait_until(true, ready, missing, [&] { return op_context(me) + " (completion)"; });
+  }
+
+  /// Every rank compares every slot with rank 0's and throws the same CommMismatch.
+  void verify(const detail::LocalSlot& me) const {
+    auto& group = g();
+    const auto& slots = group.slots[me.seq % 2];
+    const auto& ref = slots[0];
+    std::ostringstream diff;
+    bool bad = false;
+    for (int q = 1; q < group.size; ++q) {
+      const auto& s = slots[static_cast<std::size_t>(q)];
+      std::vector<std::string> fields;
+      if (s.op != ref.op) fields.emplace_back("op");
+      if (s.op == ref.op && s.op != CommOp::barrier && s.op != CommOp::split) {
+        if (s.dtype != ref.dtype) fields.emplace_back("dtype");
+        if (s.count != ref.count) fields.emplace_back("count");
+        if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) && s.reduce != ref.reduce) {
+          fields.emplace_back("reduce op");
+        }
+        if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
+      }
+      if (fields.empty()) continue;
+      bad = true;
+      diff << "; " << group.who(q) << " called " << detail::describe_slot(s) << " (";
+      for (std::size_t i = 0; i < fields.size(); ++i) diff << (i ? ", " : "") << fields[i];
+      diff << " differ)";
+    }
+    if (bad) {
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", group.header(), " at collective #",
+                             me.seq, ": ", group.who(0), " called ", detail::describe_slot(ref),
+                             diff.str(), ". Every rank of a group must make the same collective "
+                             "calls in the same order"));
+    }
+  }
+
+  // ---- the operations, run on the calling or the worker thread -------------------------------
+
+  void check_count(std::int64_t count, CommOp op) const {
+    check<ShapeError>(count >= 0, "fourway: ", comm_op_name(op), " in ", g().header(),
+                      " got a negative count ", count);
+  }
+  void check_rank(int r, std::string_view role, CommOp op) const {
+    check<ConfigError>(r >= 0 && r < size(), "fourway: ", comm_op_name(op), " in ", g().header(),
+                       " got ", role, " ", r, "; valid ranks are 0..", size() - 1);
+  }
+
+  template <class T>
+  detail::LocalSlot slot(CommOp op, std::int64_t count, const void* send, void* recv,
+                         ReduceOp reduce = ReduceOp::sum, int root = 0) const {
+    detail::LocalSlot s;
+    s.op = op;
+    s.dtype = dtype_v<T>;
+    s.count = count;
+    s.reduce = reduce;
+    s.root = root;
+    s.send = send;
+    s.recv = recv;
+    return s;
+  }
+
+  template <class T>
+  void all_reduce_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    check_count(count, CommOp::all_reduce);
+    const auto me = enter(slot<T>(CommOp::all_reduce, count, send, recv, op));
+    auto& group = g();
+    const int n = group.size;
+    std::vector<const T*> src(static_cast<std::size_t>(n));
+    std::vector<T*> dst(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      const auto& s = group.slots[me.seq % 2][static_cast<std::size_t>(q)];
+      src[static_cast<std::size_t>(q)] = static_cast<const T*>(s.send);
+      dst[static_cast<std::size_t>(q)] = static_cast<T*>(s.recv);
+    }
+    const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
+    detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op);
+    leave(me);
+  }
+
+  template <class T>
+  void reduce_scatter_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    check_count(count, CommOp::reduce_scatter);
+    const auto me = enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
+    auto& group = g();
+    const int n = group.size;
+    std::vector<const T*> src(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      src[static_cast<std::size_t>(q)] =
+          static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send) +
+          static_cast<std::int64_t>(s_->rank) * count;
+    }
+    T* out = recv;
+    detail::reduce_range<T>(src.data(), n, &out, 1, 0, count, op);
+    leave(me);
+  }
+
+  template <class T>
+  void all_gather_now(const T* send, T* recv, std::int64_t count) {
+    check_count(count, CommOp::all_gather);
+    const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
+    auto& group = g();
+    for (int q = 0; q < group.size; ++q) {
+      const T* src = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
+      T* dst = recv + static_cast<std::int64_t>(q) * count;
+      if (src != dst && count > 0) std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
+    }
+    leave(me);
+  }
+
+  template <class T>
+  void broadcast_now(T* buf, std::int64_t count, int root) {
+    check_count(count, CommOp::broadcast);
+    check_rank(root, "root", CommOp::broadcast);
+    const auto me = enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
+    auto& group = g();
+    const T* src = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
+    if (src != buf && count > 0) std::memcpy(buf, src, static_cast<std::size_t>(count) * sizeof(T));
+    leave(me);
+  }
+
+  void barrier_now() {
+    detail::LocalSlot s;
+    s.op = CommOp::barrier;
+    enter(s);
+  }
+
+  LocalComm split_now(int color, int key, std::string name) {
+    check<ConfigError>(color >= 0, "fourway: split in ", g().header(), " got color ", color,
+                       "; colors are >= 0");
+    detail::LocalSlot s;
+    s.op = CommOp::split;
+    s.color = color;
+    s.key = key;
+    const auto me = enter(s);
+    auto& group = g();
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+    {
+      std::lock_guard lock(group.world->mu);
+      for (int q = 0; q < group.size; ++q) {
+        const auto& o = group.slots[me.seq % 2][static_cast<std::size_t>(q)];
+        if (o.color == color) members.emplace_back(o.key, q);
+      }
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    std::vector<int> world_ranks;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == s_->rank) new_rank = static_cast<int>(i);
+      world_ranks.push_back(group.world_ranks[static_cast<std::size_t>(members[i].second)]);
+    }
+    const int leader = members.front().second;
+    if (leader == s_->rank) {
+      auto child = std::make_shared<detail::LocalGroup>(
+          group.world, name.empty() ? detail::cat(group.name, "/", color) : std::move(name),
+          std::move(world_ranks), group.options);
+      std::lock_guard lock(group.world->mu);
+      group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)].split_result = std::move(child);
+    }
+    leave(me);
+    std::shared_ptr<detail::LocalGroup> result;
+    {
+      std::lock_guard lock(group.world->mu);
+      result = group.slots[me.seq % 2][static_cast<std::size_t>(leader)].split_result;
+    }
+    return LocalComm(std::move(result), new_rank);
+  }
+
+  template <class T>
+  void send_now(const T* buf, std::int64_t count, int peer, int tag) {
+    check_count(count, CommOp::send);
+    check_rank(peer, "peer", CommOp::send);
+    check<ConfigError>(tag >= 0, "fourway: send in ", g().header(), " got tag ", tag,
+                       "; tags are >= 0");
+    auto& group = g();
+    check<CommError>(!group.world->aborted.load(), "fourway: send in ", group.header(),
+                     " refused: the world was aborted");
+    detail::LocalMessage m{dtype_v<T>, count, ++s_->sends,
+                           std::vector<std::byte>(static_cast<std::size_t>(count) * sizeof(T))};
+    if (count > 0) std::memcpy(m.data.data(), buf, m.data.size());
+    {
+      std::lock_guard lock(group.world->mu);
+      group.mail[{s_->rank, peer, tag}].push_back(std::move(m));
+    }
+    group.world->cv.notify_all();
+  }
+
+  template <class T>
+  void recv_now(T* buf, std::int64_t count, int peer, int tag) {
+    check_count(count, CommOp::recv);
+    check_rank(peer, "peer", CommOp::recv);
+    auto& group = g();
+    const auto number = ++s_->recvs;
+    const std::tuple<int, int, int> box{peer, s_->rank, tag};
+    auto ready = [&] {
+      auto it = group.mail.find(box);
+      return it != group.mail.end() && !it->second.empty();
+    };
+    auto what = [&] {
+      std::ostringstream os;
+      os << group.header() << ", recv #" << number << " ("
+         << dtype_name(dtype_v<T>) << ", count " << count << ") on " << group.who(s_->rank)
+         << " from " << group.who(peer) << " with tag " << tag;
+      std::vector<int> other_tags;
+      for (const auto& [k, q] : group.mail) {
+        if (std::get<0>(k) == peer && std::get<1>(k) == s_->rank && !q.empty()) {
+          other_tags.push_back(std::get<2>(k));
+        }
+      }
+      if (!other_tags.empty()) {
+        os << " (messages from that rank are waiting under tags";
+        for (int t : other_tags) os << " " << t;
+        os << ")";
+      }
+      return os.str();
+    };
+    wait_until(false, ready, [&] { return std::vector<int>{peer}; }, what);
+    detail::LocalMessage m;
+    std::string context;
+    {
+      std::lock_guard lock(group.world->mu);  // wait_until returned with the lock released
+      auto& q = group.mail[box];
+      m = std::move(q.front());
+      q.pop_front();
+      if (m.dtype != dtype_v<T> || m.count != count) context = what();
+    }
+    if (m.dtype != dtype_v<T> || m.count != count) {
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", context, ": the matching send #",
+                             m.number, " carries ", dtype_name(m.dtype), " count ", m.count,
+                             " but this recv expects ", dtype_name(dtype_v<T>), " count ", count));
+    }
+    if (count > 0) std::memcpy(buf, m.data.data(), m.data.size());
+  }
+};
+
+static_assert(communicator<LocalComm>);
+
+template <class Fn>
+void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
+  check<ConfigError>(n >= 1, "fourway: LocalWorld::launch needs at least 1 rank, got ", n);
+  check<ConfigError>(options.deadline.count() > 0, "fourway: CommOptions::deadline must be "
+                     "positive, got ", options.deadline.count(), " ms");
+  auto world = std::make_shared<detail::LocalWorldState>(n);
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  auto group = std::make_shared<detail::LocalGroup>(world, "world", std::move(ranks), options);
+  std::mutex first_mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        World<LocalWorld> w(LocalComm(group, r));
+        fn(w);
+      } catch (...) {
+        auto e = std::current_exception();
+        {
+          std::lock_guard lock(first_mu);
+          if (!first) first = e;
+        }
+        world->abort(r, detail::exception_message(e));
+      }
+      world->mark_exited(r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace fourway
