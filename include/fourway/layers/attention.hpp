@@ -1,0 +1,91 @@
+//! `CausalSelfAttention<T, B>`: GPT-2's attention — c_attn (C -> 3C, q|k|v side by side), causal
+//! softmax(q·kᵀ/sqrt(C/NH))·v per head, c_proj (C -> C).
+//!
+//! Input and output (B, T, C). The stash holds the two Linear stashes and the attention
+//! probabilities (B, NH, T, T) and head outputs (B, T, C); backward needs a scratch of the
+//! probabilities' size (MemTag::workspace) for their gradient.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fourway/layers/linear.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class CausalSelfAttention {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<T, B>;
+  struct Stash {
+    typename Linear<T, B>::Stash c_attn;  // y = qkv (B, T, 3C)
+    Tensor<T, B> att;                     // (B, NH, T, T) probabilities
+    Tensor<T, B> y;                       // (B, T, C) heads side by side
+    typename Linear<T, B>::Stash c_proj;  // y = output (B, T, C)
+  };
+
+  /// Parameters "<name>.c_attn.{weight,bias}" (C, 3C) and "<name>.c_proj.{weight,bias}" (C, C);
+  /// c_proj's weight is initialised with `init.residual_std`.
+  CausalSelfAttention(const Context<B>& ctx, const std::string& name, std::int64_t C,
+                      std::int64_t heads, const Init& init)
+      : C_(C),
+        NH_(heads),
+        c_attn_(ctx, name + ".c_attn", C, 3 * C, init.seed, init.std),
+        c_proj_(ctx, name + ".c_proj", C, C, init.seed, init.residual_std) {
+    check<ConfigError>(heads > 0 && C % heads == 0, "fourway: attention ", name, " needs dim C=",
+                       C, " divisible by heads=", heads, "; pick heads dividing C");
+  }
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    check<ShapeError>(x.shape().rank() == 3 && x.shape()[2] == C_, "fourway: attention expects ",
+                      "(B, T, ", C_, "), got ", x.shape().str());
+    const std::int64_t Bn = x.shape()[0];
+    const std::int64_t Tn = x.shape()[1];
+    Tensor<T, B> qkv = c_attn_.forward(ctx, x, s.c_attn);
+    s.att = detail::activation<T, B>(ctx, Shape{Bn, NH_, Tn, Tn});
+    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
+    Ops<B>::attention_forward(ctx, s.y.data(), s.att.data(), qkv.data(), Bn, Tn, C_, NH_);
+    return c_proj_.forward(ctx, s.y, s.c_proj);
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    check<ShapeError>(s.att.shape().rank() == 4 && dy.numel() == s.y.numel(), "fourway: ",
+                      "attention backward without a matching forward: dy ", dy.shape().str());
+    const std::int64_t Bn = s.att.shape()[0];
+    const std::int64_t Tn = s.att.shape()[2];
+    Tensor<T, B> dheads = c_proj_.backward(ctx, dy, s.c_proj);
+    Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, Tn, 3 * C_});
+    {
+      Tensor<T, B> datt = detail::workspace<T, B>(ctx, s.att.shape());
+      Ops<B>::attention_backward(ctx, dqkv.data(), datt.data(), dheads.data(), s.c_attn.y.data(),
+                                 s.att.data(), Bn, Tn, C_, NH_);
+    }
+    dheads.reset();
+    Tensor<T, B> dx = c_attn_.backward(ctx, dqkv, s.c_attn);
+    s = Stash{};
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    c_attn_.visit_parameters(f);
+    c_proj_.visit_parameters(f);
+  }
+
+  [[nodiscard]] std::int64_t features() const { return C_; }
+  [[nodiscard]] std::int64_t heads() const { return NH_; }
+  Linear<T, B>& c_attn() { return c_attn_; }
+  Linear<T, B>& c_proj() { return c_proj_; }
+
+ private:
+  std::int64_t C_;
+  std::int64_t NH_;
+  Linear<T, B> c_attn_;
+  Linear<T, B> c_proj_;
+};
+
+static_assert(layer<CausalSelfAttention<float, Host>>);
+
+}  // namespace fourway

@@ -1,0 +1,86 @@
+//! `TransformerBlock<T, B>`: GPT-2's pre-LayerNorm block,
+//!   r = x + attn(ln_1(x));   y = r + mlp(ln_2(r)).
+//!
+//! Input and output (B, T, C). Backward adds the residual branches' gradients element-wise:
+//!   dr = dy + ln_2ᵀ(mlpᵀ(dy));   dx = dr + ln_1ᵀ(attnᵀ(dr)).
+//! Stashed per micro-batch (elements of T): 18·B·T·C + B·NH·T² plus 4·B·T floats (the two
+//! LayerNorms' mean and 1/std) — see docs/layers.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fourway/layers/attention.hpp"
+#include "fourway/layers/layernorm.hpp"
+#include "fourway/layers/mlp.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class TransformerBlock {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<T, B>;
+  struct Stash {
+    typename LayerNorm<T, B>::Stash ln_1;
+    typename CausalSelfAttention<T, B>::Stash attn;
+    Tensor<T, B> r;  // (B, T, C) x + attn
+    typename LayerNorm<T, B>::Stash ln_2;
+    typename Mlp<T, B>::Stash mlp;
+    Tensor<T, B> y;  // (B, T, C)
+  };
+
+  /// `name` is the block's prefix, "h.<i>" in the GPT.
+  TransformerBlock(const Context<B>& ctx, const std::string& name, std::int64_t C,
+                   std::int64_t heads, const Init& init)
+      : ln_1_(ctx, name + ".ln_1", C),
+        attn_(ctx, name + ".attn", C, heads, init),
+        ln_2_(ctx, name + ".ln_2", C),
+        mlp_(ctx, name + ".mlp", C, init) {}
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    Tensor<T, B> a = attn_.forward(ctx, ln_1_.forward(ctx, x, s.ln_1), s.attn);
+    s.r = detail::activation<T, B>(ctx, x.shape());
+    Ops<B>::residual_forward(ctx, s.r.data(), x.data(), a.data(), x.numel());
+    Tensor<T, B> m = mlp_.forward(ctx, ln_2_.forward(ctx, s.r, s.ln_2), s.mlp);
+    s.y = detail::activation<T, B>(ctx, x.shape());
+    Ops<B>::residual_forward(ctx, s.y.data(), s.r.data(), m.data(), x.numel());
+    return s.y.view();
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    check<ShapeError>(dy.numel() == s.y.numel() && !s.y.empty(), "fourway: TransformerBlock ",
+                      "backward without a matching forward: dy ", dy.shape().str());
+    const std::int64_t n = dy.numel();
+    Tensor<T, B> dr = ln_2_.backward(ctx, mlp_.backward(ctx, dy, s.mlp), s.ln_2);
+    Ops<B>::residual_forward(ctx, dr.data(), dr.data(), dy.data(), n);
+    Tensor<T, B> dx = ln_1_.backward(ctx, attn_.backward(ctx, dr, s.attn), s.ln_1);
+    Ops<B>::residual_forward(ctx, dx.data(), dx.data(), dr.data(), n);
+    s = Stash{};
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    ln_1_.visit_parameters(f);
+    attn_.visit_parameters(f);
+    ln_2_.visit_parameters(f);
+    mlp_.visit_parameters(f);
+  }
+
+  LayerNorm<T, B>& ln_1() { return ln_1_; }
+  CausalSelfAttention<T, B>& attn() { return attn_; }
+  LayerNorm<T, B>& ln_2() { return ln_2_; }
+  Mlp<T, B>& mlp() { return mlp_; }
+
+ private:
+  LayerNorm<T, B> ln_1_;
+  CausalSelfAttention<T, B> attn_;
+  LayerNorm<T, B> ln_2_;
+  Mlp<T, B> mlp_;
+};
+
+static_assert(layer<TransformerBlock<float, Host>>);
+
+}  // namespace fourway

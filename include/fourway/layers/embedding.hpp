@@ -1,0 +1,90 @@
+//! `Embedding<T, B>`: GPT-2's token + learned position embedding, out[b,t] = wte[tok[b,t]] + wpe[t].
+//!
+//! Input is token ids (B, T) as `Tensor<std::int32_t, B>`; backward scatter-adds into the
+//! gradients of `wte` (V, C) and `wpe` (max_seq, C) and returns an empty tensor (ids have no
+//! gradient). In the GPT, `wte` is also the language-model head (tied), so its gradient is
+//! complete only after both the head's and this layer's backward.
+#pragma once
+
+#include <cstdint>
+
+#include "fourway/layers/layer.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class Embedding {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<std::int32_t, B>;
+  struct Stash {
+    Tensor<std::int32_t, B> tokens;  // view of the input (B, T)
+    Tensor<T, B> y;                  // (B, T, C)
+  };
+
+  Embedding(const Context<B>& ctx, std::int64_t vocab, std::int64_t max_seq, std::int64_t C,
+            std::uint64_t seed, float init_std = 0.02f)
+      : V_(vocab), max_seq_(max_seq), C_(C) {
+    check<ConfigError>(vocab > 0 && max_seq > 0 && C > 0, "fourway: Embedding needs vocab, ",
+                       "max_seq and C > 0, got ", vocab, ", ", max_seq, ", ", C);
+    wte_ = Parameter<T, B>(ctx, "wte.weight", Shape{vocab, C});
+    wpe_ = Parameter<T, B>(ctx, "wpe.weight", Shape{max_seq, C});
+    init_normal(ctx, wte_, seed, init_std);
+    init_normal(ctx, wpe_, seed, init_std);
+  }
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                       Stash& s) const {
+    check<ShapeError>(tokens.shape().rank() == 2, "fourway: Embedding expects token ids (B, T), ",
+                      "got ", tokens.shape().str());
+    const std::int64_t Bn = tokens.shape()[0];
+    const std::int64_t Tn = tokens.shape()[1];
+    check<ConfigError>(Tn <= max_seq_, "fourway: sequence length T=", Tn, " exceeds max_seq=",
+                       max_seq_, "; shorten the sequences or build the model with max_seq >= ", Tn);
+    if constexpr (!B::on_device) {
+      for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+        check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
+                          " at position ", i, " is outside the vocabulary [0, ", V_, ")");
+      }
+    }
+    s.tokens = tokens.view();
+    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
+    Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
+                              wpe_.weight.data(), Bn, Tn, C_);
+    return s.y.view();
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    check<ShapeError>(dy.numel() == s.tokens.numel() * C_, "fourway: Embedding backward without ",
+                      "a matching forward: dy ", dy.shape().str(), ", tokens ",
+                      s.tokens.shape().str());
+    Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(),
+                               s.tokens.data(), s.tokens.shape()[0], s.tokens.shape()[1], C_);
+    s = Stash{};
+    return Tensor<T, B>{};
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    f(wte_);
+    f(wpe_);
+  }
+
+  [[nodiscard]] std::int64_t vocab() const { return V_; }
+  [[nodiscard]] std::int64_t max_seq() const { return max_seq_; }
+  [[nodiscard]] std::int64_t features() const { return C_; }
+  Parameter<T, B>& wte() { return wte_; }
+  Parameter<T, B>& wpe() { return wpe_; }
+
+ private:
+  std::int64_t V_;
+  std::int64_t max_seq_;
+  std::int64_t C_;
+  Parameter<T, B> wte_;  // (V, C)
+  Parameter<T, B> wpe_;  // (max_seq, C)
+};
+
+static_assert(layer<Embedding<float, Host>>);
+
+}  // namespace fourway

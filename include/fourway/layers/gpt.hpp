@@ -1,0 +1,235 @@
+//! `fw::models::Gpt<T, B>`: GPT-2 (Radford et al. 2019) exactly — token + learned position
+//! embedding, pre-LayerNorm blocks with tanh GELU, final LayerNorm (eps 1e-5), language-model
+//! head tied to `wte`, loss = mean cross-entropy over all B·T targets.
+//!
+//! FSDP units and the order hooks see them (L = layers):
+//! ```
+//!   unit   0        1 .. L            L+1
+//!          wte,wpe  h.0 .. h.{L-1}    ln_f, wte (tied head)
+//!   forward   0 -> 1 -> ... -> L -> L+1      backward  L+1 -> L -> ... -> 0
+//! ```
+//! Each unit's compute sits between `pre_forward(u)` and `post_forward(u)` (forward) and between
+//! `pre_backward(u)` and `post_backward(u)` (backward; under checkpointing the recomputation of a
+//! block happens there too). `wte`'s gradient receives the head's part in unit L+1 and the
+//! embedding's part in unit 0: it is complete after `post_backward(0)`.
+//! Parameters carry Hugging Face GPT-2 names ("h.3.mlp.c_fc.weight"); matrices are stored
+//! (in, out) as HF's Conv1D. Gradients accumulate (`+=`) across backward calls until
+//! `zero_grad`. All activations of a micro-batch live in its `Stash`.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fourway/layers/block.hpp"
+#include "fourway/layers/checkpoint.hpp"
+#include "fourway/layers/embedding.hpp"
+#include "fourway/layers/layernorm.hpp"
+
+namespace fourway::models {
+
+struct GptConfig {
+  int layers = 12;
+  int heads = 12;
+  int dim = 768;
+  int vocab = 50257;
+  int max_seq = 1024;
+  bool checkpoint = false;  // activation checkpointing of every block
+
+  /// Throws ConfigError naming the numbers when the shape cannot work.
+  void validate() const {
+    check<ConfigError>(layers >= 1 && heads >= 1 && dim >= 1 && vocab >= 1 && max_seq >= 1,
+                       "fourway: GptConfig needs layers, heads, dim, vocab, max_seq >= 1, got ",
+                       layers, ", ", heads, ", ", dim, ", ", vocab, ", ", max_seq);
+    check<ConfigError>(dim % heads == 0, "fourway: GptConfig dim=", dim,
+                       " is not divisible by heads=", heads, "; pick heads dividing dim");
+  }
+};
+
+/// Hooks that do nothing: the single-rank case.
+struct NoHooks {
+  void pre_forward(int /*unit*/) {}
+  void post_forward(int /*unit*/) {}
+  void pre_backward(int /*unit*/) {}
+  void post_backward(int /*unit*/) {}
+};
+
+template <class H>
+concept gpt_hooks = requires(H& h, int u) {
+  h.pre_forward(u);
+  h.post_forward(u);
+  h.pre_backward(u);
+  h.post_backward(u);
+};
+
+template <floating_dtype T, backend B>
+class Gpt {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Block = TransformerBlock<T, B>;
+
+  struct Stash {
+    Tensor<std::int32_t, B> targets;  // view (B, T)
+    typename Embedding<T, B>::Stash embedding;
+    std::vector<typename Checkpointed<Block>::Stash> blocks;  // `.inner` used when not checkpointing
+    typename LayerNorm<T, B>::Stash ln_f;
+    Tensor<T, B> logits;      // (B, T, V); holds d loss / d logits after backward starts
+    Tensor<float, B> losses;  // (B, T) per-token cross-entropy
+    float loss = 0.0f;        // mean of `losses`
+  };
+
+  /// Builds and initialises the model as GPT-2 / nanoGPT do (normal std 0.02, c_proj weights
+  /// 0.02/sqrt(2·layers), biases 0, LayerNorm gains 1); values depend only on (seed, name).
+  Gpt(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0)
+      : cfg_((cfg.validate(), cfg)),
+        embedding_(ctx, cfg.vocab, cfg.max_seq, cfg.dim, seed),
+        ln_f_(ctx, "ln_f", cfg.dim) {
+    const Init init = Init::gpt2(seed, cfg.layers);
+    blocks_.reserve(static_cast<std::size_t>(cfg.layers));
+    for (int i = 0; i < cfg.layers; ++i) {
+      blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init));
+    }
+  }
+
+  [[nodiscard]] const GptConfig& config() const { return cfg_; }
+  /// Switches activation checkpointing of the blocks (between steps, never inside one).
+  void set_checkpointing(bool on) { cfg_.checkpoint = on; }
+  [[nodiscard]] int units() const { return cfg_.layers + 2; }
+
+  /// Mean cross-entropy of predicting `targets` (B, T) from `tokens` (B, T); keeps what backward
+  /// needs in `s`. Synchronises with the device to return the loss.
+  template <class Hooks = NoHooks>
+    requires gpt_hooks<std::remove_cvref_t<Hooks>>
+  float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
+    check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
+                      targets.shape().str(), " must have the shape of tokens ",
+                      tokens.shape().str());
+    s.targets = targets.view();
+    hooks.pre_forward(0);
+    Tensor<T, B> x = embedding_.forward(ctx, tokens, s.embedding);
+    hooks.post_forward(0);
+    s.blocks.clear();
+    s.blocks.resize(blocks_.size());
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      const int u = static_cast<int>(i) + 1;
+      hooks.pre_forward(u);
+      x = cfg_.checkpoint ? blocks_[i].forward(ctx, x, s.blocks[i])
+                          : blocks_[i].inner().forward(ctx, x, s.blocks[i].inner);
+      hooks.post_forward(u);
+    }
+    hooks.pre_forward(head_unit());
+    s.loss = head_forward(ctx, x, s);
+    hooks.post_forward(head_unit());
+    return s.loss;
+  }
+
+  /// Gradients of `grad_scale` × the mean loss of the forward that filled `s`, added (`+=`) to
+  /// every parameter's gradient; `s` is empty afterwards. A trainer summing M micro-batches
+  /// passes grad_scale = loss_scale / M.
+  template <class Hooks = NoHooks>
+    requires gpt_hooks<std::remove_cvref_t<Hooks>>
+  void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f,
+                Hooks&& hooks = Hooks{}) {
+    check<ShapeError>(!s.logits.empty() && s.blocks.size() == blocks_.size(),
+                      "fourway: Gpt backward without a matching forward (empty stash)");
+    hooks.pre_backward(head_unit());
+    Tensor<T, B> dx = head_backward(ctx, s, grad_scale);
+    hooks.post_backward(head_unit());
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      const int u = static_cast<int>(i) + 1;
+      hooks.pre_backward(u);
+      dx = cfg_.checkpoint ? blocks_[i].backward(ctx, dx, s.blocks[i])
+                           : blocks_[i].inner().backward(ctx, dx, s.blocks[i].inner);
+      hooks.post_backward(u);
+    }
+    hooks.pre_backward(0);
+    (void)embedding_.backward(ctx, dx, s.embedding);
+    hooks.post_backward(0);
+    s = Stash{};
+  }
+
+  /// Every parameter once, in Hugging Face order: wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
+  template <class F>
+  void visit_parameters(F&& f) {
+    embedding_.visit_parameters(f);
+    for (auto& b : blocks_) b.visit_parameters(f);
+    ln_f_.visit_parameters(f);
+  }
+
+  /// The parameters of FSDP unit `u` (0 embedding, 1..L blocks, L+1 = ln_f and the tied wte).
+  template <class F>
+  void visit_unit_parameters(int u, F&& f) {
+    check<ConfigError>(u >= 0 && u < units(), "fourway: Gpt unit ", u, " does not exist; units ",
+                       "are 0 .. ", units() - 1, " for ", cfg_.layers, " layers");
+    if (u == 0) {
+      embedding_.visit_parameters(f);
+    } else if (u == head_unit()) {
+      ln_f_.visit_parameters(f);
+      f(embedding_.wte());
+    } else {
+      blocks_[static_cast<std::size_t>(u - 1)].visit_parameters(f);
+    }
+  }
+
+  [[nodiscard]] std::int64_t num_parameters() {
+    std::int64_t n = 0;
+    visit_parameters([&](Parameter<T, B>& p) { n += p.numel(); });
+    return n;
+  }
+
+  Embedding<T, B>& embedding() { return embedding_; }
+  Block& block(int i) { return blocks_.at(static_cast<std::size_t>(i)).inner(); }
+  LayerNorm<T, B>& ln_f() { return ln_f_; }
+
+ private:
+  [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
+
+  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
+    const std::int64_t Bn = x.shape()[0];
+    const std::int64_t Tn = x.shape()[1];
+    const std::int64_t rows = Bn * Tn;
+    const std::int64_t C = cfg_.dim;
+    const std::int64_t V = cfg_.vocab;
+    Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
+    s.logits = detail::activation<T, B>(ctx, Shape{Bn, Tn, V});
+    Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, V, C, 1.0f, h.data(), C,
+                 embedding_.wte().weight.data(), C, 0.0f, s.logits.data(), V);
+    s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
+    Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows,
+                                  V);
+    std::vector<float> losses(static_cast<std::size_t>(rows));
+    Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
+    double sum = 0.0;
+    for (float l : losses) sum += l;
+    return static_cast<float>(sum / static_cast<double>(rows));
+  }
+
+  Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
+    const std::int64_t rows = s.losses.numel();
+    const std::int64_t C = cfg_.dim;
+    const std::int64_t V = cfg_.vocab;
+    Parameter<T, B>& wte = embedding_.wte();
+    T* dlogits = s.logits.data();  // in place: the logits are not needed again
+    Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
+                                   grad_scale / static_cast<float>(rows));
+    Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
+    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, V, 1.0f, dlogits, V, wte.weight.data(),
+                 C, 0.0f, dh.data(), C);
+    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V,
+                 s.ln_f.y.data(), C, 1.0f, wte.grad.data(), C);
+    s.logits.reset();
+    s.losses.reset();
+    return ln_f_.backward(ctx, dh, s.ln_f);
+  }
+
+  GptConfig cfg_;
+  Embedding<T, B> embedding_;
+  std::vector<Checkpointed<Block>> blocks_;
+  LayerNorm<T, B> ln_f_;
+};
+
+}  // namespace fourway::models

@@ -1,0 +1,79 @@
+//! `LayerNorm<T, B>` over the last dimension (Ba, Kiros & Hinton 2016), eps 1e-5 as GPT-2.
+//!
+//! The stash keeps a view of x, owns y and the per-row fp32 mean and 1/std. Gain (weight) and
+//! bias are 1-D, so weight decay does not apply to them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fourway/layers/layer.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class LayerNorm {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<T, B>;
+  struct Stash {
+    Tensor<T, B> x;         // view of the input (..., C)
+    Tensor<T, B> y;         // (..., C)
+    Tensor<float, B> mean;  // (rows)
+    Tensor<float, B> rstd;  // (rows)
+  };
+
+  LayerNorm(const Context<B>& ctx, const std::string& name, std::int64_t C, float eps = 1e-5f)
+      : C_(C), eps_(eps) {
+    check<ConfigError>(C > 0, "fourway: LayerNorm ", name, " needs C > 0, got ", C);
+    weight_ = Parameter<T, B>(ctx, name + ".weight", Shape{C});
+    bias_ = Parameter<T, B>(ctx, name + ".bias", Shape{C});
+    init_constant(ctx, weight_, 1.0f);
+    init_constant(ctx, bias_, 0.0f);
+  }
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    const std::int64_t rows = detail::rows_of(x.shape(), C_, "LayerNorm");
+    s.x = x.view();
+    s.y = detail::activation<T, B>(ctx, x.shape());
+    s.mean = detail::activation<float, B>(ctx, Shape{rows});
+    s.rstd = detail::activation<float, B>(ctx, Shape{rows});
+    Ops<B>::layernorm_forward(ctx, s.y.data(), s.mean.data(), s.rstd.data(), x.data(),
+                              weight_.weight.data(), bias_.weight.data(), rows, C_, eps_);
+    return s.y.view();
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    const std::int64_t rows = detail::rows_of(dy.shape(), C_, "LayerNorm backward");
+    check<ShapeError>(s.mean.numel() == rows, "fourway: LayerNorm backward without a matching ",
+                      "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
+    Tensor<T, B> dx = detail::workspace<T, B>(ctx, dy.shape());
+    Ops<B>::layernorm_backward(ctx, dx.data(), weight_.grad.data(), bias_.grad.data(), dy.data(),
+                               s.x.data(), weight_.weight.data(), s.mean.data(), s.rstd.data(),
+                               rows, C_);
+    s = Stash{};
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    f(weight_);
+    f(bias_);
+  }
+
+  [[nodiscard]] std::int64_t features() const { return C_; }
+  [[nodiscard]] float eps() const { return eps_; }
+  Parameter<T, B>& weight() { return weight_; }
+  Parameter<T, B>& bias() { return bias_; }
+
+ private:
+  std::int64_t C_;
+  float eps_;
+  Parameter<T, B> weight_;  // (C)
+  Parameter<T, B> bias_;    // (C)
+};
+
+static_assert(layer<LayerNorm<float, Host>>);
+
+}  // namespace fourway

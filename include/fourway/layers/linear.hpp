@@ -1,0 +1,88 @@
+//! `Linear<T, B>`: y = x·W + b with W stored (in, out) — the Hugging Face Conv1D layout of GPT-2.
+//!
+//! Backward: dx = dy·Wᵀ (written), dW += xᵀ·dy, db += Σ_rows dy (accumulated). The stash keeps
+//! a view of x (the caller keeps x alive) and owns y.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "fourway/layers/layer.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class Linear {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<T, B>;
+  struct Stash {
+    Tensor<T, B> x;  // view of the input (..., in)
+    Tensor<T, B> y;  // (..., out)
+  };
+
+  /// `name` is the prefix of the parameter names: "<name>.weight", "<name>.bias".
+  /// Weight normal(0, init_std) from `seed`; bias zero.
+  Linear(const Context<B>& ctx, const std::string& name, std::int64_t in, std::int64_t out,
+         std::uint64_t seed, float init_std = 0.02f, bool bias = true)
+      : in_(in), out_(out), has_bias_(bias) {
+    check<ConfigError>(in > 0 && out > 0, "fourway: Linear ", name, " needs in > 0 and out > 0, got ",
+                       in, " x ", out);
+    weight_ = Parameter<T, B>(ctx, name + ".weight", Shape{in, out});
+    init_normal(ctx, weight_, seed, init_std);
+    if (has_bias_) {
+      bias_ = Parameter<T, B>(ctx, name + ".bias", Shape{out});
+      init_constant(ctx, bias_, 0.0f);
+    }
+  }
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    const std::int64_t rows = detail::rows_of(x.shape(), in_, "Linear");
+    s.x = x.view();
+    s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
+    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, out_, in_, 1.0f, x.data(), in_,
+                 weight_.weight.data(), out_, 0.0f, s.y.data(), out_);
+    if (has_bias_) Ops<B>::bias_add(ctx, s.y.data(), bias_.weight.data(), rows, out_);
+    return s.y.view();
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    const std::int64_t rows = detail::rows_of(dy.shape(), out_, "Linear backward");
+    check<ShapeError>(s.x.numel() == rows * in_, "fourway: Linear backward without a matching ",
+                      "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
+    Tensor<T, B> dx = detail::workspace<T, B>(ctx, s.x.shape());
+    Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, in_, out_, 1.0f, dy.data(), out_,
+                 weight_.weight.data(), out_, 0.0f, dx.data(), in_);
+    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, in_, out_, rows, 1.0f, s.x.data(), in_,
+                 dy.data(), out_, 1.0f, weight_.grad.data(), out_);
+    if (has_bias_) Ops<B>::bias_backward(ctx, bias_.grad.data(), dy.data(), rows, out_);
+    s = Stash{};
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    f(weight_);
+    if (has_bias_) f(bias_);
+  }
+
+  [[nodiscard]] std::int64_t in_features() const { return in_; }
+  [[nodiscard]] std::int64_t out_features() const { return out_; }
+  [[nodiscard]] bool has_bias() const { return has_bias_; }
+  Parameter<T, B>& weight() { return weight_; }
+  Parameter<T, B>& bias() { return bias_; }
+
+ private:
+  std::int64_t in_;
+  std::int64_t out_;
+  bool has_bias_;
+  Parameter<T, B> weight_;  // (in, out)
+  Parameter<T, B> bias_;    // (out)
+};
+
+static_assert(layer<Linear<float, Host>>);
+static_assert(layer<Linear<bf16, Host>>);
+
+}  // namespace fourway

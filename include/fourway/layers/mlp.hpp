@@ -1,0 +1,62 @@
+//! `Mlp<T, B>`: GPT-2's feed-forward — c_fc (C -> 4C), tanh GELU, c_proj (4C -> C).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fourway/layers/gelu.hpp"
+#include "fourway/layers/linear.hpp"
+
+namespace fourway {
+
+template <floating_dtype T, backend B>
+class Mlp {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Input = Tensor<T, B>;
+  struct Stash {
+    typename Linear<T, B>::Stash c_fc;    // y (..., 4C)
+    typename Gelu<T, B>::Stash gelu;      // y (..., 4C)
+    typename Linear<T, B>::Stash c_proj;  // y (..., C)
+  };
+
+  /// Parameters "<name>.c_fc.{weight,bias}" (C, 4C) and "<name>.c_proj.{weight,bias}" (4C, C);
+  /// c_proj's weight is initialised with `init.residual_std`.
+  Mlp(const Context<B>& ctx, const std::string& name, std::int64_t C, const Init& init)
+      : c_fc_(ctx, name + ".c_fc", C, 4 * C, init.seed, init.std),
+        c_proj_(ctx, name + ".c_proj", 4 * C, C, init.seed, init.residual_std) {}
+
+  Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    Tensor<T, B> h = c_fc_.forward(ctx, x, s.c_fc);
+    Tensor<T, B> g = gelu_.forward(ctx, h, s.gelu);
+    return c_proj_.forward(ctx, g, s.c_proj);
+  }
+
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    Tensor<T, B> dg = c_proj_.backward(ctx, dy, s.c_proj);
+    Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);
+    dg.reset();
+    Tensor<T, B> dx = c_fc_.backward(ctx, dh, s.c_fc);
+    s = Stash{};
+    return dx;
+  }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    c_fc_.visit_parameters(f);
+    c_proj_.visit_parameters(f);
+  }
+
+  Linear<T, B>& c_fc() { return c_fc_; }
+  Linear<T, B>& c_proj() { return c_proj_; }
+
+ private:
+  Linear<T, B> c_fc_;
+  Gelu<T, B> gelu_;
+  Linear<T, B> c_proj_;
+};
+
+static_assert(layer<Mlp<float, Host>>);
+
+}  // namespace fourway
