@@ -7,6 +7,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -104,7 +105,8 @@ struct bf16 {
   FOURWAY_HOST_DEVICE constexpr explicit operator float() const {
     return detail::bf16_bits_to_float(bits);
   }
-  friend constexpr bool operator==(bf16 a, bf16 b) { return a.bits == b.bits; }
+  /// Bitwise equality: NaN == NaN with the same bits, +0 != -0.
+  friend FOURWAY_HOST_DEVICE constexpr bool operator==(bf16 a, bf16 b) { return a.bits == b.bits; }
 };
 
 /// IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits.
@@ -120,7 +122,8 @@ struct fp16 {
   FOURWAY_HOST_DEVICE constexpr explicit operator float() const {
     return detail::fp16_bits_to_float(bits);
   }
-  friend constexpr bool operator==(fp16 a, fp16 b) { return a.bits == b.bits; }
+  /// Bitwise equality: NaN == NaN with the same bits, +0 != -0.
+  friend FOURWAY_HOST_DEVICE constexpr bool operator==(fp16 a, fp16 b) { return a.bits == b.bits; }
 };
 
 static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2 && std::is_trivially_copyable_v<bf16>);
@@ -182,6 +185,10 @@ struct dtype_of<std::uint16_t> {
 };
 template <class T>
 inline constexpr Dtype dtype_v = dtype_of<T>::value;
+
+/// Any type a `Tensor` may hold: the types with a `dtype_of` (floating and integer).
+template <class T>
+concept element_type = requires { dtype_of<T>::value; };
 
 constexpr std::size_t dtype_size(Dtype d) {
   switch (d) {

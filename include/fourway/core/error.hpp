@@ -77,7 +77,7 @@ namespace detail {
 template <class... Ts>
 std::string cat(const Ts&... parts) {
   std::ostringstream os;
-  (os << ... << parts);
+  ((os << parts), ...);
   return os.str();
 }
 }  // namespace detail

@@ -2,7 +2,9 @@
 //!
 //! An owning tensor allocates through its backend and reports the bytes, under its tag, to the
 //! rank's `MemoryAccountant`; destroying it gives them back. A view points into memory it does
-//! not own and allocates (and counts) nothing. Tensors move, they never copy implicitly.
+//! not own and allocates (and counts) nothing. Tensors move, they never copy implicitly; a
+//! default-constructed, moved-from or reset tensor is empty: no data, shape `(0)`, not owning.
+//! (Shape `()` is a scalar with one element.)
 #pragma once
 
 #include <concepts>
@@ -31,11 +33,19 @@ concept backend = requires(std::size_t n, void* p) {
 template <class B>
 struct Context;
 
-template <class T, backend B>
+template <class T, class B>
 class Tensor {
+  static_assert(element_type<T>,
+                "fourway: Tensor<T, B> needs an element type with a fourway::dtype_of: float, "
+                "fp16, bf16, double, int32_t, int64_t, uint8_t or uint16_t");
+  static_assert(backend<B>,
+                "fourway: Tensor<T, B> needs a backend B such as fourway::Host or fourway::Cuda "
+                "(static allocate, deallocate, name, on_device); include its backend header");
+
  public:
   using value_type = T;
   using backend_type = B;
+  static constexpr Dtype dtype = dtype_v<T>;
 
   Tensor() = default;
 
@@ -101,20 +111,20 @@ class Tensor {
   }
 
   /// Frees the memory now (an owning tensor) or forgets the view.
-  void reset() {
-    release();
-    data_ = nullptr;
-    shape_ = Shape{};
-  }
+  void reset() { release(); }
 
  private:
+  /// Gives owned memory back and leaves the tensor empty.
   void release() noexcept {
     if (owning_) {
       if (data_ != nullptr) B::deallocate(data_);
       memory_->on_free(tag_, bytes());
     }
-    owning_ = false;
+    data_ = nullptr;
+    shape_ = Shape{0};
     memory_ = nullptr;
+    tag_ = MemTag::workspace;
+    owning_ = false;
   }
   void swap(Tensor& o) noexcept {
     std::swap(data_, o.data_);
@@ -125,7 +135,7 @@ class Tensor {
   }
 
   T* data_ = nullptr;
-  Shape shape_{};
+  Shape shape_{0};
   MemoryAccountant* memory_ = nullptr;
   MemTag tag_ = MemTag::workspace;
   bool owning_ = false;

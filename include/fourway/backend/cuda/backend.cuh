@@ -8,8 +8,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
