@@ -474,10 +474,7 @@ class LocalComm {
     std::unique_lock lock(world.mu);
     for (;;) {
       if (ready()) return;
-      if (world.aborted.load()) {
-        throw CommError(detail::cat("fourway: ", what(), " abandoned: world rank ", world.failed_rank,
-                            " failed: ", world.failure));
-      }
+      if (world.aborted.load()) throw_aborted_locked(what());
       for (int q : missing()) {
         if (world.exited[static_cast<std::size_t>(group.world_ranks[static_cast<std::size_t>(q)])]) {
           throw CommError(detail::cat("fourway: ", what(), " cannot complete: ", group.who(q),
@@ -511,6 +508,16 @@ class LocalComm {
     }
   }
 
+  [[noreturn]] void throw_aborted_locked(const std::string& what) const {
+    auto& world = *g().world;
+    throw CommError(detail::cat("fourway: ", what, " abandoned: world rank ", world.failed_rank,
+                                " failed: ", world.failure));
+  }
+  [[noreturn]] void throw_aborted(const std::string& what) const {
+    std::unique_lock lock(g().world->mu);
+    throw_aborted_locked(what);
+  }
+
   std::string op_context(const detail::LocalSlot& me) const {
     return detail::cat(g().header(), ", ", detail::describe_slot(me), " #", me.seq, " on ",
                g().who(s_->rank));
@@ -520,9 +527,8 @@ class LocalComm {
   /// all calls agree. Returns the published slot, its sequence number filled in.
   detail::LocalSlot enter(detail::LocalSlot me) {
     auto& group = g();
-    check<CommError>(!group.world->aborted.load(), "fourway: ", detail::describe_slot(me),
-                     " in ", group.header(), " refused: the world was aborted");
     me.seq = ++s_->seq;
+    if (group.world->aborted.load()) throw_aborted(op_context(me));
     {
       std::lock_guard lock(group.world->mu);
       group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
@@ -741,8 +747,11 @@ class LocalComm {
     check<ConfigError>(tag >= 0, "fourway: send in ", g().header(), " got tag ", tag,
                        "; tags are >= 0");
     auto& group = g();
-    check<CommError>(!group.world->aborted.load(), "fourway: send in ", group.header(),
-                     " refused: the world was aborted");
+    if (group.world->aborted.load()) {
+      throw_aborted(detail::cat(group.header(), ", send (", dtype_name(dtype_v<T>), ", count ",
+                                count, ") on ", group.who(s_->rank), " to ", group.who(peer),
+                                " with tag ", tag));
+    }
     detail::LocalMessage m{dtype_v<T>, count, ++s_->sends,
                            std::vector<std::byte>(static_cast<std::size_t>(count) * sizeof(T))};
     if (count > 0) std::memcpy(m.data.data(), buf, m.data.size());
