@@ -1,0 +1,93 @@
+//! Fused AdamW (Loshchilov & Hutter 2019) with PyTorch's `torch.optim.AdamW` semantics, host side;
+//! also defines `AdamWStep` and the per-element update the CUDA kernel shares.
+//!
+//! One pass per element, fp32 master weight `p`, moments `m`, `v`:
+//! ```
+//!   g  = grad * grad_scale                      (loss-scale undo x clip coefficient)
+//!   m  = beta1 m + (1 - beta1) g ;  v = beta2 v + (1 - beta2) g^2
+//!   p *= 1 - lr * weight_decay                  (decoupled decay; 0 switches it off per tensor)
+//!   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)   (eps outside sqrt)
+//!   working = p rounded to the working type     (skipped when `working` is null)
+//! ```
+//! The bias corrections are computed in double once per call, as PyTorch does in Python floats.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "fourway/backend/host/backend.hpp"
+#include "fourway/core/dtype.hpp"
+#include "fourway/core/error.hpp"
+
+namespace fourway {
+
+/// One AdamW step's hyper-parameters; `step` counts from 1.
+struct AdamWStep {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+  int step = 1;
+};
+
+namespace detail {
+/// The per-call constants of the update, derived from an AdamWStep.
+struct AdamWConstants {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
+  float decay;          // 1 - lr * weight_decay
+  float step_size;      // lr / (1 - beta1^t)
+  float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^t)
+};
+
+inline AdamWConstants adamw_constants(const AdamWStep& s) {
+  check<ConfigError>(s.step >= 1, "fourway: AdamW step counts from 1, got step=", s.step);
+  check<ConfigError>(s.beta1 >= 0.0f && s.beta1 < 1.0f && s.beta2 >= 0.0f && s.beta2 < 1.0f,
+                     "fourway: AdamW betas must lie in [0, 1), got beta1=", s.beta1,
+                     " beta2=", s.beta2);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), s.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), s.step);
+  return AdamWConstants{s.beta1,
+                        s.beta2,
+                        1.0f - s.beta1,
+                        1.0f - s.beta2,
+                        s.eps,
+                        s.grad_scale,
+                        static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay),
+                        static_cast<float>(s.lr / bc1),
+                        static_cast<float>(1.0 / std::sqrt(bc2))};
+}
+
+/// The update of one element; returns the new master weight.
+FOURWAY_HOST_DEVICE inline float adamw_element(const AdamWConstants& k, float p, float& m, float& v,
+                                               float grad) {
+  const float g = grad * k.grad_scale;
+  m = k.beta1 * m + k.one_minus_beta1 * g;
+  v = k.beta2 * v + k.one_minus_beta2 * g * g;
+  const float denom = std::sqrt(v) * k.inv_bc2_sqrt + k.eps;
+  return p * k.decay - k.step_size * m / denom;
+}
+}  // namespace detail
+
+namespace host {
+
+/// Updates master, m, v (n, fp32) from grad (n) and writes working (n) unless it is null.
+template <floating_dtype T, floating_dtype G>
+void adamw_update(const Context<Host>& /*ctx*/, float* master, float* m, float* v, T* working,
+                  const G* grad, std::int64_t n, const AdamWStep& step) {
+  const detail::AdamWConstants k = detail::adamw_constants(step);
+  if (working == nullptr) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      master[i] = detail::adamw_element(k, master[i], m[i], v[i], convert<float>(grad[i]));
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      master[i] = detail::adamw_element(k, master[i], m[i], v[i], convert<float>(grad[i]));
+      working[i] = convert<T>(master[i]);
+    }
+  }
+}
+
+}  // namespace host
+}  // namespace fourway

@@ -1,0 +1,100 @@
+//! Host element-wise kernels: residual add, tanh-GELU forward and backward, and the precision
+//! helpers (cast, scale in place, inf/NaN detection, sum of squares for the global L2 norm).
+//!
+//! GELU is GPT-2's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+//! (Hendrycks & Gimpel 2016). Outputs and activation gradients are written (`=`), never
+//! accumulated. `sum_squares` accumulates in double, so the norm of a billion fp32 values keeps
+//! its digits; `has_inf_nan` looks at the bits, so it works on all three element types alike.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/host/math.hpp"
+#include "fourway/core/dtype.hpp"
+
+namespace fourway::host {
+
+namespace detail {
+inline constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float gelu_cubic = 0.044715f;
+
+inline float gelu(float x) {
+  const float t = tanh_poly(gelu_scale * (x + gelu_cubic * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+/// d gelu / dx.
+inline float gelu_grad(float x) {
+  const float t = tanh_poly(gelu_scale * (x + gelu_cubic * x * x * x));
+  const float dt = gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x) * (1.0f - t * t);
+  return 0.5f * (1.0f + t) + 0.5f * x * dt;
+}
+}  // namespace detail
+
+/// out = a + b over n elements (out may alias a or b).
+template <floating_dtype T>
+void residual_forward(const Context<Host>& /*ctx*/, T* out, const T* a, const T* b,
+                      std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = convert<T>(convert<float>(a[i]) + convert<float>(b[i]));
+  }
+}
+
+/// out = gelu(in) over n elements.
+template <floating_dtype T>
+void gelu_forward(const Context<Host>& /*ctx*/, T* out, const T* in, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = convert<T>(detail::gelu(convert<float>(in[i])));
+}
+
+/// din = gelu'(in) * dout over n elements (din may alias dout).
+template <floating_dtype T>
+void gelu_backward(const Context<Host>& /*ctx*/, T* din, const T* in, const T* dout,
+                   std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    din[i] = convert<T>(detail::gelu_grad(convert<float>(in[i])) * convert<float>(dout[i]));
+  }
+}
+
+/// dst = src converted (round to nearest even) over n elements.
+template <floating_dtype To, floating_dtype From>
+void cast(const Context<Host>& /*ctx*/, To* dst, const From* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = convert<To>(convert<float>(src[i]));
+}
+
+/// p *= s over n elements.
+template <floating_dtype T>
+void scale(const Context<Host>& /*ctx*/, T* p, std::int64_t n, float s) {
+  for (std::int64_t i = 0; i < n; ++i) p[i] = convert<T>(convert<float>(p[i]) * s);
+}
+
+/// True when any of the n elements is an infinity or a NaN.
+template <floating_dtype T>
+bool has_inf_nan(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
+  bool found = false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      found |= (std::bit_cast<std::uint32_t>(p[i]) & 0x7f800000u) == 0x7f800000u;
+    } else if constexpr (std::is_same_v<T, bf16>) {
+      found |= (p[i].bits & 0x7f80u) == 0x7f80u;
+    } else {
+      found |= (p[i].bits & 0x7c00u) == 0x7c00u;
+    }
+  }
+  return found;
+}
+
+/// Sum of p[i]^2 over n elements, accumulated in double.
+template <floating_dtype T>
+double sum_squares(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
+  double total = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = convert<float>(p[i]);
+    total += x * x;
+  }
+  return total;
+}
+
+}  // namespace fourway::host

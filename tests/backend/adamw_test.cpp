@@ -1,0 +1,87 @@
+#include "fourway/backend/host/adamw.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+namespace {
+/// torch.optim.AdamW (foreach=False, amsgrad=False, maximize=False) written out in double.
+void adamw_ref(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+               const std::vector<double>& grad, const fw::AdamWStep& s) {
+  const double lr = s.lr, b1 = s.beta1, b2 = s.beta2, eps = s.eps, wd = s.weight_decay;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double g = grad[i] * static_cast<double>(s.grad_scale);
+    p[i] *= 1.0 - lr * wd;
+    m[i] = b1 * m[i] + (1.0 - b1) * g;
+    v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+    const double bc1 = 1.0 - std::pow(b1, s.step);
+    const double bc2 = 1.0 - std::pow(b2, s.step);
+    const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + eps;
+    p[i] -= (lr / bc1) * m[i] / denom;
+  }
+}
+}  // namespace
+
+template <class T>
+class HostAdamW : public ::testing::Test {};
+using Dtypes = ::testing::Types<float, fw::bf16, fw::fp16>;
+TYPED_TEST_SUITE(HostAdamW, Dtypes);
+
+TYPED_TEST(HostAdamW, MatchesPyTorchAlgorithmOverSteps) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  for (float wd : {0.0f, 0.1f}) {
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{1023}}) {
+      auto master = ft::random_floats(static_cast<std::size_t>(n), 90);
+      std::vector<float> m(master.size(), 0.0f), v(master.size(), 0.0f);
+      std::vector<T> working(master.size());
+      auto pd = ft::to_double(master);
+      std::vector<double> md(pd.size(), 0.0), vd(pd.size(), 0.0);
+      for (int step = 1; step <= 6; ++step) {
+        const auto grad = ft::random_typed<T>(master.size(), 100 + static_cast<std::uint32_t>(step), -2.0f, 2.0f);
+        const fw::AdamWStep s{3e-3f, 0.9f, 0.95f, 1e-8f, wd, step == 3 ? 0.5f : 1.0f, step};
+        fw::host::adamw_update(ctx, master.data(), m.data(), v.data(), working.data(), grad.data(),
+                               n, s);
+        adamw_ref(pd, md, vd, ft::to_double(grad), s);
+      }
+      // fp32 per-element arithmetic over 6 steps: a few ulps of p (|p| < 1) and of the moments
+      ft::expect_close(ft::to_double(master), pd, 1e-6, 1e-6, "master");
+      ft::expect_close(ft::to_double(m), md, 1e-6, 1e-5, "m");
+      ft::expect_close(ft::to_double(v), vd, 1e-6, 1e-5, "v");
+      // the working copy is the master rounded once to T
+      ft::expect_close_t(working, pd, 1e-6, ft::unit_roundoff<T>(), "working copy");
+    }
+  }
+}
+
+TEST(HostAdamW, NullWorkingCopyAndFp32Grad) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  auto master = ft::random_floats(127, 1);
+  const auto grad = ft::random_floats(127, 2);
+  std::vector<float> m(127, 0.0f), v(127, 0.0f);
+  auto pd = ft::to_double(master);
+  std::vector<double> md(127, 0.0), vd(127, 0.0);
+  const fw::AdamWStep s{1e-2f, 0.8f, 0.99f, 1e-6f, 0.01f, 2.0f, 4};  // step 4 without history
+  fw::host::adamw_update(ctx, master.data(), m.data(), v.data(), static_cast<fw::bf16*>(nullptr),
+                         grad.data(), 127, s);
+  adamw_ref(pd, md, vd, ft::to_double(grad), s);
+  ft::expect_close(ft::to_double(master), pd, 1e-6, 1e-6, "master");
+}
+
+TEST(HostAdamW, StepMustStartAtOne) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> p(4, 1.0f), m(4), v(4), g(4, 1.0f);
+  fw::AdamWStep s;
+  s.step = 0;
+  EXPECT_THROW(fw::host::adamw_update(ctx, p.data(), m.data(), v.data(), static_cast<float*>(nullptr),
+                                      g.data(), 4, s),
+               fw::ConfigError);
+}

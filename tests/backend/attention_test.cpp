@@ -1,0 +1,110 @@
+#include "fourway/backend/host/attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+namespace {
+struct AttRef {
+  std::vector<double> out, att;
+};
+/// Causal attention from its definition, one (batch, head, query) at a time, in double.
+AttRef attention_ref(const std::vector<double>& qkv, std::int64_t B, std::int64_t T,
+                     std::int64_t C, std::int64_t NH) {
+  const std::int64_t hs = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  AttRef r{std::vector<double>(static_cast<std::size_t>(B * T * C), 0.0),
+           std::vector<double>(static_cast<std::size_t>(B * NH * T * T), 0.0)};
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < NH; ++h) {
+      for (std::int64_t t = 0; t < T; ++t) {
+        const double* q = qkv.data() + (b * T + t) * 3 * C + h * hs;
+        std::vector<double> s(static_cast<std::size_t>(t + 1));
+        double mx = -1e300;
+        for (std::int64_t j = 0; j <= t; ++j) {
+          const double* k = qkv.data() + (b * T + j) * 3 * C + C + h * hs;
+          double d = 0.0;
+          for (std::int64_t i = 0; i < hs; ++i) d += q[i] * k[i];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (auto& v : s) sum += (v = std::exp(v - mx));
+        for (std::int64_t j = 0; j <= t; ++j) {
+          const double p = s[j] / sum;
+          r.att[((b * NH + h) * T + t) * T + j] = p;
+          const double* v = qkv.data() + (b * T + j) * 3 * C + 2 * C + h * hs;
+          for (std::int64_t i = 0; i < hs; ++i) r.out[(b * T + t) * C + h * hs + i] += p * v[i];
+        }
+      }
+    }
+  }
+  return r;
+}
+}  // namespace
+
+template <class T>
+class HostAttention : public ::testing::Test {};
+using Dtypes = ::testing::Types<float, fw::bf16, fw::fp16>;
+TYPED_TEST_SUITE(HostAttention, Dtypes);
+
+TYPED_TEST(HostAttention, ForwardAndFiniteDifferenceBackward) {
+  using E = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  // (B, T, C, NH): one token, odd lengths, several heads, a head size of 1
+  const std::int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 12, 3}, {1, 33, 16, 2}, {1, 127, 8, 2},
+                                    {2, 20, 3, 3}};
+  std::uint32_t seed = 40;
+  for (const auto& [B, T, C, NH] : shapes) {
+    const auto nqkv = static_cast<std::size_t>(B * T * 3 * C);
+    const auto qkv = ft::random_typed<E>(nqkv, ++seed, -1.5f, 1.5f);
+    const auto qd = ft::to_double(qkv);
+    std::vector<E> out(static_cast<std::size_t>(B * T * C));
+    std::vector<E> att(static_cast<std::size_t>(B * NH * T * T));
+    fw::host::attention_forward(ctx, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    const auto ref = attention_ref(qd, B, T, C, NH);
+    // fp32: GEMM and softmax errors ~1e-6. 16-bit: scores are rounded to E before the softmax
+    // (relative u on scores of size <= 2.25 sqrt(hs)), then P is rounded (u) and multiplies V.
+    const double u = ft::unit_roundoff<E>();
+    const double hs = static_cast<double>(C / NH);
+    const double score_err = std::is_same_v<E, float> ? 2e-6 : 4 * u * 2.25 * std::sqrt(hs);
+    const std::string tag = ::testing::PrintToString(std::vector<std::int64_t>{B, T, C, NH});
+    ft::expect_close_t(att, ref.att, score_err + 2e-7, 2 * u, "attention att " + tag);
+    ft::expect_close_t(out, ref.out, 1.5 * (score_err + 4 * u), 2 * u, "attention out " + tag);
+    for (std::int64_t b = 0; b < B; ++b) {  // exact zeros above the diagonal
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t j = t + 1; j < T; ++j) {
+          ASSERT_EQ(fw::convert<float>(att[((b * NH) * T + t) * T + j]), 0.0f);
+        }
+      }
+    }
+
+    const auto dout = ft::random_typed<E>(out.size(), ++seed);
+    std::vector<E> dqkv(nqkv), datt(att.size());
+    fw::host::attention_backward(ctx, dqkv.data(), datt.data(), dout.data(), qkv.data(),
+                                 att.data(), B, T, C, NH);
+    const auto at = ft::sample_indices(nqkv, 96, seed);
+    const auto fd = ft::finite_difference(
+        [&](const std::vector<double>& x) { return attention_ref(x, B, T, C, NH).out; }, qd,
+        ft::to_double(dout), at);
+    // gradients are O(1) sums over T terms; 16-bit: dP, dS and the saved P are rounded to E
+    const double g_scale = std::max(1.0, ft::max_abs(ft::pick(fd, at)));
+    const double g_tol = std::is_same_v<E, float> ? 1e-5 : g_scale * 24 * u * std::sqrt(hs);
+    ft::expect_close(ft::pick(ft::to_double(dqkv), at), ft::pick(fd, at), g_tol, 4 * u,
+                     "attention dqkv vs FD " + tag);
+  }
+}
+
+TEST(HostAttention, HeadsMustDivideChannels) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> buf(1024);
+  EXPECT_THROW(fw::host::attention_forward(ctx, buf.data(), buf.data(), buf.data(), 1, 2, 10, 3),
+               fw::ShapeError);
+}

@@ -1,0 +1,131 @@
+#include "fourway/backend/host/elementwise.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+namespace {
+double gelu_ref(double x) {
+  const double s = std::sqrt(2.0 / 3.14159265358979323846);
+  return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
+}
+const std::int64_t sizes[] = {1, 7, 127, 1023, 4099};
+}  // namespace
+
+template <class T>
+class HostElementwise : public ::testing::Test {};
+using Dtypes = ::testing::Types<float, fw::bf16, fw::fp16>;
+TYPED_TEST_SUITE(HostElementwise, Dtypes);
+
+TYPED_TEST(HostElementwise, ResidualMatchesReference) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  for (std::int64_t n : sizes) {
+    const auto a = ft::random_typed<T>(static_cast<std::size_t>(n), 1);
+    const auto b = ft::random_typed<T>(static_cast<std::size_t>(n), 2);
+    std::vector<T> out(static_cast<std::size_t>(n));
+    fw::host::residual_forward(ctx, out.data(), a.data(), b.data(), n);
+    std::vector<double> ref(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] = ft::to_double(a)[i] + ft::to_double(b)[i];
+    ft::expect_close_t(out, ref, 0.0, ft::unit_roundoff<T>(), "residual");  // one rounding
+  }
+}
+
+TYPED_TEST(HostElementwise, GeluForwardAndFiniteDifferenceBackward) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  for (std::int64_t n : sizes) {
+    const auto in = ft::random_typed<T>(static_cast<std::size_t>(n), 3, -4.0f, 4.0f);
+    const auto x = ft::to_double(in);
+    std::vector<T> out(static_cast<std::size_t>(n));
+    fw::host::gelu_forward(ctx, out.data(), in.data(), n);
+    std::vector<double> ref(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) ref[i] = gelu_ref(x[i]);
+    // tanh_poly's absolute error (< 2e-7) times |x|/2 <= 2, plus fp32 ops, plus one rounding
+    ft::expect_close_t(out, ref, 1e-6, ft::unit_roundoff<T>(), "gelu_forward");
+
+    const auto dout = ft::random_typed<T>(static_cast<std::size_t>(n), 4);
+    std::vector<T> din(static_cast<std::size_t>(n));
+    fw::host::gelu_backward(ctx, din.data(), in.data(), dout.data(), n);
+    const auto at = ft::sample_indices(x.size(), 256, 9);
+    const auto fd = ft::finite_difference(
+        [](const std::vector<double>& xx) {
+          std::vector<double> y(xx.size());
+          for (std::size_t i = 0; i < xx.size(); ++i) y[i] = gelu_ref(xx[i]);
+          return y;
+        },
+        x, ft::to_double(dout), at);
+    // gelu'' is bounded (< 1), so tanh_poly's error enters the derivative at ~1e-6; one rounding
+    ft::expect_close(ft::pick(ft::to_double(din), at), ft::pick(fd, at), 2e-6,
+                     2 * ft::unit_roundoff<T>(), "gelu_backward vs FD");
+  }
+}
+
+TYPED_TEST(HostElementwise, CastRoundsToNearest) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const auto src = ft::random_floats(4099, 5, -100.0f, 100.0f);
+  std::vector<T> dst(src.size());
+  fw::host::cast(ctx, dst.data(), src.data(), static_cast<std::int64_t>(src.size()));
+  std::vector<float> back(src.size());
+  fw::host::cast(ctx, back.data(), dst.data(), static_cast<std::int64_t>(src.size()));
+  // nearest rounding: |cast(x) - x| <= u |x|; and T -> float is exact
+  ft::expect_close(ft::to_double(back), ft::to_double(src), 0.0, ft::unit_roundoff<T>(), "cast");
+  for (std::size_t i = 0; i < src.size(); ++i) ASSERT_EQ(fw::convert<float>(dst[i]), back[i]);
+}
+
+TYPED_TEST(HostElementwise, ScaleInPlace) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  auto p = ft::random_typed<T>(1023, 6);
+  std::vector<double> ref = ft::to_double(p);
+  for (auto& x : ref) x *= -0.37;
+  fw::host::scale(ctx, p.data(), 1023, -0.37f);
+  ft::expect_close_t(p, ref, 0.0, ft::unit_roundoff<T>() + 0x1p-23, "scale");  // s in fp32, one rounding
+}
+
+TYPED_TEST(HostElementwise, HasInfNanFindsEveryPosition) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  auto p = ft::random_typed<T>(127, 7, -1000.0f, 1000.0f);
+  EXPECT_FALSE(fw::host::has_inf_nan(ctx, p.data(), 127));
+  const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN()};
+  for (float b : bad) {
+    for (std::size_t pos : {std::size_t{0}, std::size_t{64}, std::size_t{126}}) {
+      const T keep = p[pos];
+      p[pos] = fw::convert<T>(b);
+      EXPECT_TRUE(fw::host::has_inf_nan(ctx, p.data(), 127)) << b << " at " << pos;
+      EXPECT_EQ(fw::host::has_inf_nan(ctx, p.data(), static_cast<std::int64_t>(pos)), false);
+      p[pos] = keep;
+    }
+  }
+  if constexpr (std::is_same_v<T, fw::fp16>) {  // 70000 overflows fp16 to inf
+    p[3] = fw::convert<T>(70000.0f);
+    EXPECT_TRUE(fw::host::has_inf_nan(ctx, p.data(), 127));
+  }
+}
+
+TYPED_TEST(HostElementwise, SumSquaresInDouble) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  for (std::int64_t n : sizes) {
+    const auto p = ft::random_typed<T>(static_cast<std::size_t>(n), 8, -3.0f, 3.0f);
+    double ref = 0.0;
+    for (double x : ft::to_double(p)) ref += x * x;
+    // double accumulation of exact squares of fp32 values: relative 1e-12 is generous
+    EXPECT_NEAR(fw::host::sum_squares(ctx, p.data(), n), ref, 1e-12 * ref);
+  }
+}

@@ -1,0 +1,192 @@
+#include "fourway/backend/host/gemm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <tuple>
+
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+namespace {
+
+enum class Impl { dispatch, builtin, blas };
+
+struct GemmCase {
+  std::int64_t m, n, k;
+  fw::Trans ta, tb;
+  std::int64_t pad;  // extra leading-dimension elements beyond the minimum
+  float alpha, beta;
+};
+
+/// C = alpha op(A) op(B) + beta C in double, from the stored (row-major) arrays.
+std::vector<double> reference(const GemmCase& g, const std::vector<double>& a, std::int64_t lda,
+                              const std::vector<double>& b, std::int64_t ldb,
+                              const std::vector<double>& c, std::int64_t ldc) {
+  std::vector<double> r = c;
+  for (std::int64_t i = 0; i < g.m; ++i) {
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      double s = 0.0;
+      for (std::int64_t p = 0; p < g.k; ++p) {
+        const double av = g.ta == fw::Trans::none ? a[i * lda + p] : a[p * lda + i];
+        const double bv = g.tb == fw::Trans::none ? b[p * ldb + j] : b[j * ldb + p];
+        s += av * bv;
+      }
+      r[i * ldc + j] = g.alpha * s + (g.beta == 0.0f ? 0.0 : g.beta * c[i * ldc + j]);
+    }
+  }
+  return r;
+}
+
+template <class T, class TC>
+void run_case(const GemmCase& g, Impl impl, std::uint32_t seed) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t lda = fw::detail::stored_cols(g.ta, g.m, g.k) + g.pad;
+  const std::int64_t ldb = fw::detail::stored_cols(g.tb, g.k, g.n) + g.pad;
+  const std::int64_t ldc = g.n + g.pad;
+  const auto a = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed);
+  const auto b = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(g.tb, g.k, g.n) * ldb), seed + 1);
+  auto c = ft::random_typed<TC>(static_cast<std::size_t>(g.m * ldc), seed + 2);
+  const auto c0 = ft::to_double(c);
+  auto ref = reference(g, ft::to_double(a), lda, ft::to_double(b), ldb, c0, ldc);
+  if (g.beta == 0.0f) {  // beta == 0 must not read C: poison it
+    for (auto& x : c) x = fw::convert<TC>(std::numeric_limits<float>::quiet_NaN());
+  }
+  switch (impl) {
+    case Impl::dispatch:
+      fw::host::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(), ldb, g.beta,
+                     c.data(), ldc);
+      break;
+    case Impl::builtin:
+      fw::host::detail::gemm_builtin(g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(),
+                                     ldb, g.beta, c.data(), ldc);
+      break;
+    case Impl::blas:
+#if FOURWAY_HAS_CBLAS
+      fw::host::detail::gemm_blas(g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(), ldb,
+                                  g.beta, c.data(), ldc);
+#endif
+      break;
+  }
+  // Inputs are exact in T (rounded before the reference sees them) and products accumulate in
+  // fp32: error <= k * 2^-24 * sum|a||b| <= k * 2^-24 * k (|a|,|b| < 1), plus one rounding of
+  // the output to TC. The padding columns of C must be untouched.
+  const double acc_err = 4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24 *
+                         std::abs(g.alpha);
+  for (std::int64_t i = 0; i < g.m; ++i) {
+    for (std::int64_t j = g.n; j < ldc; ++j) ref[i * ldc + j] = c0[i * ldc + j];
+  }
+  ft::expect_close(ft::to_double(c), ref, acc_err + 1e-6, 2 * ft::unit_roundoff<TC>(),
+                   ::testing::PrintToString(std::make_tuple(g.m, g.n, g.k, static_cast<int>(g.ta),
+                                                            static_cast<int>(g.tb), g.pad, g.alpha,
+                                                            g.beta)) +
+                       " " + ft::type_name<T>() + "->" + ft::type_name<TC>());
+}
+
+std::vector<GemmCase> cases() {
+  std::vector<GemmCase> v;
+  const std::int64_t shapes[][3] = {{1, 1, 1},  {1, 7, 3},    {7, 1, 5},   {7, 13, 5},
+                                    {17, 33, 9}, {127, 45, 300}, {65, 129, 513}, {1023, 40, 24}};
+  int i = 0;
+  for (auto& s : shapes) {
+    for (fw::Trans ta : {fw::Trans::none, fw::Trans::transpose}) {
+      for (fw::Trans tb : {fw::Trans::none, fw::Trans::transpose}) {
+        const float alpha = (i % 3 == 0) ? 1.0f : -0.75f;
+        const float beta = (i % 4 == 0) ? 0.0f : (i % 4 == 1 ? 1.0f : 0.5f);
+        v.push_back({s[0], s[1], s[2], ta, tb, (i % 2) * 3, alpha, beta});
+        ++i;
+      }
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST(HostGemm, BuiltinMatchesDoubleReferenceFp32) {
+  std::uint32_t seed = 1;
+  for (const auto& g : cases()) run_case<float, float>(g, Impl::builtin, seed += 3);
+}
+
+TEST(HostGemm, BlasMatchesDoubleReferenceFp32) {
+#if FOURWAY_HAS_CBLAS
+  std::uint32_t seed = 100;
+  for (const auto& g : cases()) run_case<float, float>(g, Impl::blas, seed += 3);
+#else
+  GTEST_SKIP() << "built without CBLAS (FOURWAY_HAS_CBLAS=0)";
+#endif
+}
+
+TEST(HostGemm, DispatchMatchesDoubleReference) {
+  std::uint32_t seed = 200;
+  for (const auto& g : cases()) run_case<float, float>(g, Impl::dispatch, seed += 3);
+}
+
+TEST(HostGemm, SixteenBitInputsAccumulateInFp32) {
+  std::uint32_t seed = 300;
+  for (const auto& g : cases()) {
+    for (Impl impl : {Impl::builtin, Impl::dispatch}) {
+      run_case<fw::bf16, fw::bf16>(g, impl, seed += 3);
+      run_case<fw::bf16, float>(g, impl, seed += 3);
+      run_case<fw::fp16, fw::fp16>(g, impl, seed += 3);
+      run_case<fw::fp16, float>(g, impl, seed += 3);
+    }
+  }
+}
+
+TEST(HostGemm, StridedBatchedIsIndependentGemms) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t m = 7, n = 5, k = 9, batch = 3;
+  const std::int64_t sa = m * k + 2, sb = k * n + 1, sc = m * n + 4;
+  const auto a = ft::random_typed<float>(static_cast<std::size_t>(sa * batch), 1);
+  const auto b = ft::random_typed<float>(static_cast<std::size_t>(sb * batch), 2);
+  auto c = ft::random_typed<float>(static_cast<std::size_t>(sc * batch), 3);
+  std::vector<double> ref = ft::to_double(c);
+  const auto ad = ft::to_double(a);
+  const auto bd = ft::to_double(b);
+  const GemmCase g{m, n, k, fw::Trans::transpose, fw::Trans::none, 0, 0.5f, 2.0f};
+  for (std::int64_t i = 0; i < batch; ++i) {
+    // op(A) transposed: A stored (k, m), lda = m
+    std::vector<double> ai(ad.begin() + i * sa, ad.begin() + i * sa + k * m);
+    std::vector<double> bi(bd.begin() + i * sb, bd.begin() + i * sb + k * n);
+    std::vector<double> ci(ref.begin() + i * sc, ref.begin() + i * sc + m * n);
+    const auto r = reference(g, ai, m, bi, n, ci, n);
+    std::copy(r.begin(), r.end(), ref.begin() + i * sc);
+  }
+  fw::host::gemm_strided_batched(ctx, fw::Trans::transpose, fw::Trans::none, m, n, k, 0.5f,
+                                 a.data(), m, sa, b.data(), n, sb, 2.0f, c.data(), n, sc, batch);
+  // fp32 accumulation over k = 9 products of magnitude < 1: 1e-5 absolute is ample.
+  ft::expect_close(ft::to_double(c), ref, 1e-5, 1e-6, "strided batched");
+}
+
+TEST(HostGemm, BadLeadingDimensionIsAShapeError) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> a(64), b(64), c(64);
+  EXPECT_THROW(fw::host::gemm(ctx, fw::Trans::none, fw::Trans::none, 4, 4, 4, 1.0f, a.data(), 3,
+                              b.data(), 4, 0.0f, c.data(), 4),
+               fw::ShapeError);
+  EXPECT_THROW(fw::host::gemm(ctx, fw::Trans::none, fw::Trans::transpose, 4, 5, 3, 1.0f, a.data(),
+                              3, b.data(), 2, 0.0f, c.data(), 5),
+               fw::ShapeError);
+  EXPECT_THROW(fw::host::gemm(ctx, fw::Trans::none, fw::Trans::none, 2, 4, 2, 1.0f, a.data(), 2,
+                              b.data(), 4, 0.0f, c.data(), 3),
+               fw::ShapeError);
+  EXPECT_THROW(fw::host::gemm(ctx, fw::Trans::none, fw::Trans::none, -1, 4, 2, 1.0f, a.data(), 2,
+                              b.data(), 4, 0.0f, c.data(), 4),
+               fw::ShapeError);
+}
+
+TEST(HostGemm, ZeroKScalesC) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> c{1.0f, -2.0f, 3.0f, 4.0f};
+  fw::host::gemm(ctx, fw::Trans::none, fw::Trans::none, 2, 2, 0, 1.0f,
+                 static_cast<const float*>(nullptr), 1, static_cast<const float*>(nullptr), 2,
+                 0.5f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, -1.0f, 1.5f, 2.0f}));
+}

@@ -1,0 +1,96 @@
+#include "fourway/backend/host/layernorm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+namespace {
+constexpr float eps = 1e-5f;
+
+struct LnRef {
+  std::vector<double> out, mean, rstd;
+};
+LnRef layernorm_ref(const std::vector<double>& x, const std::vector<double>& w,
+                    const std::vector<double>& b, std::int64_t rows, std::int64_t C) {
+  LnRef r{std::vector<double>(x.size()), std::vector<double>(rows), std::vector<double>(rows)};
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double m = 0.0, v = 0.0;
+    for (std::int64_t c = 0; c < C; ++c) m += x[i * C + c];
+    m /= static_cast<double>(C);
+    for (std::int64_t c = 0; c < C; ++c) v += (x[i * C + c] - m) * (x[i * C + c] - m);
+    const double s = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
+    for (std::int64_t c = 0; c < C; ++c) r.out[i * C + c] = (x[i * C + c] - m) * s * w[c] + b[c];
+    r.mean[i] = m;
+    r.rstd[i] = s;
+  }
+  return r;
+}
+}  // namespace
+
+template <class T>
+class HostLayerNorm : public ::testing::Test {};
+using Dtypes = ::testing::Types<float, fw::bf16, fw::fp16>;
+TYPED_TEST_SUITE(HostLayerNorm, Dtypes);
+
+TYPED_TEST(HostLayerNorm, ForwardAndFiniteDifferenceBackward) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t shapes[][2] = {{1, 8}, {7, 13}, {127, 64}, {1023, 48}};
+  std::uint32_t seed = 30;
+  for (const auto& [rows, C] : shapes) {
+    const auto n = static_cast<std::size_t>(rows * C);
+    const auto in = ft::random_typed<T>(n, ++seed, -2.0f, 3.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto b = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    const auto xd = ft::to_double(in), wd = ft::to_double(w), bd = ft::to_double(b);
+    std::vector<T> out(n);
+    std::vector<float> mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
+    fw::host::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), in.data(), w.data(),
+                                b.data(), rows, C, eps);
+    const auto ref = layernorm_ref(xd, wd, bd, rows, C);
+    // normalised values are O(3); fp32 mean/variance over C terms cost ~C ulps relative
+    const double fl = static_cast<double>(C) * 0x1p-24 * 8;
+    ft::expect_close_t(out, ref.out, fl, 2 * ft::unit_roundoff<T>(), "layernorm out");
+    ft::expect_close(ft::to_double(mean), ref.mean, fl, fl, "layernorm mean");
+    ft::expect_close(ft::to_double(rstd), ref.rstd, fl, fl, "layernorm rstd");
+
+    // backward vs central differences of the double forward, L = sum dout * out
+    const auto dout = ft::random_typed<T>(n, ++seed);
+    const auto dd = ft::to_double(dout);
+    std::vector<T> din(n);
+    auto dw = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    auto db = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    const auto dw0 = ft::to_double(dw), db0 = ft::to_double(db);
+    fw::host::layernorm_backward(ctx, din.data(), dw.data(), db.data(), dout.data(), in.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C);
+    const auto at = ft::sample_indices(n, 64, seed);
+    const auto fd_x = ft::finite_difference(
+        [&](const std::vector<double>& xx) { return layernorm_ref(xx, wd, bd, rows, C).out; }, xd,
+        dd, at);
+    auto fd_w = ft::finite_difference(
+        [&](const std::vector<double>& ww) { return layernorm_ref(xd, ww, bd, rows, C).out; }, wd,
+        dd);
+    auto fd_b = ft::finite_difference(
+        [&](const std::vector<double>& bb) { return layernorm_ref(xd, wd, bb, rows, C).out; }, bd,
+        dd);
+    for (std::int64_t c = 0; c < C; ++c) {
+      fd_w[c] += dw0[c];  // parameter gradients accumulate
+      fd_b[c] += db0[c];
+    }
+    // din: O(rstd) values from fp32 row sums; 16-bit: the saved out-of-T rounding of din
+    const double scale_x = ft::max_abs(ft::pick(fd_x, at));
+    ft::expect_close(ft::pick(ft::to_double(din), at), ft::pick(fd_x, at),
+                     scale_x * (4 * ft::unit_roundoff<T>() + fl), 2 * ft::unit_roundoff<T>(),
+                     "layernorm din vs FD");
+    // dweight/dbias: fp32 sums over `rows` terms of size O(3), one rounding to T
+    const double sum_tol = static_cast<double>(rows) * 3.0 * 0x1p-24 * 16;
+    ft::expect_close_t(dw, fd_w, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(), "layernorm dweight vs FD");
+    ft::expect_close_t(db, fd_b, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(), "layernorm dbias vs FD");
+  }
+}
