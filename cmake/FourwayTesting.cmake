@@ -4,13 +4,15 @@
 #       A GoogleTest executable; each TEST becomes one ctest entry (label cpu unless given).
 #   fourway_add_cuda_test(NAME n SOURCES a.cu [LIBS ...] [TIMEOUT s])
 #       Compiled by nvcc whenever CUDA is enabled (so CI proves it compiles); labelled gpu.
-#       At run time the tests GTEST_SKIP without a GPU, and ctest reports them as skipped.
+#       Device tests must `GTEST_SKIP() << "no CUDA device"` without a GPU; the executable then
+#       exits 77 and ctest reports it as skipped (a failing test is still reported as failed).
 #   fourway_add_mpi_test(NAME n SOURCES a.cpp NP 2 4 [LIBS ...])
 #       Runs the executable under mpirun -np N for each N (oversubscribed, allowed as root).
 #   fourway_add_compile_fail_test(NAME n SOURCE f.cpp EXPECT "fourway: ..." [DEFINES ...])
 #       Passes when compiling SOURCE fails with a diagnostic containing EXPECT, and the same
 #       file compiles with -DFOURWAY_COMPILE_FAIL_CONTROL (so the failure is the one pinned).
 include(GoogleTest)
+set(_FOURWAY_TESTING_DIR ${CMAKE_CURRENT_LIST_DIR})
 find_package(GTest REQUIRED)
 
 set(FOURWAY_GTEST_SKIP_REGEX "\\[  SKIPPED \\]")
@@ -34,18 +36,24 @@ endfunction()
 function(fourway_add_cuda_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   if(NOT TARGET fourway::cuda)
+    message(STATUS "fourway: CUDA not found, GPU test ${A_NAME} is not built")
     return()
   endif()
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
+  if(NOT TARGET fourway_gpu_test_main)
+    add_library(fourway_gpu_test_main STATIC
+                ${_FOURWAY_TESTING_DIR}/fourway_gpu_test_main.cpp)
+    target_link_libraries(fourway_gpu_test_main PUBLIC GTest::gtest CUDA::cudart)
+  endif()
   add_executable(${A_NAME} ${A_SOURCES})
-  target_link_libraries(${A_NAME} PRIVATE fourway::cuda GTest::gtest GTest::gtest_main ${A_LIBS})
-  # One ctest entry per executable: discovery would run the binary at test time anyway, and
-  # a single entry keeps the skip message visible.
+  target_link_libraries(${A_NAME} PRIVATE fourway::cuda fourway_gpu_test_main ${A_LIBS})
+  # One ctest entry per executable (one CUDA context per executable keeps device-check fast).
+  # Without a GPU the device tests GTEST_SKIP and the executable exits 77: ctest says Skipped.
+  # A failing test exits 1 and is reported as failed, never masked by the skips.
   add_test(NAME ${A_NAME} COMMAND ${A_NAME})
-  set_tests_properties(${A_NAME} PROPERTIES LABELS gpu TIMEOUT ${A_TIMEOUT}
-                       SKIP_REGULAR_EXPRESSION "${FOURWAY_GTEST_SKIP_REGEX}")
+  set_tests_properties(${A_NAME} PROPERTIES LABELS gpu TIMEOUT ${A_TIMEOUT} SKIP_RETURN_CODE 77)
 endfunction()
 
 function(fourway_add_mpi_test)
