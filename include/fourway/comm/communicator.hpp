@@ -274,17 +274,21 @@ class World {
   using world_type = W;
   using comm_type = typename W::comm_type;
 
-  explicit World(comm_type comm) : comm_(std::move(comm)), memory_(comm_.rank()), ctx_(memory_) {}
+  explicit World(comm_type comm)
+      : rank_(comm.rank()), size_(comm.size()), comm_(std::move(comm)), memory_(rank_), ctx_(memory_) {}
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
   [[nodiscard]] comm_type& comm() { return comm_; }
   [[nodiscard]] MemoryAccountant& memory() { return memory_; }
   [[nodiscard]] Context<Host>& ctx() { return ctx_; }
-  [[nodiscard]] int rank() const { return comm_.rank(); }
-  [[nodiscard]] int size() const { return comm_.size(); }
+  /// This rank and the world size (kept even if the caller moves the communicator out).
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
 
  private:
+  int rank_;
+  int size_;
   comm_type comm_;
   MemoryAccountant memory_;
   Context<Host> ctx_;

@@ -1,0 +1,232 @@
+//! Counting<C>: a decorator over any communicator that counts calls and bytes per op per group.
+//!
+//! It is the instrument for DESIGN.md §4's communication law. `bytes` is what one rank *sends*
+//! under the ring algorithm, the nccl-tests "bus bytes" convention (busbw = bytes / time), for a
+//! group of N ranks and a call of `count` elements of `s` bytes each:
+//!
+//!     all_reduce      count·s · 2(N−1)/N        (reduce-scatter + all-gather rings)
+//!     reduce_scatter  count·s · (N−1)           (count is the per-rank output)
+//!     all_gather      count·s · (N−1)           (count is the per-rank input)
+//!     broadcast       count·s                   (pipelined ring; 0 when N = 1)
+//!     send            count·s                   recv: count·s received (its own row)
+//!     barrier, split  0
+//!
+//! So a data-parallel step over Ψ gradient elements shows all_reduce bytes 2Ψ(N−1)/N·s, and a
+//! ZeRO-3 step (reduce-scatter of Ψ/N per rank, two all-gathers of Ψ/N) shows 3Ψ(N−1)/N·s.
+//! `payload` is count·s as the caller passed it. Bytes are kept as double (exact below 2^53).
+//!
+//! Every group split from a Counting communicator shares one `CommCounters`, keyed by group
+//! name, so one object reports the whole mesh of a rank. Async calls are counted when issued.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "fourway/comm/communicator.hpp"
+
+namespace fourway {
+
+struct OpCount {
+  std::uint64_t calls = 0;
+  std::uint64_t payload = 0;  // bytes passed by the caller (count · sizeof(T))
+  double bytes = 0;           // bytes this rank sends under the ring algorithm (see above)
+};
+
+/// Ring bytes one rank sends for a call of `payload` bytes of `op` in a group of `n` ranks.
+constexpr double ring_bytes(CommOp op, double payload, int n) {
+  switch (op) {
+    case CommOp::all_reduce: return payload * 2.0 * (n - 1) / n;
+    case CommOp::reduce_scatter: return payload * (n - 1);
+    case CommOp::all_gather: return payload * (n - 1);
+    case CommOp::broadcast: return n > 1 ? payload : 0.0;
+    case CommOp::send: return payload;
+    case CommOp::recv: return payload;
+    case CommOp::barrier: return 0;
+    case CommOp::split: return 0;
+  }
+  return 0;
+}
+
+/// Counters of one rank, per group name and op. Thread-safe.
+class CommCounters {
+ public:
+  void add(const std::string& group, CommOp op, std::uint64_t payload, int n) {
+    std::lock_guard lock(mu_);
+    auto& c = by_group_[group][static_cast<std::size_t>(op)];
+    ++c.calls;
+    c.payload += payload;
+    c.bytes += ring_bytes(op, static_cast<double>(payload), n);
+  }
+  [[nodiscard]] OpCount get(const std::string& group, CommOp op) const {
+    std::lock_guard lock(mu_);
+    auto it = by_group_.find(group);
+    return it == by_group_.end() ? OpCount{} : it->second[static_cast<std::size_t>(op)];
+  }
+  /// Bytes sent by this rank in `group` (all ops but recv), or in all groups when empty.
+  [[nodiscard]] double bytes_sent(const std::string& group = {}) const {
+    std::lock_guard lock(mu_);
+    double b = 0;
+    for (const auto& [name, ops] : by_group_) {
+      if (!group.empty() && name != group) continue;
+      for (int i = 0; i < comm_op_count; ++i) {
+        if (static_cast<CommOp>(i) != CommOp::recv) b += ops[static_cast<std::size_t>(i)].bytes;
+      }
+    }
+    return b;
+  }
+  void reset() {
+    std::lock_guard lock(mu_);
+    by_group_.clear();
+  }
+  /// One line per (group, op) with calls, payload and ring bytes.
+  [[nodiscard]] std::string table() const {
+    std::lock_guard lock(mu_);
+    std::ostringstream os;
+    os << std::left << std::setw(24) << "group" << std::setw(16) << "op" << std::right
+       << std::setw(10) << "calls" << std::setw(16) << "payload B" << std::setw(18) << "ring bytes"
+       << "\n";
+    for (const auto& [name, ops] : by_group_) {
+      for (int i = 0; i < comm_op_count; ++i) {
+        const auto& c = ops[static_cast<std::size_t>(i)];
+        if (c.calls == 0) continue;
+        os << std::left << std::setw(24) << name << std::setw(16) << comm_op_name(static_cast<CommOp>(i))
+           << std::right << std::setw(10) << c.calls << std::setw(16) << c.payload << std::setw(18)
+           << std::fixed << std::setprecision(0) << c.bytes << "\n";
+      }
+    }
+    return os.str();
+  }
+  /// `{"<group>":{"<op>":{"calls":..,"payload":..,"bytes":..},...},...}`
+  [[nodiscard]] std::string json() const {
+    std::lock_guard lock(mu_);
+    std::ostringstream os;
+    os << "{";
+    bool first_group = true;
+    for (const auto& [name, ops] : by_group_) {
+      os << (first_group ? "" : ",") << "\"" << name << "\":{";
+      first_group = false;
+      bool first_op = true;
+      for (int i = 0; i < comm_op_count; ++i) {
+        const auto& c = ops[static_cast<std::size_t>(i)];
+        if (c.calls == 0) continue;
+        os << (first_op ? "" : ",") << "\"" << comm_op_name(static_cast<CommOp>(i))
+           << "\":{\"calls\":" << c.calls << ",\"payload\":" << c.payload << ",\"bytes\":"
+           << std::fixed << std::setprecision(0) << c.bytes << "}";
+        first_op = false;
+      }
+      os << "}";
+    }
+    os << "}";
+    return os.str();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::array<OpCount, comm_op_count>> by_group_;
+};
+
+template <communicator C>
+class Counting {
+ public:
+  explicit Counting(C inner, std::shared_ptr<CommCounters> counters = std::make_shared<CommCounters>())
+      : inner_(std::move(inner)), counters_(std::move(counters)) {}
+
+  [[nodiscard]] int rank() const { return inner_.rank(); }
+  [[nodiscard]] int size() const { return inner_.size(); }
+  [[nodiscard]] std::string_view name() const { return inner_.name(); }
+  [[nodiscard]] C& inner() { return inner_; }
+  [[nodiscard]] CommCounters& counters() { return *counters_; }
+  [[nodiscard]] const std::shared_ptr<CommCounters>& shared_counters() const { return counters_; }
+  /// This group's count of `op`.
+  [[nodiscard]] OpCount count(CommOp op) const { return counters_->get(std::string(name()), op); }
+
+  template <comm_element T>
+  void all_reduce(const T* s, T* r, std::int64_t n, ReduceOp op) {
+    note<T>(CommOp::all_reduce, n);
+    inner_.all_reduce(s, r, n, op);
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* s, T* r, std::int64_t n, ReduceOp op) {
+    note<T>(CommOp::reduce_scatter, n);
+    inner_.reduce_scatter(s, r, n, op);
+  }
+  template <comm_element T>
+  void all_gather(const T* s, T* r, std::int64_t n) {
+    note<T>(CommOp::all_gather, n);
+    inner_.all_gather(s, r, n);
+  }
+  template <comm_element T>
+  void broadcast(T* b, std::int64_t n, int root) {
+    note<T>(CommOp::broadcast, n);
+    inner_.broadcast(b, n, root);
+  }
+  template <comm_element T>
+  void send(const T* b, std::int64_t n, int peer, int tag) {
+    note<T>(CommOp::send, n);
+    inner_.send(b, n, peer, tag);
+  }
+  template <comm_element T>
+  void recv(T* b, std::int64_t n, int peer, int tag) {
+    note<T>(CommOp::recv, n);
+    inner_.recv(b, n, peer, tag);
+  }
+  void barrier() {
+    note<std::uint8_t>(CommOp::barrier, 0);
+    inner_.barrier();
+  }
+  /// Splits the inner communicator; extra arguments (a group name) are passed through.
+  template <class... Extra>
+  Counting split(int color, int key, Extra&&... extra) {
+    note<std::uint8_t>(CommOp::split, 0);
+    return Counting(inner_.split(color, key, std::forward<Extra>(extra)...), counters_);
+  }
+
+  template <comm_element T>
+  Work all_reduce_async(const T* s, T* r, std::int64_t n, ReduceOp op) {
+    note<T>(CommOp::all_reduce, n);
+    return inner_.all_reduce_async(s, r, n, op);
+  }
+  template <comm_element T>
+  Work reduce_scatter_async(const T* s, T* r, std::int64_t n, ReduceOp op) {
+    note<T>(CommOp::reduce_scatter, n);
+    return inner_.reduce_scatter_async(s, r, n, op);
+  }
+  template <comm_element T>
+  Work all_gather_async(const T* s, T* r, std::int64_t n) {
+    note<T>(CommOp::all_gather, n);
+    return inner_.all_gather_async(s, r, n);
+  }
+  template <comm_element T>
+  Work broadcast_async(T* b, std::int64_t n, int root) {
+    note<T>(CommOp::broadcast, n);
+    return inner_.broadcast_async(b, n, root);
+  }
+  template <comm_element T>
+  Work send_async(const T* b, std::int64_t n, int peer, int tag) {
+    note<T>(CommOp::send, n);
+    return inner_.send_async(b, n, peer, tag);
+  }
+  template <comm_element T>
+  Work recv_async(T* b, std::int64_t n, int peer, int tag) {
+    note<T>(CommOp::recv, n);
+    return inner_.recv_async(b, n, peer, tag);
+  }
+
+ private:
+  template <class T>
+  void note(CommOp op, std::int64_t n) {
+    const auto payload = n > 0 ? static_cast<std::uint64_t>(n) * sizeof(T) : 0u;
+    counters_->add(std::string(inner_.name()), op, payload, inner_.size());
+  }
+  C inner_;
+  std::shared_ptr<CommCounters> counters_;
+};
+
+}  // namespace fourway

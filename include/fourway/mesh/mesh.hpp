@@ -1,0 +1,260 @@
+//! Mesh<Policies...>: named, ordered axes and the constexpr rank <-> coordinate map.
+//!
+//! Every mesh has the three axes tp, pp, dp (innermost first); an axis without a policy has
+//! degree 1. Ranks are laid out with tp fastest, so a tensor-parallel group is a run of
+//! consecutive ranks (one node), then pp, then dp:
+//!
+//!     rank = tp + TP * (pp + PP * dp)          e.g. TP=2, PP=2, DP=2 (8 ranks):
+//!                                                 dp=0: pp=0 [0 1]  pp=1 [2 3]
+//!                                                 dp=1: pp=0 [4 5]  pp=1 [6 7]
+//!
+//! A group over a set of axes A (an `AxisSet`) holds the ranks that agree on every coordinate
+//! outside A; inside it, ranks are ordered by their coordinates on A, innermost fastest. The
+//! arithmetic is `constexpr FOURWAY_HOST_DEVICE` and never touches a communicator; `validate`
+//! runs in the constructor, so a bad configuration fails before any group exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "fourway/config.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/mesh/policies.hpp"
+
+namespace fourway {
+
+/// Degrees given at run time. Each is needed exactly for a `fw::dynamic` axis of the type; `dp`
+/// may be given to state an expectation (it is checked against world / (tp * pp)).
+struct MeshDegrees {
+  int tp = dynamic;
+  int pp = dynamic;
+  int dp = dynamic;
+};
+
+/// A set of axes, e.g. `AxisSet{Axis::tp, Axis::dp}`; bit i is axis i.
+struct AxisSet {
+  std::uint8_t bits = 0;
+  constexpr AxisSet() = default;
+  constexpr AxisSet(Axis a) : bits(static_cast<std::uint8_t>(1u << static_cast<int>(a))) {}  // NOLINT
+  constexpr AxisSet(Axis a, Axis b) : AxisSet(a) { bits |= AxisSet(b).bits; }
+  constexpr AxisSet(Axis a, Axis b, Axis c) : AxisSet(a, b) { bits |= AxisSet(c).bits; }
+  static constexpr AxisSet from_bits(std::uint8_t b) {
+    AxisSet s;
+    s.bits = b;
+    return s;
+  }
+  static constexpr AxisSet all() { return from_bits(7); }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr bool contains(Axis a) const {
+    return (bits >> static_cast<int>(a)) & 1u;
+  }
+  friend constexpr bool operator==(AxisSet, AxisSet) = default;
+};
+
+/// A rank's position: one coordinate per axis.
+struct Coord {
+  int tp = 0;
+  int pp = 0;
+  int dp = 0;
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int operator[](Axis a) const {
+    return a == Axis::tp ? tp : (a == Axis::pp ? pp : dp);
+  }
+  FOURWAY_HOST_DEVICE constexpr int& operator[](Axis a) {
+    return a == Axis::tp ? tp : (a == Axis::pp ? pp : dp);
+  }
+  friend constexpr bool operator==(const Coord&, const Coord&) = default;
+};
+
+namespace detail {
+/// A constexpr-friendly check: throws ConfigError (so `constexpr Mesh m(...)` of a bad
+/// configuration fails to compile, and a run-time one throws).
+template <class... Ts>
+constexpr void mesh_require(bool cond, const Ts&... parts) {
+  if (!cond) throw ConfigError(cat(parts...));
+}
+template <class... Ps>
+constexpr int policies_on(Axis a) {
+  (void)a;  // unused for Mesh<>
+  return ((Ps::axis == a ? 1 : 0) + ... + 0);
+}
+template <class... Ps>
+constexpr bool axes_innermost_first() {
+  int last = -1;
+  bool ok = true;
+  ((ok = ok && static_cast<int>(Ps::axis) >= last, last = static_cast<int>(Ps::axis)), ...);
+  return ok;
+}
+template <Axis A, class... Ps>
+struct policy_on {
+  using type = void;
+};
+template <Axis A, class P, class... Ps>
+struct policy_on<A, P, Ps...> {
+  using type = std::conditional_t<P::axis == A, P, typename policy_on<A, Ps...>::type>;
+};
+}  // namespace detail
+
+template <class... Policies>
+class Mesh {
+  static_assert((policy<Policies> && ...),
+                "fourway: Mesh<...> takes policy tags: fw::TensorParallel<N>, fw::Pipeline<S, M>, "
+                "fw::DataParallel or fw::Sharded<Stage>");
+  static_assert(detail::policies_on<Policies...>(Axis::tp) <= 1 &&
+                    detail::policies_on<Policies...>(Axis::pp) <= 1,
+                "fourway: Mesh<...> lists TensorParallel and Pipeline at most once each");
+  static_assert(detail::policies_on<Policies...>(Axis::dp) <= 1,
+                "fourway: Mesh<...> has more than one data-parallel policy; use one of "
+                "fw::DataParallel or fw::Sharded<Stage> (Sharded replaces DataParallel)");
+  static_assert(detail::axes_innermost_first<Policies...>(),
+                "fourway: Mesh<...> lists axes innermost first: TensorParallel, then Pipeline, "
+                "then DataParallel or Sharded");
+
+ public:
+  /// The policy on axis `A`, or void when the mesh has none.
+  template <Axis A>
+  using policy_on = typename detail::policy_on<A, Policies...>::type;
+  template <Axis A>
+  static constexpr bool has_axis = !std::is_void_v<policy_on<A>>;
+
+  /// The degree the type fixes on `a`: its policy's degree (maybe fw::dynamic), 1 if absent.
+  static constexpr int static_degree(Axis a) {
+    int d = 1;
+    (void)a;  // unused for Mesh<>
+    ((d = Policies::axis == a ? Policies::degree : d), ...);
+    return d;
+  }
+
+  /// Validates and fixes the degrees for a world of `world_size` ranks (ConfigError otherwise).
+  constexpr Mesh(int world_size, MeshDegrees given = {}) : world_(world_size) {
+    detail::mesh_require(world_size >= 1, "fourway: a Mesh needs a world of at least 1 rank, got ",
+                       world_size);
+    deg_[0] = resolve(Axis::tp, given.tp);
+    deg_[1] = resolve(Axis::pp, given.pp);
+    const int inner = deg_[0] * deg_[1];
+    if constexpr (!has_axis<Axis::dp>) {
+      detail::mesh_require(world_size == inner, "fourway: world size ", world_size, " is not tp ",
+                         deg_[0], " x pp ", deg_[1], " = ", inner,
+                         " and the Mesh has no data-parallel axis to take the rest; add "
+                         "fw::DataParallel or fw::Sharded<Stage> to the Mesh, or run on ",
+                         inner, " ranks");
+      detail::mesh_require(given.dp == dynamic || given.dp == 1, "fourway: MeshDegrees.dp = ",
+                         given.dp, " but the Mesh has no data-parallel axis; add "
+                         "fw::DataParallel or fw::Sharded<Stage>");
+      deg_[2] = 1;
+    } else {
+      detail::mesh_require(world_size % inner == 0, "fourway: world size ", world_size,
+                         " does not divide by tp ", deg_[0], " x pp ", deg_[1], " = ", inner,
+                         "; run on a multiple of ", inner, " ranks or change the degrees");
+      deg_[2] = world_size / inner;
+      detail::mesh_require(given.dp == dynamic || given.dp == deg_[2], "fourway: MeshDegrees.dp = ",
+                         given.dp, " but world size ", world_size, " / (tp ", deg_[0], " x pp ",
+                         deg_[1], ") leaves dp = ", deg_[2],
+                         "; drop .dp (it is derived) or change the world size");
+    }
+  }
+
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int size() const { return world_; }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int degree(Axis a) const {
+    return deg_[static_cast<int>(a)];
+  }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int tp() const { return deg_[0]; }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int pp() const { return deg_[1]; }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int dp() const { return deg_[2]; }
+
+  /// rank = tp + TP * (pp + PP * dp).
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int rank_of(Coord c) const {
+    return c.tp + deg_[0] * (c.pp + deg_[1] * c.dp);
+  }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr Coord coord_of(int rank) const {
+    Coord c;
+    c.tp = rank % deg_[0];
+    c.pp = (rank / deg_[0]) % deg_[1];
+    c.dp = rank / (deg_[0] * deg_[1]);
+    return c;
+  }
+
+  /// Number of ranks in a group over `axes`.
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int group_size(AxisSet axes) const {
+    int n = 1;
+    for (int a = 0; a < axis_count; ++a) {
+      if (axes.contains(static_cast<Axis>(a))) n *= deg_[a];
+    }
+    return n;
+  }
+  /// Which group over `axes` holds `rank` (0 .. size/group_size - 1): its coordinates outside
+  /// `axes`, linearised innermost fastest. The `color` of the split that creates the groups.
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int group_index(int rank, AxisSet axes) const {
+    return linear(coord_of(rank), axes, false);
+  }
+  /// `rank`'s rank inside its group over `axes`: its coordinates on `axes`, innermost fastest.
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int group_rank(int rank, AxisSet axes) const {
+    return linear(coord_of(rank), axes, true);
+  }
+  /// The world rank of member `member` of group `index` over `axes` (inverse of the two above).
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int group_member(int index, int member,
+                                                               AxisSet axes) const {
+    Coord c;
+    for (int a = 0; a < axis_count; ++a) {
+      const auto ax = static_cast<Axis>(a);
+      int& slot = c[ax];
+      if (axes.contains(ax)) {
+        slot = member % deg_[a];
+        member /= deg_[a];
+      } else {
+        slot = index % deg_[a];
+        index /= deg_[a];
+      }
+    }
+    return rank_of(c);
+  }
+
+  /// "tp=2 pp=1 dp=4 (8 ranks)".
+  [[nodiscard]] std::string describe() const {
+    return detail::cat("tp=", deg_[0], " pp=", deg_[1], " dp=", deg_[2], " (", world_, " ranks)");
+  }
+
+ private:
+  constexpr int resolve(Axis a, int given) const {
+    constexpr const char* names[] = {"TensorParallel", "Pipeline", "DataParallel"};
+    const char* field = a == Axis::tp ? "tp" : "pp";
+    const int fixed = static_degree(a);
+    const bool present = a == Axis::tp ? has_axis<Axis::tp> : has_axis<Axis::pp>;
+    const char* pname = names[static_cast<int>(a)];
+    detail::mesh_require(given == dynamic || given >= 1, "fourway: MeshDegrees.", field, " = ",
+                       given, "; degrees are >= 1");
+    if (!present) {
+      detail::mesh_require(given == dynamic || given == 1, "fourway: MeshDegrees.", field, " = ",
+                         given, " but the Mesh has no ", pname, " axis; add fw::", pname,
+                         "<...> to the Mesh type");
+      return 1;
+    }
+    if (fixed == dynamic) {
+      detail::mesh_require(given != dynamic, "fourway: ", pname,
+                         "<fw::dynamic> needs its degree at run time: fw::Mesh<...>(world, {.",
+                         field, " = N})");
+      return given;
+    }
+    detail::mesh_require(given == dynamic || given == fixed, "fourway: the Mesh type fixes ", pname,
+                       " degree ", fixed, " but MeshDegrees.", field, " = ", given, "; drop .",
+                       field, " or make the type's degree fw::dynamic");
+    return fixed;
+  }
+
+  FOURWAY_HOST_DEVICE constexpr int linear(Coord c, AxisSet axes, bool inside) const {
+    int v = 0;
+    int stride = 1;
+    for (int a = 0; a < axis_count; ++a) {
+      const auto ax = static_cast<Axis>(a);
+      if (axes.contains(ax) == inside) {
+        v += c[ax] * stride;
+        stride *= deg_[a];
+      }
+    }
+    return v;
+  }
+
+  int world_;
+  int deg_[axis_count] = {1, 1, 1};
+};
+
+}  // namespace fourway

@@ -1,0 +1,124 @@
+//! Policy tags: the axes a `Mesh<Policies...>` is made of, each a small type carrying its degree.
+//!
+//! A policy only names an axis and its degree here; how it transforms a layer lives in
+//! `parallel/`. Degrees are compile-time integers or `fw::dynamic` (given at run time, checked
+//! before any communicator exists). DataParallel and Sharded<S> take whatever the world leaves:
+//! `dp = world / (tp * pp)`.
+//!
+//!     axis   policy                         degree        innermost first (Megatron's order)
+//!     tp     TensorParallel<N>              N | dynamic   ranks 0..tp-1 share a node (NVLink)
+//!     pp     Pipeline<S, M, Schedule>       S | dynamic
+//!     dp     DataParallel | Sharded<1|2|3>  world/(tp*pp) outermost
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "fourway/config.hpp"
+
+namespace fourway {
+
+/// The three logical axes of every mesh, innermost first. A mesh without a policy for an axis
+/// has degree 1 on it (one rank is the degenerate mesh, never a separate code path).
+enum class Axis : std::uint8_t { tp = 0, pp = 1, dp = 2 };
+inline constexpr int axis_count = 3;
+
+constexpr std::string_view axis_name(Axis a) {
+  switch (a) {
+    case Axis::tp: return "tp";
+    case Axis::pp: return "pp";
+    case Axis::dp: return "dp";
+  }
+  return "?";
+}
+
+// ---- pipeline schedules -------------------------------------------------------------------------
+
+/// All forwards of all micro-batches, then all backwards (Huang et al., GPipe, 2019).
+struct GPipe {
+  static constexpr std::string_view name = "GPipe";
+};
+/// One forward, one backward: stage s warms up with `stages - s - 1` forwards, then alternates
+/// (Narayanan et al., PipeDream-Flush, 2021).
+struct OneFOneB {
+  static constexpr std::string_view name = "1F1B";
+};
+
+template <class S>
+concept pipeline_schedule = std::same_as<S, GPipe> || std::same_as<S, OneFOneB>;
+
+// ---- the policies -------------------------------------------------------------------------------
+
+/// Replicas of the whole model; gradients all-reduced (bucketed, overlapped with backward).
+struct DataParallel {
+  static constexpr Axis axis = Axis::dp;
+  static constexpr int degree = dynamic;
+  static constexpr int stage = 0;  // ZeRO stage 0: nothing sharded
+  static constexpr std::string_view name = "DataParallel";
+};
+
+/// ZeRO / FSDP over the data-parallel axis: Stage 1 shards optimizer state, 2 also gradients
+/// (reduce-scatter), 3 also parameters (all-gathered just in time). Rajbhandari et al., 2020.
+template <int Stage>
+struct Sharded {
+  static_assert(Stage >= 1 && Stage <= 3,
+                "fourway: Sharded<Stage> needs Stage 1 (optimizer state), 2 (+ gradients) or 3 "
+                "(+ parameters); for plain replicas use fw::DataParallel");
+  static constexpr Axis axis = Axis::dp;
+  static constexpr int degree = dynamic;
+  static constexpr int stage = Stage;
+  static constexpr std::string_view name = "Sharded";
+};
+
+/// Megatron tensor parallelism over N ranks (column/row pairs, heads split, vocab-parallel).
+template <int N>
+struct TensorParallel {
+  static_assert(N >= 1 || N == dynamic,
+                "fourway: TensorParallel<N> needs N >= 1, or fw::dynamic to give it at run time");
+  static constexpr Axis axis = Axis::tp;
+  static constexpr int degree = N;
+  static constexpr std::string_view name = "TensorParallel";
+};
+
+/// A pipeline of `Stages` stages running `MicroBatches` micro-batches per step under `Schedule`.
+template <int Stages, int MicroBatches, class Schedule = OneFOneB>
+struct Pipeline {
+  static_assert(Stages >= 1 || Stages == dynamic,
+                "fourway: Pipeline<Stages, MicroBatches> needs Stages >= 1, or fw::dynamic");
+  static_assert(MicroBatches >= 1 || MicroBatches == dynamic,
+                "fourway: Pipeline<Stages, MicroBatches> needs MicroBatches >= 1, or fw::dynamic");
+  static_assert(pipeline_schedule<Schedule>,
+                "fourway: Pipeline<Stages, MicroBatches, Schedule> needs Schedule = fw::GPipe or "
+                "fw::OneFOneB");
+  static_assert(!std::is_same_v<Schedule, OneFOneB> || Stages == dynamic ||
+                    MicroBatches == dynamic || MicroBatches >= Stages,
+                "fourway: Pipeline<Stages, MicroBatches> needs MicroBatches >= Stages for 1F1B; "
+                "raise MicroBatches or use GPipe");
+  static constexpr Axis axis = Axis::pp;
+  static constexpr int degree = Stages;
+  static constexpr int stages = Stages;
+  static constexpr int micro_batches = MicroBatches;
+  using schedule = Schedule;
+  static constexpr std::string_view name = "Pipeline";
+};
+
+// ---- traits -------------------------------------------------------------------------------------
+
+template <class P>
+struct is_policy : std::false_type {};
+template <>
+struct is_policy<DataParallel> : std::true_type {};
+template <int S>
+struct is_policy<Sharded<S>> : std::true_type {};
+template <int N>
+struct is_policy<TensorParallel<N>> : std::true_type {};
+template <int S, int M, class Sch>
+struct is_policy<Pipeline<S, M, Sch>> : std::true_type {};
+
+/// A policy tag: DataParallel, Sharded<S>, TensorParallel<N> or Pipeline<S, M, Schedule>.
+template <class P>
+concept policy = is_policy<P>::value;
+
+}  // namespace fourway

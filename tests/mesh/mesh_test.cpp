@@ -1,0 +1,158 @@
+#include "fourway/mesh/mesh.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fw = fourway;
+using fw::Axis;
+
+namespace {
+using Full = fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 4>, fw::Sharded<3>>;
+constexpr Full full(8);
+// The rank <-> coordinate map is usable at compile time.
+static_assert(full.tp() == 2 && full.pp() == 2 && full.dp() == 2);
+static_assert(full.rank_of(fw::Coord{1, 0, 1}) == 5);
+static_assert(full.coord_of(6) == fw::Coord{0, 1, 1});
+static_assert(full.group_index(5, Axis::tp) == 2 && full.group_rank(5, Axis::tp) == 1);
+static_assert(Full::has_axis<Axis::pp> && Full::policy_on<Axis::dp>::stage == 3);
+static_assert(!fw::Mesh<fw::DataParallel>::has_axis<Axis::tp>);
+static_assert(fw::Mesh<fw::DataParallel>::static_degree(Axis::tp) == 1);
+
+bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
+
+template <class M>
+std::string config_error(int world, fw::MeshDegrees d = {}) {
+  try {
+    M m(world, d);
+    (void)m;
+  } catch (const fw::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Checks the three properties of the issue on one mesh, from the arithmetic alone.
+template <class M>
+void check_properties(const M& m) {
+  const int n = m.size();
+  const std::string where = m.describe();
+  for (int r = 0; r < n; ++r) {
+    const auto c = m.coord_of(r);
+    ASSERT_EQ(m.rank_of(c), r) << where;
+    ASSERT_TRUE(c.tp >= 0 && c.tp < m.tp() && c.pp >= 0 && c.pp < m.pp() && c.dp >= 0 && c.dp < m.dp());
+  }
+  for (int tp = 0; tp < m.tp(); ++tp) {
+    for (int pp = 0; pp < m.pp(); ++pp) {
+      for (int dp = 0; dp < m.dp(); ++dp) {
+        const fw::Coord c{tp, pp, dp};
+        ASSERT_EQ(m.coord_of(m.rank_of(c)), c) << where;  // coordinate(rank(c)) == c
+      }
+    }
+  }
+  for (std::uint8_t bits = 1; bits <= 7; ++bits) {
+    const auto axes = fw::AxisSet::from_bits(bits);
+    const int gsize = m.group_size(axes);
+    ASSERT_EQ(n % gsize, 0);
+    // every rank is in exactly one group, at exactly one position
+    std::vector<std::vector<int>> members(static_cast<std::size_t>(n / gsize),
+                                          std::vector<int>(static_cast<std::size_t>(gsize), -1));
+    for (int r = 0; r < n; ++r) {
+      const int g = m.group_index(r, axes);
+      const int i = m.group_rank(r, axes);
+      ASSERT_TRUE(g >= 0 && g < n / gsize && i >= 0 && i < gsize) << where;
+      ASSERT_EQ(members[g][i], -1) << where << ": two ranks at one place";
+      members[g][i] = r;
+      ASSERT_EQ(m.group_member(g, i, axes), r) << where;
+      // members of a group agree on every coordinate outside the set
+      const auto c0 = m.coord_of(m.group_member(g, 0, axes));
+      const auto c = m.coord_of(r);
+      for (Axis a : {Axis::tp, Axis::pp, Axis::dp}) {
+        if (!axes.contains(a)) {
+          ASSERT_EQ(c[a], c0[a]) << where;
+        }
+      }
+    }
+  }
+  // groups over orthogonal (disjoint) axis sets meet in exactly one rank when they share the
+  // remaining coordinates, and in none otherwise
+  for (std::uint8_t a = 1; a <= 7; ++a) {
+    for (std::uint8_t b = 1; b <= 7; ++b) {
+      if (a & b) continue;
+      const auto A = fw::AxisSet::from_bits(a), B = fw::AxisSet::from_bits(b);
+      for (int x = 0; x < n; ++x) {
+        for (int y = 0; y < n; ++y) {
+          int meet = 0;
+          for (int r = 0; r < n; ++r) {
+            if (m.group_index(r, A) == m.group_index(x, A) && m.group_index(r, B) == m.group_index(y, B)) ++meet;
+          }
+          const auto cx = m.coord_of(x), cy = m.coord_of(y);
+          bool share = true;
+          for (Axis ax : {Axis::tp, Axis::pp, Axis::dp}) {
+            if (!A.contains(ax) && !B.contains(ax)) share = share && cx[ax] == cy[ax];
+          }
+          ASSERT_EQ(meet, share ? 1 : 0) << where << " sets " << int(a) << "," << int(b);
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST(Mesh, PropertiesHoldForManyGeneratedMeshes) {
+  using Dyn = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::Pipeline<fw::dynamic, 8, fw::GPipe>,
+                       fw::DataParallel>;
+  int meshes = 0;
+  for (int tp = 1; tp <= 5; ++tp) {
+    for (int pp = 1; pp <= 4; ++pp) {
+      for (int dp = 1; dp <= 4; ++dp) {
+        check_properties(Dyn(tp * pp * dp, {.tp = tp, .pp = pp}));
+        ++meshes;
+      }
+    }
+  }
+  check_properties(fw::Mesh<fw::Sharded<2>>(7));
+  check_properties(fw::Mesh<fw::TensorParallel<3>>(3));
+  check_properties(fw::Mesh<>(1));
+  EXPECT_EQ(meshes, 80);
+}
+
+TEST(Mesh, LayoutIsTensorParallelInnermost) {
+  // Megatron's order: a TP group is consecutive ranks, a DP group strides by tp * pp.
+  const Full m(8);
+  EXPECT_EQ(m.group_member(0, 1, Axis::tp), 1);
+  EXPECT_EQ(m.group_member(0, 1, Axis::pp), 2);
+  EXPECT_EQ(m.group_member(0, 1, Axis::dp), 4);
+  EXPECT_EQ(m.group_member(1, 1, fw::AxisSet(Axis::tp, Axis::dp)), 3);  // pp=1 slice: 2,3,6,7
+  EXPECT_EQ(m.group_member(1, 2, fw::AxisSet(Axis::tp, Axis::dp)), 6);
+  EXPECT_EQ(m.describe(), "tp=2 pp=2 dp=2 (8 ranks)");
+}
+
+TEST(Mesh, DataParallelDegreeIsWhatTheWorldLeaves) {
+  EXPECT_EQ(Full(16).dp(), 4);
+  using DynTp = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>;
+  EXPECT_EQ(DynTp(12, {.tp = 3}).dp(), 4);
+  EXPECT_EQ(fw::Mesh<fw::TensorParallel<4>>(4).dp(), 1);
+}
+
+TEST(Mesh, BadConfigurationsAreConfigErrorsNamingTheNumbers) {
+  auto e = config_error<Full>(10);
+  EXPECT_TRUE(contains(e, "world size 10 does not divide by tp 2 x pp 2 = 4")) << e;
+  EXPECT_TRUE(contains(e, "run on a multiple of 4 ranks")) << e;
+  e = config_error<fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 2>>>(8);
+  EXPECT_TRUE(contains(e, "world size 8 is not tp 2 x pp 2 = 4 and the Mesh has no data-parallel axis")) << e;
+  e = config_error<fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>>(8);
+  EXPECT_TRUE(contains(e, "TensorParallel<fw::dynamic> needs its degree at run time")) << e;
+  e = config_error<Full>(8, {.tp = 4});
+  EXPECT_TRUE(contains(e, "fixes TensorParallel degree 2 but MeshDegrees.tp = 4")) << e;
+  e = config_error<fw::Mesh<fw::DataParallel>>(8, {.pp = 2});
+  EXPECT_TRUE(contains(e, "MeshDegrees.pp = 2 but the Mesh has no Pipeline axis")) << e;
+  e = config_error<Full>(8, {.dp = 4});
+  EXPECT_TRUE(contains(e, "MeshDegrees.dp = 4 but world size 8 / (tp 2 x pp 2) leaves dp = 2")) << e;
+  e = config_error<fw::Mesh<fw::TensorParallel<fw::dynamic>>>(4, {.tp = 0});
+  EXPECT_TRUE(contains(e, "MeshDegrees.tp = 0; degrees are >= 1")) << e;
+  e = config_error<Full>(0);
+  EXPECT_TRUE(contains(e, "at least 1 rank, got 0")) << e;
+}
