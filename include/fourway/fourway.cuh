@@ -1,5 +1,5 @@
 //! The umbrella header for nvcc builds: the host library plus the CUDA backend.
 #pragma once
 
-#include "fourway/fourway.hpp"
 #include "fourway/backend/cuda/backend.cuh"
+#include "fourway/fourway.hpp"

@@ -11,7 +11,7 @@
 namespace fw = fourway;
 
 TEST(HostBackend, AllocatesAlignedMemory) {
-  for (std::size_t bytes : {1u, 63u, 64u, 1000u, 4096u}) {
+  for (std::size_t bytes : {0u, 1u, 63u, 64u, 1000u, 4096u}) {
     void* p = fw::Host::allocate(bytes);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % fw::Host::alignment, 0u) << bytes;

@@ -17,8 +17,8 @@ static_assert(std::is_same_v<fw::native_t<fw::bf16>, __nv_bfloat16>);
 static_assert(std::is_same_v<fw::native_t<float>, float>);
 static_assert(FOURWAY_HAS_CUDA == 1);
 
-#define FW_REQUIRE_GPU()                                            \
-  do {                                                              \
+#define FW_REQUIRE_GPU()                                                 \
+  do {                                                                   \
     if (fw::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
@@ -145,8 +145,8 @@ TEST(CudaBackend, EncodingMatchesCudaIntrinsicsOnDeviceAndHost) {
   fw::Tensor<std::uint16_t, fw::Cuda> bc({n}, fw::MemTag::workspace, m);
   fw::Tensor<std::uint16_t, fw::Cuda> bf({n}, fw::MemTag::workspace, m);
   fw::cuda::from_host(ctx, d_in.data(), in.data(), n);
-  encode<<<(n + 255) / 256, 256, 0, ctx.stream()>>>(d_in.data(), n, hc.data(), hf.data(),
-                                                     bc.data(), bf.data());
+  encode<<<(n + 255) / 256, 256, 0, ctx.stream()>>>(d_in.data(), n, hc.data(), hf.data(), bc.data(),
+                                                    bf.data());
   fw::cuda::check_cuda(cudaGetLastError(), "encode");
   const auto vhc = download(ctx, hc);
   const auto vhf = download(ctx, hf);
@@ -154,10 +154,10 @@ TEST(CudaBackend, EncodingMatchesCudaIntrinsicsOnDeviceAndHost) {
   const auto vbf = download(ctx, bf);
   for (int i = 0; i < n; ++i) {
     ASSERT_EQ(vhf[i], vhc[i]) << "device fp16, x bits " << std::bit_cast<std::uint32_t>(in[i]);
-    ASSERT_EQ(fw::fp16(in[i]).bits, vhc[i]) << "host fp16, x bits "
-                                            << std::bit_cast<std::uint32_t>(in[i]);
+    ASSERT_EQ(fw::fp16(in[i]).bits, vhc[i])
+        << "host fp16, x bits " << std::bit_cast<std::uint32_t>(in[i]);
     ASSERT_EQ(vbf[i], vbc[i]) << "device bf16, x bits " << std::bit_cast<std::uint32_t>(in[i]);
-    ASSERT_EQ(fw::bf16(in[i]).bits, vbc[i]) << "host bf16, x bits "
-                                            << std::bit_cast<std::uint32_t>(in[i]);
+    ASSERT_EQ(fw::bf16(in[i]).bits, vbc[i])
+        << "host bf16, x bits " << std::bit_cast<std::uint32_t>(in[i]);
   }
 }

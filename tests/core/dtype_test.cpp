@@ -123,13 +123,13 @@ void check_rounding_at_midpoints(Format f) {
     const double mid = (ladder[i] + ladder[i + 1]) / 2;
     const auto midf = static_cast<float>(mid);
     ASSERT_EQ(static_cast<double>(midf), mid) << "midpoint not representable in float";
-    const float probes[] = {static_cast<float>(ladder[i]), midf,
-                            std::nextafter(midf, 0.0f),
+    const float probes[] = {static_cast<float>(ladder[i]), midf, std::nextafter(midf, 0.0f),
                             std::nextafter(midf, std::numeric_limits<float>::infinity())};
     for (float p : probes) {
       for (float x : {p, -p}) {
         const std::uint16_t want = round_reference(ladder, x);
-        ASSERT_EQ(to_bits<T>(x), want) << "x = " << x << " (float bits " << hex(std::bit_cast<std::uint32_t>(x)) << ")";
+        ASSERT_EQ(to_bits<T>(x), want)
+            << "x = " << x << " (float bits " << hex(std::bit_cast<std::uint32_t>(x)) << ")";
         ++checked;
       }
     }
@@ -184,8 +184,8 @@ TEST(Dtype, Fp16SpecialValues) {
   EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(1.0f, -25)), 0x0000);  // tie with 0: even
   EXPECT_EQ(to_bits<fw::fp16>(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp: tie to even (2)
-  EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 ulp: tie to even (2)
+  EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
   EXPECT_EQ(to_bits<fw::fp16>(std::ldexp(1023.5f, -24)), 0x0400);  // carries into normal
   EXPECT_EQ(to_bits<fw::fp16>(std::numeric_limits<float>::denorm_min()), 0x0000);
   EXPECT_EQ(to_bits<fw::fp16>(-std::numeric_limits<float>::denorm_min()), 0x8000);

@@ -23,8 +23,8 @@ TEST(Error, CheckThrowsTheTypedErrorWithTheNumbers) {
   EXPECT_NO_THROW(fw::check<fw::ConfigError>(true, "unused"));
   try {
     const int world = 6;
-    fw::check<fw::ConfigError>(world % 4 == 0, "fourway: world size ", world, " is not a multiple of ",
-                               4, "; use ", 8, " ranks");
+    fw::check<fw::ConfigError>(world % 4 == 0, "fourway: world size ", world,
+                               " is not a multiple of ", 4, "; use ", 8, " ranks");
     FAIL();
   } catch (const fw::ConfigError& e) {
     EXPECT_STREQ(e.what(), "fourway: world size 6 is not a multiple of 4; use 8 ranks");

@@ -20,9 +20,9 @@ namespace fw = fourway;
 
 namespace {
 
-constexpr std::array kTags = {fw::MemTag::weights,         fw::MemTag::grads,
-                              fw::MemTag::master_weights,  fw::MemTag::optimizer_state,
-                              fw::MemTag::activations,     fw::MemTag::comm_buffers,
+constexpr std::array kTags = {fw::MemTag::weights,        fw::MemTag::grads,
+                              fw::MemTag::master_weights, fw::MemTag::optimizer_state,
+                              fw::MemTag::activations,    fw::MemTag::comm_buffers,
                               fw::MemTag::workspace};
 static_assert(kTags.size() == fw::mem_tag_count);
 
@@ -167,8 +167,8 @@ TEST(MemoryAccountant, TensorsMovesAndViewsAreCountedExactly) {
   fw::MemoryAccountant m;
   using F = fw::Tensor<float, fw::Host>;
   using H = fw::Tensor<fw::bf16, fw::Host>;
-  F w({3, 7}, fw::MemTag::weights, m);         // 84 B
-  H g({3, 7}, fw::MemTag::grads, m);           // 42 B
+  F w({3, 7}, fw::MemTag::weights, m);          // 84 B
+  H g({3, 7}, fw::MemTag::grads, m);            // 42 B
   F mw({3, 7}, fw::MemTag::master_weights, m);  // 84 B
   EXPECT_EQ(m.total_current(), 210u);
   EXPECT_EQ(m.allocations(), 3u);
@@ -263,8 +263,8 @@ TEST(MemoryAccountant, JsonIsWellFormedAndAgreesWithTheCounters) {
 
 TEST(MemoryAccountant, JsonReaderRejectsMalformedText) {
   // The reader above must be able to fail, or the JSON test proves nothing.
-  for (const char* bad : {"{\"a\":1,}", "{\"a\":1", "{a:1}", "{\"a\":1} x", "{\"a\":-1}",
-                          "{\"a\":1,\"a\":2}"}) {
+  for (const char* bad :
+       {"{\"a\":1,}", "{\"a\":1", "{a:1}", "{\"a\":1} x", "{\"a\":-1}", "{\"a\":1,\"a\":2}"}) {
     EXPECT_THROW(JsonReader(bad).document(), std::runtime_error) << bad;
   }
 }

@@ -54,11 +54,11 @@ FOURWAY_HOST_DEVICE constexpr std::uint16_t float_to_fp16_bits(float f) {
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
   if (x >= 0x7f800000u) {  // infinity or NaN (NaN stays quiet, keeps its top payload bits)
-    return static_cast<std::uint16_t>(
-        sign | 0x7c00u | (x > 0x7f800000u ? (0x200u | ((x >> 13) & 0x3ffu)) : 0u));
+    return static_cast<std::uint16_t>(sign | 0x7c00u |
+                                      (x > 0x7f800000u ? (0x200u | ((x >> 13) & 0x3ffu)) : 0u));
   }
   if (x >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
-  if (x < 0x38800000u) {          // below 2^-14: a half subnormal (or zero)
+  if (x < 0x38800000u) {  // below 2^-14: a half subnormal (or zero)
     if (x <= 0x33000000u) return static_cast<std::uint16_t>(sign);  // <= 2^-25 ties to zero
     const std::uint32_t e = x >> 23;
     const std::uint32_t m = (x & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
@@ -188,18 +188,20 @@ inline constexpr Dtype dtype_v = dtype_of<T>::value;
 
 /// Any type a `Tensor` may hold: the types with a `dtype_of` (floating and integer).
 template <class T>
-concept element_type = requires { dtype_of<T>::value; };
+concept element_type = requires {
+  dtype_of<T>::value;
+};
 
 constexpr std::size_t dtype_size(Dtype d) {
   switch (d) {
-    case Dtype::f32: return 4;
-    case Dtype::f16: return 2;
-    case Dtype::bf16: return 2;
-    case Dtype::f64: return 8;
-    case Dtype::i32: return 4;
+    case Dtype::f64:
     case Dtype::i64: return 8;
-    case Dtype::u8: return 1;
+    case Dtype::f32:
+    case Dtype::i32: return 4;
+    case Dtype::f16:
+    case Dtype::bf16:
     case Dtype::u16: return 2;
+    case Dtype::u8: return 1;
   }
   return 0;
 }

@@ -4,6 +4,8 @@
 //! tests) tell a bad configuration from a communication failure from a corrupt checkpoint.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -79,6 +81,14 @@ std::string cat(const Ts&... parts) {
   std::ostringstream os;
   ((os << parts), ...);
   return os.str();
+}
+
+/// Ends the program with `what` on stderr: for broken invariants found where nothing may throw
+/// (destructors), so they are loud instead of silently wrong.
+[[noreturn]] inline void fatal(const char* what) noexcept {
+  std::fputs(what, stderr);
+  std::fputs("\n", stderr);
+  std::abort();
 }
 }  // namespace detail
 

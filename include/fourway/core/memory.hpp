@@ -102,7 +102,8 @@ class MemoryAccountant {
     std::ostringstream os;
     os << "memory of rank " << rank_ << "\n";
     os << std::left << std::setw(17) << "tag" << std::right << std::setw(16) << "current B"
-       << std::setw(16) << "peak B" << std::setw(12) << "peak MiB" << "\n";
+       << std::setw(16) << "peak B" << std::setw(12) << "peak MiB"
+       << "\n";
     auto row = [&](std::string_view name, std::size_t cur, std::size_t pk) {
       os << std::left << std::setw(17) << name << std::right << std::setw(16) << cur
          << std::setw(16) << pk << std::setw(12) << std::fixed << std::setprecision(2)

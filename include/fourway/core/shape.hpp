@@ -17,8 +17,8 @@ class Shape {
   constexpr Shape() = default;
   constexpr Shape(std::initializer_list<std::int64_t> dims) {
     if (dims.size() > static_cast<std::size_t>(max_rank)) {
-      throw ShapeError(detail::cat("fourway: a Shape holds at most ", max_rank, " dims, got ",
-                                   dims.size()));
+      throw ShapeError(
+          detail::cat("fourway: a Shape holds at most ", max_rank, " dims, got ", dims.size()));
     }
     for (std::int64_t d : dims) {
       if (d < 0) throw ShapeError(detail::cat("fourway: negative extent ", d, " in a Shape"));

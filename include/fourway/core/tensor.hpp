@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string_view>
 #include <utility>
 
@@ -24,7 +25,7 @@ namespace fourway {
 template <class B>
 concept backend = requires(std::size_t n, void* p) {
   { B::allocate(n) } -> std::same_as<void*>;
-  { B::deallocate(p) };
+  B::deallocate(p);
   { B::name } -> std::convertible_to<std::string_view>;
   { B::on_device } -> std::convertible_to<bool>;
 };
@@ -96,19 +97,13 @@ class Tensor {
   [[nodiscard]] T* data() const { return data_; }
   [[nodiscard]] const Shape& shape() const { return shape_; }
   [[nodiscard]] std::int64_t numel() const { return shape_.numel(); }
-  [[nodiscard]] std::size_t bytes() const {
-    return static_cast<std::size_t>(numel()) * sizeof(T);
-  }
+  [[nodiscard]] std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
   [[nodiscard]] bool owning() const { return owning_; }
   [[nodiscard]] MemTag tag() const { return tag_; }
   [[nodiscard]] bool empty() const { return numel() == 0; }
 
   /// Element access, host tensors only.
-  T& operator[](std::int64_t i) const
-    requires(!B::on_device)
-  {
-    return data_[i];
-  }
+  T& operator[](std::int64_t i) const requires(!B::on_device) { return data_[i]; }
 
   /// Frees the memory now (an owning tensor) or forgets the view.
   void reset() { release(); }
@@ -118,7 +113,11 @@ class Tensor {
   void release() noexcept {
     if (owning_) {
       if (data_ != nullptr) B::deallocate(data_);
-      memory_->on_free(tag_, bytes());
+      try {
+        memory_->on_free(tag_, bytes());
+      } catch (const std::exception& e) {
+        detail::fatal(e.what());  // the accountant lost track: a library bug, never a user error
+      }
     }
     data_ = nullptr;
     shape_ = Shape{0};

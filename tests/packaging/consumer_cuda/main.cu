@@ -1,6 +1,5 @@
-#include <fourway/fourway.cuh>
-
 #include <cstdio>
+#include <fourway/fourway.cuh>
 
 namespace fw = fourway;
 

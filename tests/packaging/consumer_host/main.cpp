@@ -1,6 +1,5 @@
-#include <fourway/fourway.hpp>
-
 #include <cstdio>
+#include <fourway/fourway.hpp>
 
 namespace fw = fourway;
 

@@ -29,8 +29,8 @@ inline void check_cuda(cudaError_t status, const char* what) {
 }
 inline void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw DeviceError(detail::cat("fourway: ", what, " failed with cuBLAS status ",
-                                  static_cast<int>(status)));
+    throw DeviceError(
+        detail::cat("fourway: ", what, " failed with cuBLAS status ", static_cast<int>(status)));
   }
 }
 /// Number of visible GPUs; 0 (never an exception) when there is no driver or no device.
@@ -53,8 +53,8 @@ struct Cuda {
     const cudaError_t st = cudaMalloc(&p, bytes);
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
-      throw OutOfMemory(detail::cat("fourway: cudaMalloc of ", bytes, " B failed: ",
-                                    cudaGetErrorString(st)));
+      throw OutOfMemory(
+          detail::cat("fourway: cudaMalloc of ", bytes, " B failed: ", cudaGetErrorString(st)));
     }
     return p;
   }
@@ -85,7 +85,9 @@ struct Context<Cuda> {
   [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
-  void synchronize() const { cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void synchronize() const {
+    cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
 
  private:
   MemoryAccountant* memory_;

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string_view>
 
 #include "fourway/core/error.hpp"
@@ -20,13 +20,16 @@ struct Host {
   static constexpr std::size_t alignment = 64;
 
   static void* allocate(std::size_t bytes) {
-    try {
-      return ::operator new(bytes, std::align_val_t{alignment});
-    } catch (const std::bad_alloc&) {
+    // aligned_alloc wants a non-zero multiple of the alignment; the padding is not counted.
+    const std::size_t padded =
+        bytes == 0 ? alignment : (bytes + alignment - 1) / alignment * alignment;
+    void* p = padded >= bytes ? std::aligned_alloc(alignment, padded) : nullptr;
+    if (p == nullptr) {
       throw OutOfMemory(detail::cat("fourway: host allocation of ", bytes, " B failed"));
     }
+    return p;
   }
-  static void deallocate(void* p) noexcept { ::operator delete(p, std::align_val_t{alignment}); }
+  static void deallocate(void* p) noexcept { std::free(p); }
 };
 static_assert(backend<Host>);
 
