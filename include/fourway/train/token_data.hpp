@@ -107,7 +107,7 @@ class TokenData {
 };
 
 /// One batch: B rows of T inputs and the T targets that follow each (token ids as int32).
-struct TokenBatch {
+struct SequenceBatch {
   std::int64_t B = 0, T = 0;
   std::vector<std::int32_t> inputs;   // (B, T)
   std::vector<std::int32_t> targets;  // (B, T)
@@ -139,8 +139,8 @@ class TokenLoader {
   void reset(std::int64_t batch_index = 0) { next_ = batch_index % batches_; }
 
   /// Batch `k` (taken modulo the batches in the file).
-  [[nodiscard]] TokenBatch batch(std::int64_t k) const {
-    TokenBatch b;
+  [[nodiscard]] SequenceBatch batch(std::int64_t k) const {
+    SequenceBatch b;
     b.B = B_;
     b.T = T_;
     const std::int64_t bt = B_ * T_;
@@ -155,8 +155,8 @@ class TokenLoader {
     return b;
   }
 
-  TokenBatch next() {
-    TokenBatch b = batch(next_);
+  SequenceBatch next() {
+    SequenceBatch b = batch(next_);
     next_ = (next_ + 1) % batches_;
     return b;
   }

@@ -1,0 +1,82 @@
+//! The per-step JSON-lines log of a training run: one object per line, flushed every step.
+//!
+//! `{"step":1,"loss":..,"grad_norm":..,"tokens_per_s":..,"step_ms":..,"lr":..,"skipped":false,
+//!   "memory":[<MemoryAccountant::json() of rank 0>, <rank 1>, ...]}`
+//! Each memory object carries the rank and its current and peak bytes per tag. Floating point
+//! values are written with 9 significant digits (round-trips a float), so the log is exact
+//! enough to compare runs at 1e-7; non-finite values are written as `null` (JSON has no inf).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
+
+namespace fourway {
+
+/// What one optimizer step reports.
+struct StepRecord {
+  std::int64_t step = 0;      // 1-based
+  double loss = 0.0;          // mean cross-entropy of the global batch
+  double grad_norm = 0.0;     // global L2 norm before clipping
+  double tokens_per_s = 0.0;  // global batch tokens / step time
+  double step_ms = 0.0;
+  double lr = 0.0;
+  bool skipped = false;  // fp16: the step found inf/NaN and changed nothing
+};
+
+namespace detail {
+inline std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+}  // namespace detail
+
+/// One JSON object for `r`, with the memory of each rank in `ranks` (any may be null: skipped).
+inline std::string step_json(const StepRecord& r, const std::vector<const MemoryAccountant*>& ranks) {
+  std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":" + detail::json_number(r.loss) +
+                  ",\"grad_norm\":" + detail::json_number(r.grad_norm) +
+                  ",\"tokens_per_s\":" + detail::json_number(r.tokens_per_s) +
+                  ",\"step_ms\":" + detail::json_number(r.step_ms) +
+                  ",\"lr\":" + detail::json_number(r.lr) +
+                  ",\"skipped\":" + (r.skipped ? "true" : "false") + ",\"memory\":[";
+  bool first = true;
+  for (const auto* m : ranks) {
+    if (m == nullptr) continue;
+    if (!first) s += ',';
+    first = false;
+    s += m->json();
+  }
+  return s + "]}";
+}
+
+/// Appends one line per step to a file (truncated when opened).
+class JsonLog {
+ public:
+  JsonLog() = default;
+  explicit JsonLog(const std::filesystem::path& path) : path_(path.string()) {
+    out_.open(path, std::ios::trunc);
+    check<ConfigError>(out_.good(), "fourway: cannot create the log file ", path_);
+  }
+  [[nodiscard]] bool is_open() const { return out_.is_open(); }
+  void write(const StepRecord& r, const std::vector<const MemoryAccountant*>& ranks) {
+    if (!out_.is_open()) return;
+    out_ << step_json(r, ranks) << '\n';
+    out_.flush();
+    check<ConfigError>(out_.good(), "fourway: writing the log file ", path_, " failed");
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace fourway
