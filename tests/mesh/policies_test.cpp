@@ -20,6 +20,6 @@ static_assert(fw::Pipeline<fw::dynamic, 2>::degree == fw::dynamic);
 TEST(Policies, NamesAndAxes) {
   EXPECT_EQ(fw::axis_name(fw::Axis::pp), "pp");
   EXPECT_EQ(fw::OneFOneB::name, "1F1B");
-  EXPECT_EQ(fw::Pipeline<2, 4>::axis, fw::Axis::pp);
+  EXPECT_EQ((fw::Pipeline<2, 4>::axis), fw::Axis::pp);
   EXPECT_EQ(fw::Sharded<3>::axis, fw::Axis::dp);
 }
