@@ -1,0 +1,107 @@
+//! Activation bytes: the published per-layer model of Korthikanti et al. 2022, and how many
+//! micro-batches a pipeline schedule keeps alive on a stage.
+//!
+//! Korthikanti, Casper, Lym, McAfee, Andersch, Shoeybi, Catanzaro 2022, "Reducing Activation
+//! Recomputation in Large Transformer Models" (arXiv:2205.05198), Table 2, bytes per transformer
+//! layer for one micro-batch of b sequences of s tokens, hidden h, a heads, tensor parallelism t,
+//! 16-bit activations and 1-byte dropout masks:
+//!
+//!   no parallelism                      sbh·(34 + 5as/h)
+//!   tensor parallel                     sbh·(10 + 24/t + 5as/(ht))
+//!   tensor + sequence parallel          sbh·(34/t + 5as/(ht))
+//!   tensor parallel + selective recompute           sbh·(10 + 24/t)
+//!   tensor + sequence parallel + selective recompute sbh·(34/t)
+//!   full recomputation                  sbh·2           (the layer input only)
+//!
+//! and §4.3: the first stage also keeps the embedding's dropout mask, sbh/t per micro-batch, and
+//! the last stage the output layer, 4sbh/t·(1 + v/h) (final norm, projection input, fp32 logits).
+//! The 34 counts GPT-3-style blocks with dropout; GPT-2 in fourway has no dropout, and fourway's
+//! own footprint is modelled exactly, tensor by tensor, in `fourway_activation.hpp`.
+//!
+//! Micro-batches in flight on stage i of p with m micro-batches (Narayanan et al. 2021,
+//! "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", §2.2):
+//! GPipe keeps all m; 1F1B keeps min(m, p − i) — the first stage is the worst.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "fourway/plan/model_state.hpp"
+
+namespace fourway::plan {
+
+enum class Recompute : std::uint8_t { none, selective, full };
+
+constexpr std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+enum class Schedule : std::uint8_t { gpipe, one_f_one_b };
+
+constexpr std::string_view schedule_name(Schedule s) {
+  return s == Schedule::gpipe ? "gpipe" : "1f1b";
+}
+
+/// One micro-batch through one transformer layer, as Korthikanti et al. count it.
+struct LayerShape {
+  double s = 0;  // sequence length
+  double b = 0;  // micro-batch size (sequences)
+  double h = 0;  // hidden size
+  double a = 0;  // attention heads
+  double t = 1;  // tensor-parallel degree
+};
+
+/// Korthikanti et al. 2022, Table 2: stored activation bytes of one layer for one micro-batch.
+constexpr double korthikanti_layer_bytes(LayerShape x, bool sequence_parallel, Recompute r) {
+  detail::require(x.t >= 1, "fourway: tensor-parallel degree ", x.t, " must be >= 1");
+  const double sbh = x.s * x.b * x.h;
+  const double attention = 5.0 * x.a * x.s / (x.h * x.t);  // softmax, its dropout mask, scores
+  switch (r) {
+    case Recompute::full: return sbh * 2.0;
+    case Recompute::selective:
+      return sequence_parallel ? sbh * 34.0 / x.t : sbh * (10.0 + 24.0 / x.t);
+    case Recompute::none:
+      return sequence_parallel ? sbh * (34.0 / x.t + attention)
+                               : sbh * (10.0 + 24.0 / x.t + attention);
+  }
+  return 0;
+}
+
+/// The part of a layer that recomputation rebuilds during backward, alive for one layer at a time:
+/// the whole layer under full recomputation, the attention core (5as/(ht)·sbh) under selective.
+constexpr double korthikanti_recompute_working_bytes(LayerShape x, bool sequence_parallel,
+                                                     Recompute r) {
+  switch (r) {
+    case Recompute::none: return 0;
+    case Recompute::selective: return x.s * x.b * x.h * 5.0 * x.a * x.s / (x.h * x.t);
+    case Recompute::full: return korthikanti_layer_bytes(x, sequence_parallel, Recompute::none);
+  }
+  return 0;
+}
+
+/// §4.3: the embedding's dropout mask on the first stage, per micro-batch.
+constexpr double korthikanti_embedding_bytes(LayerShape x) { return x.s * x.b * x.h / x.t; }
+
+/// §4.3: the output layer on the last stage, per micro-batch: 4sbh/t·(1 + v/h).
+constexpr double korthikanti_output_bytes(LayerShape x, double vocab) {
+  return 4.0 * x.s * x.b * x.h / x.t * (1.0 + vocab / x.h);
+}
+
+/// Micro-batches whose activations stage `stage` of `stages` holds at its peak.
+constexpr std::int64_t micro_batches_in_flight(Schedule s, int stages, std::int64_t micro_batches,
+                                               int stage = 0) {
+  detail::require(stages >= 1 && stage >= 0 && stage < stages, "fourway: stage ", stage, " of ",
+                  stages, " pipeline stages does not exist");
+  detail::require(micro_batches >= 1, "fourway: ", micro_batches,
+                  " micro-batches; a step needs at least one");
+  if (s == Schedule::gpipe) return micro_batches;
+  return std::min<std::int64_t>(micro_batches, stages - stage);
+}
+
+}  // namespace fourway::plan

@@ -1,0 +1,169 @@
+//! Communication per step per rank: bytes each rank sends, and the time of ring collectives under
+//! an alpha-beta model (Thakur, Rabenseifner, Gropp 2005, "Optimization of Collective
+//! Communication Operations in MPICH"; Patarasuk & Yuan 2009 for the bandwidth-optimal ring).
+//!
+//! A ring over N ranks of a buffer of n bytes: all-reduce sends 2n(N−1)/N per rank in 2(N−1)
+//! steps; reduce-scatter and all-gather send n(N−1)/N in N−1 steps; time = steps·α + sent/β.
+//! A group whose ranks share a node runs at NVLink speed, any other at InfiniBand speed (its ring
+//! crosses a node boundary, and that link is the bottleneck). Ranks are laid out as Megatron does
+//! (DESIGN.md): tensor-parallel innermost, then pipeline, data-parallel outermost.
+//!
+//! Per-step volumes (Rajbhandari et al. 2020 §7 for ZeRO; Shoeybi et al. 2019 and Korthikanti et
+//! al. 2022 §4.2.2 for tensor and sequence parallelism; Narayanan et al. 2021 for pipelines):
+//!   DP (ZeRO-0)   one all-reduce of the gradients per step        2Ψ(N−1)/N
+//!   ZeRO-1        reduce-scatter of gradients + all-gather of updated parameters, once per step
+//!   ZeRO-2        a reduce-scatter per micro-batch (gradients live only as shards) + all-gather
+//!   ZeRO-3        per micro-batch: all-gather in forward, again in backward, reduce-scatter
+//!                 (3Ψ(N−1)/N per micro-batch: 1.5× data parallelism)
+//!   TP            per layer and micro-batch two all-reduces of b·s·h forward, two backward (one
+//!                 more forward under full recomputation: +2); sequence parallelism turns each into
+//!                 a reduce-scatter + all-gather of the same volume. The vocabulary-parallel
+//!                 embedding adds one all-reduce of b·s·h, the loss three of b·s floats.
+//!   PP            per micro-batch and boundary one activation b·s·h forward, one gradient back
+//!                 (/t under sequence parallelism).
+//! Ψ here is the padded element count of the rank's flat buffer, times the working-precision size.
+#pragma once
+
+#include <cstdint>
+
+#include "fourway/plan/hardware.hpp"
+#include "fourway/plan/model_state.hpp"
+
+namespace fourway::plan {
+
+enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather };
+
+/// Bytes one rank sends in a ring collective over `n` ranks of a `bytes`-byte buffer.
+constexpr double ring_bytes_sent(Collective c, double bytes, int n) {
+  detail::require(n >= 1, "fourway: a collective over ", n, " ranks");
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return c == Collective::all_reduce ? 2.0 * bytes * f : bytes * f;
+}
+
+/// Ring steps of a collective over `n` ranks.
+constexpr int ring_steps(Collective c, int n) {
+  return c == Collective::all_reduce ? 2 * (n - 1) : n - 1;
+}
+
+/// Seconds of one ring collective: steps·α + bytes sent / β.
+constexpr double ring_seconds(Collective c, double bytes, int n, Link link) {
+  if (n <= 1) return 0.0;
+  return ring_steps(c, n) * link.latency_us * 1e-6 +
+         ring_bytes_sent(c, bytes, n) / (link.bandwidth_gbs * 1e9);
+}
+
+/// Seconds of one point-to-point transfer.
+constexpr double p2p_seconds(double bytes, Link link) {
+  return link.latency_us * 1e-6 + bytes / (link.bandwidth_gbs * 1e9);
+}
+
+/// Which link class each axis of a dp × pp × tp mesh (tp innermost) runs over.
+struct AxisLinks {
+  bool tp_in_node = true;
+  bool pp_in_node = true;
+  bool dp_in_node = true;
+};
+
+constexpr AxisLinks axis_links(int tp, int pp, int dp, int gpus_per_node) {
+  auto inside = [&](int span) { return span <= gpus_per_node && gpus_per_node % span == 0; };
+  return AxisLinks{inside(tp), inside(tp * pp), inside(tp * pp * dp)};
+}
+
+/// Data-parallel collectives of one step of one rank holding `padded_params` elements (its flat
+/// buffer padded to a multiple of `dp`) with `micro_batches` micro-batches.
+struct DataParallelTraffic {
+  double overlappable_bytes = 0;  // sent while forward/backward compute runs
+  double exposed_bytes = 0;       // sent after the optimizer step (ZeRO-1/2 parameter all-gather)
+  double overlappable_seconds = 0;
+  double exposed_seconds = 0;
+  [[nodiscard]] constexpr double bytes() const { return overlappable_bytes + exposed_bytes; }
+  [[nodiscard]] constexpr double seconds() const { return overlappable_seconds + exposed_seconds; }
+};
+
+constexpr DataParallelTraffic data_parallel_traffic(std::int64_t padded_params, Precision p,
+                                                    int zero_stage, int dp,
+                                                    std::int64_t micro_batches, Link link) {
+  check_zero_stage(zero_stage);
+  DataParallelTraffic t;
+  if (dp <= 1) return t;
+  const double buf = static_cast<double>(padded_params) * static_cast<double>(working_bytes(p));
+  const double m = static_cast<double>(micro_batches);
+  auto add = [&](Collective c, double count, bool overlappable) {
+    const double b = count * ring_bytes_sent(c, buf, dp);
+    const double s = count * ring_seconds(c, buf, dp, link);
+    if (overlappable) {
+      t.overlappable_bytes += b;
+      t.overlappable_seconds += s;
+    } else {
+      t.exposed_bytes += b;
+      t.exposed_seconds += s;
+    }
+  };
+  switch (zero_stage) {
+    case 0: add(Collective::all_reduce, 1, true); break;
+    case 1:
+      add(Collective::reduce_scatter, 1, true);
+      add(Collective::all_gather, 1, false);
+      break;
+    case 2:
+      add(Collective::reduce_scatter, m, true);
+      add(Collective::all_gather, 1, false);
+      break;
+    default:
+      add(Collective::all_gather, 2 * m, true);
+      add(Collective::reduce_scatter, m, true);
+      break;
+  }
+  return t;
+}
+
+/// Bytes sent and seconds spent by one rank in one step on one axis.
+struct Traffic {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+/// One micro-batch of b sequences of s tokens, hidden h, on a stage of `layers` blocks.
+struct ActivationShape {
+  double s = 0;
+  double b = 0;
+  double h = 0;
+  std::int64_t layers = 0;
+};
+
+/// Tensor-parallel collectives of one micro-batch on one stage (multiply by the micro-batches
+/// of a step). `first`/`last`: the stage holds the vocabulary-parallel embedding / loss.
+constexpr Traffic tensor_parallel_traffic_per_micro_batch(ActivationShape x, int tp, Precision p,
+                                                          bool full_recompute, bool first,
+                                                          bool last, Link link) {
+  Traffic t;
+  if (tp <= 1) return t;
+  const double act = x.s * x.b * x.h * static_cast<double>(working_bytes(p));
+  const double per_layer = full_recompute ? 6.0 : 4.0;  // all-reduce equivalents
+  const double n_act = per_layer * static_cast<double>(x.layers) + (first ? 1.0 : 0.0);
+  t.bytes = n_act * ring_bytes_sent(Collective::all_reduce, act, tp);
+  t.seconds = n_act * ring_seconds(Collective::all_reduce, act, tp, link);
+  if (last) {  // max, sum of exponentials and target logit of every row, fp32
+    const double loss = x.s * x.b * 4.0;
+    t.bytes += 3.0 * ring_bytes_sent(Collective::all_reduce, loss, tp);
+    t.seconds += 3.0 * ring_seconds(Collective::all_reduce, loss, tp, link);
+  }
+  return t;
+}
+
+/// Point-to-point traffic of stage `stage` of `stages` for one micro-batch: the activation it
+/// sends forward (unless last) and the gradient it sends back (unless first).
+constexpr Traffic pipeline_traffic_per_micro_batch(ActivationShape x, int tp,
+                                                   bool sequence_parallel, Precision p, int stages,
+                                                   int stage, Link link) {
+  Traffic t;
+  if (stages <= 1) return t;
+  const double act = x.s * x.b * x.h * static_cast<double>(working_bytes(p)) /
+                     (sequence_parallel ? static_cast<double>(tp) : 1.0);
+  const int sends = (stage < stages - 1 ? 1 : 0) + (stage > 0 ? 1 : 0);
+  t.bytes = sends * act;
+  t.seconds = sends * p2p_seconds(act, link);
+  return t;
+}
+
+}  // namespace fourway::plan

@@ -1,0 +1,72 @@
+//! fourway's own activation footprint: the bytes `fw::models::Gpt` keeps under
+//! `MemTag::activations`, tensor by tensor, and their peak over one micro-batch's forward and
+//! backward.
+//!
+//! This is not Korthikanti et al.'s 34 + 5as/h (see `activation.hpp`): fourway has no dropout,
+//! keeps every layer's output as llm.c does, and stores the full (B, NH, T, T) attention
+//! probabilities. Per block, for B sequences of T tokens, C channels, NH heads, w bytes a value:
+//!
+//!   ln_1.y  c_attn.y  att          attn.y  c_proj.y  r   ln_2.y  c_fc.y  gelu.y  c_proj.y  y
+//!   BTC     3BTC      B·NH·T·T     BTC     BTC       BTC BTC     4BTC    4BTC    BTC       BTC
+//!   = (18·BTC + B·NH·T²)·w, plus each LayerNorm's fp32 mean and rstd, 2·BT·4 B, twice.
+//!
+//! Embedding: its output BTC·w. Head: ln_f (BTC·w + 2·BT·4), logits BTV·w, per-token losses BT·4.
+//! Without checkpointing everything is alive at the end of forward, which is the peak (backward
+//! only frees). `Checkpointed` blocks keep their output only, but build each block's whole stash
+//! once more (forward, and again in backward): the peak is the embedding, L block outputs and the
+//! larger of one block's stash and the head.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fourway/plan/model_state.hpp"
+
+namespace fourway::plan {
+
+/// One micro-batch through fourway's GPT-2.
+struct GptActivationShape {
+  std::int64_t batch = 1;   // B, sequences in the micro-batch
+  std::int64_t seq = 0;     // T
+  std::int64_t dim = 0;     // C
+  std::int64_t heads = 0;   // NH
+  std::int64_t vocab = 0;   // V
+  std::int64_t layers = 0;  // L
+  Precision precision = Precision::fp32;
+};
+
+/// Bytes of one `TransformerBlock` stash.
+constexpr std::int64_t fourway_block_activation_bytes(const GptActivationShape& x) {
+  const std::int64_t w = working_bytes(x.precision);
+  const std::int64_t btc = x.batch * x.seq * x.dim;
+  const std::int64_t bt = x.batch * x.seq;
+  return (18 * btc + x.batch * x.heads * x.seq * x.seq) * w + 2 * (2 * bt * 4);
+}
+
+/// Bytes of the `Embedding` stash (its output).
+constexpr std::int64_t fourway_embedding_activation_bytes(const GptActivationShape& x) {
+  return x.batch * x.seq * x.dim * working_bytes(x.precision);
+}
+
+/// Bytes of the head: ln_f's stash, the logits and the per-token losses.
+constexpr std::int64_t fourway_head_activation_bytes(const GptActivationShape& x) {
+  const std::int64_t w = working_bytes(x.precision);
+  const std::int64_t bt = x.batch * x.seq;
+  return bt * x.dim * w + 2 * bt * 4 + bt * x.vocab * w + bt * 4;
+}
+
+/// Peak of `MemTag::activations` over one micro-batch's forward and backward of the GPT, with or
+/// without checkpointing of every block.
+constexpr std::int64_t fourway_activation_bytes(const GptActivationShape& x, bool checkpoint) {
+  detail::require(
+      x.batch >= 1 && x.seq >= 1 && x.dim >= 1 && x.heads >= 1 && x.vocab >= 1 && x.layers >= 1,
+      "fourway: a GPT activation shape needs batch, seq, dim, heads, vocab, layers >= 1");
+  const std::int64_t emb = fourway_embedding_activation_bytes(x);
+  const std::int64_t block = fourway_block_activation_bytes(x);
+  const std::int64_t head = fourway_head_activation_bytes(x);
+  if (!checkpoint) return emb + x.layers * block + head;
+  const std::int64_t out = x.batch * x.seq * x.dim * working_bytes(x.precision);
+  return emb + x.layers * out + std::max(block, head);
+}
+
+}  // namespace fourway::plan

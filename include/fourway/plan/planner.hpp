@@ -1,0 +1,469 @@
+//! The planner: per-GPU bytes, communication and step time of one mesh, and the search over every
+//! mesh of a cluster for `--recommend`.
+//!
+//! A plan holds one `StagePlan` per pipeline stage (one rank of that stage: tensor and data
+//! parallelism make every rank of a stage alike, up to the fullest vocabulary shard, which is
+//! the one counted); the worst stage decides whether it fits. Step time is
+//!   (m + p − 1) · max over stages (compute + tensor-parallel + point-to-point time of a
+//!   micro-batch)
+//!   + data-parallel time not hidden behind compute,
+//! where ZeRO-0/1 can hide their gradient collective behind the last micro-batch's backward,
+//! ZeRO-2 its reduce-scatters behind every backward, ZeRO-3 everything behind forward and
+//! backward, and the parameter all-gather after a ZeRO-1/2 optimizer step is never hidden.
+//!
+//! The recommendation follows the seed's honest order: among the meshes whose estimated step is
+//! within `prefer_within` of the fastest, the one with the fewest of {tensor, pipeline}
+//! parallelism wins — mixed precision, ZeRO/FSDP and checkpointing come first.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fourway/core/error.hpp"
+#include "fourway/plan/activation.hpp"
+#include "fourway/plan/architecture.hpp"
+#include "fourway/plan/communication.hpp"
+#include "fourway/plan/hardware.hpp"
+#include "fourway/plan/model_state.hpp"
+#include "fourway/plan/step_time.hpp"
+
+namespace fourway::plan {
+
+/// The model: an architecture, or only a parameter count (model states, no activations or time).
+struct Model {
+  std::optional<Architecture> arch;
+  std::int64_t params = 0;  // used when there is no architecture
+
+  [[nodiscard]] std::int64_t total_params() const {
+    return arch ? plan::total_params(*arch) : params;
+  }
+  [[nodiscard]] std::string name() const {
+    return arch ? std::string(arch->name) : std::to_string(params) + " parameters";
+  }
+};
+
+struct Cluster {
+  Hardware hw;
+  int gpus = 0;
+};
+
+struct Strategy {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;
+  std::int64_t micro_batch = 1;    // sequences per micro-batch per data-parallel replica
+  std::int64_t micro_batches = 1;  // per step per replica (gradient accumulation / pipeline)
+  Schedule schedule = Schedule::one_f_one_b;
+  Precision precision = Precision::bf16;
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;
+
+  [[nodiscard]] int gpus() const { return dp * tp * pp; }
+  [[nodiscard]] std::int64_t global_batch() const { return micro_batch * micro_batches * dp; }
+};
+
+struct Options {
+  Optimizer optimizer = Optimizer::adam();
+  double mfu = 0.4;                // achievable fraction of the dense peak
+  double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
+  double overlap = 1.0;            // fraction of the compute window a collective can hide behind
+  double headroom = 0.05;          // of GPU memory kept free: CUDA context, fragmentation, buffers
+};
+
+/// One rank of one pipeline stage.
+struct StagePlan {
+  int stage = 0;
+  std::int64_t layers = 0;
+  std::int64_t params = 0;  // held by this rank before ZeRO sharding
+  ModelStateBytes states;
+  std::int64_t in_flight = 0;    // micro-batches whose activations are alive at the peak
+  double activations = 0;        // stored activations of all in-flight micro-batches
+  double recompute_working = 0;  // one layer rebuilt during backward
+  double zero3_gathered = 0;     // ZeRO-3: two gathered units + one unit's full gradients
+  double seconds_per_micro_batch = 0;
+  Traffic tensor_parallel;  // per step
+  Traffic pipeline;         // per step
+  DataParallelTraffic data_parallel;
+
+  [[nodiscard]] double total() const {
+    return static_cast<double>(states.total()) + activations + recompute_working + zero3_gathered;
+  }
+  [[nodiscard]] double comm_bytes() const {
+    return tensor_parallel.bytes + pipeline.bytes + data_parallel.bytes();
+  }
+};
+
+struct StepTime {
+  double compute_s = 0;   // (m + p − 1) micro-batch slots, compute only
+  double tensor_s = 0;    // tensor-parallel collectives on the critical path
+  double pipeline_s = 0;  // point-to-point transfers on the critical path
+  double data_s = 0;      // data-parallel time not hidden
+  double bubble = 0;      // (p − 1)/(m + p − 1)
+  double total_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;  // model FLOPs (6Ψ + attention, no recomputation) / (time · peak)
+};
+
+struct Plan {
+  Model model;
+  Cluster cluster;
+  Strategy strategy;
+  Options options;
+  std::vector<StagePlan> stages;
+  int worst_stage = 0;
+  double memory_bytes = 0;    // per GPU
+  double reserved_bytes = 0;  // headroom
+  bool fits = false;
+  std::optional<StepTime> time;  // with an architecture only
+
+  [[nodiscard]] const StagePlan& worst() const {
+    return stages[static_cast<std::size_t>(worst_stage)];
+  }
+  [[nodiscard]] double usable_bytes() const { return memory_bytes - reserved_bytes; }
+};
+
+/// Throws `ConfigError` naming the numbers and the fix when the mesh cannot exist.
+inline void validate(const Model& model, const Cluster& cluster, const Strategy& s,
+                     const Options& o = {}) {
+  detail::require(cluster.gpus >= 1, "fourway: ", cluster.gpus,
+                  " GPUs; a plan needs at least one (--gpus N)");
+  detail::require(cluster.hw.gpus_per_node >= 1, "fourway: ", cluster.hw.gpus_per_node,
+                  " GPUs per node; need at least one (--gpus-per-node N)");
+  detail::require(cluster.hw.memory_gb > 0, "fourway: GPU memory ", cluster.hw.memory_gb,
+                  " GB; give --gpu-mem GB or a --hw preset");
+  detail::require(s.dp >= 1 && s.tp >= 1 && s.pp >= 1, "fourway: degrees dp=", s.dp, " tp=", s.tp,
+                  " pp=", s.pp, " must all be >= 1");
+  detail::require(s.gpus() == cluster.gpus, "fourway: dp × tp × pp = ", s.dp, " × ", s.tp, " × ",
+                  s.pp, " = ", s.gpus(), " but the cluster has ", cluster.gpus,
+                  " GPUs; choose degrees whose product is ", cluster.gpus);
+  check_zero_stage(s.zero);
+  detail::require(s.micro_batch >= 1, "fourway: micro-batch size ", s.micro_batch, " must be >= 1");
+  detail::require(s.micro_batches >= 1, "fourway: ", s.micro_batches,
+                  " micro-batches per step; need at least one");
+  detail::require(o.mfu > 0 && o.mfu <= 1, "fourway: achievable fraction of peak ", o.mfu,
+                  " must be in (0, 1]");
+  detail::require(o.overlap >= 0 && o.overlap <= 1, "fourway: overlap ", o.overlap,
+                  " must be in [0, 1]");
+  detail::require(o.headroom >= 0 && o.headroom < 1, "fourway: headroom ", o.headroom,
+                  " must be in [0, 1)");
+  if (model.arch) {
+    validate(*model.arch, s.tp);
+    (void)layers_on_stage(model.arch->layers, s.pp, 0);
+  } else {
+    detail::require(model.params >= 1, "fourway: the model has ", model.params,
+                    " parameters; give --params N or an architecture");
+  }
+}
+
+namespace detail {
+inline double achievable_flops(const Hardware& hw, Precision p, const Options& o) {
+  const double tflops = o.achievable_tflops > 0 ? o.achievable_tflops : o.mfu * hw.peak_tflops(p);
+  return tflops * 1e12;
+}
+}  // namespace detail
+
+/// Bytes, traffic and time of one mesh. Throws `ConfigError` when the mesh cannot exist.
+inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy& s,
+                      const Options& o = {}) {
+  validate(model, cluster, s, o);
+  Plan plan{model, cluster, s, o, {}, 0, cluster.hw.memory_gb * 1e9, 0, false, std::nullopt};
+  plan.reserved_bytes = o.headroom * plan.memory_bytes;
+  const AxisLinks links = axis_links(s.tp, s.pp, s.dp, cluster.hw.gpus_per_node);
+  const Link tp_link = links.tp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
+  const Link pp_link = links.pp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
+  const Link dp_link = links.dp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
+  const std::int64_t w = working_bytes(s.precision);
+  const double m = static_cast<double>(s.micro_batches);
+
+  for (int st = 0; st < s.pp; ++st) {
+    StagePlan sp;
+    sp.stage = st;
+    if (model.arch) {
+      const Architecture& a = *model.arch;
+      sp.layers = layers_on_stage(a.layers, s.pp, st);
+      sp.params = stage_params(a, s.tp, s.pp, st);
+    } else {
+      sp.layers = 0;
+      sp.params = ceil_div(model.params, static_cast<std::int64_t>(s.tp) * s.pp);
+    }
+    sp.states =
+        model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+    const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
+    sp.data_parallel = data_parallel_traffic(s.zero >= 1 ? padded : sp.params, s.precision, s.zero,
+                                             s.dp, s.micro_batches, dp_link);
+    if (model.arch) {
+      const Architecture& a = *model.arch;
+      sp.in_flight = micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st);
+      const LayerShape x{static_cast<double>(a.seq), static_cast<double>(s.micro_batch),
+                         static_cast<double>(a.hidden), static_cast<double>(a.heads),
+                         static_cast<double>(s.tp)};
+      const double scale = static_cast<double>(w) / 2.0;  // Korthikanti counts 16-bit values
+      double per_mb = static_cast<double>(sp.layers) *
+                      korthikanti_layer_bytes(x, s.sequence_parallel, s.recompute);
+      if (st == 0) per_mb += korthikanti_embedding_bytes(x);
+      if (st == s.pp - 1) per_mb += korthikanti_output_bytes(x, static_cast<double>(a.vocab));
+      sp.activations = scale * per_mb * static_cast<double>(sp.in_flight);
+      sp.recompute_working =
+          scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.recompute);
+      if (s.zero == 3 && s.dp > 1) {
+        std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
+        if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
+        if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
+        sp.zero3_gathered = 3.0 * static_cast<double>(unit * w);
+      }
+      const ActivationShape xs{x.s, x.b, x.h, sp.layers};
+      const Traffic tp_mb = tensor_parallel_traffic_per_micro_batch(
+          xs, s.tp, s.precision, s.recompute == Recompute::full, st == 0, st == s.pp - 1, tp_link);
+      const Traffic pp_mb = pipeline_traffic_per_micro_batch(xs, s.tp, s.sequence_parallel,
+                                                             s.precision, s.pp, st, pp_link);
+      sp.tensor_parallel = Traffic{tp_mb.bytes * m, tp_mb.seconds * m};
+      sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};
+      const double compute = stage_flops_per_token(a, s.tp, s.pp, st, s.recompute) *
+                             static_cast<double>(s.micro_batch * a.seq) /
+                             detail::achievable_flops(cluster.hw, s.precision, o);
+      sp.seconds_per_micro_batch = compute + tp_mb.seconds + pp_mb.seconds;
+    }
+    plan.stages.push_back(sp);
+  }
+  for (int st = 1; st < s.pp; ++st) {
+    if (plan.stages[static_cast<std::size_t>(st)].total() > plan.worst().total())
+      plan.worst_stage = st;
+  }
+  plan.fits = plan.worst().total() <= plan.usable_bytes();
+
+  if (model.arch) {
+    const Architecture& a = *model.arch;
+    StepTime t;
+    const double slots = m + static_cast<double>(s.pp) - 1.0;
+    double slot = 0, slot_compute = 0, slot_tp = 0, slot_pp = 0, data = 0;
+    for (const StagePlan& sp : plan.stages) {
+      if (sp.seconds_per_micro_batch > slot) {
+        slot = sp.seconds_per_micro_batch;
+        slot_tp = sp.tensor_parallel.seconds / m;
+        slot_pp = sp.pipeline.seconds / m;
+        slot_compute = slot - slot_tp - slot_pp;
+      }
+    }
+    for (const StagePlan& sp : plan.stages) {
+      const double backward = 2.0 / 3.0 * sp.seconds_per_micro_batch;
+      const double window = s.zero <= 1   ? backward
+                            : s.zero == 2 ? m * backward
+                                          : m * sp.seconds_per_micro_batch;
+      const DataParallelTraffic& d = sp.data_parallel;
+      data = std::max(
+          data, d.exposed_seconds + std::max(0.0, d.overlappable_seconds - o.overlap * window));
+    }
+    t.compute_s = slots * slot_compute;
+    t.tensor_s = slots * slot_tp;
+    t.pipeline_s = slots * slot_pp;
+    t.data_s = data;
+    t.bubble = bubble_fraction(s.pp, s.micro_batches);
+    t.total_s = slots * slot + data;
+    const double tokens = static_cast<double>(s.global_batch() * a.seq);
+    t.tokens_per_s = tokens / t.total_s;
+    const double peak = cluster.hw.peak_tflops(s.precision) * 1e12;
+    t.mfu = flops_per_token(a) * tokens / (t.total_s * static_cast<double>(cluster.gpus) * peak);
+    plan.time = t;
+  }
+  return plan;
+}
+
+// ---- recommendation -------------------------------------------------------------------------
+
+/// What `recommend` may choose. Empty optionals are searched.
+struct SearchSpace {
+  std::int64_t global_batch = 0;  // sequences per step; 0: one micro-batch per GPU
+  std::int64_t micro_batch = 1;
+  Precision precision = Precision::bf16;
+  Schedule schedule = Schedule::one_f_one_b;
+  std::optional<int> dp, tp, pp, zero;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sequence_parallel;
+  double prefer_within = 0.10;  // a simpler mesh wins when this close to the fastest
+};
+
+struct Recommendation {
+  std::vector<Plan> fitting;  // every fitting mesh, fastest first
+  std::optional<std::size_t> chosen;
+  std::string why;      // one line
+  std::string missing;  // when nothing fits: what would
+  std::size_t searched = 0;
+};
+
+namespace detail {
+inline std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
+                                   const SearchSpace& space, const Options& o) {
+  std::vector<Plan> out;
+  const std::int64_t gb = space.global_batch > 0
+                              ? space.global_batch
+                              : static_cast<std::int64_t>(cluster.gpus) * space.micro_batch;
+  for (int tp : divisors(cluster.gpus)) {
+    if (space.tp && *space.tp != tp) continue;
+    if (model.arch) {
+      const Architecture& a = *model.arch;
+      if (a.heads % tp != 0 || a.kv_heads % tp != 0 || a.ffn % tp != 0) continue;
+    }
+    for (int pp : divisors(cluster.gpus / tp)) {
+      if (space.pp && *space.pp != pp) continue;
+      if (model.arch && pp > model.arch->layers) continue;
+      const int dp = cluster.gpus / (tp * pp);
+      if (space.dp && *space.dp != dp) continue;
+      if (gb % (static_cast<std::int64_t>(dp) * space.micro_batch) != 0) continue;
+      const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
+      for (int zero = 0; zero <= 3; ++zero) {
+        if (space.zero && *space.zero != zero) continue;
+        if (dp == 1 && zero > 0 && !space.zero) continue;  // nothing to shard over
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+          if (space.recompute && *space.recompute != r) continue;
+          if (!model.arch && r != Recompute::none) continue;
+          const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
+          Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
+                     r,  sp};
+          out.push_back(make_plan(model, cluster, s, o));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+inline std::string describe(const Strategy& s) {
+  std::string d = fourway::detail::cat("dp=", s.dp, " tp=", s.tp, " pp=", s.pp, " zero=", s.zero,
+                                       " ", precision_name(s.precision),
+                                       " checkpoint=", recompute_name(s.recompute));
+  if (s.tp > 1 && s.sequence_parallel) d += " +sequence-parallel";
+  if (s.pp > 1)
+    d += fourway::detail::cat(" ", schedule_name(s.schedule), " m=", s.micro_batches);
+  else if (s.micro_batches > 1)
+    d += fourway::detail::cat(" accumulate=", s.micro_batches);
+  return d;
+}
+
+inline std::string gb(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << bytes / 1e9 << " GB";
+  return os.str();
+}
+}  // namespace detail
+
+/// Searches every mesh (tp × pp × dp = GPUs, ZeRO 0–3, recomputation none/selective/full) of the
+/// cluster at a fixed global batch, keeps those that fit, ranks them by estimated step time
+/// (by memory when there is no architecture) and picks one in the honest order.
+inline Recommendation recommend(const Model& model, const Cluster& cluster,
+                                const SearchSpace& space, const Options& o = {}) {
+  Strategy probe;
+  probe.dp = cluster.gpus;
+  // Validates what does not depend on the mesh (GPUs, memory, the model itself).
+  detail::require(cluster.gpus >= 1, "fourway: ", cluster.gpus,
+                  " GPUs; a plan needs at least one (--gpus N)");
+  validate(model, cluster, probe, o);
+  detail::require(space.micro_batch >= 1, "fourway: micro-batch size ", space.micro_batch,
+                  " must be >= 1");
+  Recommendation rec;
+  std::vector<Plan> plans = detail::all_plans(model, cluster, space, o);
+  rec.searched = plans.size();
+  for (Plan& p : plans) {
+    if (p.fits) rec.fitting.push_back(p);
+  }
+  auto seconds = [](const Plan& p) { return p.time ? p.time->total_s : 0.0; };
+  std::stable_sort(rec.fitting.begin(), rec.fitting.end(), [&](const Plan& a, const Plan& b) {
+    if (seconds(a) != seconds(b)) return seconds(a) < seconds(b);
+    return a.worst().total() < b.worst().total();
+  });
+  if (rec.fitting.empty()) {
+    if (plans.empty()) {
+      rec.missing = fourway::detail::cat(
+          "no mesh of ", cluster.gpus, " GPUs can hold a global batch of ",
+          space.global_batch > 0 ? space.global_batch : cluster.gpus * space.micro_batch,
+          " sequences in micro-batches of ", space.micro_batch,
+          " (the data-parallel degree must divide it); change --global-batch or --micro-batch");
+      return rec;
+    }
+    const Plan* lean = &plans.front();
+    for (const Plan& p : plans) {
+      if (p.worst().total() < lean->worst().total()) lean = &p;
+    }
+    const double need = lean->worst().total() / (1.0 - o.headroom);
+    std::string more;
+    for (int k = 1; k <= 16; ++k) {
+      Cluster bigger = cluster;
+      bigger.gpus = cluster.gpus << k;
+      SearchSpace sp = space;
+      if (sp.global_batch > 0) sp.global_batch <<= k;
+      bool any = false;
+      for (const Plan& p : detail::all_plans(model, bigger, sp, o)) any = any || p.fits;
+      if (any) {
+        more = fourway::detail::cat(", or at least ", bigger.gpus,
+                                    " GPUs of this kind (at the same batch per GPU)");
+        break;
+      }
+    }
+    rec.missing = fourway::detail::cat(
+        "nothing fits on ", cluster.gpus, " × ", detail::gb(lean->memory_bytes),
+        ": the leanest mesh (", detail::describe(lean->strategy), ") needs ",
+        detail::gb(lean->worst().total()), " per GPU but ", detail::gb(lean->usable_bytes()),
+        " are usable; missing ", detail::gb(lean->worst().total() - lean->usable_bytes()),
+        " per GPU — use GPUs with at least ", detail::gb(need), more);
+    return rec;
+  }
+  const double fastest = seconds(rec.fitting.front());
+  auto complexity = [](const Plan& p) {
+    return (p.strategy.pp > 1 ? 1 : 0) + (p.strategy.tp > 1 ? 1 : 0);
+  };
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < rec.fitting.size(); ++i) {
+    const Plan& p = rec.fitting[i];
+    if (seconds(p) > fastest * (1.0 + space.prefer_within)) continue;
+    const Plan& b = rec.fitting[best];
+    const auto key = [&](const Plan& q) {
+      return std::tuple(complexity(q), q.strategy.pp, q.strategy.tp, seconds(q));
+    };
+    if (key(p) < key(b)) best = i;
+  }
+  rec.chosen = best;
+  const Plan& c = rec.fitting[best];
+  std::string why = fourway::detail::cat("recommended ", detail::describe(c.strategy), ": fits in ",
+                                         detail::gb(c.worst().total()), " of ",
+                                         detail::gb(c.usable_bytes()), " usable");
+  if (c.time) {
+    std::ostringstream os;
+    os << std::setprecision(3) << c.time->total_s;
+    why += fourway::detail::cat(", ", os.str(), " s/step");
+  }
+  if (complexity(c) == 0) {
+    why += best == 0
+               ? "; the fastest fitting mesh, and it needs no tensor or pipeline parallelism"
+               : fourway::detail::cat("; needs no tensor or pipeline parallelism and is within ",
+                                      static_cast<int>(std::lround(space.prefer_within * 100)),
+                                      "% of the fastest (",
+                                      detail::describe(rec.fitting.front().strategy), ")");
+  } else {
+    bool simpler_fits = false;
+    for (const Plan& p : rec.fitting) simpler_fits = simpler_fits || complexity(p) < complexity(c);
+    why += simpler_fits ? fourway::detail::cat(
+                              "; simpler meshes fit but are more than ",
+                              static_cast<int>(std::lround(space.prefer_within * 100)), "% slower")
+                        : "; no mesh with less tensor/pipeline parallelism fits, even with ZeRO-3 "
+                          "and full checkpointing";
+  }
+  rec.why = why;
+  return rec;
+}
+
+}  // namespace fourway::plan

@@ -1,0 +1,55 @@
+#include "fourway/plan/fourway_activation.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace fp = fourway::plan;
+
+namespace {
+// The stash of one block as contracts.md / layers/ lay it out, one entry per tensor, in elements
+// of the working type; the LayerNorm statistics are fp32 (4 B).
+std::int64_t block_by_tensor(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                             std::int64_t w) {
+  const std::vector<std::int64_t> working = {
+      B * T * C,       // ln_1.y
+      B * T * 3 * C,   // attn.c_attn.y (qkv)
+      B * NH * T * T,  // attn.att, the probabilities
+      B * T * C,       // attn.y
+      B * T * C,       // attn.c_proj.y
+      B * T * C,       // r = x + attn
+      B * T * C,       // ln_2.y
+      B * T * 4 * C,   // mlp.c_fc.y
+      B * T * 4 * C,   // mlp.gelu.y
+      B * T * C,       // mlp.c_proj.y
+      B * T * C,       // y
+  };
+  std::int64_t bytes = 0;
+  for (auto n : working) bytes += n * w;
+  return bytes + 4 * (B * T) * 4;  // ln_1 and ln_2: mean and rstd
+}
+}  // namespace
+
+TEST(FourwayActivation, BlockAndWholeModelByTensor) {
+  for (auto p : {fp::Precision::fp32, fp::Precision::bf16}) {
+    const std::int64_t w = p == fp::Precision::fp32 ? 4 : 2;
+    const fp::GptActivationShape x{3, 17, 24, 4, 101, 5, p};
+    EXPECT_EQ(fp::fourway_block_activation_bytes(x), block_by_tensor(3, 17, 24, 4, w));
+    const std::int64_t emb = 3 * 17 * 24 * w;
+    const std::int64_t head = 3 * 17 * 24 * w + 2 * 3 * 17 * 4 + 3 * 17 * 101 * w + 3 * 17 * 4;
+    EXPECT_EQ(fp::fourway_activation_bytes(x, false),
+              emb + 5 * block_by_tensor(3, 17, 24, 4, w) + head);
+    EXPECT_EQ(fp::fourway_activation_bytes(x, true),
+              emb + 5 * 3 * 17 * 24 * w + std::max(block_by_tensor(3, 17, 24, 4, w), head));
+  }
+}
+
+TEST(FourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
+  const fp::GptActivationShape x{4, 64, 128, 4, 512, 12, fp::Precision::fp32};
+  const auto full = fp::fourway_activation_bytes(x, false);
+  const auto ckpt = fp::fourway_activation_bytes(x, true);
+  EXPECT_LT(ckpt, full / 4);  // 12 blocks of ~(18 + NH·T/C) BTC shrink to one BTC each
+  EXPECT_THROW((void)fp::fourway_activation_bytes(fp::GptActivationShape{}, false),
+               fourway::ConfigError);
+}

@@ -1,0 +1,176 @@
+#include "fourway/plan/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fw = fourway;
+namespace fp = fourway::plan;
+
+namespace {
+fp::Cluster cluster(int gpus, fp::Hardware hw = fp::h100) { return fp::Cluster{hw, gpus}; }
+
+std::string error_of(const fp::Model& m, const fp::Cluster& c, const fp::Strategy& s) {
+  try {
+    (void)fp::make_plan(m, c, s);
+  } catch (const fw::ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+}  // namespace
+
+TEST(Planner, StatesOfEveryStageAreTheModelStateFormula) {
+  const fp::Model m{fp::gpt2_350m, 0};
+  fp::Strategy s{.dp = 2, .tp = 2, .pp = 2, .zero = 2, .micro_batch = 2, .micro_batches = 4};
+  const auto p = fp::make_plan(m, cluster(8), s);
+  ASSERT_EQ(p.stages.size(), 2u);
+  for (int st = 0; st < 2; ++st) {
+    const auto& sp = p.stages[static_cast<std::size_t>(st)];
+    EXPECT_EQ(sp.params, fp::stage_params(fp::gpt2_350m, 2, 2, st));
+    EXPECT_EQ(sp.states, fp::model_state_bytes(sp.params, fp::Precision::bf16, 2, 2));
+    EXPECT_EQ(sp.in_flight, 2 - st);  // 1F1B
+  }
+  EXPECT_EQ(p.worst().total(), std::max(p.stages[0].total(), p.stages[1].total()));
+}
+
+TEST(Planner, ActivationsAreKorthikantiTimesMicroBatchesInFlight) {
+  const auto a = fp::gpt2_124m;
+  const fp::Model m{a, 0};
+  for (auto sched : {fp::Schedule::gpipe, fp::Schedule::one_f_one_b}) {
+    fp::Strategy s{.dp = 1,
+                   .tp = 2,
+                   .pp = 3,
+                   .micro_batch = 2,
+                   .micro_batches = 8,
+                   .schedule = sched,
+                   .sequence_parallel = true};
+    const auto p = fp::make_plan(m, cluster(6), s);
+    const fp::LayerShape x{1024, 2, 768, 12, 2};
+    const double layer = fp::korthikanti_layer_bytes(x, true, fp::Recompute::none);
+    const double first = 4 * layer + fp::korthikanti_embedding_bytes(x);
+    const double last = 4 * layer + fp::korthikanti_output_bytes(x, 50257);
+    const double k0 = sched == fp::Schedule::gpipe ? 8 : 3;
+    const double k2 = sched == fp::Schedule::gpipe ? 8 : 1;
+    EXPECT_DOUBLE_EQ(p.stages[0].activations, k0 * first);
+    EXPECT_DOUBLE_EQ(p.stages[2].activations, k2 * last);
+  }
+}
+
+TEST(Planner, ParamsOnlyModelsStatesAndNothingElse) {
+  const fp::Model m{std::nullopt, 7'500'000'000};
+  fp::Strategy s{.dp = 64, .zero = 1};
+  const auto p = fp::make_plan(m, cluster(64), s);
+  EXPECT_EQ(p.worst().states.total(), 30'000'000'000 + 12 * 117'187'500LL);
+  EXPECT_EQ(p.worst().activations, 0.0);
+  EXPECT_FALSE(p.time);
+  EXPECT_TRUE(p.fits);
+}
+
+TEST(Planner, StepTimeIsComputeOverAchievableFlopsWhenNothingElseCosts) {
+  const fp::Model m{fp::gpt2_124m, 0};
+  fp::Strategy s{.micro_batch = 4, .micro_batches = 2, .precision = fp::Precision::bf16};
+  fp::Options o;
+  o.achievable_tflops = 100;
+  const auto p = fp::make_plan(m, cluster(1), s, o);
+  ASSERT_TRUE(p.time);
+  const double tokens = 8.0 * 1024;
+  EXPECT_DOUBLE_EQ(p.time->total_s, fp::flops_per_token(fp::gpt2_124m) * tokens / 100e12);
+  EXPECT_EQ(p.time->bubble, 0.0);
+  EXPECT_DOUBLE_EQ(p.time->tokens_per_s, tokens / p.time->total_s);
+  EXPECT_DOUBLE_EQ(p.time->mfu, 100.0 / 989.0);
+}
+
+TEST(Planner, PipelineStepIncludesTheBubble) {
+  const fp::Model m{fp::gpt2_shape(8, 512, 8, 1000, 256), 0};
+  fp::Options o;
+  o.achievable_tflops = 100;
+  fp::Hardware fast = fp::h100;
+  fast.nvlink = fp::Link{1e12, 0};  // communication free
+  fp::Strategy s{.pp = 4, .micro_batches = 12};
+  const auto p = fp::make_plan(m, fp::Cluster{fast, 4}, s, o);
+  double slot = 0;
+  for (int i = 0; i < 4; ++i)
+    slot = std::max(slot, fp::stage_flops_per_token(*m.arch, 1, 4, i) * 256 / 100e12);
+  EXPECT_NEAR(p.time->total_s, 15 * slot, 1e-9 * p.time->total_s);
+  EXPECT_DOUBLE_EQ(p.time->bubble, 3.0 / 15.0);
+}
+
+TEST(Planner, MeshesThatCannotExistAreConfigErrors) {
+  const fp::Model g{fp::gpt2_124m, 0};
+  EXPECT_TRUE(
+      contains(error_of(g, cluster(0), fp::Strategy{}), "0 GPUs; a plan needs at least one"));
+  EXPECT_TRUE(contains(error_of(g, cluster(8), fp::Strategy{.dp = 2, .tp = 2}),
+                       "dp × tp × pp = 2 × 2 × 1 = 4 but the cluster has 8 GPUs"));
+  EXPECT_TRUE(contains(error_of(fp::Model{fp::gpt2_1558m, 0}, cluster(2), fp::Strategy{.tp = 2}),
+                       "tensor parallelism 2 does not divide the 25 attention heads"));
+  EXPECT_TRUE(contains(error_of(g, cluster(16), fp::Strategy{.pp = 16}),
+                       "16 pipeline stages for 12 layers"));
+  EXPECT_TRUE(contains(error_of(g, cluster(1), fp::Strategy{.micro_batches = 0}),
+                       "0 micro-batches per step"));
+  EXPECT_TRUE(contains(error_of(fp::Model{std::nullopt, 0}, cluster(1), fp::Strategy{}),
+                       "the model has 0 parameters"));
+}
+
+TEST(Planner, RecommendRanksByStepTimeAndPrefersNoTensorOrPipelineParallelism) {
+  const fp::Model m{fp::llama2_13b, 0};
+  fp::SearchSpace sp;
+  sp.global_batch = 32;
+  const auto r = fp::recommend(m, cluster(16), sp);
+  ASSERT_TRUE(r.chosen);
+  ASSERT_GT(r.fitting.size(), 2u);
+  for (std::size_t i = 1; i < r.fitting.size(); ++i) {
+    EXPECT_LE(r.fitting[i - 1].time->total_s, r.fitting[i].time->total_s);
+    EXPECT_TRUE(r.fitting[i].fits);
+    EXPECT_EQ(r.fitting[i].strategy.global_batch(), 32);
+  }
+  const auto& c = r.fitting[*r.chosen];
+  EXPECT_LE(c.time->total_s, r.fitting.front().time->total_s * 1.10);
+  bool simple_fits = false, simple_within = false;
+  for (const auto& p : r.fitting) {
+    const bool simple = p.strategy.tp == 1 && p.strategy.pp == 1;
+    simple_fits = simple_fits || simple;
+    simple_within =
+        simple_within || (simple && p.time->total_s <= r.fitting.front().time->total_s * 1.10);
+  }
+  if (simple_within) {
+    EXPECT_EQ(c.strategy.tp, 1);
+    EXPECT_EQ(c.strategy.pp, 1);
+    EXPECT_TRUE(contains(r.why, "no tensor or pipeline parallelism")) << r.why;
+  }
+  EXPECT_TRUE(contains(r.why, "recommended dp=")) << r.why;
+
+  // prefer_within = 0: the fastest mesh, whatever it uses.
+  sp.prefer_within = 0;
+  const auto f = fp::recommend(m, cluster(16), sp);
+  EXPECT_DOUBLE_EQ(f.fitting[*f.chosen].time->total_s, f.fitting.front().time->total_s);
+}
+
+TEST(Planner, RecommendSaysWhatIsMissingWhenNothingFits) {
+  const fp::Model m{std::nullopt, 70'000'000'000};
+  const auto r = fp::recommend(m, cluster(8), fp::SearchSpace{});
+  EXPECT_FALSE(r.chosen);
+  EXPECT_TRUE(contains(r.missing, "nothing fits on 8 × 80.0 GB")) << r.missing;
+  // ZeRO-3 over 8 GPUs holds 16·70e9/8 = 140 GB per GPU; 76 GB are usable.
+  EXPECT_TRUE(contains(r.missing, "needs 140.0 GB per GPU but 76.0 GB are usable")) << r.missing;
+  EXPECT_TRUE(contains(r.missing, "at least 16 GPUs")) << r.missing;
+  const auto bigger = fp::recommend(m, cluster(16), fp::SearchSpace{});
+  EXPECT_TRUE(bigger.chosen);
+}
+
+TEST(Planner, RecommendTakesTheSimpleMeshWhenItIsCloseEnough) {
+  fp::SearchSpace sp;
+  sp.micro_batch = 4;
+  const auto r = fp::recommend(fp::Model{fp::gpt2_774m, 0}, cluster(8), sp);
+  ASSERT_TRUE(r.chosen);
+  const auto& c = r.fitting[*r.chosen];
+  EXPECT_EQ(c.strategy.tp, 1);
+  EXPECT_EQ(c.strategy.pp, 1);
+  EXPECT_EQ(c.strategy.dp, 8);
+  EXPECT_LE(c.time->total_s, r.fitting.front().time->total_s * 1.10);
+  EXPECT_TRUE(contains(r.why, "no tensor or pipeline parallelism")) << r.why;
+}

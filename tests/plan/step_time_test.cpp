@@ -1,0 +1,55 @@
+#include "fourway/plan/step_time.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace fp = fourway::plan;
+
+// Narayanan et al. 2021 eq. (3): F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·h·l)) per iteration, and
+// with full recomputation 96·B·s·l·h²·(1 + s/(6h) + V/(16·h·l)). They count 12h² per block;
+// GPT-2's blocks also hold 13h biases and norms, a relative 13/(12h) difference.
+TEST(StepTime, FlopsPerTokenMatchNarayananEquationThree) {
+  for (const auto& a : {fp::gpt2_124m, fp::gpt2_1558m}) {
+    const double s = static_cast<double>(a.seq), h = static_cast<double>(a.hidden),
+                 l = static_cast<double>(a.layers), v = static_cast<double>(a.vocab);
+    const double narayanan = 72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * h * l)) / s;
+    EXPECT_NEAR(fp::flops_per_token(a) / narayanan, 1.0, 13.0 / (12 * h)) << a.name;
+    const double recompute = 96 * s * l * h * h * (1 + s / (6 * h) + v / (16 * h * l)) / s;
+    EXPECT_NEAR(fp::flops_per_token(a, fp::Recompute::full) / recompute, 1.0, 13.0 / (12 * h))
+        << a.name;
+  }
+}
+
+TEST(StepTime, StagesSumToTheModelOverTp) {
+  for (int p : {1, 2, 4, 12}) {
+    for (int t : {1, 2, 4}) {
+      for (auto r : {fp::Recompute::none, fp::Recompute::selective, fp::Recompute::full}) {
+        double sum = 0;
+        for (int i = 0; i < p; ++i) sum += fp::stage_flops_per_token(fp::gpt2_124m, t, p, i, r);
+        EXPECT_NEAR(sum, fp::flops_per_token(fp::gpt2_124m, r) / t,
+                    1e-12 * fp::flops_per_token(fp::gpt2_124m, r));
+      }
+    }
+  }
+}
+
+// The bubble from an explicit GPipe timeline: forward of micro-batch j on stage i at slot i + j,
+// backward mirrored after all forwards; count the slots where stage 0 idles.
+TEST(StepTime, BubbleMatchesAnExplicitTimeline) {
+  for (int p : {1, 2, 4, 8}) {
+    for (int m : {1, 3, 8, 32}) {
+      const int slots = 2 * (m + p - 1);
+      std::vector<int> busy(static_cast<std::size_t>(slots), 0);
+      for (int j = 0; j < m; ++j) {
+        busy[static_cast<std::size_t>(0 + j)] = 1;                    // forward on stage 0
+        busy[static_cast<std::size_t>(m + p - 1 + (p - 1) + j)] = 1;  // backward on stage 0
+      }
+      int idle = 0;
+      for (int b : busy) idle += b == 0;
+      EXPECT_DOUBLE_EQ(static_cast<double>(idle) / slots, fp::bubble_fraction(p, m))
+          << p << " " << m;
+    }
+  }
+  EXPECT_THROW((void)fp::bubble_fraction(4, 0), fourway::ConfigError);
+}
