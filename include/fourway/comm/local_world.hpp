@@ -156,21 +156,8 @@ struct LocalGroup {
   [[nodiscard]] std::string header() const { return detail::cat("group '", name, "' (", size, " ranks)"); }
 };
 
-/// "all_reduce(fp32, count 12, sum)", the way messages show a call.
-inline std::string describe_call(CommOp op, Dtype dtype, std::int64_t count, ReduceOp reduce,
-                                 int root) {
-  std::ostringstream os;
-  os << comm_op_name(op);
-  if (op == CommOp::barrier || op == CommOp::split) return os.str();
-  os << "(" << dtype_name(dtype) << ", count " << count;
-  if (op == CommOp::all_reduce || op == CommOp::reduce_scatter) os << ", " << reduce_op_name(reduce);
-  if (op == CommOp::broadcast) os << ", root " << root;
-  os << ")";
-  return os.str();
-}
-inline std::string describe_slot(const LocalSlot& s) {
-  return describe_call(s.op, s.dtype, s.count, s.reduce, s.root);
-}
+inline CallDesc call_of(const LocalSlot& s) { return {s.op, s.dtype, s.count, s.reduce, s.root}; }
+inline std::string describe_slot(const LocalSlot& s) { return describe_call(call_of(s)); }
 
 /// Accumulator of a reduction: fp32 for 16-bit floats, int64 (wrapping) for integers.
 template <class T>
@@ -579,33 +566,12 @@ class LocalComm {
   /// Every rank compares every slot with rank 0's and throws the same CommMismatch.
   void verify(const detail::LocalSlot& me) const {
     auto& group = g();
-    const auto& slots = group.slots[me.seq % 2];
-    const auto& ref = slots[0];
-    std::ostringstream diff;
-    bool bad = false;
-    for (int q = 1; q < group.size; ++q) {
-      const auto& s = slots[static_cast<std::size_t>(q)];
-      std::vector<std::string> fields;
-      if (s.op != ref.op) fields.emplace_back("op");
-      if (s.op == ref.op && s.op != CommOp::barrier && s.op != CommOp::split) {
-        if (s.dtype != ref.dtype) fields.emplace_back("dtype");
-        if (s.count != ref.count) fields.emplace_back("count");
-        if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) && s.reduce != ref.reduce) {
-          fields.emplace_back("reduce op");
-        }
-        if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
-      }
-      if (fields.empty()) continue;
-      bad = true;
-      diff << "; " << group.who(q) << " called " << detail::describe_slot(s) << " (";
-      for (std::size_t i = 0; i < fields.size(); ++i) diff << (i ? ", " : "") << fields[i];
-      diff << " differ)";
-    }
-    if (bad) {
+    std::vector<detail::CallDesc> calls;
+    for (const auto& s : group.slots[me.seq % 2]) calls.push_back(detail::call_of(s));
+    const std::string report = detail::mismatch_report(calls, [&](int q) { return group.who(q); });
+    if (!report.empty()) {
       throw CommMismatch(detail::cat("fourway: CommMismatch in ", group.header(), " at collective #",
-                             me.seq, ": ", group.who(0), " called ", detail::describe_slot(ref),
-                             diff.str(), ". Every rank of a group must make the same collective "
-                             "calls in the same order"));
+                                     me.seq, ": ", report));
     }
   }
 
