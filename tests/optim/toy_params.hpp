@@ -20,6 +20,7 @@ struct Param {
   fw::Tensor<T, fw::Host> weight;
   fw::Tensor<T, fw::Host> grad;
   bool decay = false;
+  [[nodiscard]] std::int64_t numel() const { return weight.numel(); }
 };
 
 /// Parameters of the given shapes (1-D tensors do not decay), weights ~ U(-1, 1), grads ~ N(0, 1).

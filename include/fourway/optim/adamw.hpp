@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "fourway/core/error.hpp"
 #include "fourway/optim/dispatch.hpp"
@@ -75,7 +76,8 @@ class AdamW {
   /// `lr`; gradients are multiplied by `grad_scale` first. Advances `state.step()`.
   template <class T, class B>
   void update(const Context<B>& ctx, MasterState<T, B>& state,
-              std::span<const SegmentBinding<T>> bindings, float lr, float grad_scale) const {
+              std::type_identity_t<std::span<const SegmentBinding<T>>> bindings, float lr,
+              float grad_scale) const {
     const auto segs = state.segments();
     check<ConfigError>(bindings.size() == segs.size(), "fourway: AdamW got ", bindings.size(),
                        " segment bindings for an optimizer state of ", segs.size(), " segments");

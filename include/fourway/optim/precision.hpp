@@ -25,6 +25,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/ops.hpp"
 #include "fourway/optim/dispatch.hpp"
 
 namespace fourway {
@@ -89,8 +90,8 @@ class MasterState {
     if constexpr (keeps_master) master_ = Tensor<float, B>({n}, MemTag::master_weights, mem);
     m_ = Tensor<float, B>({n}, MemTag::optimizer_state, mem);
     v_ = Tensor<float, B>({n}, MemTag::optimizer_state, mem);
-    detail::optim_ops<B>::fill(ctx, m_.data(), n, 0.0f);
-    detail::optim_ops<B>::fill(ctx, v_.data(), n, 0.0f);
+    Ops<B>::fill(ctx, m_.data(), n, 0.0f);
+    Ops<B>::fill(ctx, v_.data(), n, 0.0f);
   }
 
   /// Copies (widens) the working weights of segment `i` into its fp32 master; no-op in fp32.

@@ -36,11 +36,14 @@
 #include <concepts>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/parameter.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
 #include "fourway/optim/dispatch.hpp"
@@ -98,7 +101,8 @@ concept training_strategy = requires(S& s, const S& cs, const StepControl& c, in
 template <class T, class B>
 StepReport apply_optimizer_step(const Context<B>& ctx, const AdamW& optimizer,
                                 MasterState<T, B>& state, const StepControl& c, StepReport r,
-                                double sum_squares, std::span<const SegmentBinding<T>> bindings) {
+                                double sum_squares,
+                                std::type_identity_t<std::span<const SegmentBinding<T>>> bindings) {
   if (r.found_inf) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
@@ -146,9 +150,7 @@ class SingleRank {
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
   void begin_step() {
-    model_->visit_parameters([&](auto& p) {
-      detail::optim_ops<B>::fill(*ctx_, p.grad.data(), p.grad.numel(), convert<param_type>(0.0f));
-    });
+    zero_grad(*ctx_, *model_);
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}

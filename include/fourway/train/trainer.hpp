@@ -1,0 +1,206 @@
+//! `Trainer<Strategy>`: one optimizer step over a *global* batch, on any mesh.
+//!
+//! The trainer owns the strategy (built in place from the constructor's arguments), the loss
+//! scaler and the micro-batch loop; the strategy owns gradient reduction, optimizer state and
+//! parameter placement (train/strategy.hpp has the picture). The global batch of B sequences of
+//! T tokens is split first over the data-parallel ranks, then into micro-batches:
+//!
+//!   rows:  | rank 0: mb 0 | mb 1 | ... | rank 1: mb 0 | mb 1 | ... | ...
+//!          rank r, micro-batch i holds rows [r·B/dp + i·b, r·B/dp + (i+1)·b),  b = B/(dp·M)
+//!
+//! Every micro-batch's backward gets the factor `loss_scale · b / B`, so the gradients summed
+//! over micro-batches and ranks are those of the mean loss over all B·T targets, whatever dp and
+//! M are; the loss `step` returns is that mean too (identical on every rank). B must divide by
+//! dp·M (a ConfigError names the numbers otherwise).
+//!
+//! A model for the trainer has `value_type`, `backend_type`, `Stash`, `visit_parameters`, and
+//!   float forward(ctx, tokens, targets, stash, hooks)   tokens, targets: Tensor<int32_t,B> (b, T)
+//!   void  backward(ctx, stash, grad_scale, hooks)       grads += d(grad_scale · mean loss)/dθ
+//! as `fw::models::Gpt` does.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
+#include "fourway/core/tensor.hpp"
+#include "fourway/layers/ops.hpp"
+#include "fourway/optim/loss_scaler.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/train/strategy.hpp"
+
+namespace fourway {
+
+/// A model the Trainer can train (see the file comment).
+template <class M>
+concept trainable_model = requires(M& m, const Context<typename M::backend_type>& ctx,
+                                   const Tensor<std::int32_t, typename M::backend_type>& tok,
+                                   typename M::Stash& s, NoHooks& h, float g) {
+  typename M::value_type;
+  typename M::backend_type;
+  typename M::Stash;
+  { m.forward(ctx, tok, tok, s, h) } -> std::convertible_to<float>;
+  m.backward(ctx, s, g, h);
+};
+
+/// The global batch, in host memory: `inputs` and `targets` are (B, T) row-major token ids.
+struct Batch {
+  std::span<const std::int32_t> inputs;
+  std::span<const std::int32_t> targets;
+  std::int64_t B = 0;
+  std::int64_t T = 0;
+};
+
+/// A global batch that owns its tokens, cut from B rows of T + 1 consecutive tokens each
+/// (inputs are a row's first T tokens, targets its last T, as llm.c and nanoGPT do).
+struct TokenBatch {
+  std::vector<std::int32_t> inputs;
+  std::vector<std::int32_t> targets;
+  std::int64_t B = 0;
+  std::int64_t T = 0;
+
+  static TokenBatch from_rows(std::span<const std::int32_t> rows, std::int64_t B,
+                              std::int64_t T) {
+    check<ShapeError>(B >= 1 && T >= 1 && static_cast<std::int64_t>(rows.size()) == B * (T + 1),
+                      "fourway: a batch of B=", B, " rows of T+1=", T + 1, " tokens needs ",
+                      B * (T + 1), " tokens, got ", rows.size());
+    TokenBatch b;
+    b.B = B;
+    b.T = T;
+    for (std::int64_t r = 0; r < B; ++r) {
+      const auto row = rows.subspan(static_cast<std::size_t>(r * (T + 1)),
+                                    static_cast<std::size_t>(T + 1));
+      b.inputs.insert(b.inputs.end(), row.begin(), row.end() - 1);
+      b.targets.insert(b.targets.end(), row.begin() + 1, row.end());
+    }
+    return b;
+  }
+  [[nodiscard]] Batch view() const { return Batch{inputs, targets, B, T}; }
+};
+
+struct TrainerOptions {
+  int micro_batches = 1;                // per data-parallel rank and step (gradient accumulation)
+  LossScalerConfig loss_scaler{};       // used when the precision is fp16
+};
+
+template <training_strategy S>
+class Trainer {
+ public:
+  using strategy_type = S;
+  using model_type = typename S::model_type;
+  using precision_type = typename S::precision_type;
+  using backend_type = typename S::backend_type;
+  using B = backend_type;
+  static_assert(trainable_model<model_type>,
+                "fourway: the strategy's model_type does not model fw::trainable_model (forward "
+                "with tokens and targets returning the mean loss, backward with a grad scale)");
+  static_assert(std::is_same_v<typename model_type::value_type,
+                               typename precision_type::param_type>,
+                "fourway: the model's element type differs from Precision<T>; build the model "
+                "with the precision's element type");
+
+  /// Builds the strategy in place from `strategy_args` (e.g. ctx, model, AdamW for SingleRank).
+  template <class... Args>
+  explicit Trainer(TrainerOptions opts, Args&&... strategy_args)
+      : opts_(opts),
+        strategy_(std::forward<Args>(strategy_args)...),
+        scaler_(precision_type::loss_scaling ? LossScaler::dynamic(opts.loss_scaler)
+                                             : LossScaler::none()) {
+    check<ConfigError>(opts_.micro_batches >= 1, "fourway: micro_batches must be >= 1, got ",
+                       opts_.micro_batches);
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// One optimizer step on the global batch; returns its mean loss (the same on every rank).
+  float step(const Batch& batch) {
+    const int dp = strategy_.dp_size();
+    const int M = opts_.micro_batches;
+    check<ConfigError>(batch.B >= 1 && batch.T >= 1 &&
+                           static_cast<std::int64_t>(batch.inputs.size()) == batch.B * batch.T &&
+                           static_cast<std::int64_t>(batch.targets.size()) == batch.B * batch.T,
+                       "fourway: a batch of B=", batch.B, " x T=", batch.T, " needs ",
+                       batch.B * batch.T, " inputs and targets, got ", batch.inputs.size(),
+                       " and ", batch.targets.size());
+    check<ConfigError>(batch.B % (static_cast<std::int64_t>(dp) * M) == 0,
+                       "fourway: the global batch of B=", batch.B,
+                       " sequences does not split into ", dp, " data-parallel ranks x ", M,
+                       " micro-batches; use a B that is a multiple of ",
+                       static_cast<std::int64_t>(dp) * M);
+    const std::int64_t b = batch.B / (static_cast<std::int64_t>(dp) * M);
+    const std::int64_t T = batch.T;
+    const float loss_scale = scaler_.scale();
+    const auto grad_scale = static_cast<float>(static_cast<double>(loss_scale) *
+                                               static_cast<double>(b) /
+                                               static_cast<double>(batch.B));
+    const auto& ctx = strategy_.context();
+    model_type& model = strategy_.model();
+
+    strategy_.begin_step();
+    double local_sum = 0.0;
+    for (int i = 0; i < M; ++i) {
+      strategy_.begin_micro_batch(i, M);
+      const std::int64_t first = (strategy_.dp_rank() * static_cast<std::int64_t>(M) + i) * b;
+      const auto off = static_cast<std::size_t>(first * T);
+      const auto n = static_cast<std::size_t>(b * T);
+      auto tokens = stage(ctx, inputs_, batch.inputs.subspan(off, n), b, T);
+      auto targets = stage(ctx, targets_, batch.targets.subspan(off, n), b, T);
+      const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
+      model.backward(ctx, stash_, grad_scale, strategy_.hooks());
+      local_sum += static_cast<double>(loss) * static_cast<double>(b);
+      strategy_.end_micro_batch(i, M);
+    }
+    const double total = strategy_.sum_over_data_parallel(local_sum);
+    const StepControl control{strategy_.optimizer().lr_at(iteration_), loss_scale,
+                              precision_type::loss_scaling};
+    report_ = strategy_.finish_step(control);
+    scaler_.update(report_.found_inf);
+    ++iteration_;
+    return static_cast<float>(total / static_cast<double>(batch.B));
+  }
+
+  [[nodiscard]] S& strategy() { return strategy_; }
+  [[nodiscard]] model_type& model() { return strategy_.model(); }
+  /// This rank's accountant (bytes per tag: weights, grads, master_weights, optimizer_state...).
+  [[nodiscard]] MemoryAccountant& memory() const { return strategy_.context().memory(); }
+  [[nodiscard]] const LossScaler& loss_scaler() const { return scaler_; }
+  /// What the last step did: skipped or not, gradient norm, clip coefficient.
+  [[nodiscard]] const StepReport& last_report() const { return report_; }
+  /// Calls of `step` so far (skipped fp16 steps included); the learning-rate schedule's index.
+  [[nodiscard]] long iteration() const { return iteration_; }
+  [[nodiscard]] const TrainerOptions& options() const { return opts_; }
+
+ private:
+  /// The micro-batch's tokens as a (b, T) tensor of the backend: a view of the host batch on
+  /// Host, a copy into a reused device buffer otherwise.
+  static Tensor<std::int32_t, B> stage(const Context<B>& ctx, Tensor<std::int32_t, B>& buffer,
+                                       std::span<const std::int32_t> src, std::int64_t b,
+                                       std::int64_t T) {
+    if constexpr (!B::on_device) {
+      (void)ctx, (void)buffer;
+      return Tensor<std::int32_t, B>::view_of(const_cast<std::int32_t*>(src.data()), Shape{b, T});
+    } else {
+      if (buffer.numel() != b * T) {
+        buffer = Tensor<std::int32_t, B>(Shape{b, T}, MemTag::activations, ctx.memory());
+      }
+      Ops<B>::from_host(ctx, buffer.data(), src.data(), b * T);
+      return buffer.view(Shape{b, T});
+    }
+  }
+
+  TrainerOptions opts_;
+  S strategy_;
+  LossScaler scaler_;
+  typename model_type::Stash stash_{};
+  Tensor<std::int32_t, B> inputs_;
+  Tensor<std::int32_t, B> targets_;
+  StepReport report_{};
+  long iteration_ = 0;
+};
+
+}  // namespace fourway
