@@ -1,0 +1,189 @@
+// Shared by the parallel tests: a tiny GPT trained by the one-rank reference (SingleRank) or by
+// ShardedStrategy<Stage> on a LocalWorld of N ranks, with everything the tests compare.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "fourway/comm/counting.hpp"
+#include "fourway/comm/local_world.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/parallel/data_parallel.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fw = fourway;
+
+namespace h8 {
+
+/// Odd sizes on purpose: no unit, bucket or the whole model divides by 3, 4 or 8.
+inline fw::models::GptConfig tiny_gpt(bool checkpoint = false) {
+  fw::models::GptConfig c;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 12;
+  c.vocab = 37;
+  c.max_seq = 9;
+  c.checkpoint = checkpoint;
+  return c;
+}
+inline constexpr std::int64_t kBatch = 24;  // divides by 1, 2, 3, 4, 8 ranks (x 1 or 2 micro-batches at <= 4)
+inline constexpr std::int64_t kSeq = 5;
+inline constexpr std::uint64_t kSeed = 20261129;
+
+inline fw::AdamW adamw() {
+  fw::AdamWConfig c;
+  c.lr = 1e-2f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.weight_decay = 0.1f;
+  c.max_grad_norm = 1.0f;  // active: the global norm of these gradients is above 1 early on
+  return fw::AdamW(c);
+}
+
+/// The global batch of step `step`: random tokens, the same for every mesh.
+inline fw::TokenBatch batch(int step) {
+  std::mt19937 rng(1000u + static_cast<unsigned>(step));
+  std::uniform_int_distribution<int> tok(0, tiny_gpt().vocab - 1);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(kBatch * (kSeq + 1)));
+  for (auto& t : rows) t = tok(rng);
+  return fw::TokenBatch::from_rows(rows, kBatch, kSeq);
+}
+
+struct RunConfig {
+  int stage = 0;
+  int ranks = 1;
+  int steps = 20;
+  int micro_batches = 1;
+  bool checkpoint = false;
+  std::int64_t bucket_bytes = 512;  // several buckets for this model
+  bool overlap = true;
+  fw::LossScalerConfig scaler{};
+  int measure_step = 1;  // the step whose communication is counted
+};
+
+struct RankResult {
+  std::array<std::size_t, 4> state_bytes{};  // weights, grads, master_weights, optimizer_state
+  double step_bytes = 0;                     // ring bytes sent in group "dp" in measure_step
+  std::size_t peak_weights = 0;              // accountant peak of MemTag::weights while training
+  std::int64_t gathered_peak = 0;
+  std::int64_t max_unit_bytes = 0;           // largest gathered set of one unit (stage 3)
+  std::int64_t shard_elements = 0;
+  long skipped = 0;
+  std::vector<float> losses;
+};
+
+struct RunResult {
+  std::vector<float> losses;                 // rank 0
+  std::vector<std::vector<float>> params;    // rank 0, gathered, visit order
+  std::vector<std::string> names;            // of the parameters
+  std::vector<RankResult> ranks;
+};
+
+template <class T>
+std::vector<std::vector<float>> model_params(fw::models::Gpt<T, fw::Host>& m) {
+  std::vector<std::vector<float>> out;
+  m.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
+    auto& v = out.emplace_back(static_cast<std::size_t>(p.numel()));
+    for (std::int64_t i = 0; i < p.numel(); ++i) v[static_cast<std::size_t>(i)] = fw::convert<float>(p.weight[i]);
+  });
+  return out;
+}
+
+/// The one-rank reference.
+template <class T>
+RunResult run_single(const RunConfig& rc) {
+  fw::MemoryAccountant mem(0);
+  fw::Context<fw::Host> ctx(mem);
+  fw::models::Gpt<T, fw::Host> model(ctx, tiny_gpt(rc.checkpoint), kSeed);
+  fw::TrainerOptions opts;
+  opts.micro_batches = rc.micro_batches;
+  opts.loss_scaler = rc.scaler;
+  fw::Trainer<fw::SingleRank<fw::models::Gpt<T, fw::Host>, fw::Precision<T>, fw::Host>> t(
+      opts, ctx, model, adamw());
+  RunResult r;
+  r.ranks.resize(1);
+  for (int s = 0; s < rc.steps; ++s) r.losses.push_back(t.step(batch(s).view()));
+  r.ranks[0].skipped = t.loss_scaler().skipped_steps();
+  r.params = model_params(model);
+  model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.names.push_back(p.name); });
+  return r;
+}
+
+template <class T, int Stage>
+RunResult run_stage(const RunConfig& rc) {
+  using Model = fw::models::Gpt<T, fw::Host>;
+  using Comm = fw::Counting<fw::LocalComm>;
+  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, fw::Host, Comm>;
+  RunResult r;
+  r.ranks.resize(static_cast<std::size_t>(rc.ranks));
+  std::mutex mu;
+  fw::launch<fw::LocalWorld>(rc.ranks, [&](fw::World<fw::LocalWorld>& w) {
+    Comm dp(w.comm().split(0, w.rank(), "dp"));
+    Model model(w.ctx(), tiny_gpt(rc.checkpoint), kSeed);
+    fw::TrainerOptions opts;
+    opts.micro_batches = rc.micro_batches;
+    opts.loss_scaler = rc.scaler;
+    fw::ShardedOptions so;
+    so.bucket_bytes = rc.bucket_bytes;
+    so.overlap = rc.overlap;
+    fw::Trainer<S> t(opts, w.ctx(), model, dp, adamw(), so);
+    w.memory().reset_peak();
+    t.strategy().reset_gathered_peak();
+    RankResult rr;
+    for (int s = 0; s < rc.steps; ++s) {
+      if (s == rc.measure_step) dp.counters().reset();
+      rr.losses.push_back(t.step(batch(s).view()));
+      if (s == rc.measure_step) rr.step_bytes = dp.counters().bytes_sent("dp");
+    }
+    auto& m = w.memory();
+    rr.state_bytes = {m.current(fw::MemTag::weights), m.current(fw::MemTag::grads),
+                      m.current(fw::MemTag::master_weights),
+                      m.current(fw::MemTag::optimizer_state)};
+    rr.peak_weights = m.peak(fw::MemTag::weights);
+    rr.gathered_peak = t.strategy().gathered_peak_bytes();
+    rr.shard_elements = t.strategy().layout().shard();
+    rr.skipped = t.loss_scaler().skipped_steps();
+    for (int u = 0; u < model.units(); ++u) {
+      std::int64_t b = 0;
+      for (int s : t.strategy().unit_segments(u)) {
+        b += t.strategy().layout().segment(s).padded * static_cast<std::int64_t>(sizeof(T));
+      }
+      rr.max_unit_bytes = std::max(rr.max_unit_bytes, b);
+    }
+    auto params = t.strategy().gather_full_parameters();
+    std::lock_guard lock(mu);
+    if (w.rank() == 0) {
+      r.losses = rr.losses;
+      r.params = std::move(params);
+    }
+    r.ranks[static_cast<std::size_t>(w.rank())] = std::move(rr);
+  });
+  return r;
+}
+
+template <class T>
+RunResult run(const RunConfig& rc) {
+  switch (rc.stage) {
+    case 0: return run_stage<T, 0>(rc);
+    case 1: return run_stage<T, 1>(rc);
+    case 2: return run_stage<T, 2>(rc);
+    default: return run_stage<T, 3>(rc);
+  }
+}
+
+/// ||a - b|| / ||b|| over one tensor.
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace h8
