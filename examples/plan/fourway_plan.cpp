@@ -4,7 +4,7 @@
 // activations), whether it fits, the estimated step time and the traffic per step; --recommend
 // searches every mesh of the cluster. Exit status: 0 fits (or a recommendation was found),
 // 1 does not fit (or nothing fits), 2 bad input. See docs/plan.md.
-#include <charconv>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -78,32 +78,31 @@ std::int64_t parse_count(std::string_view flag, const std::string& v) {
   if (v.empty()) bad(std::string(flag) + " expects a number, got ''");
   double scale = 1;
   std::string num = v;
-  switch (v.back()) {
-    case 'K':
-    case 'k':
-      scale = 1e3;
-      num.pop_back();
-      break;
-    case 'M':
-    case 'm':
-      scale = 1e6;
-      num.pop_back();
-      break;
-    case 'B':
-    case 'b':
-    case 'G':
-    case 'g':
-      scale = 1e9;
-      num.pop_back();
-      break;
-    case 'T':
-    case 't':
-      scale = 1e12;
-      num.pop_back();
-      break;
-    default: break;
+  const bool digit_before =
+      v.size() >= 2 &&
+      (std::isdigit(static_cast<unsigned char>(v[v.size() - 2])) != 0 || v[v.size() - 2] == '.');
+  if (digit_before) {
+    switch (v.back()) {
+      case 'K':
+      case 'k': scale = 1e3; break;
+      case 'M':
+      case 'm': scale = 1e6; break;
+      case 'B':
+      case 'b':
+      case 'G':
+      case 'g': scale = 1e9; break;
+      case 'T':
+      case 't': scale = 1e12; break;
+      default: break;
+    }
+    if (scale != 1) num.pop_back();
   }
-  const double x = parse_double(flag, num) * scale;
+  char* end = nullptr;
+  const double parsed = std::strtod(num.c_str(), &end);
+  if (num.empty() || end != num.c_str() + num.size() || !std::isfinite(parsed)) {
+    bad(std::string(flag) + " expects a number, got '" + v + "'");
+  }
+  const double x = parsed * scale;
   if (x != std::floor(x) || std::fabs(x) > 9.0e18) {
     bad(std::string(flag) + " expects a whole number, got '" + v + "'");
   }

@@ -1,0 +1,135 @@
+// The planner against the runtime: model-state bytes equal the memory accountant's exactly, and
+// fourway's activation model matches the measured peak of MemTag::activations (within 10%, the
+// contract of DESIGN.md law 3; today it is byte for byte, and the test says so).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "fourway/backend/host/backend.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/plan/architecture.hpp"
+#include "fourway/plan/fourway_activation.hpp"
+#include "fourway/plan/model_state.hpp"
+#include "fourway/train/strategy.hpp"
+
+namespace fw = fourway;
+namespace fp = fourway::plan;
+using fw::Host;
+using fw::MemTag;
+
+namespace {
+
+template <class T>
+constexpr fp::Precision precision_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return fp::Precision::fp32;
+  else if constexpr (std::is_same_v<T, fw::bf16>)
+    return fp::Precision::bf16;
+  else
+    return fp::Precision::fp16;
+}
+
+struct Measured {
+  std::int64_t params = 0;
+  fp::ModelStateBytes states;
+  fp::ModelStateBytes states_after_step;
+  std::int64_t activation_peak = 0;
+  std::int64_t activations_left = 0;
+};
+
+// Builds the GPT and the one-rank strategy, then runs one training step of `micro_batches`
+// micro-batches of B sequences of T tokens, measuring the accountant.
+template <class T>
+Measured one_rank_step(const fw::models::GptConfig& cfg, std::int64_t B, std::int64_t Tn,
+                       int micro_batches) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  fw::models::Gpt<T, Host> gpt(ctx, cfg, 11);
+  fw::SingleRank<fw::models::Gpt<T, Host>, fw::Precision<T>, Host> strategy(ctx, gpt);
+  auto states = [&] {
+    return fp::ModelStateBytes{static_cast<std::int64_t>(mem.current(MemTag::weights)),
+                               static_cast<std::int64_t>(mem.current(MemTag::grads)),
+                               static_cast<std::int64_t>(mem.current(MemTag::master_weights)),
+                               static_cast<std::int64_t>(mem.current(MemTag::optimizer_state))};
+  };
+  Measured r;
+  r.params = gpt.num_parameters();
+  r.states = states();
+
+  std::mt19937_64 g(5);
+  fw::Tensor<std::int32_t, Host> tok({B, Tn}, MemTag::workspace, mem);
+  fw::Tensor<std::int32_t, Host> tgt({B, Tn}, MemTag::workspace, mem);
+  mem.reset_peak();
+  strategy.begin_step();
+  for (int i = 0; i < micro_batches; ++i) {
+    for (std::int64_t k = 0; k < B * Tn; ++k) {
+      tok[k] = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(cfg.vocab));
+      tgt[k] = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(cfg.vocab));
+    }
+    strategy.begin_micro_batch(i, micro_batches);
+    typename fw::models::Gpt<T, Host>::Stash s;
+    (void)gpt.forward(ctx, tok, tgt, s, strategy.hooks());
+    gpt.backward(ctx, s, 1.0f / static_cast<float>(micro_batches), strategy.hooks());
+    strategy.end_micro_batch(i, micro_batches);
+  }
+  (void)strategy.finish_step(fw::StepControl{1e-3f, 1.0f, false});
+  r.activation_peak = static_cast<std::int64_t>(mem.peak(MemTag::activations));
+  r.activations_left = static_cast<std::int64_t>(mem.current(MemTag::activations));
+  r.states_after_step = states();
+  return r;
+}
+
+template <class T>
+void check_one_rank(fw::models::GptConfig cfg, std::int64_t B, std::int64_t Tn, int micro_batches) {
+  const fp::Precision p = precision_of<T>();
+  const Measured m = one_rank_step<T>(cfg, B, Tn, micro_batches);
+  const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+  const std::int64_t psi = fp::total_params(arch);
+  ASSERT_EQ(psi, m.params);
+
+  // Model states: exactly the formula, before and after the optimizer step.
+  const fp::ModelStateBytes plan = fp::model_state_bytes(psi, p, 0, 1);
+  EXPECT_EQ(m.states, plan);
+  EXPECT_EQ(m.states_after_step, plan);
+  EXPECT_EQ(plan.total(), 16 * psi);
+
+  // Activations: fourway's own model of its stash.
+  const fp::GptActivationShape x{B, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
+  const std::int64_t model = fp::fourway_activation_bytes(x, cfg.checkpoint);
+  const double rel =
+      static_cast<double>(model - m.activation_peak) / static_cast<double>(m.activation_peak);
+  EXPECT_LE(std::abs(rel), 0.10) << "planner " << model << " B, accountant peak "
+                                 << m.activation_peak << " B";
+  EXPECT_EQ(model, m.activation_peak) << "fourway_activation.hpp no longer matches the stash of "
+                                         "layers/: update it tensor by tensor";
+  EXPECT_EQ(m.activations_left, 0);
+}
+
+fw::models::GptConfig odd_config(bool checkpoint) {
+  fw::models::GptConfig cfg;
+  cfg.layers = 3;
+  cfg.heads = 4;
+  cfg.dim = 48;
+  cfg.vocab = 97;
+  cfg.max_seq = 24;
+  cfg.checkpoint = checkpoint;
+  return cfg;
+}
+
+}  // namespace
+
+TEST(RuntimeValidation, OneRankFp32) { check_one_rank<float>(odd_config(false), 3, 19, 1); }
+TEST(RuntimeValidation, OneRankBf16) { check_one_rank<fw::bf16>(odd_config(false), 2, 23, 1); }
+TEST(RuntimeValidation, OneRankFp16Checkpointed) {
+  check_one_rank<fw::fp16>(odd_config(true), 3, 17, 1);
+}
+TEST(RuntimeValidation, OneRankBf16CheckpointedWithLargeVocabulary) {
+  auto cfg = odd_config(true);
+  cfg.vocab = 1031;  // the head outweighs one block: the other branch of the checkpointed peak
+  check_one_rank<fw::bf16>(cfg, 2, 13, 1);
+}
+// Micro-batches run one after another: the peak is one micro-batch's.
+TEST(RuntimeValidation, GradientAccumulationKeepsOneStash) {
+  check_one_rank<float>(odd_config(false), 2, 11, 3);
+}
