@@ -1,0 +1,347 @@
+#include "fourway/layers/gpt.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/golden.hpp"
+#include "support/gradcheck.hpp"
+
+namespace fw = fourway;
+namespace ref = fw::test::ref;
+using Host = fw::Host;
+using fw::models::Gpt;
+using fw::models::GptConfig;
+
+namespace {
+
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+  std::int64_t B = 0, T = 0;
+};
+
+Batch random_batch(std::int64_t B, std::int64_t T, int V, std::uint64_t seed) {
+  Batch b{{}, {}, B, T};
+  std::mt19937_64 g(seed);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    b.tokens.push_back(static_cast<std::int32_t>(g() % V));
+    b.targets.push_back(static_cast<std::int32_t>(g() % V));
+  }
+  return b;
+}
+
+template <class T>
+struct Result {
+  float loss = 0.0f;
+  std::map<std::string, std::vector<double>> grads;
+  std::map<std::string, std::vector<T>> raw;
+};
+
+/// One forward + backward on a fresh accountant-backed copy of the tensors in `batch`.
+template <class T>
+Result<T> step(fw::Context<Host>& ctx, Gpt<T, Host>& gpt, const Batch& b, float grad_scale = 1.0f) {
+  auto& mem = ctx.memory();
+  fw::Tensor<std::int32_t, Host> tok({b.B, b.T}, fw::MemTag::workspace, mem);
+  fw::Tensor<std::int32_t, Host> tgt({b.B, b.T}, fw::MemTag::workspace, mem);
+  for (std::int64_t i = 0; i < b.B * b.T; ++i) {
+    tok[i] = b.tokens[static_cast<std::size_t>(i)];
+    tgt[i] = b.targets[static_cast<std::size_t>(i)];
+  }
+  typename Gpt<T, Host>::Stash s;
+  Result<T> r;
+  r.loss = gpt.forward(ctx, tok, tgt, s);
+  gpt.backward(ctx, s, grad_scale);
+  gpt.visit_parameters([&](fw::Parameter<T, Host>& p) {
+    r.grads[p.name] = fw::test::download(ctx, p.grad);
+    r.raw[p.name] = fw::test::download_raw(ctx, p.grad);
+  });
+  return r;
+}
+
+/// Copies parameter values (by name) into a model of any element type.
+template <class T>
+void load(fw::Context<Host>& ctx, Gpt<T, Host>& gpt, const ref::Params& values) {
+  gpt.visit_parameters([&](fw::Parameter<T, Host>& p) { fw::test::upload(ctx, p.weight, values.at(p.name)); });
+}
+
+template <class T>
+ref::Params values_of(fw::Context<Host>& ctx, Gpt<T, Host>& gpt) {
+  ref::Params v;
+  gpt.visit_parameters([&](fw::Parameter<T, Host>& p) { v[p.name] = fw::test::download(ctx, p.weight); });
+  return v;
+}
+
+}  // namespace
+
+// ---- PyTorch golden file (tools/make_golden.py, docs/golden.md) ------------------------------
+
+TEST(Gpt, Step1LossAndGradientsMatchPyTorch) {
+  const fw::test::Golden g(fw::test::golden_path("gpt_tiny_v1.bin"));
+  const auto& c = g.i32("config");  // layers, heads, dim, vocab, max_seq, B, T, steps
+  const GptConfig cfg{c[0], c[1], c[2], c[3], c[4]};
+  const std::int64_t B = c[5], T = c[6];
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> gpt(ctx, cfg, 1);
+  int loaded = 0;
+  gpt.visit_parameters([&](fw::Parameter<float, Host>& p) {
+    const auto& e = g.at(p.name);
+    ASSERT_EQ(e.numel(), p.numel()) << p.name;
+    ASSERT_EQ(static_cast<int>(e.dims.size()), p.weight.shape().rank()) << p.name;
+    for (std::size_t d = 0; d < e.dims.size(); ++d) ASSERT_EQ(e.dims[d], p.weight.shape()[static_cast<int>(d)]) << p.name;
+    std::copy(e.f32.begin(), e.f32.end(), p.weight.data());
+    ++loaded;
+  });
+  EXPECT_EQ(loaded, 4 + 12 * cfg.layers);
+  Batch b{{}, {}, B, T};
+  const auto& tokens = g.i32("tokens");  // (steps, B, T+1); step 0
+  for (std::int64_t r = 0; r < B; ++r) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      b.tokens.push_back(tokens[static_cast<std::size_t>(r * (T + 1) + t)]);
+      b.targets.push_back(tokens[static_cast<std::size_t>(r * (T + 1) + t + 1)]);
+    }
+  }
+  const auto res = step(ctx, gpt, b);
+  const float want = g.f32("loss")[0];
+  EXPECT_NEAR(res.loss, want, 1e-5 * want);
+  for (const auto& [name, got] : res.grads) {
+    const auto& w = g.f32("grad." + name);
+    // Per-tensor tolerance 1e-5 of the tensor's largest gradient (docs/golden.md): both sides
+    // are fp32 with different summation orders.
+    EXPECT_TRUE(fw::test::close(got, std::vector<double>(w.begin(), w.end()), 1e-5, name));
+  }
+}
+
+// ---- finite differences of the double-precision reference ------------------------------------
+
+TEST(Gpt, GradientsMatchFiniteDifferencesOfDoubleReference) {
+  const GptConfig cfg{2, 2, 8, 13, 6};
+  const std::int64_t B = 2, T = 5;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> gpt(ctx, cfg, 3);
+  ref::Params p = fw::test::randomize_parameters(ctx, gpt, 30, 0.3);
+  const Batch b = random_batch(B, T, cfg.vocab, 8);
+  const auto res = step(ctx, gpt, b);
+  auto loss = [&] { return ref::gpt_loss(p, b.tokens, b.targets, B, T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers); };
+  EXPECT_NEAR(res.loss, loss(), 2e-6 * loss());
+  for (auto& [name, v] : p) {
+    const auto want = ref::finite_difference(v, loss);
+    EXPECT_TRUE(fw::test::close(res.grads.at(name), want, 1e-4, name));
+  }
+}
+
+// ---- precision, determinism, accumulation ---------------------------------------------------
+
+template <class T>
+void low_precision_tracks_fp32(double loss_rel, double grad_l2) {
+  const GptConfig cfg{2, 4, 32, 64, 16};
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> f32(ctx, cfg, 11);
+  Gpt<T, Host> low(ctx, cfg, 11);
+  const ref::Params v = fw::test::randomize_parameters(ctx, f32, 50, 0.1);
+  // The fp32 model gets the 16-bit-rounded values too, so only the arithmetic differs.
+  ref::Params rounded;
+  for (const auto& [k, x] : v) rounded[k] = fw::test::rounded<T>(x);
+  load(ctx, f32, rounded);
+  load(ctx, low, rounded);
+  const Batch b = random_batch(4, 16, cfg.vocab, 12);
+  const auto a = step(ctx, f32, b);
+  const auto l = step(ctx, low, b);
+  EXPECT_NEAR(l.loss, a.loss, loss_rel * a.loss);
+  for (const auto& [name, g] : a.grads) EXPECT_TRUE(fw::test::close_l2(l.grads.at(name), g, grad_l2, name));
+}
+
+// Tolerances (docs/layers.md): bf16 keeps 8 mantissa bits (rounding 2^-9 = 2e-3 per op), fp16 11
+// (2^-12 = 2.4e-4); through ~20 rounded stages the gradients' relative L2 error stays within
+// about 10x one rounding.
+TEST(Gpt, Bf16TracksFp32) { low_precision_tracks_fp32<fw::bf16>(5e-3, 5e-2); }
+TEST(Gpt, Fp16TracksFp32) { low_precision_tracks_fp32<fw::fp16>(1e-3, 1e-2); }
+
+TEST(Gpt, BitwiseDeterministicRunToRun) {
+  const GptConfig cfg{2, 4, 32, 64, 16};
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  const Batch b = random_batch(2, 9, cfg.vocab, 4);
+  Gpt<fw::bf16, Host> m1(ctx, cfg, 99);
+  Gpt<fw::bf16, Host> m2(ctx, cfg, 99);
+  const auto a = step(ctx, m1, b);
+  const auto c = step(ctx, m2, b);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(a.loss), std::bit_cast<std::uint32_t>(c.loss));
+  for (const auto& [name, g] : a.raw) EXPECT_TRUE(g == c.raw.at(name)) << name;
+  Gpt<float, Host> f1(ctx, cfg, 99), f2(ctx, cfg, 99);
+  const auto x = step(ctx, f1, b), y = step(ctx, f2, b);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(x.loss), std::bit_cast<std::uint32_t>(y.loss));
+  for (const auto& [name, g] : x.raw) EXPECT_TRUE(g == y.raw.at(name)) << name;
+}
+
+TEST(Gpt, MicroBatchGradientsSumToTheFullBatch) {
+  const GptConfig cfg{2, 2, 16, 32, 8};
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> full(ctx, cfg, 5), parts(ctx, cfg, 5);
+  const Batch b = random_batch(4, 6, cfg.vocab, 6);
+  Batch h1{{b.tokens.begin(), b.tokens.begin() + 12}, {b.targets.begin(), b.targets.begin() + 12}, 2, 6};
+  Batch h2{{b.tokens.begin() + 12, b.tokens.end()}, {b.targets.begin() + 12, b.targets.end()}, 2, 6};
+  const auto a = step(ctx, full, b);
+  (void)step(ctx, parts, h1, 0.5f);
+  const auto s = step(ctx, parts, h2, 0.5f);  // grads now hold the sum of both halves
+  for (const auto& [name, g] : a.grads) EXPECT_TRUE(fw::test::close(s.grads.at(name), g, 1e-5, name));
+}
+
+// ---- checkpointing -----------------------------------------------------------------------------
+
+TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
+  GptConfig cfg{3, 4, 16, 40, 12};
+  const std::int64_t B = 2, T = 11;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> plain(ctx, cfg, 7);
+  cfg.checkpoint = true;
+  Gpt<float, Host> ck(ctx, cfg, 7);
+  const Batch b = random_batch(B, T, cfg.vocab, 9);
+
+  auto after_forward = [&](auto& gpt) {
+    fw::Tensor<std::int32_t, Host> tok({B, T}, fw::MemTag::workspace, mem), tgt({B, T}, fw::MemTag::workspace, mem);
+    for (std::int64_t i = 0; i < B * T; ++i) tok[i] = b.tokens[i], tgt[i] = b.targets[i];
+    typename std::remove_reference_t<decltype(gpt)>::Stash s;
+    (void)gpt.forward(ctx, tok, tgt, s);
+    return mem.current(fw::MemTag::activations);
+  };
+  const std::size_t a_plain = after_forward(plain);
+  const std::size_t a_ck = after_forward(ck);
+  const std::int64_t C = cfg.dim, V = cfg.vocab, L = cfg.layers, NH = cfg.heads;
+  const std::size_t rest = (B * T * C /*embedding*/ + B * T * C /*ln_f*/ + B * T * V /*logits*/) * 4 +
+                           (2 * B * T /*ln_f stats*/ + B * T /*losses*/) * 4;
+  const std::size_t block = (18 * B * T * C + B * NH * T * T) * 4 + 4 * B * T * 4;
+  EXPECT_EQ(a_plain, rest + L * block);
+  EXPECT_EQ(a_ck, rest + L * B * T * C * 4);
+
+  zero_grad(ctx, plain);
+  zero_grad(ctx, ck);
+  const auto x = step(ctx, plain, b);
+  mem.reset_peak();
+  const auto y = step(ctx, ck, b);
+  EXPECT_LE(mem.peak(fw::MemTag::activations), a_ck + block);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(x.loss), std::bit_cast<std::uint32_t>(y.loss));
+  for (const auto& [name, g] : x.raw) EXPECT_TRUE(g == y.raw.at(name)) << name;
+  EXPECT_EQ(mem.current(fw::MemTag::activations), 0u);
+}
+
+// ---- structure: names, units, hooks, init, errors ------------------------------------------------
+
+TEST(Gpt, ParametersInHuggingFaceOrderWithDecayOnMatrices) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> gpt(ctx, GptConfig{2, 2, 8, 10, 4}, 1);
+  std::vector<std::string> names;
+  gpt.visit_parameters([&](fw::Parameter<float, Host>& p) {
+    names.push_back(p.name);
+    EXPECT_EQ(p.decay, p.weight.shape().rank() == 2) << p.name;
+  });
+  const fw::test::Golden g(fw::test::golden_path("gpt_tiny_v1.bin"));
+  ASSERT_EQ(names.size(), 4u + 24u);
+  EXPECT_EQ(names[0], "wte.weight");
+  EXPECT_EQ(names[2], "h.0.ln_1.weight");
+  EXPECT_EQ(names[4], "h.0.attn.c_attn.weight");
+  EXPECT_EQ(names[13], "h.0.mlp.c_proj.bias");
+  EXPECT_EQ(names.back(), "ln_f.bias");
+  for (const auto& n : names) EXPECT_TRUE(g.has(n)) << n;  // same names as PyTorch's side
+  const std::int64_t C = 8, V = 10, S = 4;
+  EXPECT_EQ(gpt.num_parameters(), V * C + S * C + 2 * (12 * C * C + 13 * C) + 2 * C);
+  EXPECT_EQ(mem.current(fw::MemTag::weights), static_cast<std::size_t>(gpt.num_parameters() * 4));
+  EXPECT_EQ(mem.current(fw::MemTag::grads), static_cast<std::size_t>(gpt.num_parameters() * 4));
+}
+
+TEST(Gpt, UnitsCoverEveryParameterWithTheTiedHead) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> gpt(ctx, GptConfig{3, 2, 8, 10, 4}, 1);
+  ASSERT_EQ(gpt.units(), 5);
+  std::map<std::string, int> seen;
+  std::vector<std::vector<std::string>> units(5);
+  for (int u = 0; u < 5; ++u) {
+    gpt.visit_unit_parameters(u, [&](fw::Parameter<float, Host>& p) {
+      ++seen[p.name];
+      units[u].push_back(p.name);
+    });
+  }
+  EXPECT_EQ(units[0], (std::vector<std::string>{"wte.weight", "wpe.weight"}));
+  EXPECT_EQ(units[4], (std::vector<std::string>{"ln_f.weight", "ln_f.bias", "wte.weight"}));
+  EXPECT_EQ(units[2].front(), "h.1.ln_1.weight");
+  EXPECT_EQ(units[2].size(), 12u);
+  EXPECT_EQ(seen["wte.weight"], 2);
+  int total = 0;
+  gpt.visit_parameters([&](fw::Parameter<float, Host>& p) {
+    ++total;
+    EXPECT_GE(seen[p.name], 1) << p.name;
+  });
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(total));
+  EXPECT_THROW(gpt.visit_unit_parameters(5, [](auto&) {}), fw::ConfigError);
+}
+
+namespace {
+struct RecordingHooks {
+  std::vector<std::string> events;
+  void pre_forward(int u) { events.push_back("F" + std::to_string(u)); }
+  void post_forward(int u) { events.push_back("f" + std::to_string(u)); }
+  void pre_backward(int u) { events.push_back("B" + std::to_string(u)); }
+  void post_backward(int u) { events.push_back("b" + std::to_string(u)); }
+};
+}  // namespace
+
+TEST(Gpt, HooksSeeUnitsInOrder) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  GptConfig cfg{2, 2, 8, 10, 4};
+  cfg.checkpoint = true;
+  Gpt<float, Host> gpt(ctx, cfg, 1);
+  fw::Tensor<std::int32_t, Host> tok({1, 3}, fw::MemTag::workspace, mem), tgt({1, 3}, fw::MemTag::workspace, mem);
+  for (int i = 0; i < 3; ++i) tok[i] = i, tgt[i] = i + 1;
+  Gpt<float, Host>::Stash s;
+  RecordingHooks h;
+  (void)gpt.forward(ctx, tok, tgt, s, h);
+  gpt.backward(ctx, s, 1.0f, h);
+  EXPECT_EQ(h.events, (std::vector<std::string>{"F0", "f0", "F1", "f1", "F2", "f2", "F3", "f3",
+                                                "B3", "b3", "B2", "b2", "B1", "b1", "B0", "b0"}));
+}
+
+TEST(Gpt, InitIsGpt2AndDependsOnTheSeed) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  const GptConfig cfg{8, 4, 64, 128, 32};
+  Gpt<float, Host> a(ctx, cfg, 1), b(ctx, cfg, 2);
+  const auto va = values_of(ctx, a), vb = values_of(ctx, b);
+  auto rms = [](const std::vector<double>& v) {
+    double s = 0.0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / static_cast<double>(v.size()));
+  };
+  // 4096-16384 samples: sample std within 3% of the target.
+  EXPECT_NEAR(rms(va.at("wte.weight")), 0.02, 0.0006);
+  EXPECT_NEAR(rms(va.at("h.0.attn.c_attn.weight")), 0.02, 0.0006);
+  EXPECT_NEAR(rms(va.at("h.3.mlp.c_proj.weight")), 0.02 / std::sqrt(16.0), 0.00015);
+  EXPECT_NEAR(rms(va.at("h.3.attn.c_proj.weight")), 0.02 / std::sqrt(16.0), 0.00015);
+  EXPECT_EQ(rms(va.at("h.1.attn.c_attn.bias")), 0.0);
+  EXPECT_EQ(va.at("ln_f.weight"), std::vector<double>(64, 1.0));
+  EXPECT_NE(va.at("wte.weight"), vb.at("wte.weight"));
+  EXPECT_NE(va.at("h.0.mlp.c_fc.weight"), va.at("h.1.mlp.c_fc.weight"));
+}
+
+TEST(Gpt, RejectsBadConfigurationsAndMisuse) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  EXPECT_THROW((Gpt<float, Host>(ctx, GptConfig{2, 3, 8, 10, 4})), fw::ConfigError);
+  EXPECT_THROW((Gpt<float, Host>(ctx, GptConfig{0, 2, 8, 10, 4})), fw::ConfigError);
+  Gpt<float, Host> gpt(ctx, GptConfig{1, 2, 8, 10, 4}, 1);
+  Gpt<float, Host>::Stash s;
+  EXPECT_THROW(gpt.backward(ctx, s), fw::ShapeError);
+  fw::Tensor<std::int32_t, Host> tok({1, 5}, fw::MemTag::workspace, mem), tgt({1, 5}, fw::MemTag::workspace, mem);
+  for (int i = 0; i < 5; ++i) tok[i] = tgt[i] = 1;
+  EXPECT_THROW((void)gpt.forward(ctx, tok, tgt, s), fw::ConfigError);  // T=5 > max_seq=4
+  fw::Tensor<std::int32_t, Host> t3({1, 3}, fw::MemTag::workspace, mem);
+  EXPECT_THROW((void)gpt.forward(ctx, t3, tgt, s), fw::ShapeError);
+}
