@@ -1,0 +1,239 @@
+// fourway-train: trains GPT-2 on Hugging Face safetensors weights and llm.c token files.
+//
+//   fourway-train                                   random 4x256 GPT on the built-in corpus
+//   fourway-train --init-from gpt2.safetensors --data tiny_shakespeare_train.bin --seq 256
+//
+// Every error (flags, sizes, files) ends in one line on stderr and exit status 1 (2 for a flag
+// that does not parse), never in a crash.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fourway/backend/host/backend.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/loss_scaler.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/train/cli.hpp"
+#include "fourway/train/corpus.hpp"
+#include "fourway/train/gpt2_checkpoint.hpp"
+#include "fourway/train/log.hpp"
+#include "fourway/train/progress.hpp"
+#include "fourway/train/safetensors.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/token_data.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fw = fourway;
+
+namespace {
+
+struct Options {
+  std::string init_from;
+  int layers = 4;
+  int dim = 256;
+  int heads = 0;  // 0: 8 for a random model, width/64 for a checkpoint
+  int vocab = static_cast<int>(fw::corpus_vocab);
+  int seq = 64;
+  std::uint64_t seed = 1337;
+  std::string data;
+  int batch = 8;
+  int steps = 50;
+  float lr = 3e-4f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;
+  std::string precision = "fp32";
+  bool checkpoint_activations = false;
+  std::string log_json;
+  std::string save;
+  bool quiet = false;
+  bool memory_report = false;
+};
+
+fw::ArgParser make_parser(Options& o) {
+  fw::ArgParser p("fourway-train",
+                  "Trains a GPT-2 with AdamW on llm.c token files (or the built-in corpus),\n"
+                  "from Hugging Face safetensors weights (or a random init), and reports the\n"
+                  "loss, tokens/s and memory per tag at every step.");
+  p.add("init-from", &o.init_from, "FILE", "GPT-2 weights (.safetensors, HF names) to start from")
+      .add("layers", &o.layers, "L", "blocks of a random model")
+      .add("dim", &o.dim, "C", "width of a random model")
+      .add("heads", &o.heads, "H", "attention heads (0: 8, or width/64 with --init-from)")
+      .add("vocab", &o.vocab, "V", "vocabulary of a random model")
+      .add("seq", &o.seq, "T", "sequence length (and the context of a random model)")
+      .add("seed", &o.seed, "S", "seed of the random init")
+      .add("data", &o.data, "FILE", "llm.c token file (default: the built-in corpus)")
+      .add("batch", &o.batch, "B", "sequences per optimizer step (global)")
+      .add("steps", &o.steps, "N", "optimizer steps")
+      .add("lr", &o.lr, "LR", "AdamW learning rate (constant)")
+      .add("weight-decay", &o.weight_decay, "WD", "AdamW weight decay (2-D weights only)")
+      .add("beta1", &o.beta1, "B1", "AdamW beta1")
+      .add("beta2", &o.beta2, "B2", "AdamW beta2")
+      .add("eps", &o.eps, "EPS", "AdamW epsilon")
+      .add("grad-clip", &o.grad_clip, "NORM", "clip the global gradient norm (0: off)")
+      .add_choice("precision", &o.precision, {"fp32", "bf16", "fp16"},
+                  "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
+      .add_switch("checkpoint-activations", &o.checkpoint_activations,
+                  "recompute each block's activations in backward")
+      .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
+      .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
+      .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
+      .add_switch("quiet", &o.quiet, "print no per-step progress");
+  return p;
+}
+
+void check_positive(const char* flag, long long v) {
+  fw::check<fw::ConfigError>(v > 0, "fourway: --", flag, " must be positive, got ", v);
+}
+
+/// Fails before training, not after it, when an output file cannot be created.
+void check_output_dir(const char* flag, const std::string& file) {
+  if (file.empty()) return;
+  const auto dir = std::filesystem::absolute(file).parent_path();
+  std::error_code ec;
+  fw::check<fw::ConfigError>(std::filesystem::is_directory(dir, ec), "fourway: --", flag,
+                             " cannot create ", file, ": directory ", dir.string(),
+                             " does not exist");
+}
+
+template <class T>
+int train(const Options& o) {
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  fw::MemoryAccountant memory(0);
+  fw::Context<fw::Host> ctx(memory);
+
+  // ---- the model: from a checkpoint or random ------------------------------------------------
+  std::optional<fw::SafetensorsFile> ckpt;
+  fw::models::GptConfig cfg;
+  if (!o.init_from.empty()) {
+    ckpt = fw::SafetensorsFile::read(o.init_from);
+    const auto info = fw::inspect_gpt2(*ckpt);
+    cfg = info.config(o.heads);
+    std::printf("checkpoint %s: %d layers, width %d, %d heads, vocab %d, context %d%s\n",
+                o.init_from.c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq,
+                info.prefix.empty() ? "" : " (names prefixed transformer.)");
+    for (const auto& n : info.ignored) std::printf("  ignoring buffer %s\n", n.c_str());
+  } else {
+    cfg.layers = o.layers;
+    cfg.dim = o.dim;
+    cfg.heads = o.heads == 0 ? 8 : o.heads;
+    cfg.vocab = o.vocab;
+    cfg.max_seq = o.seq;
+    check_positive("layers", cfg.layers);
+    check_positive("dim", cfg.dim);
+    check_positive("vocab", cfg.vocab);
+    fw::check<fw::ConfigError>(cfg.dim % cfg.heads == 0, "fourway: --heads ", cfg.heads,
+                               " does not divide --dim ", cfg.dim,
+                               "; choose heads that divide the width");
+  }
+  fw::check<fw::ConfigError>(o.seq <= cfg.max_seq, "fourway: --seq ", o.seq,
+                             " exceeds the model's context of ", cfg.max_seq,
+                             " positions; use --seq <= ", cfg.max_seq);
+  cfg.checkpoint = o.checkpoint_activations;
+  fw::models::Gpt<T, fw::Host> model(ctx, cfg, o.seed);
+  if (ckpt) {
+    fw::load_gpt2(ctx, *ckpt, model);
+    ckpt.reset();
+  }
+
+  // ---- data -----------------------------------------------------------------------------------
+  const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+  fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
+  std::printf("data %s: %zu tokens, %lld batches of %d x %d before it wraps\n",
+              data.source().c_str(), data.size(),
+              static_cast<long long>(loader.batches_per_epoch()), o.batch, o.seq);
+  std::printf("model: %lld parameters, %s, %s\n", static_cast<long long>(model.num_parameters()),
+              o.precision.c_str(),
+              o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+
+  // ---- optimizer ------------------------------------------------------------------------------
+  fw::AdamWConfig acfg;
+  acfg.lr = o.lr;
+  acfg.beta1 = o.beta1;
+  acfg.beta2 = o.beta2;
+  acfg.eps = o.eps;
+  acfg.weight_decay = o.weight_decay;
+  acfg.max_grad_norm = o.grad_clip;
+  using P = fw::Precision<T>;
+  using Model = fw::models::Gpt<T, fw::Host>;
+  fw::Trainer<fw::SingleRank<Model, P, fw::Host>> trainer(fw::TrainerOptions{}, ctx, model,
+                                                          fw::AdamW(acfg));
+
+  fw::JsonLog log;
+  if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
+  fw::Progress progress(o.steps);
+  if (o.quiet) progress = fw::Progress(o.steps, false, nullptr);
+
+  const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+  double first_loss = 0.0, last_loss = 0.0;
+
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const fw::SequenceBatch b = loader.next();
+    const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+    const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+    const fw::StepReport& rep = trainer.last_report();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+    fw::StepRecord r;
+    r.step = step;
+    r.loss = loss;
+    r.grad_norm = rep.grad_norm;
+    r.step_ms = ms;
+    r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+    r.lr = lr;
+    r.skipped = rep.skipped;
+    log.write(r, {&memory});
+    if (!o.quiet) progress.update(r);
+    if (step == 1) first_loss = loss;
+    last_loss = loss;
+  }
+  progress.finish();
+  std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+  if (o.memory_report) std::printf("%s", memory.table().c_str());
+  if (!o.save.empty()) {
+    fw::save_gpt2(ctx, model, o.save);
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  auto parser = make_parser(o);
+  try {
+    if (!parser.parse(argc, argv)) {
+      std::fputs(parser.help().c_str(), stdout);
+      return 0;
+    }
+  } catch (const fw::Error& e) {
+    std::fprintf(stderr, "fourway-train: %s\n", e.what());
+    return 2;
+  }
+  try {
+    check_positive("batch", o.batch);
+    check_positive("seq", o.seq);
+    fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
+    fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.precision == "bf16") return train<fw::bf16>(o);
+    if (o.precision == "fp16") return train<fw::fp16>(o);
+    return train<float>(o);
+  } catch (const fw::Error& e) {
+    std::fprintf(stderr, "\nfourway-train: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\nfourway-train: error: %s\n", e.what());
+  }
+  return 1;
+}

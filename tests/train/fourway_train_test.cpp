@@ -1,0 +1,267 @@
+// End-to-end tests of the fourway-train program: it is run as users run it, on the golden files
+// tools/make_train_golden.py wrote with PyTorch 1.13, and its --log-json output is checked.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fourway/train/safetensors.hpp"
+#include "fourway/train/token_data.hpp"
+
+namespace fw = fourway;
+
+namespace {
+
+const std::string exe = FOURWAY_TRAIN_EXE;
+const std::filesystem::path golden = FOURWAY_GOLDEN_DIR;
+const std::filesystem::path weights = golden / "train_gpt2_v1.safetensors";
+const std::filesystem::path tokens = golden / "train_tokens_v1.bin";
+const std::filesystem::path expected = golden / "train_expected_v1.safetensors";
+
+std::filesystem::path scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "fourway_train_test";
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+struct ProgramRun {
+  int status = -1;  // exit status, or -1 when the program did not exit normally (a crash)
+  std::string out, err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+ProgramRun run(const std::string& args) {
+  const auto out = scratch("stdout.txt"), err = scratch("stderr.txt");
+  const std::string cmd = "'" + exe + "' " + args + " > '" + out.string() + "' 2> '" +
+                          err.string() + "' < /dev/null";
+  const int raw = std::system(cmd.c_str());
+  ProgramRun r;
+  r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+/// The golden run's flags: the settings make_train_golden.py trained PyTorch with.
+std::string golden_flags() {
+  const auto e = fw::SafetensorsFile::read(expected);
+  const auto cfg = e.read<float>(e.at("hparams"));
+  std::ostringstream s;
+  s.precision(9);
+  s << "--init-from '" << weights.string() << "' --data '" << tokens.string()
+    << "' --heads 4 --seq 8 --batch 3 --steps 8 --lr " << cfg[0] << " --beta1 " << cfg[1]
+    << " --beta2 " << cfg[2] << " --eps " << cfg[3] << " --weight-decay " << cfg[4]
+    << " --grad-clip " << cfg[5];
+  return s.str();
+}
+
+/// The value of `"key":<number>` in one JSON line.
+double json_field(const std::string& line, const std::string& key) {
+  const auto k = line.find("\"" + key + "\":");
+  if (k == std::string::npos) return NAN;
+  return std::strtod(line.c_str() + k + key.size() + 3, nullptr);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> v;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (!l.empty()) v.push_back(l);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST(FourwayTrain, EveryStepMatchesPyTorchAdamWOnGoldenFiles) {
+  const auto log = scratch("golden.jsonl");
+  const auto saved = scratch("golden_final.safetensors");
+  const ProgramRun r = run(golden_flags() + " --log-json '" + log.string() + "' --save '" +
+                    saved.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err << r.out;
+
+  const auto e = fw::SafetensorsFile::read(expected);
+  const auto loss = e.read<float>(e.at("loss"));
+  const auto norm = e.read<float>(e.at("grad_norm"));
+  const auto lines = lines_of(slurp(log));
+  ASSERT_EQ(lines.size(), loss.size()) << "one JSON line per step";
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
+    EXPECT_EQ(json_field(l, "step"), static_cast<double>(i + 1));
+    // fp32 against PyTorch fp32 on the same weights and data: summation order differs, so a
+    // few ulps per op; 1e-5 relative is the mesh-independence law's fp32 tolerance.
+    const double got = json_field(l, "loss");
+    EXPECT_NEAR(got, loss[i], 1e-5 * std::fabs(loss[i])) << "step " << i + 1;
+    EXPECT_NEAR(json_field(l, "grad_norm"), norm[i], 1e-4 * norm[i]) << "step " << i + 1;
+    EXPECT_GT(json_field(l, "tokens_per_s"), 0.0);
+    for (const char* tag : {"\"weights\":", "\"grads\":", "\"optimizer_state\":",
+                            "\"activations\":", "\"peak\":", "\"rank\":0"}) {
+      EXPECT_NE(l.find(tag), std::string::npos) << tag << " missing in " << l;
+    }
+  }
+  // The final weights, saved with HF names (no prefix), are PyTorch's after 8 AdamW steps.
+  const auto f = fw::SafetensorsFile::read(saved);
+  int compared = 0;
+  for (const auto& want : e.entries()) {
+    if (want.name.rfind("final.", 0) != 0) continue;
+    const auto& got = f.at(want.name.substr(6));
+    EXPECT_EQ(got.shape, want.shape) << got.name;
+    const auto a = f.read<float>(got);
+    const auto b = e.read<float>(want);
+    // The key bias (c_attn.bias[C, 2C)) has an exactly zero gradient (softmax ignores a shift
+    // shared by all keys), so both runs feed rounding noise to Adam, whose normalised step is
+    // then O(lr) in either direction: it is only bounded by steps * lr. Everything else moves
+    // by about lr = 1e-2 per step; 1e-5 is a thousandth of one step.
+    const bool c_attn_bias = got.name.find("attn.c_attn.bias") != std::string::npos;
+    const std::size_t C = 32;
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+      if (c_attn_bias && i >= C && i < 2 * C) {
+        EXPECT_LE(d, 8 * 1e-2 * 1.01) << got.name << "[" << i << "]";
+      } else {
+        worst = std::max(worst, d);
+      }
+    }
+    EXPECT_LT(worst, 1e-5) << got.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 28);
+}
+
+TEST(FourwayTrain, SaveThenInitFromRoundTripsBitwise) {
+  const auto a = scratch("rt_a.safetensors"), b = scratch("rt_b.safetensors");
+  const auto data = " --data '" + tokens.string() + "' --seq 8 --batch 3 --quiet";
+  ProgramRun r = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 2 --seed 5 --save '" +
+              a.string() + "'" + data);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run("--init-from '" + a.string() + "' --heads 6 --steps 0 --save '" + b.string() + "'" +
+          data);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(a), slurp(b)) << "load -> save must reproduce the file byte for byte";
+  // and the trained weights differ from the seed's init, so the round trip carried real state
+  const ProgramRun c = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 0 --seed 5 "
+                    "--save '" + b.string() + "'" + data);
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(slurp(a), slurp(b));
+  // the golden HF-style file (prefix, buffers, tied lm_head) loads and saves as plain names
+  r = run("--init-from '" + weights.string() + "' --heads 4 --steps 0 --save '" + b.string() +
+          "'" + data);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto in = fw::SafetensorsFile::read(weights);
+  const auto out = fw::SafetensorsFile::read(b);
+  EXPECT_EQ(out.entries().size(), 28u);
+  for (const auto& e : out.entries()) {
+    const auto src = in.bytes(in.at("transformer." + e.name));
+    const auto dst = out.bytes(e);
+    ASSERT_EQ(src.size(), dst.size());
+    EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << e.name;
+  }
+}
+
+TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
+  for (const std::string extra : {"--precision bf16", "--precision fp16",
+                                  "--checkpoint-activations"}) {
+    const auto log = scratch("lp.jsonl");
+    const ProgramRun r = run(golden_flags() + " " + extra + " --log-json '" + log.string() + "'");
+    ASSERT_EQ(r.status, 0) << extra << ": " << r.err;
+    const auto lines = lines_of(slurp(log));
+    ASSERT_EQ(lines.size(), 8u);
+    const auto e = fw::SafetensorsFile::read(expected);
+    const auto loss = e.read<float>(e.at("loss"));
+    // bf16 keeps 8 mantissa bits: the first loss (same weights, rounded) within 2%; checkpointing
+    // recomputes the same arithmetic, so it is as exact as fp32.
+    const double tol = extra == "--checkpoint-activations" ? 1e-5 : 2e-2;
+    EXPECT_NEAR(json_field(lines[0], "loss"), loss[0], tol * loss[0]) << extra;
+    EXPECT_NEAR(json_field(lines[7], "loss"), loss[7], (extra[2] == 'c' ? 1e-5 : 5e-2) * loss[7])
+        << extra;
+  }
+}
+
+TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
+  const ProgramRun r = run("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* f : {"--init-from", "--layers", "--dim", "--heads", "--vocab", "--seq",
+                        "--seed", "--data", "--batch", "--steps", "--lr", "--weight-decay",
+                        "--beta1", "--beta2", "--eps", "--grad-clip", "--precision",
+                        "--checkpoint-activations", "--log-json", "--save", "--help"}) {
+    EXPECT_NE(r.out.find(f), std::string::npos) << f;
+  }
+}
+
+TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
+  const auto truncated = scratch("truncated.safetensors");
+  {
+    const std::string w = slurp(weights);
+    std::ofstream(truncated, std::ios::binary) << w.substr(0, w.size() / 2);
+  }
+  const auto bad_tokens = scratch("bad_tokens.bin");
+  {
+    std::string t = slurp(tokens);
+    t[0] = 'X';
+    std::ofstream(bad_tokens, std::ios::binary) << t;
+  }
+  const auto not_gpt2 = scratch("not_gpt2.safetensors");
+  {
+    fw::SafetensorsWriter w;
+    const std::vector<float> v(4, 1.0f);
+    w.add<float>("model.embed_tokens.weight", {2, 2}, v);
+    w.write(not_gpt2);
+  }
+  const std::string init = "--init-from '" + weights.string() + "' ";
+  const std::string data = "--data '" + tokens.string() + "' ";
+  struct Case {
+    std::string args;
+    std::string message;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"--lr-max 3", "unknown flag --lr-max; did you mean --lr?", 2},
+      {"--bogus", "unknown flag --bogus", 2},
+      {"--weight-decya 0.1", "unknown flag --weight-decya; did you mean --weight-decay?", 2},
+      {"--steps --quiet", "--steps needs a value", 2},
+      {"--batch abc", "--batch expects an integer, got 'abc'", 2},
+      {"--lr nan", "--lr must be finite", 2},
+      {"--precision fp8", "--precision must be one of fp32, bf16, fp16, got 'fp8'", 2},
+      {"stray", "unexpected argument 'stray'", 2},
+      {"--steps 1 --steps 2", "--steps given twice", 2},
+      {init + data + "--heads 4 --seq 32", "--seq 32 exceeds the model's context of 16", 1},
+      {init + data + "--heads 5", "5 heads do not divide the checkpoint's width 32", 1},
+      {init + data, "cannot infer the head count of width 32", 1},
+      {data + "--dim 32 --heads 5 --vocab 64", "--heads 5 does not divide --dim 32", 1},
+      {data + "--vocab 32 --seq 8 --batch 3", "contains token id 63 but the model's vocabulary has 32", 1},
+      {data + "--seq 8 --batch 64 --vocab 64", "holds 77 tokens; a batch of 64 x 8 needs 513", 1},
+      {data + "--batch 0", "--batch must be positive", 1},
+      {"--data /nonexistent/tokens.bin", "/nonexistent/tokens.bin: no such regular file", 1},
+      {"--init-from /nonexistent/w.safetensors", "no such regular file", 1},
+      {"--init-from '" + truncated.string() + "'", "truncated.safetensors", 1},
+      {"--init-from '" + not_gpt2.string() + "'", "is not a GPT-2 checkpoint", 1},
+      {"--data '" + bad_tokens.string() + "'", "magic number", 1},
+      {"--lr -1", "learning rate -1 must be finite and >= 0", 1},
+      {"--beta1 1.5", "betas must lie in [0, 1)", 1},
+      {data + "--vocab 64 --save /nonexistent/dir/out.safetensors --steps 0",
+       "--save cannot create /nonexistent/dir/out.safetensors: directory /nonexistent/dir does "
+       "not exist", 1},
+      {"--log-json /nonexistent/dir/log.jsonl", "--log-json cannot create", 1},
+  };
+  for (const auto& c : cases) {
+    const ProgramRun r = run(c.args + " --quiet");
+    EXPECT_EQ(r.status, c.status) << c.args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos)
+        << c.args << "\nexpected: " << c.message << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find("fourway-train: "), std::string::npos) << r.err;
+  }
+}
