@@ -12,7 +12,7 @@ constexpr fp::LayerShape gpt3{2048, 1, 12288, 96, 1};
 // Korthikanti et al. 2022, eq. (1): sbh(34 + 5as/h), computed here term by term from §4.1's
 // list (attention block 11sbh + 5as²b, MLP 19sbh, two LayerNorms 4sbh), 16-bit values and
 // 1-byte dropout masks.
-TEST(Activation, NoParallelismIsThirtyFourPlusFiveAsOverH) {
+TEST(PlanActivation, NoParallelismIsThirtyFourPlusFiveAsOverH) {
   const double s = 2048, b = 1, h = 12288, a = 96;
   const double attention = 2 * s * b * h        // QKV input
                            + 4 * s * b * h      // Q and K
@@ -29,7 +29,7 @@ TEST(Activation, NoParallelismIsThirtyFourPlusFiveAsOverH) {
 }
 
 // Table 2 of the paper, one row at a time, for t = 8.
-TEST(Activation, TableTwoRowsWithTensorAndSequenceParallelism) {
+TEST(PlanActivation, TableTwoRowsWithTensorAndSequenceParallelism) {
   fp::LayerShape x = gpt3;
   x.t = 8;
   const double sbh = x.s * x.b * x.h;
@@ -51,7 +51,7 @@ TEST(Activation, TableTwoRowsWithTensorAndSequenceParallelism) {
 
 // §5: "for GPT-3 ... 5as/h = 80 ... selective activation recomputation ... reduces the memory
 // required for activations by 70%" (and 65% for MT-NLG 530B: a = 128, h = 20480).
-TEST(Activation, SelectiveRecomputationSavesSeventyPercentOnGpt3) {
+TEST(PlanActivation, SelectiveRecomputationSavesSeventyPercentOnGpt3) {
   const double none = fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::none);
   const double sel = fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::selective);
   EXPECT_NEAR(1 - sel / none, 0.70, 0.005);
@@ -61,7 +61,7 @@ TEST(Activation, SelectiveRecomputationSavesSeventyPercentOnGpt3) {
               0.65, 0.005);
 }
 
-TEST(Activation, RecomputationWorkingSetIsWhatIsRebuilt) {
+TEST(PlanActivation, RecomputationWorkingSetIsWhatIsRebuilt) {
   EXPECT_EQ(fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Recompute::none), 0.0);
   EXPECT_DOUBLE_EQ(fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Recompute::selective),
                    fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::none) -
@@ -70,7 +70,7 @@ TEST(Activation, RecomputationWorkingSetIsWhatIsRebuilt) {
                    fp::korthikanti_layer_bytes(gpt3, true, fp::Recompute::none));
 }
 
-TEST(Activation, OutputAndEmbeddingTermsOfSection4_3) {
+TEST(PlanActivation, OutputAndEmbeddingTermsOfSection4_3) {
   fp::LayerShape x{1024, 4, 768, 12, 2};
   EXPECT_DOUBLE_EQ(fp::korthikanti_embedding_bytes(x), 1024 * 4 * 768 / 2.0);
   EXPECT_DOUBLE_EQ(fp::korthikanti_output_bytes(x, 50257),
@@ -78,7 +78,7 @@ TEST(Activation, OutputAndEmbeddingTermsOfSection4_3) {
 }
 
 // Narayanan et al. 2021 §2.2: GPipe keeps all m micro-batches; 1F1B at most p − i on stage i.
-TEST(Activation, MicroBatchesInFlightPerSchedule) {
+TEST(PlanActivation, MicroBatchesInFlightPerSchedule) {
   EXPECT_EQ(fp::micro_batches_in_flight(fp::Schedule::gpipe, 4, 16, 0), 16);
   EXPECT_EQ(fp::micro_batches_in_flight(fp::Schedule::gpipe, 4, 16, 3), 16);
   for (int i = 0; i < 4; ++i) {

@@ -11,7 +11,7 @@ static_assert(fp::total_params(fp::gpt2_124m) == 124'439'808);
 
 // Published parameter counts (independent of this code): Hugging Face model cards / safetensors
 // metadata of gpt2, gpt2-medium, gpt2-large, gpt2-xl, and meta-llama/Llama-2-{7b,13b,70b}-hf.
-TEST(Architecture, PresetsHaveThePublishedParameterCounts) {
+TEST(PlanArchitecture, PresetsHaveThePublishedParameterCounts) {
   EXPECT_EQ(fp::total_params(fp::gpt2_124m), 124'439'808);
   EXPECT_EQ(fp::total_params(fp::gpt2_350m), 354'823'168);
   EXPECT_EQ(fp::total_params(fp::gpt2_774m), 774'030'080);
@@ -21,7 +21,7 @@ TEST(Architecture, PresetsHaveThePublishedParameterCounts) {
   EXPECT_EQ(fp::total_params(fp::llama2_70b), 68'976'648'192);
 }
 
-TEST(Architecture, Gpt2BlockIs12HSquaredPlus13H) {
+TEST(PlanArchitecture, Gpt2BlockIs12HSquaredPlus13H) {
   for (std::int64_t h : {64, 768, 1600}) {
     const auto a = fp::gpt2_shape(3, h, 4, 1000, 128);
     EXPECT_EQ(fp::layer_params(a), 12 * h * h + 13 * h);
@@ -30,7 +30,7 @@ TEST(Architecture, Gpt2BlockIs12HSquaredPlus13H) {
 
 // Megatron's split: everything divides by t except the norms and the two row-parallel biases
 // (6h for a GPT-2 block; 2h, the two RMSNorms, for Llama), which every rank keeps.
-TEST(Architecture, TensorParallelRanksSumToTheBlockPlusReplicatedParts) {
+TEST(PlanArchitecture, TensorParallelRanksSumToTheBlockPlusReplicatedParts) {
   for (int t : {1, 2, 4, 8}) {
     const auto g = fp::gpt2_shape(2, 1024, 16, 50257, 1024);
     EXPECT_EQ(t * fp::layer_params(g, t), fp::layer_params(g) + (t - 1) * 6 * 1024) << t;
@@ -42,7 +42,7 @@ TEST(Architecture, TensorParallelRanksSumToTheBlockPlusReplicatedParts) {
   EXPECT_EQ(fp::embedding_params(fp::gpt2_124m, 4), (50257 + 3) / 4 * 768 + 1024 * 768);
 }
 
-TEST(Architecture, StagesPartitionTheLayersAndTheTiedHeadIsCopiedOnTheLastStage) {
+TEST(PlanArchitecture, StagesPartitionTheLayersAndTheTiedHeadIsCopiedOnTheLastStage) {
   for (int p : {1, 2, 5, 7, 12}) {
     std::int64_t layers = 0, params = 0;
     for (int i = 0; i < p; ++i) {
@@ -64,7 +64,7 @@ TEST(Architecture, StagesPartitionTheLayersAndTheTiedHeadIsCopiedOnTheLastStage)
   EXPECT_EQ(params, fp::total_params(fp::llama2_7b));
 }
 
-TEST(Architecture, FsdpUnitsFollowTheContract) {
+TEST(PlanArchitecture, FsdpUnitsFollowTheContract) {
   const auto u = fp::fsdp_units(fp::gpt2_124m);
   ASSERT_EQ(u.size(), 14u);
   EXPECT_EQ(u.front(), 50257LL * 768 + 1024 * 768);
@@ -74,14 +74,14 @@ TEST(Architecture, FsdpUnitsFollowTheContract) {
   EXPECT_EQ(sum, fp::total_params(fp::gpt2_124m));
 }
 
-TEST(Architecture, PresetsByName) {
+TEST(PlanArchitecture, PresetsByName) {
   EXPECT_EQ(fp::preset("gpt2", "1.5B")->layers, 48);
   EXPECT_EQ(fp::preset("llama", "70B")->kv_heads, 8);
   EXPECT_FALSE(fp::preset("llama", "65B"));
   EXPECT_FALSE(fp::preset("bert", "124M"));
 }
 
-TEST(Architecture, SplitsThatCannotWorkAreConfigErrors) {
+TEST(PlanArchitecture, SplitsThatCannotWorkAreConfigErrors) {
   auto message = [](auto&& f) {
     try {
       f();

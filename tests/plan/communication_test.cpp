@@ -20,7 +20,7 @@ double simulate_ring(fp::Collective c, double bytes, int n) {
 }
 }  // namespace
 
-TEST(Communication, RingBytesMatchAnExplicitRing) {
+TEST(PlanCommunication, RingBytesMatchAnExplicitRing) {
   for (int n : {1, 2, 3, 8, 64}) {
     for (auto c :
          {fp::Collective::all_reduce, fp::Collective::reduce_scatter, fp::Collective::all_gather}) {
@@ -29,7 +29,7 @@ TEST(Communication, RingBytesMatchAnExplicitRing) {
   }
 }
 
-TEST(Communication, AlphaBetaTime) {
+TEST(PlanCommunication, AlphaBetaTime) {
   const fp::Link l{100.0, 2.0};  // 100 GB/s, 2 µs
   // 8 ranks, 1 GB all-reduce: 14 steps · 2 µs + 2·7/8 GB / 100 GB/s.
   EXPECT_DOUBLE_EQ(fp::ring_seconds(fp::Collective::all_reduce, 1e9, 8, l),
@@ -41,7 +41,7 @@ TEST(Communication, AlphaBetaTime) {
 }
 
 // DESIGN.md law 4 / ZeRO §7: DP moves 2Ψ(N−1)/N, ZeRO-1/2 the same, ZeRO-3 1.5× that.
-TEST(Communication, ZeroStageVolumes) {
+TEST(PlanCommunication, ZeroStageVolumes) {
   const fp::Link l{100.0, 0.0};
   const std::int64_t psi = 1'000'000 * 8;  // divisible by 8
   const double dp = fp::data_parallel_traffic(psi, fp::Precision::bf16, 0, 8, 1, l).bytes();
@@ -66,7 +66,7 @@ TEST(Communication, ZeroStageVolumes) {
 
 // Korthikanti et al. 2022 §4.2.2 / Shoeybi et al. 2019: two all-reduces of b·s·h forward and
 // two backward per layer; the loss adds three of b·s floats; the embedding one of b·s·h.
-TEST(Communication, TensorParallelVolumes) {
+TEST(PlanCommunication, TensorParallelVolumes) {
   const fp::Link l{100.0, 0.0};
   const fp::ActivationShape x{1024, 2, 768, 6};
   const double act = 1024.0 * 2 * 768 * 2;  // bf16
@@ -85,7 +85,7 @@ TEST(Communication, TensorParallelVolumes) {
       0.0);
 }
 
-TEST(Communication, PipelineSendsOneActivationEachWayPerBoundary) {
+TEST(PlanCommunication, PipelineSendsOneActivationEachWayPerBoundary) {
   const fp::Link l{50.0, 0.0};
   const fp::ActivationShape x{4096, 1, 8192, 10};
   const double act = 4096.0 * 8192 * 2;
@@ -104,7 +104,7 @@ TEST(Communication, PipelineSendsOneActivationEachWayPerBoundary) {
 }
 
 // Megatron's order: tp innermost, then pp, dp outermost; a group inside one node uses NVLink.
-TEST(Communication, AxisLinksFollowTheRankLayout) {
+TEST(PlanCommunication, AxisLinksFollowTheRankLayout) {
   const auto a = fp::axis_links(8, 1, 4, 8);
   EXPECT_TRUE(a.tp_in_node);
   EXPECT_TRUE(a.pp_in_node);

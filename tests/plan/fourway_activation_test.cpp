@@ -31,7 +31,7 @@ std::int64_t block_by_tensor(std::int64_t B, std::int64_t T, std::int64_t C, std
 }
 }  // namespace
 
-TEST(FourwayActivation, BlockAndWholeModelByTensor) {
+TEST(PlanFourwayActivation, BlockAndWholeModelByTensor) {
   for (auto p : {fp::Precision::fp32, fp::Precision::bf16}) {
     const std::int64_t w = p == fp::Precision::fp32 ? 4 : 2;
     const fp::GptActivationShape x{3, 17, 24, 4, 101, 5, p};
@@ -45,7 +45,7 @@ TEST(FourwayActivation, BlockAndWholeModelByTensor) {
   }
 }
 
-TEST(FourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
+TEST(PlanFourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
   const fp::GptActivationShape x{4, 64, 128, 4, 512, 12, fp::Precision::fp32};
   const auto full = fp::fourway_activation_bytes(x, false);
   const auto ckpt = fp::fourway_activation_bytes(x, true);

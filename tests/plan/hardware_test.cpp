@@ -5,7 +5,7 @@
 namespace fp = fourway::plan;
 
 // The presets carry the datasheet figures cited in hardware.hpp.
-TEST(Hardware, PresetsCarryTheDatasheetFigures) {
+TEST(PlanHardware, PresetsCarryTheDatasheetFigures) {
   const auto a100 = *fp::hardware_preset("a100-80g");
   EXPECT_EQ(a100.memory_gb, 80.0);
   EXPECT_EQ(a100.peak_tflops(fp::Precision::bf16), 312.0);

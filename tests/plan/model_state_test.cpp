@@ -17,7 +17,7 @@ static_assert(fp::Optimizer::adam().k(fp::Precision::fp32) == 8);
 // Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 // Models", Figure 1: a 7.5B-parameter model, N_d = 64, K = 12: 120 GB baseline, 31.4 GB (P_os),
 // 16.6 GB (P_os+g), 1.9 GB (P_os+g+p). The paper prints one decimal; GB = 1e9 B.
-TEST(ModelState, ZeroPaperFigure1SevenPointFiveBillionOn64Gpus) {
+TEST(PlanModelState, ZeroPaperFigure1SevenPointFiveBillionOn64Gpus) {
   const double psi = 7.5e9;
   const double printed[4] = {120.0, 31.4, 16.6, 1.9};
   for (int stage = 0; stage <= 3; ++stage) {
@@ -36,7 +36,7 @@ TEST(ModelState, ZeroPaperFigure1SevenPointFiveBillionOn64Gpus) {
 
 // The seed and the issue: a 70B model holds ~1.1 TB of mixed-precision Adam state (16 B per
 // parameter: 2 weights + 2 gradients + 4 master + 8 moments).
-TEST(ModelState, SeventyBillionParametersIsAboutOnePointOneTerabytes) {
+TEST(PlanModelState, SeventyBillionParametersIsAboutOnePointOneTerabytes) {
   const auto b = fp::model_state_bytes(70'000'000'000, fp::Precision::bf16, 0, 1);
   EXPECT_EQ(b.weights, 140'000'000'000);
   EXPECT_EQ(b.grads, 140'000'000'000);
@@ -47,8 +47,9 @@ TEST(ModelState, SeventyBillionParametersIsAboutOnePointOneTerabytes) {
 }
 
 // DESIGN.md law 3 with padding, for random group sizes and counts that do not divide:
-// 16Ψ -> 4Ψ + 12Ψ/N -> 2Ψ + 14Ψ/N -> 16Ψ/N in bf16 with Ψ/N := ceil(Ψ/N) and Ψ := N·ceil(Ψ/N).
-TEST(ModelState, ZeroLawWithFlatPaddingForRandomCounts) {
+// 16Ψ -> 4Ψ' + 12Ψ'/N -> 2Ψ' + 14Ψ'/N -> 16Ψ'/N in bf16 with Ψ'/N := ceil(Ψ/N), Ψ' := N·ceil(Ψ/N)
+// (stage 0 shards nothing and pads nothing).
+TEST(PlanModelState, ZeroLawWithFlatPaddingForRandomCounts) {
   std::mt19937_64 gen(8);
   for (int trial = 0; trial < 200; ++trial) {
     const std::int64_t psi = std::uniform_int_distribution<std::int64_t>(1, 50'000'000)(gen);
@@ -56,7 +57,7 @@ TEST(ModelState, ZeroLawWithFlatPaddingForRandomCounts) {
     std::int64_t shard = psi / n;
     if (shard * n < psi) ++shard;
     const std::int64_t full = shard * n;
-    const std::int64_t expect[4] = {16 * full, 4 * full + 12 * shard, 2 * full + 14 * shard,
+    const std::int64_t expect[4] = {16 * psi, 4 * full + 12 * shard, 2 * full + 14 * shard,
                                     16 * shard};
     for (int stage = 0; stage <= 3; ++stage) {
       EXPECT_EQ(fp::model_state_bytes(psi, fp::Precision::bf16, stage, n).total(), expect[stage])
@@ -65,12 +66,12 @@ TEST(ModelState, ZeroLawWithFlatPaddingForRandomCounts) {
     // fp32: 4 weights + 4 gradients + 8 moments, no master copy.
     const auto s0 = fp::model_state_bytes(psi, fp::Precision::fp32, 0, n);
     const auto s2 = fp::model_state_bytes(psi, fp::Precision::fp32, 2, n);
-    EXPECT_EQ(s0, (fp::ModelStateBytes{4 * full, 4 * full, 0, 8 * full}));
+    EXPECT_EQ(s0, (fp::ModelStateBytes{4 * psi, 4 * psi, 0, 8 * psi}));
     EXPECT_EQ(s2, (fp::ModelStateBytes{4 * full, 4 * shard, 0, 8 * shard}));
   }
 }
 
-TEST(ModelState, PerUnitPaddingPadsEachUnitOnItsOwn) {
+TEST(PlanModelState, PerUnitPaddingPadsEachUnitOnItsOwn) {
   const std::vector<std::int64_t> units = {5, 7, 11};  // 23 parameters
   EXPECT_EQ(fp::shard_elements(23, 4, fp::Padding::per_unit(units)), 2 + 2 + 3);
   EXPECT_EQ(fp::shard_elements(23, 4, fp::Padding::flat()), 6);
@@ -81,12 +82,12 @@ TEST(ModelState, PerUnitPaddingPadsEachUnitOnItsOwn) {
   EXPECT_EQ(b1, (fp::ModelStateBytes{28 * 2, 28 * 2, 7 * 4, 7 * 8}));
 }
 
-TEST(ModelState, OneRankHasNoPadding) {
+TEST(PlanModelState, OneRankHasNoPadding) {
   const auto b = fp::model_state_bytes(124'439'808, fp::Precision::bf16, 3, 1);
   EXPECT_EQ(b.total(), 16 * 124'439'808LL);
 }
 
-TEST(ModelState, KIsConfigurable) {
+TEST(PlanModelState, KIsConfigurable) {
   const fp::Optimizer sgd_momentum{4};
   EXPECT_EQ(sgd_momentum.k(fp::Precision::bf16), 8);
   const auto b =
@@ -95,7 +96,7 @@ TEST(ModelState, KIsConfigurable) {
   EXPECT_DOUBLE_EQ(fp::zero_paper_bytes(1000, 1, 4, 8), 4000 + 8 * 1000 / 4.0);
 }
 
-TEST(ModelState, BadInputIsAConfigErrorNamingTheNumbers) {
+TEST(PlanModelState, BadInputIsAConfigErrorNamingTheNumbers) {
   try {
     (void)fp::model_state_bytes(1000, fp::Precision::bf16, 5, 4);
     FAIL() << "stage 5 accepted";

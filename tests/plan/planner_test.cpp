@@ -24,7 +24,7 @@ bool contains(const std::string& s, const std::string& part) {
 }
 }  // namespace
 
-TEST(Planner, StatesOfEveryStageAreTheModelStateFormula) {
+TEST(PlanPlanner, StatesOfEveryStageAreTheModelStateFormula) {
   const fp::Model m{fp::gpt2_350m, 0};
   fp::Strategy s{.dp = 2, .tp = 2, .pp = 2, .zero = 2, .micro_batch = 2, .micro_batches = 4};
   const auto p = fp::make_plan(m, cluster(8), s);
@@ -38,7 +38,7 @@ TEST(Planner, StatesOfEveryStageAreTheModelStateFormula) {
   EXPECT_EQ(p.worst().total(), std::max(p.stages[0].total(), p.stages[1].total()));
 }
 
-TEST(Planner, ActivationsAreKorthikantiTimesMicroBatchesInFlight) {
+TEST(PlanPlanner, ActivationsAreKorthikantiTimesMicroBatchesInFlight) {
   const auto a = fp::gpt2_124m;
   const fp::Model m{a, 0};
   for (auto sched : {fp::Schedule::gpipe, fp::Schedule::one_f_one_b}) {
@@ -61,7 +61,7 @@ TEST(Planner, ActivationsAreKorthikantiTimesMicroBatchesInFlight) {
   }
 }
 
-TEST(Planner, ParamsOnlyModelsStatesAndNothingElse) {
+TEST(PlanPlanner, ParamsOnlyModelsStatesAndNothingElse) {
   const fp::Model m{std::nullopt, 7'500'000'000};
   fp::Strategy s{.dp = 64, .zero = 1};
   const auto p = fp::make_plan(m, cluster(64), s);
@@ -71,7 +71,7 @@ TEST(Planner, ParamsOnlyModelsStatesAndNothingElse) {
   EXPECT_TRUE(p.fits);
 }
 
-TEST(Planner, StepTimeIsComputeOverAchievableFlopsWhenNothingElseCosts) {
+TEST(PlanPlanner, StepTimeIsComputeOverAchievableFlopsWhenNothingElseCosts) {
   const fp::Model m{fp::gpt2_124m, 0};
   fp::Strategy s{.micro_batch = 4, .micro_batches = 2, .precision = fp::Precision::bf16};
   fp::Options o;
@@ -85,7 +85,7 @@ TEST(Planner, StepTimeIsComputeOverAchievableFlopsWhenNothingElseCosts) {
   EXPECT_DOUBLE_EQ(p.time->mfu, 100.0 / 989.0);
 }
 
-TEST(Planner, PipelineStepIncludesTheBubble) {
+TEST(PlanPlanner, PipelineStepIncludesTheBubble) {
   const fp::Model m{fp::gpt2_shape(8, 512, 8, 1000, 256), 0};
   fp::Options o;
   o.achievable_tflops = 100;
@@ -100,7 +100,7 @@ TEST(Planner, PipelineStepIncludesTheBubble) {
   EXPECT_DOUBLE_EQ(p.time->bubble, 3.0 / 15.0);
 }
 
-TEST(Planner, MeshesThatCannotExistAreConfigErrors) {
+TEST(PlanPlanner, MeshesThatCannotExistAreConfigErrors) {
   const fp::Model g{fp::gpt2_124m, 0};
   EXPECT_TRUE(
       contains(error_of(g, cluster(0), fp::Strategy{}), "0 GPUs; a plan needs at least one"));
@@ -116,7 +116,7 @@ TEST(Planner, MeshesThatCannotExistAreConfigErrors) {
                        "the model has 0 parameters"));
 }
 
-TEST(Planner, RecommendRanksByStepTimeAndPrefersNoTensorOrPipelineParallelism) {
+TEST(PlanPlanner, RecommendRanksByStepTimeAndPrefersNoTensorOrPipelineParallelism) {
   const fp::Model m{fp::llama2_13b, 0};
   fp::SearchSpace sp;
   sp.global_batch = 32;
@@ -150,7 +150,7 @@ TEST(Planner, RecommendRanksByStepTimeAndPrefersNoTensorOrPipelineParallelism) {
   EXPECT_DOUBLE_EQ(f.fitting[*f.chosen].time->total_s, f.fitting.front().time->total_s);
 }
 
-TEST(Planner, RecommendSaysWhatIsMissingWhenNothingFits) {
+TEST(PlanPlanner, RecommendSaysWhatIsMissingWhenNothingFits) {
   const fp::Model m{std::nullopt, 70'000'000'000};
   const auto r = fp::recommend(m, cluster(8), fp::SearchSpace{});
   EXPECT_FALSE(r.chosen);
@@ -162,7 +162,7 @@ TEST(Planner, RecommendSaysWhatIsMissingWhenNothingFits) {
   EXPECT_TRUE(bigger.chosen);
 }
 
-TEST(Planner, RecommendTakesTheSimpleMeshWhenItIsCloseEnough) {
+TEST(PlanPlanner, RecommendTakesTheSimpleMeshWhenItIsCloseEnough) {
   fp::SearchSpace sp;
   sp.micro_batch = 4;
   const auto r = fp::recommend(fp::Model{fp::gpt2_774m, 0}, cluster(8), sp);

@@ -12,7 +12,7 @@ bool contains(const std::string& s, const std::string& part) {
 }
 }  // namespace
 
-TEST(Report, TableStatesUnitsAndEveryRow) {
+TEST(PlanReport, TableStatesUnitsAndEveryRow) {
   const fp::Model m{fp::gpt2_124m, 0};
   fp::Strategy s{.dp = 8, .zero = 3, .micro_batch = 4, .recompute = fp::Recompute::full};
   const auto p = fp::make_plan(m, fp::Cluster{fp::a100_80g, 8}, s);
@@ -28,7 +28,7 @@ TEST(Report, TableStatesUnitsAndEveryRow) {
   EXPECT_TRUE(contains(t, std::to_string(static_cast<long long>(p.worst().total())))) << t;
 }
 
-TEST(Report, JsonCarriesTheNumbersUnrounded) {
+TEST(PlanReport, JsonCarriesTheNumbersUnrounded) {
   const fp::Model m{fp::gpt2_124m, 0};
   fp::Strategy s{.dp = 4, .pp = 2, .zero = 1, .micro_batches = 4};
   const auto p = fp::make_plan(m, fp::Cluster{fp::h100, 8}, s);
@@ -49,7 +49,7 @@ TEST(Report, JsonCarriesTheNumbersUnrounded) {
   EXPECT_TRUE(contains(j, "\"step_s\":"));
 }
 
-TEST(Report, RecommendationTextMarksTheChoice) {
+TEST(PlanReport, RecommendationTextMarksTheChoice) {
   const fp::Model m{fp::gpt2_774m, 0};
   fp::SearchSpace sp;
   sp.micro_batch = 2;

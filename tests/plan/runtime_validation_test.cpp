@@ -4,14 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <mutex>
 #include <random>
+#include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/parallel/sharded.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/fourway_activation.hpp"
+#include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/model_state.hpp"
 #include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
 
 namespace fw = fourway;
 namespace fp = fourway::plan;
@@ -109,27 +115,135 @@ void check_one_rank(fw::models::GptConfig cfg, std::int64_t B, std::int64_t Tn, 
 fw::models::GptConfig odd_config(bool checkpoint) {
   fw::models::GptConfig cfg;
   cfg.layers = 3;
-  cfg.heads = 4;
-  cfg.dim = 48;
+  cfg.heads = 5;
+  cfg.dim = 35;  // with 97 and 23: no segment divides by 2, 3 or 4, so every shard is padded
   cfg.vocab = 97;
-  cfg.max_seq = 24;
+  cfg.max_seq = 23;
   cfg.checkpoint = checkpoint;
   return cfg;
 }
 
 }  // namespace
 
-TEST(RuntimeValidation, OneRankFp32) { check_one_rank<float>(odd_config(false), 3, 19, 1); }
-TEST(RuntimeValidation, OneRankBf16) { check_one_rank<fw::bf16>(odd_config(false), 2, 23, 1); }
-TEST(RuntimeValidation, OneRankFp16Checkpointed) {
+TEST(PlanRuntimeValidation, OneRankFp32) { check_one_rank<float>(odd_config(false), 3, 19, 1); }
+TEST(PlanRuntimeValidation, OneRankBf16) { check_one_rank<fw::bf16>(odd_config(false), 2, 23, 1); }
+TEST(PlanRuntimeValidation, OneRankFp16Checkpointed) {
   check_one_rank<fw::fp16>(odd_config(true), 3, 17, 1);
 }
-TEST(RuntimeValidation, OneRankBf16CheckpointedWithLargeVocabulary) {
+TEST(PlanRuntimeValidation, OneRankBf16CheckpointedWithLargeVocabulary) {
   auto cfg = odd_config(true);
   cfg.vocab = 1031;  // the head outweighs one block: the other branch of the checkpointed peak
   check_one_rank<fw::bf16>(cfg, 2, 13, 1);
 }
 // Micro-batches run one after another: the peak is one micro-batch's.
-TEST(RuntimeValidation, GradientAccumulationKeepsOneStash) {
+TEST(PlanRuntimeValidation, GradientAccumulationKeepsOneStash) {
   check_one_rank<float>(odd_config(false), 2, 11, 3);
+}
+
+// ---- several ranks: ShardedStrategy<0|1|2|3> on a LocalWorld -----------------------------------
+
+namespace {
+
+struct MeshCase {
+  int stage = 0;
+  int ranks = 1;
+  int micro_batches = 1;
+  std::int64_t bucket_bytes = 25LL << 20;
+  bool checkpoint = false;
+};
+
+struct RankMeasure {
+  fp::ModelStateBytes states;
+  std::int64_t activation_peak = 0;
+};
+
+template <class T, int Stage>
+std::vector<RankMeasure> run_mesh(const fw::models::GptConfig& cfg, const MeshCase& mc,
+                                  std::int64_t global_batch, std::int64_t Tn) {
+  using Model = fw::models::Gpt<T, Host>;
+  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, Host, fw::LocalComm>;
+  std::vector<RankMeasure> out(static_cast<std::size_t>(mc.ranks));
+  std::mutex mu;
+  std::mt19937 rng(3);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(global_batch * (Tn + 1)));
+  for (auto& t : rows) t = static_cast<std::int32_t>(rng() % static_cast<unsigned>(cfg.vocab));
+  const fw::TokenBatch batch = fw::TokenBatch::from_rows(rows, global_batch, Tn);
+  fw::launch<fw::LocalWorld>(mc.ranks, [&](fw::World<fw::LocalWorld>& w) {
+    fw::LocalComm dp = w.comm().split(0, w.rank(), "dp");
+    Model model(w.ctx(), cfg, 11);
+    fw::TrainerOptions opts;
+    opts.micro_batches = mc.micro_batches;
+    fw::ShardedOptions so;
+    so.bucket_bytes = mc.bucket_bytes;
+    fw::Trainer<S> t(opts, w.ctx(), model, dp, fw::AdamW{}, so);
+    w.memory().reset_peak();
+    for (int step = 0; step < 2; ++step) (void)t.step(batch.view());
+    auto& m = w.memory();
+    RankMeasure r;
+    r.states = fp::ModelStateBytes{static_cast<std::int64_t>(m.current(MemTag::weights)),
+                                   static_cast<std::int64_t>(m.current(MemTag::grads)),
+                                   static_cast<std::int64_t>(m.current(MemTag::master_weights)),
+                                   static_cast<std::int64_t>(m.current(MemTag::optimizer_state))};
+    r.activation_peak = static_cast<std::int64_t>(m.peak(MemTag::activations));
+    std::lock_guard lock(mu);
+    out[static_cast<std::size_t>(w.rank())] = r;
+  });
+  return out;
+}
+
+template <class T>
+void check_mesh(const MeshCase& mc) {
+  auto cfg = odd_config(mc.checkpoint);
+  const std::int64_t per_rank = 2;  // sequences per micro-batch per rank
+  const std::int64_t global_batch = per_rank * mc.ranks * mc.micro_batches;
+  const std::int64_t Tn = 13;
+  std::vector<RankMeasure> got;
+  switch (mc.stage) {
+    case 0: got = run_mesh<T, 0>(cfg, mc, global_batch, Tn); break;
+    case 1: got = run_mesh<T, 1>(cfg, mc, global_batch, Tn); break;
+    case 2: got = run_mesh<T, 2>(cfg, mc, global_batch, Tn); break;
+    default: got = run_mesh<T, 3>(cfg, mc, global_batch, Tn); break;
+  }
+  const fp::Precision p = precision_of<T>();
+  const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+  const fp::ModelStateBytes plan =
+      fp::fourway_model_state_bytes(arch, p, mc.stage, mc.ranks, mc.bucket_bytes);
+  const fp::GptActivationShape x{per_rank, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
+  const std::int64_t act = fp::fourway_activation_bytes(x, cfg.checkpoint);
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE(::testing::Message() << "stage " << mc.stage << ", " << mc.ranks << " ranks, rank "
+                                      << r << ", buckets of " << mc.bucket_bytes << " B, "
+                                      << mc.micro_batches << " micro-batches");
+    EXPECT_EQ(got[r].states, plan);
+    const double rel = static_cast<double>(act - got[r].activation_peak) /
+                       static_cast<double>(got[r].activation_peak);
+    EXPECT_LE(std::abs(rel), 0.10)
+        << "planner " << act << " B, accountant " << got[r].activation_peak;
+    EXPECT_EQ(act, got[r].activation_peak);
+  }
+  // The published law next to the runtime's padding: the total is within N-1 elements per segment.
+  const std::int64_t psi = fp::total_params(arch);
+  const auto law = fp::model_state_bytes(psi, p, mc.stage, mc.ranks, fp::Padding::flat());
+  const auto segments = fp::fourway_segments(arch, mc.stage, mc.bucket_bytes, p);
+  EXPECT_LE(std::abs(plan.total() - law.total()),
+            16 * static_cast<std::int64_t>(segments.size()) * mc.ranks);
+}
+
+}  // namespace
+
+TEST(PlanRuntimeValidation, ShardedStagesOnTwoThreeAndFourRanks) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int ranks : {2, 3, 4}) check_mesh<float>(MeshCase{stage, ranks, 1, 512, false});
+  }
+}
+
+TEST(PlanRuntimeValidation, ShardedBf16WithDefaultBucketsAndMicroBatches) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    check_mesh<fw::bf16>(MeshCase{stage, 3, 2, 25LL << 20, false});
+  }
+}
+
+TEST(PlanRuntimeValidation, ShardedWithCheckpointing) {
+  check_mesh<float>(MeshCase{3, 4, 1, 512, true});
+  check_mesh<fw::bf16>(MeshCase{2, 2, 2, 700, true});
 }

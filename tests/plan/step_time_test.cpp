@@ -9,7 +9,7 @@ namespace fp = fourway::plan;
 // Narayanan et al. 2021 eq. (3): F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·h·l)) per iteration, and
 // with full recomputation 96·B·s·l·h²·(1 + s/(6h) + V/(16·h·l)). They count 12h² per block;
 // GPT-2's blocks also hold 13h biases and norms, a relative 13/(12h) difference.
-TEST(StepTime, FlopsPerTokenMatchNarayananEquationThree) {
+TEST(PlanStepTime, FlopsPerTokenMatchNarayananEquationThree) {
   for (const auto& a : {fp::gpt2_124m, fp::gpt2_1558m}) {
     const double s = static_cast<double>(a.seq), h = static_cast<double>(a.hidden),
                  l = static_cast<double>(a.layers), v = static_cast<double>(a.vocab);
@@ -21,7 +21,7 @@ TEST(StepTime, FlopsPerTokenMatchNarayananEquationThree) {
   }
 }
 
-TEST(StepTime, StagesSumToTheModelOverTp) {
+TEST(PlanStepTime, StagesSumToTheModelOverTp) {
   for (int p : {1, 2, 4, 12}) {
     for (int t : {1, 2, 4}) {
       for (auto r : {fp::Recompute::none, fp::Recompute::selective, fp::Recompute::full}) {
@@ -36,7 +36,7 @@ TEST(StepTime, StagesSumToTheModelOverTp) {
 
 // The bubble from an explicit GPipe timeline: forward of micro-batch j on stage i at slot i + j,
 // backward mirrored after all forwards; count the slots where stage 0 idles.
-TEST(StepTime, BubbleMatchesAnExplicitTimeline) {
+TEST(PlanStepTime, BubbleMatchesAnExplicitTimeline) {
   for (int p : {1, 2, 4, 8}) {
     for (int m : {1, 3, 8, 32}) {
       const int slots = 2 * (m + p - 1);

@@ -128,7 +128,7 @@ struct ModelStateBytes {
 /// pipeline parallelism) in a data-parallel group of `dp` ranks under ZeRO `zero_stage`.
 /// What is sharded holds `shard_elements(params, dp, padding)` elements; what is replicated
 /// holds the whole padded flat buffer, `dp` shards (the padding is allocated and counted like any
-/// other element, docs/parallel.md) — `params` itself when `dp` is 1 or the padding is exact.
+/// other element, parallel/flat_layout.hpp) — `params` itself under stage 0, which shards nothing.
 constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision precision,
                                             int zero_stage, int dp,
                                             Padding padding = Padding::flat(),
@@ -138,7 +138,7 @@ constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision preci
   detail::require(optimizer.state_bytes_per_param >= 0,
                   "fourway: optimizer state bytes per parameter must be >= 0");
   const std::int64_t shard = shard_elements(params, dp, padding);
-  const std::int64_t full = shard * dp;
+  const std::int64_t full = zero_stage == 0 ? params : shard * dp;  // nothing sharded, no padding
   const std::int64_t w = working_bytes(precision);
   ModelStateBytes b;
   b.weights = (zero_stage >= 3 ? shard : full) * w;
