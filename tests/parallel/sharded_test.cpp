@@ -64,3 +64,272 @@ TEST_P(ParallelShardedMatchesOneRank, Fp32TwentySteps) {
 INSTANTIATE_TEST_SUITE_P(Stages, ParallelShardedMatchesOneRank, ::testing::Values(0, 1, 2, 3));
 
 }  // namespace
+
+namespace {
+
+// ---- determinism ---------------------------------------------------------------------------------
+
+TEST(ParallelSharded, BitwiseDeterministicRunToRun) {
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc;
+    rc.stage = stage;
+    rc.ranks = 3;
+    rc.steps = 6;
+    const RunResult a = h8::run<float>(rc);
+    const RunResult b = h8::run<float>(rc);
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    EXPECT_EQ(0, std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)))
+        << "stage " << stage;
+    for (std::size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
+                               a.params[i].size() * sizeof(float)))
+          << "stage " << stage << " parameter " << i;
+    }
+  }
+}
+
+TEST(ParallelSharded, OverlapChangesTimingNotResults) {
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc;
+    rc.stage = stage;
+    rc.ranks = 4;
+    rc.steps = 4;
+    const RunResult on = h8::run<float>(rc);
+    rc.overlap = false;
+    const RunResult off = h8::run<float>(rc);
+    EXPECT_EQ(on.losses, off.losses) << "stage " << stage;
+    EXPECT_EQ(on.params, off.params) << "stage " << stage;
+    EXPECT_EQ(on.ranks[0].step_bytes, off.ranks[0].step_bytes) << "stage " << stage;
+  }
+}
+
+// ---- checkpointing and micro-batches -------------------------------------------------------------
+
+TEST(ParallelSharded, ActivationCheckpointingUnderEveryStage) {
+  // One rank: checkpointing gives bitwise the same gradients, so the reference is the run
+  // without it; under stage 3 the recomputation must see re-gathered weights.
+  RunConfig base;
+  base.steps = 8;
+  const RunResult ref = h8::run_single<float>(base);
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc = base;
+    rc.stage = stage;
+    rc.ranks = 3;
+    rc.checkpoint = true;
+    expect_close(h8::run<float>(rc), ref, kFp32Tol, "checkpointed stage " + std::to_string(stage));
+  }
+}
+
+TEST(ParallelSharded, MicroBatchesAccumulateUnderEveryStage) {
+  RunConfig base;
+  base.steps = 8;
+  const RunResult ref = h8::run_single<float>(base);
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc = base;
+    rc.stage = stage;
+    rc.ranks = 4;
+    rc.micro_batches = 3;
+    expect_close(h8::run<float>(rc), ref, kFp32Tol, "3 micro-batches stage " + std::to_string(stage));
+  }
+}
+
+// ---- memory: the ZeRO formula, padding included -------------------------------------------------
+
+/// Parameter elements per FSDP unit of the tiny GPT, from its shapes (HF GPT-2 layout):
+/// unit 0 = wte + wpe; a block = 2 LayerNorms + c_attn + c_proj + c_fc + mlp c_proj; the head
+/// owns ln_f (its wte belongs to unit 0).
+std::vector<std::int64_t> unit_elements() {
+  const auto c = h8::tiny_gpt();
+  const std::int64_t C = c.dim;
+  std::vector<std::int64_t> u;
+  u.push_back(std::int64_t{c.vocab} * C + std::int64_t{c.max_seq} * C);
+  for (int l = 0; l < c.layers; ++l) {
+    u.push_back(2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C));
+  }
+  u.push_back(2 * C);
+  return u;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+template <class T>
+void check_memory_formula() {
+  const auto units = unit_elements();
+  std::int64_t psi = 0;
+  for (auto u : units) psi += u;
+  const std::int64_t w = sizeof(T);
+  const std::int64_t master = std::is_same_v<T, float> ? 0 : 4;  // fp32: weights are the master
+  const std::int64_t k = master + 8;                             // ZeRO's K: 12 mixed, 8 fp32
+  for (int n : {1, 2, 3, 4, 8}) {
+    const std::int64_t psi_pad = ceil_div(psi, n) * n;  // one bucket: one padded segment
+    std::int64_t unit_shard = 0;
+    for (auto u : units) unit_shard += ceil_div(u, n);
+    // {weights, grads, master, optimizer state} per rank, stage by stage (ZeRO §5.1:
+    // 16Ψ -> 4Ψ + KΨ/N -> 2Ψ + (2+K)Ψ/N -> (4+K)Ψ/N with 2-byte weights; Ψ/N rounded up).
+    const std::array<std::array<std::int64_t, 4>, 4> expect = {{
+        {w * psi, w * psi, master * psi, 8 * psi},
+        {w * psi_pad, w * psi_pad, master * (psi_pad / n), 8 * (psi_pad / n)},
+        {w * psi_pad, w * (psi_pad / n), master * (psi_pad / n), 8 * (psi_pad / n)},
+        {w * unit_shard, w * unit_shard, master * unit_shard, 8 * unit_shard},
+    }};
+    for (int stage = 0; stage < 4; ++stage) {
+      RunConfig rc;
+      rc.stage = stage;
+      rc.ranks = n;
+      rc.steps = 2;
+      rc.bucket_bytes = 0;
+      const RunResult r = h8::run<T>(rc);
+      std::int64_t total = 0;
+      for (auto b : expect[static_cast<std::size_t>(stage)]) total += b;
+      if constexpr (!std::is_same_v<T, float>) {
+        const std::int64_t paper[4] = {16 * psi, 4 * psi_pad + 12 * (psi_pad / n),
+                                       2 * psi_pad + 14 * (psi_pad / n), 16 * unit_shard};
+        EXPECT_EQ(total, paper[stage]) << "stage " << stage << " n " << n;
+      } else {
+        (void)k;
+      }
+      for (int q = 0; q < n; ++q) {
+        const auto& got = r.ranks[static_cast<std::size_t>(q)].state_bytes;
+        for (int t = 0; t < 4; ++t) {
+          EXPECT_EQ(static_cast<std::int64_t>(got[static_cast<std::size_t>(t)]),
+                    expect[static_cast<std::size_t>(stage)][static_cast<std::size_t>(t)])
+              << "stage " << stage << " ranks " << n << " rank " << q << " tag " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(ParallelShardedMemory, ZeroFormulaBf16) { check_memory_formula<fw::bf16>(); }
+TEST(ParallelShardedMemory, ZeroFormulaFp32) { check_memory_formula<float>(); }
+
+TEST(ParallelShardedMemory, Stage3PeakGatheredIsShardPlusTwoUnits) {
+  for (int n : {2, 3, 8}) {
+    RunConfig rc;
+    rc.stage = 3;
+    rc.ranks = n;
+    rc.steps = 3;
+    for (bool ckpt : {false, true}) {
+      rc.checkpoint = ckpt;
+      const RunResult r = h8::run<float>(rc);
+      for (const auto& rr : r.ranks) {
+        const auto shard_bytes = static_cast<std::size_t>(rr.shard_elements) * sizeof(float);
+        EXPECT_LE(rr.gathered_peak, 2 * rr.max_unit_bytes) << "ranks " << n;
+        EXPECT_LE(rr.peak_weights, shard_bytes + static_cast<std::size_t>(2 * rr.max_unit_bytes))
+            << "ranks " << n;
+        EXPECT_GT(rr.gathered_peak, 0);
+        EXPECT_EQ(rr.state_bytes[0], shard_bytes);  // at rest: the shard only
+      }
+    }
+  }
+}
+
+// ---- communication: bytes per step from the counting decorator ----------------------------------
+
+TEST(ParallelShardedComm, BytesPerStepEqualTheFormula) {
+  const auto units = unit_elements();
+  std::int64_t psi = 0;
+  for (auto u : units) psi += u;
+  const double w = sizeof(float);
+  for (int n : {2, 3, 4, 8}) {
+    const double ring = 2.0 * (n - 1) / n;  // all-reduce bus factor (nccl-tests)
+    const std::int64_t shard = ceil_div(psi, n);
+    std::int64_t unit_shard = 0;
+    for (auto u : units) unit_shard += ceil_div(u, n);
+    // Stage 3 gathers each unit before its forward and its backward, except the head's set
+    // (ln_f + the tied wte of unit 0), which stays gathered across the forward/backward turn;
+    // the head's forward re-gathers unit 0 for the tied wte: +unit 0, -head.
+    const std::int64_t gathered = 2 * unit_shard + ceil_div(units.front(), n) - ceil_div(units.back(), n);
+    for (int m : {1, 2}) {
+      const double loss = 8 * ring;  // the loss: one double all-reduced
+      const double norm = 8 * ring;  // Σg² of the shards: one double (stages 1-3)
+      const double expect[4] = {
+          psi * w * ring + loss,
+          2.0 * shard * w * (n - 1) + loss + norm,
+          (m + 1.0) * shard * w * (n - 1) + loss + norm,
+          m * (gathered + unit_shard) * w * (n - 1) + loss + norm,
+      };
+      for (int stage = 0; stage < 4; ++stage) {
+        if (h8::kBatch % (n * m) != 0) continue;
+        RunConfig rc;
+        rc.stage = stage;
+        rc.ranks = n;
+        rc.steps = 2;
+        rc.micro_batches = m;
+        rc.bucket_bytes = 0;
+        const RunResult r = h8::run<float>(rc);
+        for (const auto& rr : r.ranks) {
+          // doubles: the decorator sums per-call ring bytes; exact but for 2(N-1)/N rounding
+          EXPECT_NEAR(rr.step_bytes, expect[stage], 1e-9 * expect[stage])
+              << "stage " << stage << " ranks " << n << " micro-batches " << m;
+        }
+      }
+    }
+    // the ZeRO paper's ratio, stage 3 / stage 0 = 1.5 on the parameters, plus the tie term
+    const double s0 = psi * w * ring;
+    const double s3 = (gathered + unit_shard) * w * (n - 1);
+    const double tie = (ceil_div(units.front(), n) - ceil_div(units.back(), n)) * w * (n - 1);
+    const double pad = 3.0 * (unit_shard * n - psi) * w * (n - 1) / n;
+    EXPECT_NEAR((s3 - tie - pad) / s0, 1.5, 1e-12) << "ranks " << n;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// ---- mixed precision -----------------------------------------------------------------------------
+
+template <class T>
+double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
+  double d = 0;
+  for (std::size_t s = 0; s < b.losses.size(); ++s) {
+    d = std::max(d, std::abs(double(a.losses[s]) - b.losses[s]) / std::abs(double(b.losses[s])));
+  }
+  return d;
+}
+
+TEST(ParallelShardedPrecision, Bf16UnderEveryStage) {
+  RunConfig base;
+  base.steps = 10;
+  const RunResult ref = h8::run_single<fw::bf16>(base);
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc = base;
+    rc.stage = stage;
+    rc.ranks = 3;
+    const RunResult got = h8::run<fw::bf16>(rc);
+    const double d = max_loss_rel_diff<fw::bf16>(got, ref);
+    std::printf("bf16 stage %d: max relative loss difference to one rank %.3g\n", stage, d);
+    // bf16 keeps 8 significant bits (one rounding ~4e-3 relative); gradients summed over ranks
+    // in another order round differently, which moves the loss by a few ulps of its 1e-5-size
+    // updates: measured 3.5e-5 over 10 steps on this model, bound 1e-3.
+    EXPECT_LE(d, 1e-3) << "stage " << stage;
+  }
+}
+
+TEST(ParallelShardedPrecision, Fp16LossScalingSkipsAgreeOnAllRanks) {
+  RunConfig base;
+  base.steps = 10;
+  base.scaler.init_scale = 16777216.0f;  // 2^24: the first steps overflow fp16 and are skipped
+  base.scaler.growth_interval = 3;       // and the scale grows back into overflow later
+  const RunResult ref = h8::run_single<fw::fp16>(base);
+  for (int stage : {0, 1, 2, 3}) {
+    RunConfig rc = base;
+    rc.stage = stage;
+    rc.ranks = 3;
+    const RunResult got = h8::run<fw::fp16>(rc);
+    for (const auto& rr : got.ranks) {
+      EXPECT_EQ(rr.skipped, got.ranks[0].skipped) << "stage " << stage;
+      EXPECT_EQ(rr.losses, got.losses) << "stage " << stage;
+    }
+    EXPECT_GT(got.ranks[0].skipped, 0) << "stage " << stage;
+    const double d = max_loss_rel_diff<fw::fp16>(got, ref);
+    std::printf("fp16 stage %d: skipped %ld (one rank %ld), max relative loss difference %.3g\n",
+                stage, got.ranks[0].skipped, ref.ranks[0].skipped, d);
+    EXPECT_EQ(got.ranks[0].skipped, ref.ranks[0].skipped) << "stage " << stage;
+    // fp16 keeps 11 significant bits; measured 1.1e-6 over 10 steps, bound 1e-4.
+    EXPECT_LE(d, 1e-4) << "stage " << stage;
+  }
+}
+
+}  // namespace
