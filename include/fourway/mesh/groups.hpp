@@ -63,14 +63,13 @@ class MeshGroups {
     std::string fixed;
     for (int a = 0; a < axis_count; ++a) {
       const auto ax = static_cast<Axis>(a);
-      if (axes.contains(ax)) {
-        in += (in.empty() ? "" : "+") + std::string(axis_name(ax));
-      } else {
-        fixed += (fixed.empty() ? "" : ",") + std::string(axis_name(ax)) + "=" +
-                 std::to_string(coord_[ax]);
-      }
+      std::string& part = axes.contains(ax) ? in : fixed;
+      if (!part.empty()) part.append(axes.contains(ax) ? "+" : ",");
+      part.append(axis_name(ax));
+      if (!axes.contains(ax)) part.append("=").append(std::to_string(coord_[ax]));
     }
-    return fixed.empty() ? in : in + "[" + fixed + "]";
+    if (!fixed.empty()) in.append("[").append(fixed).append("]");
+    return in;
   }
 
  private:
