@@ -1,0 +1,18 @@
+//! `Ops<Cuda>`: the CUDA kernel set for layers instantiated on `Cuda` — the same forwarding
+//! members as `Ops<Host>` (layers/ops.hpp), to `fourway::cuda`. Include it (or fourway.cuh)
+//! before instantiating a layer or `models::Gpt` on `Cuda`.
+// fourway-requires: cuda
+#pragma once
+
+#include "fourway/backend/cuda/backend.cuh"
+#include "fourway/backend/cuda/kernels.cuh"
+#include "fourway/layers/ops.hpp"
+
+namespace fourway {
+
+template <>
+struct Ops<Cuda> {
+  FOURWAY_LAYERS_KERNEL_SET(::fourway::cuda)
+};
+
+}  // namespace fourway
