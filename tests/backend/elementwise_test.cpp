@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <bit>
 #include <limits>
+#include <random>
 
 #include "kernel_test_util.hpp"
 
@@ -81,6 +83,42 @@ TYPED_TEST(HostElementwise, CastRoundsToNearest) {
   // nearest rounding: |cast(x) - x| <= u |x|; and T -> float is exact
   ft::expect_close(ft::to_double(back), ft::to_double(src), 0.0, ft::unit_roundoff<T>(), "cast");
   for (std::size_t i = 0; i < src.size(); ++i) ASSERT_EQ(fw::convert<float>(dst[i]), back[i]);
+}
+
+TEST(HostElementwiseCast, Fp16MatchesScalarConversionBitwise) {
+  // the vectorised fp16 path must equal the scalar conversion for every class of value:
+  // normal, fp16-subnormal, overflow to inf, ties, infinities and NaN
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> src;
+  std::mt19937 gen(11);
+  for (int i = 0; i < 20000; ++i) {
+    const int e = static_cast<int>(gen() % 60) - 40;  // 2^-40 .. 2^19
+    src.push_back(std::ldexp(static_cast<float>(gen() % 4096) / 4096.0f + 1.0f, e) * ((gen() & 1) ? 1.0f : -1.0f));
+  }
+  for (float v : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e9f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 1.0009765625f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    src.push_back(v);
+  }
+  const auto n = static_cast<std::int64_t>(src.size());
+  std::vector<fw::fp16> h(src.size());
+  fw::host::cast(ctx, h.data(), src.data(), n);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(h[i].bits, fw::fp16(src[i]).bits) << src[i];
+  }
+  std::vector<fw::fp16> all(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) all[b] = fw::fp16::from_bits(static_cast<std::uint16_t>(b));
+  std::vector<float> back(all.size());
+  fw::host::cast(ctx, back.data(), all.data(), 65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float want = static_cast<float>(all[b]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(back[b])) << b;
+    } else {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(back[b]), std::bit_cast<std::uint32_t>(want)) << b;
+    }
+  }
 }
 
 TYPED_TEST(HostElementwise, ScaleInPlace) {

@@ -1,5 +1,6 @@
 //! Fused AdamW (Loshchilov & Hutter 2019) with PyTorch's `torch.optim.AdamW` semantics, host side;
-//! also defines `AdamWStep` and the per-element update the CUDA kernel shares.
+//! also defines `AdamWStep` and the per-element update (moments, then parameter) that the CUDA
+//! kernel shares.
 //!
 //! One pass per element, fp32 master weight `p`, moments `m`, `v`:
 //! ```
@@ -16,6 +17,7 @@
 #include <cstdint>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/host/math.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 
@@ -59,14 +61,17 @@ inline AdamWConstants adamw_constants(const AdamWStep& s) {
                         static_cast<float>(1.0 / std::sqrt(bc2))};
 }
 
-/// The update of one element; returns the new master weight.
-FOURWAY_HOST_DEVICE inline float adamw_element(const AdamWConstants& k, float p, float& m, float& v,
-                                               float grad) {
+/// The moment update of one element: m, v from the gradient.
+FOURWAY_HOST_DEVICE inline void adamw_moments(const AdamWConstants& k, float& m, float& v,
+                                              float grad) {
   const float g = grad * k.grad_scale;
   m = k.beta1 * m + k.one_minus_beta1 * g;
   v = k.beta2 * v + k.one_minus_beta2 * g * g;
-  const float denom = std::sqrt(v) * k.inv_bc2_sqrt + k.eps;
-  return p * k.decay - k.step_size * m / denom;
+}
+/// The parameter update of one element from the updated m and sqrt(v); returns the new weight.
+FOURWAY_HOST_DEVICE inline float adamw_param(const AdamWConstants& k, float p, float m,
+                                             float sqrt_v) {
+  return p * k.decay - k.step_size * m / (sqrt_v * k.inv_bc2_sqrt + k.eps);
 }
 }  // namespace detail
 
@@ -76,15 +81,24 @@ namespace host {
 template <floating_dtype T, floating_dtype G>
 void adamw_update(const Context<Host>& /*ctx*/, float* master, float* m, float* v, T* working,
                   const G* grad, std::int64_t n, const AdamWStep& step) {
-  const detail::AdamWConstants k = detail::adamw_constants(step);
-  if (working == nullptr) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      master[i] = detail::adamw_element(k, master[i], m[i], v[i], convert<float>(grad[i]));
+  const fourway::detail::AdamWConstants k = fourway::detail::adamw_constants(step);
+  // Blocks of 256: moments (vectorised), sqrt of v over the block, then the parameter update.
+  constexpr std::int64_t block = 256;
+  float root[block];
+  for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+    const std::int64_t len = n - i0 < block ? n - i0 : block;
+    float* mb = m + i0;
+    float* vb = v + i0;
+    const G* gb = grad + i0;
+    for (std::int64_t j = 0; j < len; ++j) {
+      fourway::detail::adamw_moments(k, mb[j], vb[j], convert<float>(gb[j]));
+      root[j] = vb[j];
     }
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) {
-      master[i] = detail::adamw_element(k, master[i], m[i], v[i], convert<float>(grad[i]));
-      working[i] = convert<T>(master[i]);
+    detail::sqrt_block(root, len);
+    float* pb = master + i0;
+    for (std::int64_t j = 0; j < len; ++j) pb[j] = fourway::detail::adamw_param(k, pb[j], mb[j], root[j]);
+    if (working != nullptr) {
+      for (std::int64_t j = 0; j < len; ++j) working[i0 + j] = convert<T>(pb[j]);
     }
   }
 }

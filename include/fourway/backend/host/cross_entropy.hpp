@@ -29,18 +29,11 @@ namespace fourway::host {
 namespace detail {
 template <class T>
 float row_max(const T* x, std::int64_t n) {
-  float mx = -3.4e38f;
-  for (std::int64_t c = 0; c < n; ++c) {
-    const float v = convert<float>(x[c]);
-    mx = v > mx ? v : mx;
-  }
-  return mx;
+  return max_lanes(n, [x](std::int64_t c) { return convert<float>(x[c]); });
 }
 template <class T>
 float row_sumexp(const T* x, std::int64_t n, float mx) {
-  float sum = 0.0f;
-  for (std::int64_t c = 0; c < n; ++c) sum += exp_poly(convert<float>(x[c]) - mx);
-  return sum;
+  return sum_lanes(n, [x, mx](std::int64_t c) { return exp_poly(convert<float>(x[c]) - mx); });
 }
 /// dlogits[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed.
 template <class T>

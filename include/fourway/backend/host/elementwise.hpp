@@ -59,9 +59,27 @@ void gelu_backward(const Context<Host>& /*ctx*/, T* din, const T* in, const T* d
 }
 
 /// dst = src converted (round to nearest even) over n elements.
+/// The x86 F16C instructions convert 8 values at once with the same round-to-nearest-even and
+/// NaN quieting as `convert` (the software conversion does not vectorise).
 template <floating_dtype To, floating_dtype From>
 void cast(const Context<Host>& /*ctx*/, To* dst, const From* src, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = convert<To>(convert<float>(src[i]));
+  std::int64_t vectorised = 0;
+#if defined(__F16C__)
+  if constexpr (std::is_same_v<To, fp16> && std::is_same_v<From, float>) {
+    vectorised = n / 8 * 8;
+    for (std::int64_t i = 0; i < vectorised; i += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+    }
+  } else if constexpr (std::is_same_v<To, float> && std::is_same_v<From, fp16>) {
+    vectorised = n / 8 * 8;
+    for (std::int64_t i = 0; i < vectorised; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+  }
+#endif
+  for (std::int64_t i = vectorised; i < n; ++i) dst[i] = convert<To>(convert<float>(src[i]));
 }
 
 /// p *= s over n elements.
@@ -89,12 +107,10 @@ bool has_inf_nan(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
 /// Sum of p[i]^2 over n elements, accumulated in double.
 template <floating_dtype T>
 double sum_squares(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
-  double total = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) {
+  return detail::sum_lanes<double>(n, [p](std::int64_t i) {
     const double x = convert<float>(p[i]);
-    total += x * x;
-  }
-  return total;
+    return x * x;
+  });
 }
 
 }  // namespace fourway::host

@@ -41,26 +41,6 @@ namespace fourway::host {
 
 namespace detail {
 
-/// The accumulator type of C: fp32, or the operands' type (fp32 or 16-bit).
-template <class T, class TC>
-concept gemm_output = std::is_same_v<TC, float> || std::is_same_v<TC, T>;
-
-inline void check_gemm_args(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                            std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
-  check<ShapeError>(m >= 0 && n >= 0 && k >= 0, "fourway: gemm sizes must be >= 0, got m=", m,
-                    " n=", n, " k=", k);
-  const std::int64_t min_lda = std::max<std::int64_t>(1, fourway::detail::stored_cols(ta, m, k));
-  const std::int64_t min_ldb = std::max<std::int64_t>(1, fourway::detail::stored_cols(tb, k, n));
-  check<ShapeError>(lda >= min_lda, "fourway: gemm lda=", lda, " is below ", min_lda,
-                    " (the row length of the stored A for m=", m, ", k=", k,
-                    ta == Trans::none ? ", not transposed)" : ", transposed)");
-  check<ShapeError>(ldb >= min_ldb, "fourway: gemm ldb=", ldb, " is below ", min_ldb,
-                    " (the row length of the stored B for k=", k, ", n=", n,
-                    tb == Trans::none ? ", not transposed)" : ", transposed)");
-  check<ShapeError>(ldc >= std::max<std::int64_t>(1, n), "fourway: gemm ldc=", ldc,
-                    " is below n=", n);
-}
-
 /// C = beta * C over an m x n block; beta == 0 writes zeros without reading C.
 template <class TC>
 void scale_c(std::int64_t m, std::int64_t n, float beta, TC* c, std::int64_t ldc) {
@@ -252,11 +232,11 @@ void with_float_c(std::int64_t m, std::int64_t n, float beta, TC* c, std::int64_
 
 /// The built-in blocked GEMM (always available).
 template <floating_dtype T, floating_dtype TC>
-  requires gemm_output<T, TC>
+  requires fourway::detail::gemm_output<T, TC>
 void gemm_builtin(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, float beta, TC* c,
                   std::int64_t ldc) {
-  check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
+  fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   with_float_c(m, n, beta, c, ldc, [&](float* cf, std::int64_t ldcf) {
     if (k > 0 && alpha != 0.0f) gemm_builtin_f32c(ta, tb, m, n, k, alpha, a, lda, b, ldb, cf, ldcf);
@@ -273,11 +253,11 @@ inline void blas_single_thread_once() {
 
 /// CBLAS sgemm; 16-bit operands are converted into thread-local fp32 copies first.
 template <floating_dtype T, floating_dtype TC>
-  requires gemm_output<T, TC>
+  requires fourway::detail::gemm_output<T, TC>
 void gemm_blas(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, float beta, TC* c,
                std::int64_t ldc) {
-  check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
+  fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   blas_single_thread_once();
   const auto op = [](Trans t) { return t == Trans::none ? CblasNoTrans : CblasTrans; };
@@ -321,7 +301,7 @@ void gemm_blas(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t 
 
 /// C(m,n) = alpha * op(A)(m,k) * op(B)(k,n) + beta * C, row-major; fp32 accumulation.
 template <floating_dtype T, floating_dtype TC>
-  requires detail::gemm_output<T, TC>
+  requires fourway::detail::gemm_output<T, TC>
 void gemm(const Context<Host>& /*ctx*/, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
           float beta, TC* c, std::int64_t ldc) {
@@ -334,7 +314,7 @@ void gemm(const Context<Host>& /*ctx*/, Trans ta, Trans tb, std::int64_t m, std:
 
 /// `batch` independent GEMMs; matrix i starts at A + i*stride_a, B + i*stride_b, C + i*stride_c.
 template <floating_dtype T, floating_dtype TC>
-  requires detail::gemm_output<T, TC>
+  requires fourway::detail::gemm_output<T, TC>
 void gemm_strided_batched(const Context<Host>& ctx, Trans ta, Trans tb, std::int64_t m,
                           std::int64_t n, std::int64_t k, float alpha, const T* a,
                           std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,

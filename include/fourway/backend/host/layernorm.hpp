@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/host/math.hpp"
 #include "fourway/core/dtype.hpp"
 
 namespace fourway::host {
@@ -21,14 +22,13 @@ void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float*
                        std::int64_t C, float eps) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = in + r * C;
-    float sum = 0.0f;
-    for (std::int64_t c = 0; c < C; ++c) sum += convert<float>(x[c]);
-    const float m = sum / static_cast<float>(C);
-    float var = 0.0f;
-    for (std::int64_t c = 0; c < C; ++c) {
+    const float m =
+        detail::sum_lanes(C, [x](std::int64_t c) { return convert<float>(x[c]); }) /
+        static_cast<float>(C);
+    const float var = detail::sum_lanes(C, [x, m](std::int64_t c) {
       const float d = convert<float>(x[c]) - m;
-      var += d * d;
-    }
+      return d * d;
+    });
     const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
     T* o = out + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
@@ -53,19 +53,17 @@ void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbi
     const T* dy = dout + r * C;
     const float m = mean[r];
     const float s = rstd[r];
-    float dnorm_mean = 0.0f;
-    float dnorm_norm_mean = 0.0f;
     for (std::int64_t c = 0; c < C; ++c) {
-      const float norm = (convert<float>(x[c]) - m) * s;
       const float g = convert<float>(dy[c]);
-      const float dnorm = convert<float>(weight[c]) * g;
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
       db[c] += g;
-      dw[c] += norm * g;
+      dw[c] += (convert<float>(x[c]) - m) * s * g;
     }
-    dnorm_mean *= inv_c;
-    dnorm_norm_mean *= inv_c;
+    const float dnorm_mean = inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
+      return convert<float>(weight[c]) * convert<float>(dy[c]);
+    });
+    const float dnorm_norm_mean = inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
+      return convert<float>(weight[c]) * convert<float>(dy[c]) * (convert<float>(x[c]) - m) * s;
+    });
     T* dx = din + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
       const float norm = (convert<float>(x[c]) - m) * s;

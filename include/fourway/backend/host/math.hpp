@@ -1,7 +1,11 @@
-//! Scalar float functions the host kernels use in their inner loops: exp and tanh.
+//! The float building blocks of the host kernels' inner loops: exp, tanh, sqrt over a block,
+//! and sums / maxima with interleaved partial results.
 //!
-//! They are branch-free (clamps, a polynomial and an exponent shift) so the compiler vectorises
-//! the loops that call them; the libm versions would keep those loops scalar. `exp_poly` is
+//! They exist so that the compiler vectorises the loops: libm's `expf`/`tanhf` are opaque calls,
+//! `std::sqrt` carries an errno branch, and a plain `s += x[i]` is a serial dependency chain the
+//! compiler may not reorder. `exp_poly`/`tanh_poly` are branch-free (clamps, a polynomial and
+//! an exponent shift). `sum_lanes` keeps 16 partial sums and combines them pairwise — a fixed
+//! order, so results stay deterministic (and slightly more accurate than a serial sum). `exp_poly` is
 //! Cephes' `expf` (range reduction by ln 2 split in two parts, degree-6 polynomial), accurate to
 //! about 2 ulp for x in [-87, 88]; outside it saturates (about 1e-38 below, 1.6e38 above) — callers never
 //! feed it masked-out entries. The CUDA kernels use the device's `expf`/`tanhf`, so host and
@@ -9,9 +13,14 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "fourway/config.hpp"
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 namespace fourway::host::detail {
 
@@ -21,7 +30,7 @@ inline float exp_poly(float x) {
   constexpr float ln2_lo = -2.12194440e-4f;
   x = x > 88.0f ? 88.0f : x;  // keeps 2^n finite (n <= 127)
   x = x < -87.3365447504f ? -87.3365447504f : x;
-  const float n = static_cast<float>(static_cast<std::int32_t>(x * log2e + (x >= 0 ? 0.5f : -0.5f)));
+  const float n = std::nearbyint(x * log2e);  // round to nearest; a vectorisable rounding
   const float r = x - n * ln2_hi - n * ln2_lo;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -36,5 +45,56 @@ inline float exp_poly(float x) {
 
 /// tanh(x) = 1 - 2 / (exp(2x) + 1); absolute error below 1e-7, exact limits +-1.
 inline float tanh_poly(float x) { return 1.0f - 2.0f / (exp_poly(2.0f * x) + 1.0f); }
+
+/// x[i] = sqrt(x[i]) for i in [0, n), correctly rounded (IEEE), with vector instructions where
+/// the target has them.
+inline void sqrt_block(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX__)  // also on AVX-512: 256-bit sqrt keeps up with memory, 512-bit gains nothing
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#elif defined(__SSE__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+inline constexpr int lanes = 16;
+
+/// Sum of f(i) over i in [0, n): 16 interleaved partial sums, combined pairwise, then the tail.
+template <class Acc = float, class F>
+Acc sum_lanes(std::int64_t n, F&& f) {
+  Acc acc[lanes] = {};
+  const std::int64_t full = n / lanes * lanes;
+  for (std::int64_t i = 0; i < full; i += lanes) {
+    for (int l = 0; l < lanes; ++l) acc[l] += f(i + l);
+  }
+  for (int w = lanes / 2; w > 0; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  Acc tail = 0;
+  for (std::int64_t i = full; i < n; ++i) tail += f(i);
+  return acc[0] + tail;
+}
+
+/// Max of f(i) over i in [0, n) (-3.4e38 for n = 0), with 16 interleaved partial maxima.
+template <class F>
+float max_lanes(std::int64_t n, F&& f) {
+  float acc[lanes];
+  for (float& a : acc) a = -3.4e38f;
+  const std::int64_t full = n / lanes * lanes;
+  for (std::int64_t i = 0; i < full; i += lanes) {
+    for (int l = 0; l < lanes; ++l) {
+      const float v = f(i + l);
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  }
+  for (std::int64_t i = full; i < n; ++i) {
+    const float v = f(i);
+    acc[0] = v > acc[0] ? v : acc[0];
+  }
+  float mx = acc[0];
+  for (int l = 1; l < lanes; ++l) mx = acc[l] > mx ? acc[l] : mx;
+  return mx;
+}
 
 }  // namespace fourway::host::detail

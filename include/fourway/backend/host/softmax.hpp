@@ -17,13 +17,9 @@ namespace detail {
 /// out[0, cols) = softmax(scale * in[0, cols)); the arithmetic of every softmax on the host.
 template <class TO, class TI>
 void softmax_row(TO* out, const TI* in, std::int64_t cols, float scale) {
-  float mx = -3.4e38f;
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const float v = scale * convert<float>(in[c]);
-    mx = v > mx ? v : mx;
-  }
-  float sum = 0.0f;
-  for (std::int64_t c = 0; c < cols; ++c) sum += exp_poly(scale * convert<float>(in[c]) - mx);
+  const float mx = max_lanes(cols, [&](std::int64_t c) { return scale * convert<float>(in[c]); });
+  const float sum =
+      sum_lanes(cols, [&](std::int64_t c) { return exp_poly(scale * convert<float>(in[c]) - mx); });
   const float inv = 1.0f / sum;
   for (std::int64_t c = 0; c < cols; ++c) {
     out[c] = convert<TO>(exp_poly(scale * convert<float>(in[c]) - mx) * inv);
@@ -32,8 +28,8 @@ void softmax_row(TO* out, const TI* in, std::int64_t cols, float scale) {
 /// din[0, cols) = out * (dout - <dout, out>), scaled by `scale`.
 template <class T>
 void softmax_backward_row(T* din, const T* out, const T* dout, std::int64_t cols, float scale) {
-  float dot = 0.0f;
-  for (std::int64_t c = 0; c < cols; ++c) dot += convert<float>(dout[c]) * convert<float>(out[c]);
+  const float dot = sum_lanes(
+      cols, [&](std::int64_t c) { return convert<float>(dout[c]) * convert<float>(out[c]); });
   for (std::int64_t c = 0; c < cols; ++c) {
     din[c] = convert<T>(scale * convert<float>(out[c]) * (convert<float>(dout[c]) - dot));
   }

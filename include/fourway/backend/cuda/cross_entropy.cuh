@@ -1,0 +1,175 @@
+//! CUDA fused softmax + cross-entropy and its vocabulary-sharded pieces, twins of
+//! `host/cross_entropy.hpp` (see there for the all-reduce sequence). One 256-thread block per
+//! row, block reductions in a fixed order, fp32.
+//!
+//! A target outside the vocabulary cannot throw from a kernel; it yields a NaN loss (and NaN
+//! gradients for that row), which `has_inf_nan` and the loss scaler see — never a silent value.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "fourway/backend/cuda/common.cuh"
+
+namespace fourway::cuda {
+
+namespace detail {
+inline constexpr int ce_threads = 256;
+
+template <class T>
+__device__ float block_row_max(const T* x, std::int64_t n, float* shared) {
+  float mx = -3.4e38f;
+  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) mx = fmaxf(mx, load(x + c));
+  return block_max(mx, shared);
+}
+template <class T>
+__device__ float block_row_sumexp(const T* x, std::int64_t n, float mx, float* shared) {
+  float s = 0.0f;
+  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) s += expf(load(x + c) - mx);
+  return block_sum(s, shared);
+}
+/// dx[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed.
+template <class T>
+__device__ void block_row_grad(T* dx, const T* x, std::int64_t n, float mx, float sum,
+                               std::int64_t target_local, float dloss) {
+  const float inv = 1.0f / sum;
+  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    const float p = expf(load(x + c) - mx) * inv;
+    store(dx + c, dloss * (p - (c == target_local ? 1.0f : 0.0f)));
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_forward_kernel(float* losses, const T* logits,
+                                             const std::int32_t* targets, std::int64_t V) {
+  __shared__ float shared[32];
+  const std::int64_t r = blockIdx.x;
+  const T* x = logits + r * V;
+  const float mx = block_row_max(x, V, shared);
+  const float sum = block_row_sumexp(x, V, mx, shared);
+  if (threadIdx.x == 0) {
+    const std::int32_t t = targets[r];
+    losses[r] = (t >= 0 && t < V) ? logf(sum) + mx - load(x + t) : nanf("");
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits,
+                                              const std::int32_t* targets, std::int64_t V,
+                                              float dloss) {
+  __shared__ float shared[32];
+  const std::int64_t r = blockIdx.x;
+  const T* x = logits + r * V;
+  const float mx = block_row_max(x, V, shared);
+  const float sum = block_row_sumexp(x, V, mx, shared);
+  __syncthreads();  // every thread has read the row before any writes it (in-place use)
+  const std::int32_t t = targets[r];
+  block_row_grad(dlogits + r * V, x, V, mx, (t >= 0 && t < V) ? sum : nanf(""), t, dloss);
+}
+
+template <class T>
+__global__ void vocab_local_max_kernel(float* maxes, const T* logits, std::int64_t Vlocal) {
+  __shared__ float shared[32];
+  const std::int64_t r = blockIdx.x;
+  const float mx = block_row_max(logits + r * Vlocal, Vlocal, shared);
+  if (threadIdx.x == 0) maxes[r] = mx;
+}
+
+template <class T>
+__global__ void vocab_local_sumexp_kernel(float* sumexp, const T* logits, const float* maxes,
+                                          std::int64_t Vlocal) {
+  __shared__ float shared[32];
+  const std::int64_t r = blockIdx.x;
+  const float s = block_row_sumexp(logits + r * Vlocal, Vlocal, maxes[r], shared);
+  if (threadIdx.x == 0) sumexp[r] = s;
+}
+
+template <class T>
+__global__ void vocab_local_grad_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
+                                        const float* maxes, const float* sumexp,
+                                        std::int64_t Vlocal, std::int64_t vocab_start,
+                                        float dloss) {
+  const std::int64_t r = blockIdx.x;
+  block_row_grad(dlogits + r * Vlocal, logits + r * Vlocal, Vlocal, maxes[r], sumexp[r],
+                 targets[r] - vocab_start, dloss);
+}
+
+inline unsigned int row_blocks(std::int64_t rows) {
+  check<ShapeError>(rows <= 0x7fffffff, "fourway: cross-entropy rows=", rows, " exceed 2^31 - 1");
+  return static_cast<unsigned int>(rows);
+}
+}  // namespace detail
+
+/// losses (rows) = -log softmax(logits (rows, V))[targets].
+template <floating_dtype T>
+void cross_entropy_forward(const Context<Cuda>& ctx, float* losses, const T* logits,
+                           const std::int32_t* targets, std::int64_t rows, std::int64_t V) {
+  if (rows <= 0) return;
+  detail::cross_entropy_forward_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
+                                         ctx.stream()>>>(losses, logits, targets, V);
+  check_cuda(cudaGetLastError(), "cross_entropy_forward");
+}
+
+/// dlogits (rows, V) = dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits.
+template <floating_dtype T>
+void cross_entropy_backward(const Context<Cuda>& ctx, T* dlogits, const T* logits,
+                            const std::int32_t* targets, std::int64_t rows, std::int64_t V,
+                            float dloss) {
+  if (rows <= 0) return;
+  detail::cross_entropy_backward_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
+                                          ctx.stream()>>>(dlogits, logits, targets, V, dloss);
+  check_cuda(cudaGetLastError(), "cross_entropy_backward");
+}
+
+template <floating_dtype T>
+void vocab_local_max(const Context<Cuda>& ctx, float* maxes, const T* logits, std::int64_t rows,
+                     std::int64_t Vlocal) {
+  if (rows <= 0) return;
+  detail::vocab_local_max_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
+                                   ctx.stream()>>>(maxes, logits, Vlocal);
+  check_cuda(cudaGetLastError(), "vocab_local_max");
+}
+
+template <floating_dtype T>
+void vocab_local_sumexp(const Context<Cuda>& ctx, float* sumexp, const T* logits,
+                        const float* maxes, std::int64_t rows, std::int64_t Vlocal) {
+  if (rows <= 0) return;
+  detail::vocab_local_sumexp_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
+                                      ctx.stream()>>>(sumexp, logits, maxes, Vlocal);
+  check_cuda(cudaGetLastError(), "vocab_local_sumexp");
+}
+
+template <floating_dtype T>
+void vocab_target_logit(const Context<Cuda>& ctx, float* target_logits, const T* logits,
+                        const std::int32_t* targets, std::int64_t rows, std::int64_t Vlocal,
+                        std::int64_t vocab_start) {
+  detail::for_each(
+      ctx, rows,
+      [=] __device__(std::int64_t r) {
+        const std::int64_t t = targets[r] - vocab_start;
+        target_logits[r] = (t >= 0 && t < Vlocal) ? detail::load(logits + r * Vlocal + t) : 0.0f;
+      },
+      "vocab_target_logit");
+}
+
+inline void vocab_loss(const Context<Cuda>& ctx, float* losses, const float* maxes,
+                       const float* sumexp, const float* target_logits, std::int64_t rows) {
+  detail::for_each(
+      ctx, rows,
+      [=] __device__(std::int64_t r) { losses[r] = logf(sumexp[r]) + maxes[r] - target_logits[r]; },
+      "vocab_loss");
+}
+
+template <floating_dtype T>
+void vocab_local_grad(const Context<Cuda>& ctx, T* dlogits, const T* logits,
+                      const std::int32_t* targets, const float* maxes, const float* sumexp,
+                      std::int64_t rows, std::int64_t Vlocal, std::int64_t vocab_start,
+                      float dloss) {
+  if (rows <= 0) return;
+  detail::vocab_local_grad_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
+                                    ctx.stream()>>>(dlogits, logits, targets, maxes, sumexp,
+                                                    Vlocal, vocab_start, dloss);
+  check_cuda(cudaGetLastError(), "vocab_local_grad");
+}
+
+}  // namespace fourway::cuda

@@ -1,0 +1,86 @@
+//! CUDA token + position embedding, twin of `host/embedding.hpp`.
+//!
+//! Backward is deterministic with no atomics: `dwpe[t]` sums its B rows in order; for `dwte`
+//! the token ids are copied to the host and bucketed by token with the host's own
+//! `detail::bucket_tokens` (llm.c's scheme), the buckets go back to the device in a workspace
+//! tensor, and one thread per (bucket, channel) sums its positions in order and adds the sum
+//! once — the same fp32 order as the host, so fp32 results match the host bitwise. The copy
+//! synchronises the stream once per backward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fourway/backend/cuda/common.cuh"
+#include "fourway/backend/host/embedding.hpp"
+#include "fourway/core/tensor.hpp"
+
+namespace fourway::cuda {
+
+/// out (B, T, C) = wte[tokens[b, t]] + wpe[t].
+template <floating_dtype E>
+void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens, const E* wte,
+                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
+  detail::for_each(
+      ctx, B * T * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t bt = i / C;
+        const std::int64_t c = i % C;
+        const std::int64_t t = bt % T;
+        detail::store(out + i, detail::load(wte + static_cast<std::int64_t>(tokens[bt]) * C + c) +
+                                   detail::load(wpe + t * C + c));
+      },
+      "embedding_forward");
+}
+
+/// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t].
+template <floating_dtype E>
+void embedding_backward(const Context<Cuda>& ctx, E* dwte, E* dwpe, const E* dout,
+                        const std::int32_t* tokens, std::int64_t B, std::int64_t T,
+                        std::int64_t C) {
+  const std::int64_t n = B * T;
+  if (n <= 0 || C <= 0) return;
+  detail::for_each(
+      ctx, T * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t t = i / C;
+        const std::int64_t c = i % C;
+        float s = 0.0f;
+        for (std::int64_t b = 0; b < B; ++b) s += detail::load(dout + (b * T + t) * C + c);
+        detail::store(dwpe + i, detail::load(dwpe + i) + s);
+      },
+      "embedding_backward (wpe)");
+
+  std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(n));
+  to_host(ctx, host_tokens.data(), tokens, n);
+  const host::detail::TokenBuckets buckets = host::detail::bucket_tokens(host_tokens.data(), n);
+  const auto nb = static_cast<std::int64_t>(buckets.tokens_of.size());
+  // one int64 buffer: [order (n) | starts (nb + 1) | token of each bucket (nb)]
+  std::vector<std::int64_t> packed;
+  packed.reserve(static_cast<std::size_t>(n + 2 * nb + 1));
+  packed.insert(packed.end(), buckets.order.begin(), buckets.order.end());
+  packed.insert(packed.end(), buckets.starts.begin(), buckets.starts.end());
+  packed.insert(packed.end(), buckets.tokens_of.begin(), buckets.tokens_of.end());
+  Tensor<std::int64_t, Cuda> dev({static_cast<std::int64_t>(packed.size())}, MemTag::workspace,
+                                 ctx.memory());
+  from_host(ctx, dev.data(), packed.data(), static_cast<std::int64_t>(packed.size()));
+  const std::int64_t* order = dev.data();
+  const std::int64_t* starts = order + n;
+  const std::int64_t* token_of = starts + nb + 1;
+  detail::for_each(
+      ctx, nb * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t u = i / C;
+        const std::int64_t c = i % C;
+        float s = 0.0f;
+        for (std::int64_t j = starts[u]; j < starts[u + 1]; ++j) {
+          s += detail::load(dout + order[j] * C + c);
+        }
+        E* w = dwte + token_of[u] * C + c;
+        detail::store(w, detail::load(w) + s);
+      },
+      "embedding_backward (wte)");
+  ctx.synchronize();  // `dev` is freed on return; the kernel must be done with it
+}
+
+}  // namespace fourway::cuda

@@ -1,0 +1,365 @@
+// The CUDA kernels (backend/cuda/kernels.cuh) against the host kernels, which the host tests
+// pin to double-precision references. Random inputs, odd shapes, all three element types.
+// Every test skips without a GPU. Tolerances: the two sides differ in summation order and in
+// exp/tanh (device expf/tanhf vs the host polynomials, a few fp32 ulps), so fp32 results agree
+// to ~1e-5 relative; 16-bit outputs may round to neighbouring values: 2 units of T's rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fourway/backend/cuda/kernels.cuh"
+#include "fourway/backend/host/kernels.hpp"
+#include "kernel_test_util.hpp"
+
+namespace fw = fourway;
+namespace ft = fourway_test;
+
+#define FW_REQUIRE_GPU()                                                   \
+  do {                                                                     \
+    if (fw::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";   \
+  } while (0)
+
+namespace {
+
+struct Env {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> host{acct};
+  fw::Context<fw::Cuda> dev{acct, 0};
+};
+
+template <class T>
+struct Dev {
+  fw::Tensor<T, fw::Cuda> t;
+  Dev(Env& e, const std::vector<T>& v)
+      : t({static_cast<std::int64_t>(std::max<std::size_t>(v.size(), 1))}, fw::MemTag::workspace,
+          e.acct) {
+    fw::cuda::from_host(e.dev, t.data(), v.data(), static_cast<std::int64_t>(v.size()));
+  }
+  T* p() { return t.data(); }
+  std::vector<T> get(Env& e, std::size_t n) {
+    std::vector<T> h(n);
+    fw::cuda::to_host(e.dev, h.data(), t.data(), static_cast<std::int64_t>(n));
+    return h;
+  }
+};
+
+template <class T>
+double tol_rel() {
+  return 2 * ft::unit_roundoff<T>() + 1e-5;
+}
+
+/// Expects the device result to match the host one (both of type T).
+template <class T>
+void expect_match(const std::vector<T>& dev, const std::vector<T>& host, double atol,
+                  const std::string& what) {
+  ft::expect_close(ft::to_double(dev), ft::to_double(host), atol, tol_rel<T>(),
+                   what + " (" + ft::type_name<T>() + ")");
+}
+
+std::vector<std::int32_t> random_ids(std::size_t n, std::int64_t V, std::uint32_t seed) {
+  const auto f = ft::random_floats(n, seed, 0.0f, 1.0f);
+  std::vector<std::int32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    t[i] = std::min<std::int32_t>(static_cast<std::int32_t>(f[i] * static_cast<float>(V)),
+                                  static_cast<std::int32_t>(V - 1));
+  }
+  return t;
+}
+
+}  // namespace
+
+template <class T>
+class CudaKernels : public ::testing::Test {};
+using Dtypes = ::testing::Types<float, fw::bf16, fw::fp16>;
+TYPED_TEST_SUITE(CudaKernels, Dtypes);
+
+TYPED_TEST(CudaKernels, GemmAllTransposesAndBatched) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {127, 45, 300}, {1023, 64, 96}};
+  std::uint32_t seed = 1;
+  for (const auto& s : shapes) {
+    const auto [m, n, k] = std::tuple{s[0], s[1], s[2]};
+    for (fw::Trans ta : {fw::Trans::none, fw::Trans::transpose}) {
+      for (fw::Trans tb : {fw::Trans::none, fw::Trans::transpose}) {
+        const std::int64_t lda = fw::detail::stored_cols(ta, m, k) + 1;
+        const std::int64_t ldb = fw::detail::stored_cols(tb, k, n) + 2;
+        const std::int64_t ldc = n + 3;
+        const auto a = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(ta, m, k) * lda), ++seed);
+        const auto b = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(tb, k, n) * ldb), ++seed);
+        auto c = ft::random_typed<T>(static_cast<std::size_t>(m * ldc), ++seed);
+        auto cf = ft::random_floats(static_cast<std::size_t>(m * ldc), ++seed);
+        Dev<T> da(e, a), db(e, b), dc(e, c);
+        Dev<float> dcf(e, cf);
+        fw::cuda::gemm(e.dev, ta, tb, m, n, k, 0.75f, da.p(), lda, db.p(), ldb, 0.5f, dc.p(), ldc);
+        fw::cuda::gemm(e.dev, ta, tb, m, n, k, -1.0f, da.p(), lda, db.p(), ldb, 1.0f, dcf.p(), ldc);
+        fw::host::gemm(e.host, ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
+        fw::host::gemm(e.host, ta, tb, m, n, k, -1.0f, a.data(), lda, b.data(), ldb, 1.0f, cf.data(), ldc);
+        // both accumulate k products < 1 in fp32 in different orders: k * 2^-22 absolute
+        const double atol = static_cast<double>(k) * 0x1p-22;
+        expect_match(dc.get(e, c.size()), c, atol, "gemm");
+        ft::expect_close(ft::to_double(dcf.get(e, cf.size())), ft::to_double(cf), atol, 1e-5, "gemm fp32 C");
+      }
+    }
+  }
+  // strided batched: 3 matrices with gaps between them
+  const std::int64_t m = 9, n = 7, k = 11, batch = 3, sa = m * k + 5, sb = k * n + 3, sc = m * n + 2;
+  const auto a = ft::random_typed<T>(static_cast<std::size_t>(sa * batch), 90);
+  const auto b = ft::random_typed<T>(static_cast<std::size_t>(sb * batch), 91);
+  auto c = ft::random_typed<T>(static_cast<std::size_t>(sc * batch), 92);
+  Dev<T> da(e, a), db(e, b), dc(e, c);
+  fw::cuda::gemm_strided_batched(e.dev, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f, da.p(), k,
+                                 sa, db.p(), k, sb, 0.0f, dc.p(), n, sc, batch);
+  fw::host::gemm_strided_batched(e.host, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f, a.data(),
+                                 k, sa, b.data(), k, sb, 0.0f, c.data(), n, sc, batch);
+  expect_match(dc.get(e, c.size()), c, 1e-5, "gemm_strided_batched");
+}
+
+TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][2] = {{1, 1}, {7, 5}, {127, 33}, {1023, 768}};
+  std::uint32_t seed = 100;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], cols = s[1], n = rows * cols;
+    const auto N = static_cast<std::size_t>(n);
+    auto out = ft::random_typed<T>(N, ++seed);
+    const auto bias = ft::random_typed<T>(static_cast<std::size_t>(cols), ++seed);
+    auto dbias = ft::random_typed<T>(static_cast<std::size_t>(cols), ++seed);
+    const auto x = ft::random_typed<T>(N, ++seed, -4.0f, 4.0f);
+    const auto dy = ft::random_typed<T>(N, ++seed);
+    Dev<T> dout(e, out), dbi(e, bias), ddb(e, dbias), dx(e, x), ddy(e, dy);
+    fw::cuda::bias_add(e.dev, dout.p(), dbi.p(), rows, cols);
+    fw::host::bias_add(e.host, out.data(), bias.data(), rows, cols);
+    expect_match(dout.get(e, N), out, 0.0, "bias_add");
+    fw::cuda::bias_backward(e.dev, ddb.p(), ddy.p(), rows, cols);
+    fw::host::bias_backward(e.host, dbias.data(), dy.data(), rows, cols);
+    expect_match(ddb.get(e, dbias.size()), dbias, static_cast<double>(rows) * 0x1p-22, "bias_backward");
+
+    std::vector<T> r(N);
+    Dev<T> dr(e, r);
+    fw::cuda::residual_forward(e.dev, dr.p(), dx.p(), ddy.p(), n);
+    fw::host::residual_forward(e.host, r.data(), x.data(), dy.data(), n);
+    expect_match(dr.get(e, N), r, 0.0, "residual_forward");
+    fw::cuda::gelu_forward(e.dev, dr.p(), dx.p(), n);
+    fw::host::gelu_forward(e.host, r.data(), x.data(), n);
+    expect_match(dr.get(e, N), r, 2e-6, "gelu_forward");  // tanhf vs tanh_poly: ~2e-7 x |x|
+    fw::cuda::gelu_backward(e.dev, dr.p(), dx.p(), ddy.p(), n);
+    fw::host::gelu_backward(e.host, r.data(), x.data(), dy.data(), n);
+    expect_match(dr.get(e, N), r, 4e-6, "gelu_backward");
+
+    const auto f = ft::random_floats(N, ++seed, -70.0f, 70.0f);
+    Dev<float> df(e, f);
+    std::vector<T> cast_host(N);
+    fw::cuda::cast(e.dev, dr.p(), df.p(), n);
+    fw::host::cast(e.host, cast_host.data(), f.data(), n);
+    const auto cast_dev = dr.get(e, N);
+    for (std::size_t i = 0; i < N; ++i) ASSERT_EQ(cast_dev[i], cast_host[i]) << "cast differs at " << i;
+    fw::cuda::scale(e.dev, dx.p(), n, 0.3f);
+    auto xs = x;
+    fw::host::scale(e.host, xs.data(), n, 0.3f);
+    expect_match(dx.get(e, N), xs, 0.0, "scale");
+  }
+}
+
+TYPED_TEST(CudaKernels, InfNanAndSumSquaresWithCub) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  for (std::int64_t n : {1, 7, 1023, 1 << 20}) {
+    auto p = ft::random_typed<T>(static_cast<std::size_t>(n), 7, -3.0f, 3.0f);
+    Dev<T> dp(e, p);
+    EXPECT_FALSE(fw::cuda::has_inf_nan(e.dev, dp.p(), n));
+    // double accumulation on both sides, different order: 1e-12 relative
+    const double want = fw::host::sum_squares(e.host, p.data(), n);
+    EXPECT_NEAR(fw::cuda::sum_squares(e.dev, dp.p(), n), want, 1e-12 * want);
+    p[static_cast<std::size_t>(n - 1)] = fw::convert<T>(std::nanf(""));
+    Dev<T> dq(e, p);
+    EXPECT_TRUE(fw::cuda::has_inf_nan(e.dev, dq.p(), n));
+    p[static_cast<std::size_t>(n - 1)] = fw::convert<T>(-INFINITY);
+    Dev<T> dr(e, p);
+    EXPECT_TRUE(fw::cuda::has_inf_nan(e.dev, dr.p(), n));
+  }
+}
+
+TYPED_TEST(CudaKernels, LayerNormAndSoftmax) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][2] = {{1, 8}, {7, 13}, {127, 768}, {1023, 48}};
+  std::uint32_t seed = 200;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], C = s[1];
+    const auto N = static_cast<std::size_t>(rows * C), R = static_cast<std::size_t>(rows);
+    const auto in = ft::random_typed<T>(N, ++seed, -2.0f, 3.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto b = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    const auto dy = ft::random_typed<T>(N, ++seed);
+    auto dw = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    auto db = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    std::vector<T> out(N), din(N);
+    std::vector<float> mean(R), rstd(R);
+    Dev<T> di(e, in), dwt(e, w), dbs(e, b), ddy(e, dy), ddw(e, dw), ddb(e, db), dout(e, out), ddin(e, din);
+    Dev<float> dmean(e, mean), drstd(e, rstd);
+    fw::cuda::layernorm_forward(e.dev, dout.p(), dmean.p(), drstd.p(), di.p(), dwt.p(), dbs.p(), rows, C, 1e-5f);
+    fw::host::layernorm_forward(e.host, out.data(), mean.data(), rstd.data(), in.data(), w.data(), b.data(), rows, C, 1e-5f);
+    expect_match(dout.get(e, N), out, 1e-5, "layernorm out");
+    ft::expect_close(ft::to_double(dmean.get(e, R)), ft::to_double(mean), 1e-6, 1e-5, "layernorm mean");
+    ft::expect_close(ft::to_double(drstd.get(e, R)), ft::to_double(rstd), 1e-6, 1e-5, "layernorm rstd");
+    fw::cuda::layernorm_backward(e.dev, ddin.p(), ddw.p(), ddb.p(), ddy.p(), di.p(), dwt.p(), dmean.p(), drstd.p(), rows, C);
+    fw::host::layernorm_backward(e.host, din.data(), dw.data(), db.data(), dy.data(), in.data(), w.data(), mean.data(), rstd.data(), rows, C);
+    expect_match(ddin.get(e, N), din, 1e-4, "layernorm din");
+    expect_match(ddw.get(e, dw.size()), dw, static_cast<double>(rows) * 0x1p-20, "layernorm dweight");
+    expect_match(ddb.get(e, db.size()), db, static_cast<double>(rows) * 0x1p-20, "layernorm dbias");
+
+    std::vector<T> sm(N), dsm(N);
+    Dev<T> dsmo(e, sm), ddsm(e, dsm);
+    fw::cuda::softmax_forward(e.dev, dsmo.p(), di.p(), rows, C);
+    fw::host::softmax_forward(e.host, sm.data(), in.data(), rows, C);
+    expect_match(dsmo.get(e, N), sm, 1e-7, "softmax_forward");
+    fw::cuda::softmax_backward(e.dev, ddsm.p(), dsmo.p(), ddy.p(), rows, C);
+    fw::host::softmax_backward(e.host, dsm.data(), sm.data(), dy.data(), rows, C);
+    expect_match(ddsm.get(e, N), dsm, 1e-6, "softmax_backward");
+  }
+}
+
+TYPED_TEST(CudaKernels, Attention) {
+  FW_REQUIRE_GPU();
+  using E = TypeParam;
+  Env e;
+  const std::int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 12, 3}, {1, 127, 64, 4}, {4, 64, 96, 2}};
+  std::uint32_t seed = 300;
+  for (const auto& s : shapes) {
+    const std::int64_t B = s[0], T = s[1], C = s[2], NH = s[3];
+    const auto nqkv = static_cast<std::size_t>(B * T * 3 * C), nout = static_cast<std::size_t>(B * T * C),
+               natt = static_cast<std::size_t>(B * NH * T * T);
+    const auto qkv = ft::random_typed<E>(nqkv, ++seed, -1.5f, 1.5f);
+    const auto dy = ft::random_typed<E>(nout, ++seed);
+    std::vector<E> out(nout), att(natt), dqkv(nqkv), datt(natt);
+    Dev<E> dq(e, qkv), ddy(e, dy), dout(e, out), datt_d(e, att), ddq(e, dqkv), dscratch(e, datt);
+    fw::cuda::attention_forward(e.dev, dout.p(), datt_d.p(), dq.p(), B, T, C, NH);
+    fw::host::attention_forward(e.host, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    // the scores round to E before the softmax on both sides; a flip of one rounding there moves
+    // a probability by ~u * |score|: 16-bit atol scaled by the score size (~2 sqrt(hs))
+    const double hs = static_cast<double>(C / NH);
+    const double atol = std::is_same_v<E, float> ? 1e-5 : 8 * ft::unit_roundoff<E>() * std::sqrt(hs);
+    expect_match(datt_d.get(e, natt), att, atol, "attention att");
+    expect_match(dout.get(e, nout), out, atol, "attention out");
+    fw::cuda::attention_backward(e.dev, ddq.p(), dscratch.p(), ddy.p(), dq.p(), datt_d.p(), B, T, C, NH);
+    fw::host::attention_backward(e.host, dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+    expect_match(ddq.get(e, nqkv), dqkv, 4 * atol * std::sqrt(static_cast<double>(T)), "attention dqkv");
+  }
+}
+
+TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][2] = {{1, 2}, {7, 13}, {127, 1001}, {64, 50257}};
+  std::uint32_t seed = 400;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], V = s[1];
+    const auto N = static_cast<std::size_t>(rows * V), R = static_cast<std::size_t>(rows);
+    const auto logits = ft::random_typed<T>(N, ++seed, -6.0f, 6.0f);
+    const auto tgt = random_ids(R, V, ++seed);
+    Dev<T> dl(e, logits);
+    Dev<std::int32_t> dt(e, tgt);
+    std::vector<float> loss(R);
+    Dev<float> dloss(e, loss);
+    fw::cuda::cross_entropy_forward(e.dev, dloss.p(), dl.p(), dt.p(), rows, V);
+    fw::host::cross_entropy_forward(e.host, loss.data(), logits.data(), tgt.data(), rows, V);
+    ft::expect_close(ft::to_double(dloss.get(e, R)), ft::to_double(loss), 1e-5, 1e-5, "cross_entropy_forward");
+    std::vector<T> g(N);
+    fw::host::cross_entropy_backward(e.host, g.data(), logits.data(), tgt.data(), rows, V, 0.5f);
+    Dev<T> dg(e, logits);  // in place on a copy of the logits
+    fw::cuda::cross_entropy_backward(e.dev, dg.p(), dg.p(), dt.p(), rows, V, 0.5f);
+    expect_match(dg.get(e, N), g, 1e-8 + ft::subnormal_step<T>(), "cross_entropy_backward");
+
+    // one shard [start, start + vl) of the vocabulary
+    const std::int64_t start = V / 3, vl = V - V / 3;
+    std::vector<T> shard(R * static_cast<std::size_t>(vl));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < vl; ++c) shard[r * vl + c] = logits[r * V + start + c];
+    }
+    Dev<T> ds(e, shard);
+    std::vector<float> mx(R), se(R), tl(R), ls(R);
+    Dev<float> dmx(e, mx), dse(e, se), dtl(e, tl), dls(e, ls);
+    fw::cuda::vocab_local_max(e.dev, dmx.p(), ds.p(), rows, vl);
+    fw::host::vocab_local_max(e.host, mx.data(), shard.data(), rows, vl);
+    ft::expect_close(ft::to_double(dmx.get(e, R)), ft::to_double(mx), 0.0, 0.0, "vocab_local_max");  // exact
+    fw::cuda::vocab_local_sumexp(e.dev, dse.p(), ds.p(), dmx.p(), rows, vl);
+    fw::host::vocab_local_sumexp(e.host, se.data(), shard.data(), mx.data(), rows, vl);
+    ft::expect_close(ft::to_double(dse.get(e, R)), ft::to_double(se), 0.0, 1e-5, "vocab_local_sumexp");
+    fw::cuda::vocab_target_logit(e.dev, dtl.p(), ds.p(), dt.p(), rows, vl, start);
+    fw::host::vocab_target_logit(e.host, tl.data(), shard.data(), tgt.data(), rows, vl, start);
+    ft::expect_close(ft::to_double(dtl.get(e, R)), ft::to_double(tl), 0.0, 0.0, "vocab_target_logit");
+    fw::cuda::vocab_loss(e.dev, dls.p(), dmx.p(), dse.p(), dtl.p(), rows);
+    fw::host::vocab_loss(e.host, ls.data(), mx.data(), se.data(), tl.data(), rows);
+    ft::expect_close(ft::to_double(dls.get(e, R)), ft::to_double(ls), 1e-5, 1e-5, "vocab_loss");
+    std::vector<T> lg(shard.size());
+    Dev<T> dlg(e, lg);
+    fw::cuda::vocab_local_grad(e.dev, dlg.p(), ds.p(), dt.p(), dmx.p(), dse.p(), rows, vl, start, 0.5f);
+    fw::host::vocab_local_grad(e.host, lg.data(), shard.data(), tgt.data(), mx.data(), se.data(), rows, vl, start, 0.5f);
+    expect_match(dlg.get(e, lg.size()), lg, 1e-8 + ft::subnormal_step<T>(), "vocab_local_grad");
+  }
+}
+
+TYPED_TEST(CudaKernels, EmbeddingMatchesHost) {
+  FW_REQUIRE_GPU();
+  using E = TypeParam;
+  Env e;
+  const std::int64_t shapes[][5] = {{1, 1, 1, 1, 1}, {2, 7, 5, 11, 9}, {4, 127, 64, 50, 128}, {8, 64, 768, 1000, 64}};
+  std::uint32_t seed = 500;
+  for (const auto& s : shapes) {
+    const std::int64_t B = s[0], T = s[1], C = s[2], V = s[3], maxT = s[4];
+    const auto wte = ft::random_typed<E>(static_cast<std::size_t>(V * C), ++seed);
+    const auto wpe = ft::random_typed<E>(static_cast<std::size_t>(maxT * C), ++seed);
+    const auto tok = random_ids(static_cast<std::size_t>(B * T), V, ++seed);
+    const auto dy = ft::random_typed<E>(static_cast<std::size_t>(B * T * C), ++seed);
+    auto dwte = ft::random_typed<E>(wte.size(), ++seed);
+    auto dwpe = ft::random_typed<E>(wpe.size(), ++seed);
+    std::vector<E> out(dy.size());
+    Dev<E> d_wte(e, wte), d_wpe(e, wpe), d_dy(e, dy), d_dwte(e, dwte), d_dwpe(e, dwpe), d_out(e, out);
+    Dev<std::int32_t> d_tok(e, tok);
+    fw::cuda::embedding_forward(e.dev, d_out.p(), d_tok.p(), d_wte.p(), d_wpe.p(), B, T, C);
+    fw::host::embedding_forward(e.host, out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    expect_match(d_out.get(e, out.size()), out, 0.0, "embedding_forward");
+    fw::cuda::embedding_backward(e.dev, d_dwte.p(), d_dwpe.p(), d_dy.p(), d_tok.p(), B, T, C);
+    fw::host::embedding_backward(e.host, dwte.data(), dwpe.data(), dy.data(), tok.data(), B, T, C);
+    // same buckets, same fp32 order for dwte: bitwise equal; dwpe sums B rows in order too
+    const auto got_te = d_dwte.get(e, dwte.size());
+    const auto got_pe = d_dwpe.get(e, dwpe.size());
+    for (std::size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(got_te[i], dwte[i]) << "dwte at " << i;
+    for (std::size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(got_pe[i], dwpe[i]) << "dwpe at " << i;
+  }
+}
+
+TYPED_TEST(CudaKernels, AdamWMatchesHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  for (std::int64_t n : {1, 7, 1023, 1 << 20}) {
+    const auto N = static_cast<std::size_t>(n);
+    auto master = ft::random_floats(N, 1);
+    std::vector<float> m(N, 0.0f), v(N, 0.0f);
+    std::vector<T> working(N);
+    Dev<float> dp(e, master), dm(e, m), dv(e, v);
+    Dev<T> dw(e, working);
+    for (int step = 1; step <= 3; ++step) {
+      const auto grad = ft::random_typed<T>(N, 10 + static_cast<std::uint32_t>(step), -2.0f, 2.0f);
+      Dev<T> dg(e, grad);
+      const fw::AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, step == 2 ? 0.0f : 0.1f, 0.5f, step};
+      fw::cuda::adamw_update(e.dev, dp.p(), dm.p(), dv.p(), dw.p(), dg.p(), n, s);
+      fw::host::adamw_update(e.host, master.data(), m.data(), v.data(), working.data(), grad.data(), n, s);
+    }
+    // identical fp32 formula; the device may contract a*b+c into an FMA: a few ulps
+    ft::expect_close(ft::to_double(dp.get(e, N)), ft::to_double(master), 1e-7, 1e-6, "adamw master");
+    ft::expect_close(ft::to_double(dm.get(e, N)), ft::to_double(m), 1e-7, 1e-6, "adamw m");
+    ft::expect_close(ft::to_double(dv.get(e, N)), ft::to_double(v), 1e-7, 1e-6, "adamw v");
+    expect_match(dw.get(e, N), working, 1e-7, "adamw working");
+  }
+}
