@@ -103,7 +103,9 @@ TYPED_TEST(SingleRankTyped, SkipsOnInfOrNanWithEverythingUnchanged) {
     EXPECT_EQ(st.step(), 1);
     EXPECT_EQ(0, std::memcmp(m.data(), st.first_moments().data(), n * 4));
     EXPECT_EQ(0, std::memcmp(v.data(), st.second_moments().data(), n * 4));
-    if (st.keeps_master) EXPECT_EQ(0, std::memcmp(master.data(), st.masters().data(), n * 4));
+    if (st.keeps_master) {
+      EXPECT_EQ(0, std::memcmp(master.data(), st.masters().data(), n * 4));
+    }
     const auto w2 = weights_of(ps);
     EXPECT_EQ(0, std::memcmp(w.data(), w2.data(), w.size() * 4));
   }
