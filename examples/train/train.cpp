@@ -9,16 +9,21 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/comm/counting.hpp"
+#include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/data_parallel.hpp"
 #include "fourway/train/cli.hpp"
 #include "fourway/train/corpus.hpp"
 #include "fourway/train/gpt2_checkpoint.hpp"
@@ -28,6 +33,9 @@
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
 #include "fourway/train/trainer.hpp"
+#if defined(FOURWAY_HAS_MPI)
+#include "fourway/comm/mpi_comm.hpp"
+#endif
 
 namespace fw = fourway;
 
@@ -56,6 +64,13 @@ struct Options {
   std::string save;
   bool quiet = false;
   bool memory_report = false;
+  // data parallelism (docs/parallel.md)
+  int ranks = 1;
+  std::string backend = "local";
+  int dp = 0;
+  int zero = 0;
+  float bucket_mb = 25.0f;
+  [[nodiscard]] bool parallel() const { return ranks != 1 || backend != "local" || zero != 0; }
 };
 
 fw::ArgParser make_parser(Options& o) {
@@ -86,6 +101,12 @@ fw::ArgParser make_parser(Options& o) {
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
       .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
+      .add("ranks", &o.ranks, "N", "ranks: threads of a LocalWorld, or 0 = all mpirun processes")
+      .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
+                  "communication: LocalWorld threads, MPI processes (mpirun), NCCL")
+      .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
+      .add("zero", &o.zero, "S", "0 DataParallel, 1/2/3 Sharded<S> (ZeRO-1/2, FSDP)")
+      .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -104,24 +125,23 @@ void check_output_dir(const char* flag, const std::string& file) {
                              " does not exist");
 }
 
-template <class T>
-int train(const Options& o) {
-  check_output_dir("save", o.save);
-  check_output_dir("log-json", o.log_json);
-  fw::MemoryAccountant memory(0);
-  fw::Context<fw::Host> ctx(memory);
-
+/// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
+fw::models::GptConfig model_config(const Options& o, std::optional<fw::SafetensorsFile>& ckpt,
+                                   bool print) {
   // ---- the model: from a checkpoint or random ------------------------------------------------
-  std::optional<fw::SafetensorsFile> ckpt;
   fw::models::GptConfig cfg;
   if (!o.init_from.empty()) {
     ckpt = fw::SafetensorsFile::read(o.init_from);
     const auto info = fw::inspect_gpt2(*ckpt);
     cfg = info.config(o.heads);
-    std::printf("checkpoint %s: %d layers, width %d, %d heads, vocab %d, context %d%s\n",
-                o.init_from.c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq,
-                info.prefix.empty() ? "" : " (names prefixed transformer.)");
-    for (const auto& n : info.ignored) std::printf("  ignoring buffer %s\n", n.c_str());
+    if (print) {
+      std::printf("checkpoint %s: %d layers, width %d, %d heads, vocab %d, context %d%s\n",
+                  o.init_from.c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq,
+                  info.prefix.empty() ? "" : " (names prefixed transformer.)");
+    }
+    for (const auto& n : info.ignored) {
+      if (print) std::printf("  ignoring buffer %s\n", n.c_str());
+    }
   } else {
     cfg.layers = o.layers;
     cfg.dim = o.dim;
@@ -139,6 +159,29 @@ int train(const Options& o) {
                              " exceeds the model's context of ", cfg.max_seq,
                              " positions; use --seq <= ", cfg.max_seq);
   cfg.checkpoint = o.checkpoint_activations;
+  return cfg;
+}
+
+fw::AdamWConfig adamw_config(const Options& o) {
+  fw::AdamWConfig acfg;
+  acfg.lr = o.lr;
+  acfg.beta1 = o.beta1;
+  acfg.beta2 = o.beta2;
+  acfg.eps = o.eps;
+  acfg.weight_decay = o.weight_decay;
+  acfg.max_grad_norm = o.grad_clip;
+  return acfg;
+}
+
+template <class T>
+int train(const Options& o) {
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  fw::MemoryAccountant memory(0);
+  fw::Context<fw::Host> ctx(memory);
+
+  std::optional<fw::SafetensorsFile> ckpt;
+  fw::models::GptConfig cfg = model_config(o, ckpt, true);
   fw::models::Gpt<T, fw::Host> model(ctx, cfg, o.seed);
   if (ckpt) {
     fw::load_gpt2(ctx, *ckpt, model);
@@ -156,13 +199,7 @@ int train(const Options& o) {
               o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
 
   // ---- optimizer ------------------------------------------------------------------------------
-  fw::AdamWConfig acfg;
-  acfg.lr = o.lr;
-  acfg.beta1 = o.beta1;
-  acfg.beta2 = o.beta2;
-  acfg.eps = o.eps;
-  acfg.weight_decay = o.weight_decay;
-  acfg.max_grad_norm = o.grad_clip;
+  const fw::AdamWConfig acfg = adamw_config(o);
   using P = fw::Precision<T>;
   using Model = fw::models::Gpt<T, fw::Host>;
   fw::Trainer<fw::SingleRank<Model, P, fw::Host>> trainer(fw::TrainerOptions{}, ctx, model,
@@ -208,6 +245,168 @@ int train(const Options& o) {
   return 0;
 }
 
+
+// ---- data parallelism: --ranks --backend --dp --zero --bucket-mb --------------------------------
+
+/// Trains on the ranks of world kind W with ShardedStrategy<Stage> (0 = DataParallel). Every rank
+/// builds the model and reads the data; the Trainer gives each its share of the global batch.
+template <class T, int Stage, class W>
+void train_ranks(const Options& o) {
+  using Model = fw::models::Gpt<T, fw::Host>;
+  using Comm = fw::Counting<typename W::comm_type>;
+  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, fw::Host, Comm>;
+  std::mutex mu;
+  std::vector<const fw::MemoryAccountant*> memories;  // LocalWorld: every rank's, for the log
+  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+    const bool lead = w.rank() == 0;
+    const int n = w.size();
+    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ",
+                               n, " ranks; fourway-train has no tensor or pipeline axis yet, so "
+                               "--dp must equal the number of ranks (or be 0)");
+    Comm dp(w.comm().split(0, w.rank(), "dp"));
+    std::optional<fw::SafetensorsFile> ckpt;
+    const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    Model model(w.ctx(), cfg, o.seed);
+    if (ckpt) {
+      fw::load_gpt2(w.ctx(), *ckpt, model);
+      ckpt.reset();
+    }
+    const std::int64_t psi = model.num_parameters();
+    const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+    fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
+    fw::ShardedOptions so;
+    so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
+    fw::Trainer<S> trainer(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW(adamw_config(o)),
+                           so);
+    if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+      std::lock_guard lock(mu);
+      if (memories.empty()) memories.assign(static_cast<std::size_t>(n), nullptr);
+      memories[static_cast<std::size_t>(w.rank())] = &w.memory();
+    }
+    if (lead) {
+      std::printf("data %s: %zu tokens; model: %lld parameters, %s, %s\n", data.source().c_str(),
+                  data.size(), static_cast<long long>(psi), o.precision.c_str(),
+                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+      std::printf("%s on %d ranks (%s), bucket %.1f MiB\n",
+                  Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(),
+                  n, o.backend.c_str(), static_cast<double>(o.bucket_mb));
+    }
+    // who holds what, and the memory by tag, rank by rank
+    const auto state = [&](const fw::MemoryAccountant& m) {
+      return m.current(fw::MemTag::weights) + m.current(fw::MemTag::grads) +
+             m.current(fw::MemTag::master_weights) + m.current(fw::MemTag::optimizer_state);
+    };
+    const std::size_t alone = static_cast<std::size_t>(psi) * fw::Precision<T>::bytes_per_param;
+    for (int q = 0; q < n; ++q) {
+      dp.barrier();
+      if (q != w.rank()) continue;
+      std::printf("%s\n  model states %zu B (one rank alone: %zu B, %.2fx)\n%s",
+                  trainer.strategy().describe().c_str(), state(w.memory()), alone,
+                  static_cast<double>(alone) / static_cast<double>(state(w.memory())),
+                  w.memory().table().c_str());
+      std::fflush(stdout);
+    }
+    dp.barrier();
+
+    std::ofstream log;
+    if (lead && !o.log_json.empty()) {
+      log.open(o.log_json, std::ios::trunc);
+      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
+    }
+    fw::Progress progress(o.steps);
+    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    double first_loss = 0.0, last_loss = 0.0;
+    for (int step = 1; step <= o.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const fw::SequenceBatch b = loader.next();
+      const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+      dp.counters().reset();
+      const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+      const double bytes = dp.counters().bytes_sent("dp");
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      fw::StepRecord r;
+      r.step = step;
+      r.loss = loss;
+      r.grad_norm = trainer.last_report().grad_norm;
+      r.step_ms = ms;
+      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+      r.lr = lr;
+      r.skipped = trainer.last_report().skipped;
+      if (!lead) continue;
+      if (log.is_open()) {
+        std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
+        if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
+        std::string line = fw::step_json(r, mems);
+        char extra[96];
+        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f", n,
+                      Stage, bytes);
+        line.insert(line.size() - 1, extra);
+        log << line << '\n';
+        log.flush();
+      }
+      if (!o.quiet) {
+        progress.update(r);
+        if (!progress.interactive()) std::printf("  comm %.0f B sent per rank\n", bytes);
+      }
+      if (step == 1) first_loss = loss;
+      last_loss = loss;
+    }
+    if (lead) {
+      progress.finish();
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
+    }
+    if (!o.save.empty()) {
+      trainer.strategy().with_gathered_parameters([&] {
+        if (lead) fw::save_gpt2(w.ctx(), model, o.save);
+      });
+      if (lead) std::printf("saved %s\n", o.save.c_str());
+    }
+    dp.barrier();  // no rank leaves (and tears down its communicator) while others still log
+  });
+}
+
+template <class T, class W>
+void train_stage(const Options& o) {
+  switch (o.zero) {
+    case 0: return train_ranks<T, 0, W>(o);
+    case 1: return train_ranks<T, 1, W>(o);
+    case 2: return train_ranks<T, 2, W>(o);
+    case 3: return train_ranks<T, 3, W>(o);
+    default:
+      throw fw::ConfigError(fw::detail::cat("fourway: --zero ", o.zero,
+                                            " does not exist; use 0 (DataParallel), 1, 2 or 3"));
+  }
+}
+
+template <class T>
+int train_parallel(const Options& o) {
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
+                             " does not exist; use 0 (DataParallel), 1, 2 or 3");
+  fw::check<fw::ConfigError>(o.bucket_mb >= 0.0f, "fourway: --bucket-mb must be >= 0, got ",
+                             o.bucket_mb);
+  if (o.backend == "local") {
+    check_positive("ranks", o.ranks);
+    train_stage<T, fw::LocalWorld>(o);
+    return 0;
+  }
+  if (o.backend == "mpi") {
+#if defined(FOURWAY_HAS_MPI)
+    fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
+    train_stage<T, fw::MpiWorld>(o);
+    return 0;
+#else
+    throw fw::ConfigError("fourway: --backend mpi, but fourway-train was built without MPI; "
+                          "install Open MPI and reconfigure");
+#endif
+  }
+  throw fw::ConfigError("fourway: --backend nccl needs the CUDA build of fourway-train (GPU "
+                        "tensors); this host build runs --backend local or mpi");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,6 +426,11 @@ int main(int argc, char** argv) {
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.parallel()) {
+      if (o.precision == "bf16") return train_parallel<fw::bf16>(o);
+      if (o.precision == "fp16") return train_parallel<fw::fp16>(o);
+      return train_parallel<float>(o);
+    }
     if (o.precision == "bf16") return train<fw::bf16>(o);
     if (o.precision == "fp16") return train<fw::fp16>(o);
     return train<float>(o);

@@ -39,8 +39,9 @@ std::string error_of(std::vector<const char*> args) {
 TEST(ArgParser, ParsesBothFormsSwitchesAndChoices) {
   Flags f;
   auto p = parser(f);
-  const char* argv[] = {"prog", "--steps", "7", "--lr=0.5e-3", "--path", "a b.bin",
-                        "--checkpoint", "--precision=bf16", "--seed", "18446744073709551615"};
+  const char* argv[] = {
+      "prog",         "--steps",          "7",      "--lr=0.5e-3",         "--path", "a b.bin",
+      "--checkpoint", "--precision=bf16", "--seed", "18446744073709551615"};
   ASSERT_TRUE(p.parse(10, argv));
   EXPECT_EQ(f.steps, 7);
   EXPECT_FLOAT_EQ(f.lr, 0.5e-3f);
@@ -61,19 +62,24 @@ TEST(ArgParser, ParsesBothFormsSwitchesAndChoices) {
 }
 
 TEST(ArgParser, RejectsWhatItCannotUseWithTheFlagNamed) {
-  EXPECT_NE(error_of({"--step", "3"}).find("unknown flag --step; did you mean --steps?"), std::string::npos);
+  EXPECT_NE(error_of({"--step", "3"}).find("unknown flag --step; did you mean --steps?"),
+            std::string::npos);
   EXPECT_NE(error_of({"--lr-max", "3"}).find("did you mean --lr?"), std::string::npos);
-  EXPECT_NE(error_of({"--zzzzzzzz"}).find("unknown flag --zzzzzzzz (see prog --help)"), std::string::npos);
+  EXPECT_NE(error_of({"--zzzzzzzz"}).find("unknown flag --zzzzzzzz (see prog --help)"),
+            std::string::npos);
   EXPECT_NE(error_of({"--steps"}).find("--steps needs a value (N)"), std::string::npos);
   EXPECT_NE(error_of({"--steps", "--lr", "1"}).find("--steps needs a value"), std::string::npos);
-  EXPECT_NE(error_of({"--steps", "3x"}).find("--steps expects an integer, got '3x'"), std::string::npos);
+  EXPECT_NE(error_of({"--steps", "3x"}).find("--steps expects an integer, got '3x'"),
+            std::string::npos);
   EXPECT_NE(error_of({"--steps", "99999999999"}).find("expects an integer"), std::string::npos);
   EXPECT_NE(error_of({"--seed", "-1"}).find("expects an integer"), std::string::npos);
   EXPECT_NE(error_of({"--lr", "inf"}).find("--lr must be finite"), std::string::npos);
   EXPECT_NE(error_of({"--lr", ""}).find("--lr expects a number"), std::string::npos);
-  EXPECT_NE(error_of({"--precision", "fp64"}).find("one of fp32, bf16, got 'fp64'"), std::string::npos);
+  EXPECT_NE(error_of({"--precision", "fp64"}).find("one of fp32, bf16, got 'fp64'"),
+            std::string::npos);
   EXPECT_NE(error_of({"--checkpoint=yes"}).find("--checkpoint takes no value"), std::string::npos);
-  EXPECT_NE(error_of({"--steps", "1", "--steps", "2"}).find("--steps given twice"), std::string::npos);
+  EXPECT_NE(error_of({"--steps", "1", "--steps", "2"}).find("--steps given twice"),
+            std::string::npos);
   EXPECT_NE(error_of({"-x"}).find("unexpected argument '-x'"), std::string::npos);
   EXPECT_NE(error_of({"--path="}).find("--path needs a non-empty value"), std::string::npos);
 }

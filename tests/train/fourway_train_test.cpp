@@ -1,7 +1,6 @@
 // End-to-end tests of the fourway-train program: it is run as users run it, on the golden files
 // tools/make_train_golden.py wrote with PyTorch 1.13, and its --log-json output is checked.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cmath>
@@ -45,8 +44,8 @@ std::string slurp(const std::filesystem::path& p) {
 
 ProgramRun run(const std::string& args) {
   const auto out = scratch("stdout.txt"), err = scratch("stderr.txt");
-  const std::string cmd = "'" + exe + "' " + args + " > '" + out.string() + "' 2> '" +
-                          err.string() + "' < /dev/null";
+  const std::string cmd =
+      "'" + exe + "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "' < /dev/null";
   const int raw = std::system(cmd.c_str());
   ProgramRun r;
   r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
@@ -89,8 +88,8 @@ std::vector<std::string> lines_of(const std::string& text) {
 TEST(FourwayTrain, EveryStepMatchesPyTorchAdamWOnGoldenFiles) {
   const auto log = scratch("golden.jsonl");
   const auto saved = scratch("golden_final.safetensors");
-  const ProgramRun r = run(golden_flags() + " --log-json '" + log.string() + "' --save '" +
-                    saved.string() + "'");
+  const ProgramRun r =
+      run(golden_flags() + " --log-json '" + log.string() + "' --save '" + saved.string() + "'");
   ASSERT_EQ(r.status, 0) << r.err << r.out;
 
   const auto e = fw::SafetensorsFile::read(expected);
@@ -146,20 +145,22 @@ TEST(FourwayTrain, SaveThenInitFromRoundTripsBitwise) {
   const auto a = scratch("rt_a.safetensors"), b = scratch("rt_b.safetensors");
   const auto data = " --data '" + tokens.string() + "' --seq 8 --batch 3 --quiet";
   ProgramRun r = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 2 --seed 5 --save '" +
-              a.string() + "'" + data);
+                     a.string() + "'" + data);
   ASSERT_EQ(r.status, 0) << r.err;
   r = run("--init-from '" + a.string() + "' --heads 6 --steps 0 --save '" + b.string() + "'" +
           data);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(slurp(a), slurp(b)) << "load -> save must reproduce the file byte for byte";
   // and the trained weights differ from the seed's init, so the round trip carried real state
-  const ProgramRun c = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 0 --seed 5 "
-                    "--save '" + b.string() + "'" + data);
+  const ProgramRun c =
+      run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 0 --seed 5 "
+          "--save '" +
+          b.string() + "'" + data);
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_NE(slurp(a), slurp(b));
   // the golden HF-style file (prefix, buffers, tied lm_head) loads and saves as plain names
-  r = run("--init-from '" + weights.string() + "' --heads 4 --steps 0 --save '" + b.string() +
-          "'" + data);
+  r = run("--init-from '" + weights.string() + "' --heads 4 --steps 0 --save '" + b.string() + "'" +
+          data);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto in = fw::SafetensorsFile::read(weights);
   const auto out = fw::SafetensorsFile::read(b);
@@ -173,8 +174,8 @@ TEST(FourwayTrain, SaveThenInitFromRoundTripsBitwise) {
 }
 
 TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
-  for (const std::string extra : {"--precision bf16", "--precision fp16",
-                                  "--checkpoint-activations"}) {
+  for (const std::string extra :
+       {"--precision bf16", "--precision fp16", "--checkpoint-activations"}) {
     const auto log = scratch("lp.jsonl");
     const ProgramRun r = run(golden_flags() + " " + extra + " --log-json '" + log.string() + "'");
     ASSERT_EQ(r.status, 0) << extra << ": " << r.err;
@@ -194,10 +195,13 @@ TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
 TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
   const ProgramRun r = run("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* f : {"--init-from", "--layers", "--dim", "--heads", "--vocab", "--seq",
-                        "--seed", "--data", "--batch", "--steps", "--lr", "--weight-decay",
-                        "--beta1", "--beta2", "--eps", "--grad-clip", "--precision",
-                        "--checkpoint-activations", "--log-json", "--save", "--help"}) {
+  for (const char* f : {"--init-from", "--layers",    "--dim",
+                        "--heads",     "--vocab",     "--seq",
+                        "--seed",      "--data",      "--batch",
+                        "--steps",     "--lr",        "--weight-decay",
+                        "--beta1",     "--beta2",     "--eps",
+                        "--grad-clip", "--precision", "--checkpoint-activations",
+                        "--log-json",  "--save",      "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
 }
@@ -242,7 +246,8 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {init + data + "--heads 5", "5 heads do not divide the checkpoint's width 32", 1},
       {init + data, "cannot infer the head count of width 32", 1},
       {data + "--dim 32 --heads 5 --vocab 64", "--heads 5 does not divide --dim 32", 1},
-      {data + "--vocab 32 --seq 8 --batch 3", "contains token id 63 but the model's vocabulary has 32", 1},
+      {data + "--vocab 32 --seq 8 --batch 3",
+       "contains token id 63 but the model's vocabulary has 32", 1},
       {data + "--seq 8 --batch 64 --vocab 64", "holds 77 tokens; a batch of 64 x 8 needs 513", 1},
       {data + "--batch 0", "--batch must be positive", 1},
       {"--data /nonexistent/tokens.bin", "/nonexistent/tokens.bin: no such regular file", 1},
@@ -254,7 +259,8 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {"--beta1 1.5", "betas must lie in [0, 1)", 1},
       {data + "--vocab 64 --save /nonexistent/dir/out.safetensors --steps 0",
        "--save cannot create /nonexistent/dir/out.safetensors: directory /nonexistent/dir does "
-       "not exist", 1},
+       "not exist",
+       1},
       {"--log-json /nonexistent/dir/log.jsonl", "--log-json cannot create", 1},
   };
   for (const auto& c : cases) {

@@ -11,9 +11,9 @@ namespace {
 
 /// A GPT-2 file written from the names and shapes alone (random values), optionally with the
 /// `transformer.` prefix, in dtype F32 / F16 / BF16.
-fw::SafetensorsWriter gpt2_file(int L, std::int64_t C, std::int64_t V, std::int64_t T,
-                                const std::string& prefix, fw::StDtype dtype,
-                                std::vector<std::pair<std::string, std::vector<float>>>* values = nullptr) {
+fw::SafetensorsWriter gpt2_file(
+    int L, std::int64_t C, std::int64_t V, std::int64_t T, const std::string& prefix,
+    fw::StDtype dtype, std::vector<std::pair<std::string, std::vector<float>>>* values = nullptr) {
   fw::SafetensorsWriter w;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
@@ -26,11 +26,13 @@ fw::SafetensorsWriter gpt2_file(int L, std::int64_t C, std::int64_t V, std::int6
       w.add<float>(prefix + name, shape, v);
     } else if (dtype == fw::StDtype::BF16) {
       std::vector<fw::bf16> h(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) h[i] = fw::bf16(v[i]), v[i] = static_cast<float>(h[i]);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        h[i] = fw::bf16(v[i]), v[i] = static_cast<float>(h[i]);
       w.add<fw::bf16>(prefix + name, shape, h);
     } else {
       std::vector<fw::fp16> h(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) h[i] = fw::fp16(v[i]), v[i] = static_cast<float>(h[i]);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        h[i] = fw::fp16(v[i]), v[i] = static_cast<float>(h[i]);
       w.add<fw::fp16>(prefix + name, shape, h);
     }
     if (values) values->push_back({name, v});
@@ -50,7 +52,8 @@ std::string load_error(const fw::SafetensorsWriter& w) {
 template <class T>
 std::vector<std::vector<T>> weights_of(fw::models::Gpt<T, fw::Host>& m) {
   std::vector<std::vector<T>> out;
-  m.visit_parameters([&](auto& p) { out.emplace_back(p.weight.data(), p.weight.data() + p.numel()); });
+  m.visit_parameters(
+      [&](auto& p) { out.emplace_back(p.weight.data(), p.weight.data() + p.numel()); });
   return out;
 }
 
@@ -101,7 +104,8 @@ TEST(Gpt2Checkpoint, MissingWrongShapedUnknownAndUntiedTensorsAreNamed) {
       for (auto d : shape) n *= d;
       w.add<float>(name, shape, std::vector<float>(static_cast<std::size_t>(n), 0.5f));
     }
-    EXPECT_NE(load_error(w).find("h.1.mlp.c_fc.bias is missing"), std::string::npos) << load_error(w);
+    EXPECT_NE(load_error(w).find("h.1.mlp.c_fc.bias is missing"), std::string::npos)
+        << load_error(w);
   }
   {
     fw::SafetensorsWriter w;
@@ -112,7 +116,8 @@ TEST(Gpt2Checkpoint, MissingWrongShapedUnknownAndUntiedTensorsAreNamed) {
       for (auto d : shape) n *= d;
       w.add<float>(name, shape, std::vector<float>(static_cast<std::size_t>(n), 0.5f));
     }
-    EXPECT_NE(load_error(w).find("h.0.attn.c_attn.weight has shape (24, 8), GPT-2 of width 8 needs (8, 24)"),
+    EXPECT_NE(load_error(w).find(
+                  "h.0.attn.c_attn.weight has shape (24, 8), GPT-2 of width 8 needs (8, 24)"),
               std::string::npos)
         << load_error(w);
   }

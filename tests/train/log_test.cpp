@@ -33,11 +33,16 @@ TEST(JsonLog, OneObjectPerStepWithMemoryOfEveryRank) {
   std::getline(in, l1);
   std::getline(in, l2);
   EXPECT_FALSE(std::getline(in, l3));
-  EXPECT_EQ(l1.rfind("{\"step\":3,\"loss\":2.71828183,\"grad_norm\":null,\"tokens_per_s\":1234.5,", 0), 0u) << l1;
+  EXPECT_EQ(
+      l1.rfind("{\"step\":3,\"loss\":2.71828183,\"grad_norm\":null,\"tokens_per_s\":1234.5,", 0),
+      0u)
+      << l1;
   EXPECT_NE(l1.find("\"skipped\":false"), std::string::npos);
   EXPECT_NE(l1.find("\"memory\":[{\"rank\":0,"), std::string::npos);
-  EXPECT_NE(l1.find("\"peak\":{\"weights\":100,\"grads\":0,\"master_weights\":0,\"optimizer_state\":0,\"activations\":40"),
-            std::string::npos) << l1;
+  EXPECT_NE(l1.find("\"peak\":{\"weights\":100,\"grads\":0,\"master_weights\":0,\"optimizer_"
+                    "state\":0,\"activations\":40"),
+            std::string::npos)
+      << l1;
   EXPECT_NE(l1.find("{\"rank\":1,"), std::string::npos);
   EXPECT_EQ(l1.back(), '}');
   EXPECT_NE(l2.find("\"step\":4"), std::string::npos);

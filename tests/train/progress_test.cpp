@@ -33,8 +33,11 @@ std::string captured(bool interactive) {
 
 TEST(Progress, PlainLinesWhenNotATerminal) {
   const auto out = captured(false);
-  EXPECT_NE(out.find("step 1/4 | loss 4.000000 | grad_norm 0.5000 | lr 0.0003 | 25000 tokens/s | 100.0 ms\n"),
-            std::string::npos) << out;
+  EXPECT_NE(
+      out.find(
+          "step 1/4 | loss 4.000000 | grad_norm 0.5000 | lr 0.0003 | 25000 tokens/s | 100.0 ms\n"),
+      std::string::npos)
+      << out;
   EXPECT_NE(out.find("step 2/4 | loss 3.000000"), std::string::npos);
   EXPECT_NE(out.find("\ncheckpoint saved\nstep 3/4"), std::string::npos);
   EXPECT_EQ(out.find('\r'), std::string::npos) << "no carriage returns in a log file";
@@ -42,10 +45,12 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
 
 TEST(Progress, RedrawnBarOnATerminal) {
   const auto out = captured(true);
-  EXPECT_NE(out.find("\r\033[K[############............] 2/4 loss 3.0000"), std::string::npos) << out;
+  EXPECT_NE(out.find("\r\033[K[############............] 2/4 loss 3.0000"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("25.0k tok/s"), std::string::npos);
   EXPECT_NE(out.find("eta 0s"), std::string::npos);
-  EXPECT_NE(out.find("\ncheckpoint saved\n"), std::string::npos) << "a note ends the bar line first";
+  EXPECT_NE(out.find("\ncheckpoint saved\n"), std::string::npos)
+      << "a note ends the bar line first";
   EXPECT_EQ(out.back(), '\n');
   EXPECT_FALSE(fw::is_terminal(std::tmpfile()));
 }

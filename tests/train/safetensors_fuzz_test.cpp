@@ -1,5 +1,6 @@
 // Thousands of corrupted and truncated safetensors files: each must parse or throw
-// CheckpointError, never crash or read out of bounds (this test runs under ASan in the asan preset).
+// CheckpointError, never crash or read out of bounds (this test runs under ASan in the asan
+// preset).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -48,7 +49,9 @@ TEST(SafetensorsFuzz, EveryTruncationIsRejected) {
   const auto good = valid_file();
   ASSERT_EQ(try_parse(good), 1);
   for (std::size_t n = 0; n < good.size(); ++n) {
-    EXPECT_EQ(try_parse(std::vector<unsigned char>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))), 0)
+    EXPECT_EQ(try_parse(std::vector<unsigned char>(good.begin(),
+                                                   good.begin() + static_cast<std::ptrdiff_t>(n))),
+              0)
         << "truncated to " << n;
   }
   auto longer = good;
@@ -86,10 +89,31 @@ TEST(SafetensorsFuzz, RandomByteFlipsNeverCrash) {
 
 TEST(SafetensorsFuzz, RandomHeadersNeverCrash) {
   std::mt19937_64 rng(17);
-  static const char* pieces[] = {"{", "}", "[", "]", ",", ":", "\"dtype\"", "\"F32\"", "\"BF16\"",
-                                 "\"shape\"", "\"data_offsets\"", "\"w\"", "\"__metadata__\"", "0",
-                                 "4", "8", "18446744073709551615", "99999999999999999999999",
-                                 "-1", "1e3", "\"\\u00e9\"", "\"\\ud800\"", "true", "null", " "};
+  static const char* pieces[] = {"{",
+                                 "}",
+                                 "[",
+                                 "]",
+                                 ",",
+                                 ":",
+                                 "\"dtype\"",
+                                 "\"F32\"",
+                                 "\"BF16\"",
+                                 "\"shape\"",
+                                 "\"data_offsets\"",
+                                 "\"w\"",
+                                 "\"__metadata__\"",
+                                 "0",
+                                 "4",
+                                 "8",
+                                 "18446744073709551615",
+                                 "99999999999999999999999",
+                                 "-1",
+                                 "1e3",
+                                 "\"\\u00e9\"",
+                                 "\"\\ud800\"",
+                                 "true",
+                                 "null",
+                                 " "};
   for (int it = 0; it < 4000; ++it) {
     std::string h = "{";
     const int n = static_cast<int>(rng() % 40);
@@ -98,7 +122,8 @@ TEST(SafetensorsFuzz, RandomHeadersNeverCrash) {
     const std::size_t data = rng() % 32;
     std::vector<unsigned char> f(8 + h.size() + data, 0);
     const std::uint64_t len = h.size();
-    for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(len >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(len >> (8 * i));
     std::memcpy(f.data() + 8, h.data(), h.size());
     (void)try_parse(std::move(f));
   }
@@ -106,7 +131,8 @@ TEST(SafetensorsFuzz, RandomHeadersNeverCrash) {
   std::string deep(100000, '[');
   deep.insert(0, "{\"a\":");
   std::vector<unsigned char> f(8 + deep.size());
-  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(deep.size() >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(deep.size() >> (8 * i));
   std::memcpy(f.data() + 8, deep.data(), deep.size());
   EXPECT_EQ(try_parse(f), 0);
 }

@@ -13,9 +13,11 @@ namespace {
 std::vector<unsigned char> raw_file(const std::string& header, std::size_t data_bytes) {
   std::vector<unsigned char> f(8 + header.size() + data_bytes, 0);
   const std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n >> (8 * i));
   std::memcpy(f.data() + 8, header.data(), header.size());
-  for (std::size_t i = 0; i < data_bytes; ++i) f[8 + header.size() + i] = static_cast<unsigned char>(i * 7 + 1);
+  for (std::size_t i = 0; i < data_bytes; ++i)
+    f[8 + header.size() + i] = static_cast<unsigned char>(i * 7 + 1);
   return f;
 }
 
@@ -106,15 +108,20 @@ TEST(Safetensors, EveryViolationIsACheckpointErrorNamingTensorAndNumbers) {
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 20,
+      {R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})",
+       20,
        {"\"w\"", "(2, 3)", "24 B", "[0, 20]", "20 B"}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"v":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
-       16, {"gap of 4 B", "\"w\"", "\"v\""}},
+       16,
+       {"gap of 4 B", "\"w\"", "\"v\""}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-       12, {"\"v\"", "overlaps \"w\"", "ends at 8"}},
-      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8,
+       12,
+       {"\"v\"", "overlaps \"w\"", "ends at 8"}},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+       8,
        {"\"w\"", "overflows the data buffer of 8 B"}},
-      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 11,
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       11,
        {"3 trailing bytes", "11 B"}},
       {R"({"w":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", 8, {"\"w\"", "F31"}},
       {R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, {"\"w\"", "-2"}},
@@ -122,9 +129,11 @@ TEST(Safetensors, EveryViolationIsACheckpointErrorNamingTensorAndNumbers) {
       {R"({"w":{"dtype":"F32","shape":[2]}})", 8, {"\"w\"", "data_offsets"}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8, {"\"w\"", "\"x\""}},
       {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
-       8, {"\"w\"", "overflows"}},
+       8,
+       {"\"w\"", "overflows"}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-       16, {"duplicate key \"w\""}},
+       16,
+       {"duplicate key \"w\""}},
       {R"({"__metadata__":{"k":3}})", 0, {"__metadata__", "\"k\""}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"malformed"}},
       {R"([1,2])", 0, {"must start with '{'"}},
@@ -133,18 +142,21 @@ TEST(Safetensors, EveryViolationIsACheckpointErrorNamingTensorAndNumbers) {
     const auto msg = error_of(raw_file(c.header, c.data));
     ASSERT_FALSE(msg.empty()) << "accepted: " << c.header;
     EXPECT_NE(msg.find("t.safetensors"), std::string::npos) << msg;
-    for (const auto& e : c.expect) EXPECT_NE(msg.find(e), std::string::npos) << e << " not in: " << msg;
+    for (const auto& e : c.expect)
+      EXPECT_NE(msg.find(e), std::string::npos) << e << " not in: " << msg;
   }
 }
 
 TEST(Safetensors, HeaderLengthIsCappedAndBoundsChecked) {
   std::vector<unsigned char> f(16, ' ');
   const std::uint64_t huge = 200'000'000;
-  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(huge >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    f[static_cast<std::size_t>(i)] = static_cast<unsigned char>(huge >> (8 * i));
   EXPECT_NE(error_of(f).find("exceeds the cap of 100000000 B"), std::string::npos) << error_of(f);
   for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = 0;
   f[0] = 9;
-  EXPECT_NE(error_of(f).find("header length 9 B exceeds the 8 B"), std::string::npos) << error_of(f);
+  EXPECT_NE(error_of(f).find("header length 9 B exceeds the 8 B"), std::string::npos)
+      << error_of(f);
   EXPECT_NE(error_of({1, 2, 3}).find("too short"), std::string::npos);
   auto bad = raw_file("{\"\xff\":1}", 0);
   EXPECT_NE(error_of(bad).find("UTF-8"), std::string::npos);

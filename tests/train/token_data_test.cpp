@@ -79,8 +79,9 @@ TEST(TokenLoader, SequentialBatchesShiftedTargetsAndLlmcWrap) {
   fw::TokenLoader loader(d, /*B=*/2, /*T=*/3, /*vocab=*/200);
   // (21 - 1) / (2 * 3) = 3 whole batches; batch 3 is batch 0 again (tokens 18..20 never used)
   EXPECT_EQ(loader.batches_per_epoch(), 3);
-  const std::vector<std::vector<std::int32_t>> inputs = {
-      {100, 101, 102, 103, 104, 105}, {106, 107, 108, 109, 110, 111}, {112, 113, 114, 115, 116, 117}};
+  const std::vector<std::vector<std::int32_t>> inputs = {{100, 101, 102, 103, 104, 105},
+                                                         {106, 107, 108, 109, 110, 111},
+                                                         {112, 113, 114, 115, 116, 117}};
   for (int k = 0; k < 7; ++k) {
     const auto b = loader.next();
     EXPECT_EQ(b.B, 2);

@@ -49,8 +49,7 @@ class ArgParser {
       const bool ok = std::find(choices.begin(), choices.end(), v) != choices.end();
       std::string list;
       for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-      check<ConfigError>(ok, "fourway: --", flag_name, " must be one of ", list, ", got '", v,
-                         "'");
+      check<ConfigError>(ok, "fourway: --", flag_name, " must be one of ", list, ", got '", v, "'");
       *target = std::string(v);
     };
     flags_.push_back(std::move(f));
@@ -83,7 +82,8 @@ class ArgParser {
       Flag* f = find(a);
       if (f == nullptr) {
         std::string msg = detail::cat("fourway: unknown flag --", a);
-        if (const auto near = closest(a); !near.empty()) msg += detail::cat("; did you mean --", near, "?");
+        if (const auto near = closest(a); !near.empty())
+          msg += detail::cat("; did you mean --", near, "?");
         throw ConfigError(msg + detail::cat(" (see ", program_, " --help)"));
       }
       check<ConfigError>(!seen_.contains(f->name), "fourway: --", f->name, " given twice");
@@ -101,7 +101,9 @@ class ArgParser {
   }
 
   /// True when the flag was on the command line.
-  [[nodiscard]] bool given(std::string_view name) const { return seen_.contains(std::string(name)); }
+  [[nodiscard]] bool given(std::string_view name) const {
+    return seen_.contains(std::string(name));
+  }
 
   [[nodiscard]] std::string help() const {
     std::ostringstream os;
@@ -109,8 +111,10 @@ class ArgParser {
     for (const auto& f : flags_) {
       std::string left = "  --" + f.name + (f.is_switch ? "" : " " + f.metavar);
       os << left;
-      if (left.size() < 34) os << std::string(34 - left.size(), ' ');
-      else os << "\n" << std::string(34, ' ');
+      if (left.size() < 34)
+        os << std::string(34 - left.size(), ' ');
+      else
+        os << "\n" << std::string(34, ' ');
       os << f.help;
       if (!f.is_switch && !f.default_text.empty()) os << " [" << f.default_text << "]";
       os << "\n";
@@ -137,8 +141,8 @@ class ArgParser {
       const char* end = v.data() + v.size();
       auto [p, ec] = std::from_chars(v.data(), end, out);
       check<ConfigError>(ec == std::errc() && p == end && !v.empty(), "fourway: --", flag,
-                         " expects ", std::is_integral_v<V> ? "an integer" : "a number",
-                         ", got '", v, "'");
+                         " expects ", std::is_integral_v<V> ? "an integer" : "a number", ", got '",
+                         v, "'");
       if constexpr (std::is_floating_point_v<V>) {
         check<ConfigError>(out == out && out - out == 0, "fourway: --", flag,
                            " must be finite, got '", v, "'");

@@ -77,9 +77,8 @@ inline TokenData builtin_corpus(const std::filesystem::path& dir = "/usr/share/c
     }
   }
   if (text.size() < 2 * detail::embedded_corpus_text.size()) return embedded_corpus();
-  return TokenData(detail::bytes_to_tokens(text),
-                   "<built-in corpus: " + dir.string() + ", " + std::to_string(files.size()) +
-                       " files>");
+  return TokenData(detail::bytes_to_tokens(text), "<built-in corpus: " + dir.string() + ", " +
+                                                      std::to_string(files.size()) + " files>");
 }
 
 }  // namespace fourway

@@ -128,10 +128,10 @@ inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
   info.vocab = wte->shape[0];
   info.context = wpe->shape[0];
   info.dim = wte->shape[1];
-  check<CheckpointError>(info.vocab <= (1 << 30) && info.context <= (1 << 30) &&
-                             info.dim <= (1 << 24),
-                         "fourway: ", src, ": implausible GPT-2 sizes vocab ", info.vocab,
-                         ", context ", info.context, ", width ", info.dim);
+  check<CheckpointError>(
+      info.vocab <= (1 << 30) && info.context <= (1 << 30) && info.dim <= (1 << 24),
+      "fourway: ", src, ": implausible GPT-2 sizes vocab ", info.vocab, ", context ", info.context,
+      ", width ", info.dim);
   while (f.find(info.prefix + "h." + std::to_string(info.layers) + ".ln_1.weight") != nullptr) {
     ++info.layers;
   }
@@ -143,11 +143,11 @@ inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
        gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context)) {
     const auto* e = f.find(info.prefix + name);
     check<CheckpointError>(e != nullptr, "fourway: ", src, ": GPT-2 tensor ", info.prefix, name,
-                           " is missing (the file has ", info.layers, " blocks of width ",
-                           info.dim, ")");
-    check<CheckpointError>(e->shape == shape, "fourway: ", src, ": tensor ", e->name,
-                           " has shape ", e->shape_str(), ", GPT-2 of width ", info.dim,
-                           " needs ", detail::shape_text(shape));
+                           " is missing (the file has ", info.layers, " blocks of width ", info.dim,
+                           ")");
+    check<CheckpointError>(e->shape == shape, "fourway: ", src, ": tensor ", e->name, " has shape ",
+                           e->shape_str(), ", GPT-2 of width ", info.dim, " needs ",
+                           detail::shape_text(shape));
     expected.insert(e->name);
   }
   std::vector<std::string> unknown;
@@ -164,7 +164,8 @@ inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
       const auto b = f.bytes(*wte);
       check<CheckpointError>(e.dtype == wte->dtype && a.size() == b.size() &&
                                  std::memcmp(a.data(), b.data(), a.size()) == 0,
-                             "fourway: ", src, ": lm_head.weight differs from wte.weight; "
+                             "fourway: ", src,
+                             ": lm_head.weight differs from wte.weight; "
                              "fourway's GPT-2 ties the head to wte and cannot load an untied head");
       info.ignored.push_back(e.name);
     } else {
@@ -202,8 +203,8 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
     Ops<B>::from_host(ctx, p.weight.data(), host.data(), p.weight.numel());
     ++loaded;
   });
-  const std::size_t expected = gpt2_tensor_shapes(info.layers, info.dim, info.vocab,
-                                                  info.context).size();
+  const std::size_t expected =
+      gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context).size();
   check<CheckpointError>(loaded == expected, "fourway: the model has ", loaded,
                          " parameters, the GPT-2 in ", f.source(), " has ", expected);
 }

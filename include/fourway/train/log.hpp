@@ -41,13 +41,14 @@ inline std::string json_number(double v) {
 }  // namespace detail
 
 /// One JSON object for `r`, with the memory of each rank in `ranks` (any may be null: skipped).
-inline std::string step_json(const StepRecord& r, const std::vector<const MemoryAccountant*>& ranks) {
-  std::string s = "{\"step\":" + std::to_string(r.step) + ",\"loss\":" + detail::json_number(r.loss) +
-                  ",\"grad_norm\":" + detail::json_number(r.grad_norm) +
-                  ",\"tokens_per_s\":" + detail::json_number(r.tokens_per_s) +
-                  ",\"step_ms\":" + detail::json_number(r.step_ms) +
-                  ",\"lr\":" + detail::json_number(r.lr) +
-                  ",\"skipped\":" + (r.skipped ? "true" : "false") + ",\"memory\":[";
+inline std::string step_json(const StepRecord& r,
+                             const std::vector<const MemoryAccountant*>& ranks) {
+  std::string s =
+      "{\"step\":" + std::to_string(r.step) + ",\"loss\":" + detail::json_number(r.loss) +
+      ",\"grad_norm\":" + detail::json_number(r.grad_norm) +
+      ",\"tokens_per_s\":" + detail::json_number(r.tokens_per_s) +
+      ",\"step_ms\":" + detail::json_number(r.step_ms) + ",\"lr\":" + detail::json_number(r.lr) +
+      ",\"skipped\":" + (r.skipped ? "true" : "false") + ",\"memory\":[";
   bool first = true;
   for (const auto* m : ranks) {
     if (m == nullptr) continue;

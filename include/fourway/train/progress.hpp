@@ -40,11 +40,14 @@ class Progress {
   void update(const StepRecord& r) {
     elapsed_ms_ += r.step_ms;
     mean_loss_ = r.step == 1 ? r.loss : 0.9 * mean_loss_ + 0.1 * r.loss;
-    const double eta_s = static_cast<double>(total_ - r.step) * (elapsed_ms_ / static_cast<double>(r.step)) / 1000.0;
+    const double eta_s =
+        static_cast<double>(total_ - r.step) * (elapsed_ms_ / static_cast<double>(r.step)) / 1000.0;
     if (!interactive_) {
-      std::fprintf(out_, "step %lld/%lld | loss %.6f | grad_norm %.4f | lr %.3g | %.0f tokens/s | %.1f ms%s\n",
-                   static_cast<long long>(r.step), static_cast<long long>(total_), r.loss,
-                   r.grad_norm, r.lr, r.tokens_per_s, r.step_ms, r.skipped ? " | skipped (inf/nan)" : "");
+      std::fprintf(
+          out_,
+          "step %lld/%lld | loss %.6f | grad_norm %.4f | lr %.3g | %.0f tokens/s | %.1f ms%s\n",
+          static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm, r.lr,
+          r.tokens_per_s, r.step_ms, r.skipped ? " | skipped (inf/nan)" : "");
       std::fflush(out_);
       return;
     }
@@ -52,9 +55,10 @@ class Progress {
     const int filled = total_ > 0 ? static_cast<int>(width * r.step / total_) : width;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar += std::string(static_cast<std::size_t>(width - filled), '.');
-    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (avg %.4f) | %s tok/s | eta %s%s", bar.c_str(),
-                 static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, mean_loss_,
-                 human(r.tokens_per_s).c_str(), duration(eta_s).c_str(), r.skipped ? " skipped" : "");
+    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (avg %.4f) | %s tok/s | eta %s%s",
+                 bar.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_),
+                 r.loss, mean_loss_, human(r.tokens_per_s).c_str(), duration(eta_s).c_str(),
+                 r.skipped ? " skipped" : "");
     if (r.step >= total_) std::fputc('\n', out_);
     std::fflush(out_);
     open_line_ = r.step < total_;
@@ -77,16 +81,23 @@ class Progress {
  private:
   static std::string human(double v) {
     char b[32];
-    if (v >= 1e6) std::snprintf(b, sizeof b, "%.2fM", v / 1e6);
-    else if (v >= 1e3) std::snprintf(b, sizeof b, "%.1fk", v / 1e3);
-    else std::snprintf(b, sizeof b, "%.0f", v);
+    if (v >= 1e6)
+      std::snprintf(b, sizeof b, "%.2fM", v / 1e6);
+    else if (v >= 1e3)
+      std::snprintf(b, sizeof b, "%.1fk", v / 1e3);
+    else
+      std::snprintf(b, sizeof b, "%.0f", v);
     return b;
   }
   static std::string duration(double s) {
     char b[32];
-    if (s >= 3600) std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
-    else if (s >= 60) std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
-    else std::snprintf(b, sizeof b, "%.0fs", s);
+    if (s >= 3600)
+      std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600),
+                    static_cast<int>(s / 60) % 60);
+    else if (s >= 60)
+      std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+    else
+      std::snprintf(b, sizeof b, "%.0fs", s);
     return b;
   }
 

@@ -33,7 +33,21 @@ namespace fourway {
 
 /// The dtypes of the safetensors format (spelled as in the file).
 enum class StDtype : std::uint8_t {
-  BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64
+  BOOL,
+  U8,
+  I8,
+  F8_E5M2,
+  F8_E4M3,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  F64,
+  I64,
+  U64
 };
 
 namespace detail {
@@ -43,12 +57,11 @@ struct StDtypeInfo {
   std::size_t size;
 };
 inline constexpr StDtypeInfo st_dtypes[] = {
-    {StDtype::BOOL, "BOOL", 1},      {StDtype::U8, "U8", 1},     {StDtype::I8, "I8", 1},
-    {StDtype::F8_E5M2, "F8_E5M2", 1}, {StDtype::F8_E4M3, "F8_E4M3", 1},
-    {StDtype::I16, "I16", 2},        {StDtype::U16, "U16", 2},   {StDtype::F16, "F16", 2},
-    {StDtype::BF16, "BF16", 2},      {StDtype::I32, "I32", 4},   {StDtype::U32, "U32", 4},
-    {StDtype::F32, "F32", 4},        {StDtype::F64, "F64", 8},   {StDtype::I64, "I64", 8},
-    {StDtype::U64, "U64", 8},
+    {StDtype::BOOL, "BOOL", 1},       {StDtype::U8, "U8", 1},           {StDtype::I8, "I8", 1},
+    {StDtype::F8_E5M2, "F8_E5M2", 1}, {StDtype::F8_E4M3, "F8_E4M3", 1}, {StDtype::I16, "I16", 2},
+    {StDtype::U16, "U16", 2},         {StDtype::F16, "F16", 2},         {StDtype::BF16, "BF16", 2},
+    {StDtype::I32, "I32", 4},         {StDtype::U32, "U32", 4},         {StDtype::F32, "F32", 4},
+    {StDtype::F64, "F64", 8},         {StDtype::I64, "I64", 8},         {StDtype::U64, "U64", 8},
 };
 }  // namespace detail
 
@@ -72,15 +85,24 @@ inline std::optional<StDtype> st_dtype_from_name(std::string_view s) {
 }
 template <class T>
 constexpr StDtype st_dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return StDtype::F32;
-  else if constexpr (std::is_same_v<T, fp16>) return StDtype::F16;
-  else if constexpr (std::is_same_v<T, bf16>) return StDtype::BF16;
-  else if constexpr (std::is_same_v<T, double>) return StDtype::F64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return StDtype::I32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return StDtype::I64;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return StDtype::U8;
-  else if constexpr (std::is_same_v<T, std::uint16_t>) return StDtype::U16;
-  else static_assert(sizeof(T) == 0, "fourway: no safetensors dtype for this element type");
+  if constexpr (std::is_same_v<T, float>)
+    return StDtype::F32;
+  else if constexpr (std::is_same_v<T, fp16>)
+    return StDtype::F16;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return StDtype::BF16;
+  else if constexpr (std::is_same_v<T, double>)
+    return StDtype::F64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return StDtype::I32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return StDtype::I64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return StDtype::U8;
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return StDtype::U16;
+  else
+    static_assert(sizeof(T) == 0, "fourway: no safetensors dtype for this element type");
 }
 
 /// Limits the reader enforces. The header cap is the reference implementation's (100 MB).
@@ -119,7 +141,7 @@ class StJson {
   enum class Kind : std::uint8_t { object, array, string, number, boolean, null };
   struct Value {
     Kind kind = Kind::null;
-    std::string str;      // string, or the number's text
+    std::string str;                                     // string, or the number's text
     std::vector<std::pair<std::string, Value>> members;  // object, in file order
     std::vector<Value> items;                            // array
   };
@@ -137,8 +159,8 @@ class StJson {
 
  private:
   [[noreturn]] void fail(std::string_view what) const {
-    throw CheckpointError(cat("fourway: ", source_, ": malformed safetensors header at byte ",
-                              pos_, ": ", what));
+    throw CheckpointError(
+        cat("fourway: ", source_, ": malformed safetensors header at byte ", pos_, ": ", what));
   }
   void skip_ws() {
     while (pos_ < s_.size() &&
@@ -256,10 +278,14 @@ class StJson {
     for (int i = 0; i < 4; ++i) {
       const char h = s_[pos_++];
       v <<= 4;
-      if (h >= '0' && h <= '9') v |= static_cast<std::uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') v |= static_cast<std::uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') v |= static_cast<std::uint32_t>(h - 'A' + 10);
-      else fail("invalid \\u escape");
+      if (h >= '0' && h <= '9')
+        v |= static_cast<std::uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        v |= static_cast<std::uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        v |= static_cast<std::uint32_t>(h - 'A' + 10);
+      else
+        fail("invalid \\u escape");
     }
     return v;
   }
@@ -321,10 +347,14 @@ inline bool valid_utf8(std::string_view s) {
       ++i;
       continue;
     }
-    if ((c & 0xE0) == 0xC0) n = 1, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) n = 2, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) n = 3, cp = c & 0x07;
-    else return false;
+    if ((c & 0xE0) == 0xC0)
+      n = 1, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      n = 2, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      n = 3, cp = c & 0x07;
+    else
+      return false;
     if (s.size() - i <= n) return false;
     for (std::size_t k = 1; k <= n; ++k) {
       const auto d = static_cast<unsigned char>(s[i + k]);
@@ -356,8 +386,10 @@ inline void json_escape(std::string& out, std::string_view s) {
   out += '"';
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
     else if (u < 0x20) {
       static constexpr char hex[] = "0123456789abcdef";
       out += "\\u00";
@@ -481,13 +513,13 @@ class SafetensorsFile {
           e.end = o[1];
           has_offsets = true;
         } else {
-          throw CheckpointError(detail::cat("fourway: ", src, ": tensor \"", name,
-                                            "\": unknown field \"", k, "\""));
+          throw CheckpointError(
+              detail::cat("fourway: ", src, ": tensor \"", name, "\": unknown field \"", k, "\""));
         }
       }
-      check<CheckpointError>(has_dtype && has_shape && has_offsets, "fourway: ", src,
-                             ": tensor \"", name, "\" lacks", has_dtype ? "" : " dtype",
-                             has_shape ? "" : " shape", has_offsets ? "" : " data_offsets");
+      check<CheckpointError>(has_dtype && has_shape && has_offsets, "fourway: ", src, ": tensor \"",
+                             name, "\" lacks", has_dtype ? "" : " dtype", has_shape ? "" : " shape",
+                             has_offsets ? "" : " data_offsets");
       check<CheckpointError>(e.begin <= e.end, "fourway: ", src, ": tensor \"", name,
                              "\": data_offsets [", e.begin, ", ", e.end, "] end before they begin");
       std::uint64_t count = 1;
@@ -495,8 +527,8 @@ class SafetensorsFile {
         const auto u = static_cast<std::uint64_t>(d);
         check<CheckpointError>(u == 0 || count <= std::numeric_limits<std::uint64_t>::max() / u /
                                                       st_dtype_size(e.dtype),
-                               "fourway: ", src, ": tensor \"", name, "\": shape ",
-                               e.shape_str(), " overflows a 64-bit byte count");
+                               "fourway: ", src, ": tensor \"", name, "\": shape ", e.shape_str(),
+                               " overflows a 64-bit byte count");
         count *= u;
       }
       const std::uint64_t nbytes = count * st_dtype_size(e.dtype);
@@ -520,15 +552,13 @@ class SafetensorsFile {
     std::string prev = "(start of the data buffer)";
     for (std::size_t i : order) {
       const auto& e = f.entries_[i];
-      check<CheckpointError>(e.begin >= at, "fourway: ", src, ": tensor \"", e.name,
-                             "\" at [", e.begin, ", ", e.end, ") overlaps \"", prev,
-                             "\" which ends at ", at);
+      check<CheckpointError>(e.begin >= at, "fourway: ", src, ": tensor \"", e.name, "\" at [",
+                             e.begin, ", ", e.end, ") overlaps \"", prev, "\" which ends at ", at);
       check<CheckpointError>(e.begin == at, "fourway: ", src, ": gap of ", e.begin - at,
                              " B in the data buffer between \"", prev, "\" (ends at ", at,
                              ") and tensor \"", e.name, "\" (begins at ", e.begin, ")");
-      check<CheckpointError>(e.end <= buffer, "fourway: ", src, ": tensor \"", e.name,
-                             "\" at [", e.begin, ", ", e.end, ") overflows the data buffer of ",
-                             buffer, " B");
+      check<CheckpointError>(e.end <= buffer, "fourway: ", src, ": tensor \"", e.name, "\" at [",
+                             e.begin, ", ", e.end, ") overflows the data buffer of ", buffer, " B");
       at = e.end;
       prev = e.name;
     }
@@ -552,8 +582,7 @@ class SafetensorsFile {
   }
   [[nodiscard]] const SafetensorsEntry& at(std::string_view name) const {
     const auto* e = find(name);
-    check<CheckpointError>(e != nullptr, "fourway: ", source_, ": no tensor named \"", name,
-                           "\"");
+    check<CheckpointError>(e != nullptr, "fourway: ", source_, ": no tensor named \"", name, "\"");
     return *e;
   }
 
@@ -565,8 +594,8 @@ class SafetensorsFile {
   /// Converts the F32, F16, BF16 or F64 tensor `e` into `out` (exactly `e.numel()` elements).
   template <floating_dtype T>
   void read_into(const SafetensorsEntry& e, std::span<T> out) const {
-    check<CheckpointError>(out.size() == static_cast<std::size_t>(e.numel()), "fourway: ",
-                           source_, ": tensor \"", e.name, "\" has ", e.numel(),
+    check<CheckpointError>(out.size() == static_cast<std::size_t>(e.numel()), "fourway: ", source_,
+                           ": tensor \"", e.name, "\" has ", e.numel(),
                            " elements, the destination ", out.size());
     const unsigned char* p = bytes(e).data();
     const std::size_t n = out.size();
@@ -605,10 +634,9 @@ class SafetensorsFile {
         }
         return;
       default:
-        throw CheckpointError(detail::cat("fourway: ", source_, ": tensor \"", e.name,
-                                          "\" has dtype ", st_dtype_name(e.dtype),
-                                          "; only F32, F16, BF16 and F64 convert to ",
-                                          dtype_name(dtype_of<T>::value)));
+        throw CheckpointError(detail::cat(
+            "fourway: ", source_, ": tensor \"", e.name, "\" has dtype ", st_dtype_name(e.dtype),
+            "; only F32, F16, BF16 and F64 convert to ", dtype_name(dtype_of<T>::value)));
     }
   }
 
@@ -639,8 +667,8 @@ class SafetensorsWriter {
   /// Adds a tensor of raw little-endian bytes (copied now).
   void add(std::string name, StDtype dtype, std::vector<std::int64_t> shape,
            std::span<const unsigned char> data) {
-    check<CheckpointError>(!name.empty() && name != "__metadata__", "fourway: tensor name \"",
-                           name, "\" is not allowed in a safetensors file");
+    check<CheckpointError>(!name.empty() && name != "__metadata__", "fourway: tensor name \"", name,
+                           "\" is not allowed in a safetensors file");
     check<CheckpointError>(detail::valid_utf8(name), "fourway: tensor name is not valid UTF-8");
     for (const auto& t : tensors_) {
       check<CheckpointError>(t.name != name, "fourway: tensor \"", name, "\" added twice");
@@ -650,8 +678,8 @@ class SafetensorsWriter {
       check<CheckpointError>(d >= 0, "fourway: tensor \"", name, "\": negative extent ", d);
       count *= static_cast<std::uint64_t>(d);
     }
-    check<CheckpointError>(count * st_dtype_size(dtype) == data.size(), "fourway: tensor \"",
-                           name, "\": ", count, " elements of ", st_dtype_name(dtype), " need ",
+    check<CheckpointError>(count * st_dtype_size(dtype) == data.size(), "fourway: tensor \"", name,
+                           "\": ", count, " elements of ", st_dtype_name(dtype), " need ",
                            count * st_dtype_size(dtype), " B, got ", data.size(), " B");
     tensors_.push_back({std::move(name), dtype, std::move(shape),
                         std::vector<unsigned char>(data.begin(), data.end())});
@@ -693,8 +721,8 @@ class SafetensorsWriter {
         if (i) h += ',';
         h += std::to_string(t.shape[i]);
       }
-      h += "],\"data_offsets\":[" + std::to_string(at) + ',' +
-           std::to_string(at + t.data.size()) + "]}";
+      h += "],\"data_offsets\":[" + std::to_string(at) + ',' + std::to_string(at + t.data.size()) +
+           "]}";
       at += t.data.size();
     }
     h += '}';
@@ -719,8 +747,8 @@ class SafetensorsWriter {
       out.write(reinterpret_cast<const char*>(bytes.data()),
                 static_cast<std::streamsize>(bytes.size()));
       out.flush();
-      check<CheckpointError>(out.good(), "fourway: writing ", bytes.size(), " B to ",
-                             tmp.string(), " failed");
+      check<CheckpointError>(out.good(), "fourway: writing ", bytes.size(), " B to ", tmp.string(),
+                             " failed");
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);

@@ -50,14 +50,14 @@ class TokenData {
     check<CheckpointError>(word(0) == llmc_token_magic, "fourway: token file ", src,
                            ": magic number ", word(0), " is not llm.c's ", llmc_token_magic,
                            " (is this an llm.c .bin token file?)");
-    check<CheckpointError>(word(1) == llmc_token_version, "fourway: token file ", src,
-                           ": version ", word(1), " is not supported (only ",
-                           llmc_token_version, ", uint16 tokens)");
+    check<CheckpointError>(word(1) == llmc_token_version, "fourway: token file ", src, ": version ",
+                           word(1), " is not supported (only ", llmc_token_version,
+                           ", uint16 tokens)");
     const std::int32_t n = word(2);
     check<CheckpointError>(n >= 0, "fourway: token file ", src, ": negative token count ", n);
     const std::uint64_t expect = header + 2ull * static_cast<std::uint64_t>(n);
-    check<CheckpointError>(bytes.size() == expect, "fourway: token file ", src, ": header says ",
-                           n, " tokens (", expect, " B) but the file has ", bytes.size(), " B");
+    check<CheckpointError>(bytes.size() == expect, "fourway: token file ", src, ": header says ", n,
+                           " tokens (", expect, " B) but the file has ", bytes.size(), " B");
     std::vector<std::uint16_t> t(static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < t.size(); ++i) {
       t[i] = static_cast<std::uint16_t>(bytes[header + 2 * i] | (bytes[header + 2 * i + 1] << 8));
@@ -127,8 +127,8 @@ class TokenLoader {
                        "; lower --batch or --seq, or use more data");
     batches_ = (n - 1) / (B * T);
     const std::int64_t need = data.vocab_needed();
-    check<ConfigError>(need <= vocab, "fourway: ", data.source(), " contains token id ",
-                       need - 1, " but the model's vocabulary has ", vocab,
+    check<ConfigError>(need <= vocab, "fourway: ", data.source(), " contains token id ", need - 1,
+                       " but the model's vocabulary has ", vocab,
                        " entries; use a model with vocab >= ", need);
   }
 
