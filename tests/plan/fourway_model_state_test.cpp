@@ -5,6 +5,8 @@
 #include <numeric>
 #include <vector>
 
+#include "fourway/plan/communication.hpp"
+
 namespace fw = fourway;
 namespace fp = fourway::plan;
 
@@ -43,4 +45,35 @@ TEST(PlanFourwayModelState, PaddingPerSegment) {
   for (auto u : fp::fsdp_units(odd)) shard += (u + 3) / 4;
   EXPECT_EQ(fp::fourway_model_state_bytes(odd, fp::Precision::bf16, 3, 4).total(), 16 * shard);
   EXPECT_GT(16 * shard, 16 * ((psi + 3) / 4));  // more than the flat padding: units pad apart
+}
+
+// With one bucket the runtime's stage 0-2 traffic is the published volume (communication.hpp)
+// plus the scalar reductions; stage 3 adds the tied embedding's second gather.
+TEST(PlanFourwayModelState, TrafficAgainstThePublishedVolumes) {
+  const fp::Link link{100.0, 0.0};
+  const std::int64_t psi = fp::total_params(odd);
+  for (int n : {2, 3, 4}) {
+    const double scalar = 8.0 * 2.0 * (n - 1) / n;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const auto rt =
+          fp::fourway_data_parallel_bytes(odd, fp::Precision::bf16, stage, n, 2, 1LL << 40);
+      const std::int64_t padded = stage == 0 ? psi : fp::shard_elements(psi, n) * n;
+      const auto law = fp::data_parallel_traffic(padded, fp::Precision::bf16, stage, n, 2, link);
+      const double scalars = (stage == 0 ? 1 : 2) * scalar;
+      if (stage < 3) {
+        EXPECT_NEAR(rt.total() - scalars, law.bytes(), 1e-9 * law.bytes()) << stage << " " << n;
+      } else {
+        const auto units = fp::fsdp_units(odd);
+        std::int64_t shard = 0;
+        for (auto u : units) shard += fp::ceil_div(u, n);
+        const double extra =
+            2.0 *
+            static_cast<double>(fp::ceil_div(units.front(), n) - fp::ceil_div(units.back(), n)) *
+            (n - 1) * 2;
+        EXPECT_DOUBLE_EQ(rt.all_gather, 2.0 * (2.0 * shard * (n - 1) * 2) + extra);
+        EXPECT_DOUBLE_EQ(rt.reduce_scatter, 2.0 * shard * (n - 1) * 2);
+      }
+    }
+  }
+  EXPECT_EQ(fp::fourway_data_parallel_bytes(odd, fp::Precision::fp32, 3, 1, 1).total(), 0.0);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/parallel/sharded.hpp"
@@ -155,13 +156,15 @@ struct MeshCase {
 struct RankMeasure {
   fp::ModelStateBytes states;
   std::int64_t activation_peak = 0;
+  fp::DataParallelBytes traffic;  // of the second step
 };
 
 template <class T, int Stage>
 std::vector<RankMeasure> run_mesh(const fw::models::GptConfig& cfg, const MeshCase& mc,
                                   std::int64_t global_batch, std::int64_t Tn) {
   using Model = fw::models::Gpt<T, Host>;
-  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, Host, fw::LocalComm>;
+  using Comm = fw::Counting<fw::LocalComm>;
+  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, Host, Comm>;
   std::vector<RankMeasure> out(static_cast<std::size_t>(mc.ranks));
   std::mutex mu;
   std::mt19937 rng(3);
@@ -169,7 +172,7 @@ std::vector<RankMeasure> run_mesh(const fw::models::GptConfig& cfg, const MeshCa
   for (auto& t : rows) t = static_cast<std::int32_t>(rng() % static_cast<unsigned>(cfg.vocab));
   const fw::TokenBatch batch = fw::TokenBatch::from_rows(rows, global_batch, Tn);
   fw::launch<fw::LocalWorld>(mc.ranks, [&](fw::World<fw::LocalWorld>& w) {
-    fw::LocalComm dp = w.comm().split(0, w.rank(), "dp");
+    Comm dp(w.comm().split(0, w.rank(), "dp"));
     Model model(w.ctx(), cfg, 11);
     fw::TrainerOptions opts;
     opts.micro_batches = mc.micro_batches;
@@ -177,9 +180,14 @@ std::vector<RankMeasure> run_mesh(const fw::models::GptConfig& cfg, const MeshCa
     so.bucket_bytes = mc.bucket_bytes;
     fw::Trainer<S> t(opts, w.ctx(), model, dp, fw::AdamW{}, so);
     w.memory().reset_peak();
-    for (int step = 0; step < 2; ++step) (void)t.step(batch.view());
+    (void)t.step(batch.view());
+    dp.counters().reset();
+    (void)t.step(batch.view());
     auto& m = w.memory();
     RankMeasure r;
+    r.traffic.all_reduce = dp.counters().get("dp", fw::CommOp::all_reduce).bytes;
+    r.traffic.reduce_scatter = dp.counters().get("dp", fw::CommOp::reduce_scatter).bytes;
+    r.traffic.all_gather = dp.counters().get("dp", fw::CommOp::all_gather).bytes;
     r.states = fp::ModelStateBytes{static_cast<std::int64_t>(m.current(MemTag::weights)),
                                    static_cast<std::int64_t>(m.current(MemTag::grads)),
                                    static_cast<std::int64_t>(m.current(MemTag::master_weights)),
@@ -210,6 +218,8 @@ void check_mesh(const MeshCase& mc) {
       fp::fourway_model_state_bytes(arch, p, mc.stage, mc.ranks, mc.bucket_bytes);
   const fp::GptActivationShape x{per_rank, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
   const std::int64_t act = fp::fourway_activation_bytes(x, cfg.checkpoint);
+  const fp::DataParallelBytes traffic = fp::fourway_data_parallel_bytes(
+      arch, p, mc.stage, mc.ranks, mc.micro_batches, mc.bucket_bytes);
   for (std::size_t r = 0; r < got.size(); ++r) {
     SCOPED_TRACE(::testing::Message() << "stage " << mc.stage << ", " << mc.ranks << " ranks, rank "
                                       << r << ", buckets of " << mc.bucket_bytes << " B, "
@@ -220,6 +230,11 @@ void check_mesh(const MeshCase& mc) {
     EXPECT_LE(std::abs(rel), 0.10)
         << "planner " << act << " B, accountant " << got[r].activation_peak;
     EXPECT_EQ(act, got[r].activation_peak);
+    // All-reduce bytes carry the factor 2(N-1)/N, summed bucket by bucket by the decorator and
+    // once here: equal up to double rounding.
+    EXPECT_NEAR(got[r].traffic.all_reduce, traffic.all_reduce, 1e-12 * traffic.all_reduce);
+    EXPECT_EQ(got[r].traffic.reduce_scatter, traffic.reduce_scatter);
+    EXPECT_EQ(got[r].traffic.all_gather, traffic.all_gather);
   }
   // The published law next to the runtime's padding: the total is within N-1 elements per segment.
   const std::int64_t psi = fp::total_params(arch);

@@ -10,6 +10,13 @@
 //!   ln_f.bias ln_f.weight | h.{L-1}: mlp.c_proj.b, mlp.c_proj.w, mlp.c_fc.b, mlp.c_fc.w, ln_2.b,
 //!   ln_2.w, attn.c_proj.b, attn.c_proj.w, attn.c_attn.b, attn.c_attn.w, ln_1.b, ln_1.w | ... |
 //!   h.0 | wpe wte
+//!
+//! `fourway_data_parallel_bytes` counts the ring bytes of one step of the same strategy as the
+//! `Counting` decorator does (comm/counting.hpp). It differs from the published ZeRO volumes in two
+//! places, both visible here: the step's loss (and, from stage 1, the gradient norm) is one more
+//! all-reduce of a double; and under stage 3 the tied head gathers unit 0 (the embedding, which
+//! owns `wte`) once more in forward, while the last forward unit stays gathered into backward —
+//! all-gathers of 2Ψ' + unit0' − head' per micro-batch instead of 2Ψ'.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +68,51 @@ inline ModelStateBytes fourway_model_state_bytes(const Architecture& a, Precisio
   const std::vector<std::int64_t> segments = fourway_segments(a, zero_stage, bucket_bytes, p);
   return model_state_bytes(total_params(a), p, zero_stage, dp, Padding::per_unit(segments),
                            optimizer);
+}
+
+/// Ring bytes one rank sends in one step of `ShardedStrategy<zero_stage>` with `micro_batches`
+/// micro-batches, per collective (the Counting decorator's convention: all-reduce 2(N−1)/N of the
+/// buffer, reduce-scatter and all-gather (N−1) times the per-rank part).
+struct DataParallelBytes {
+  double all_reduce = 0;      // gradients (stage 0) and the scalar reductions
+  double reduce_scatter = 0;  // gradients (stages 1-3)
+  double all_gather = 0;      // updated weights (stages 1-2), gathered units (stage 3)
+  [[nodiscard]] double total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+
+inline DataParallelBytes fourway_data_parallel_bytes(const Architecture& a, Precision p,
+                                                     int zero_stage, int dp, int micro_batches,
+                                                     std::int64_t bucket_bytes = 25LL << 20) {
+  detail::require(dp >= 1 && micro_batches >= 1, "fourway: ", dp, " ranks and ", micro_batches,
+                  " micro-batches");
+  DataParallelBytes b;
+  if (dp == 1) return b;
+  const double n = dp;
+  const double w = static_cast<double>(working_bytes(p));
+  const double m = micro_batches;
+  const double scalars = zero_stage == 0 ? 1 : 2;  // loss sum; + global Σg² from stage 1
+  b.all_reduce = scalars * 8.0 * 2.0 * (n - 1) / n;
+  if (zero_stage == 0) {
+    b.all_reduce += static_cast<double>(total_params(a)) * w * 2.0 * (n - 1) / n;
+    return b;
+  }
+  const std::vector<std::int64_t> segs = fourway_segments(a, zero_stage, bucket_bytes, p);
+  double shard = 0;
+  for (std::int64_t s : segs) shard += static_cast<double>(ceil_div(s, dp));
+  const double part = (n - 1) * w;  // bytes per element of a rank's part
+  if (zero_stage == 1) {
+    b.reduce_scatter = shard * part;
+    b.all_gather = shard * part;
+  } else if (zero_stage == 2) {
+    b.reduce_scatter = m * shard * part;
+    b.all_gather = shard * part;
+  } else {
+    const double unit0 = static_cast<double>(ceil_div(segs.front(), dp));
+    const double head = static_cast<double>(ceil_div(segs.back(), dp));
+    b.reduce_scatter = m * shard * part;
+    b.all_gather = m * (2.0 * shard + unit0 - head) * part;
+  }
+  return b;
 }
 
 }  // namespace fourway::plan

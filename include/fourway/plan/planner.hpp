@@ -44,9 +44,7 @@ struct Model {
   [[nodiscard]] std::int64_t total_params() const {
     return arch ? plan::total_params(*arch) : params;
   }
-  [[nodiscard]] std::string name() const {
-    return arch ? std::string(arch->name) : std::to_string(params) + " parameters";
-  }
+  [[nodiscard]] std::string name() const { return arch ? std::string(arch->name) : "params-only"; }
 };
 
 struct Cluster {

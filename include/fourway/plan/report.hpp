@@ -48,7 +48,8 @@ inline std::string table(const Plan& p) {
   std::ostringstream os;
   const Strategy& s = p.strategy;
   const Hardware& hw = p.cluster.hw;
-  os << "model:    " << p.model.name() << ", " << p.model.total_params() << " parameters ("
+  os << "model:    " << (p.model.arch ? p.model.name() + ", " : std::string())
+     << p.model.total_params() << " parameters ("
      << fixed(static_cast<double>(p.model.total_params()) / 1e9, 2) << " B)";
   if (!p.model.arch) os << " — model states only (give an architecture for activations and time)";
   os << "\n";
