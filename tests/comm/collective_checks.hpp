@@ -118,7 +118,7 @@ inline const fw::ReduceOp all_reduce_ops[] = {fw::ReduceOp::sum, fw::ReduceOp::a
 /// Runs every operation of `comm` on data of type T and checks each against the reference.
 /// Counts are odd and include counts smaller than the group (empty slices).
 template <class T, class C>
-void check_every_op(C& comm, std::uint64_t seed) {
+void check_every_op(C& comm, std::uint64_t seed, bool point_to_point = true) {
   const int n = comm.size();
   const int me = comm.rank();
   const std::string tag = comm_test::type_name<T>() + " on " + std::to_string(n) + " ranks, rank " +
@@ -179,7 +179,7 @@ void check_every_op(C& comm, std::uint64_t seed) {
       }
     }
     // send/recv around the ring, with two tags in flight, received in the opposite order
-    {
+    if (point_to_point) {
       const int next = (me + 1) % n;
       const int prev = (me + n - 1) % n;
       auto a = rank_data<T>(seed + 40, me, count);

@@ -176,6 +176,7 @@ struct CallDesc {
   std::int64_t count = 0;
   ReduceOp reduce = ReduceOp::sum;
   int root = 0;
+  bool device = false;  // device memory (LocalWorld on a GPU)
 };
 
 /// "all_reduce(fp32, count 12, sum)", the way messages show a call.
@@ -186,6 +187,7 @@ inline std::string describe_call(const CallDesc& c) {
   os << "(" << dtype_name(c.dtype) << ", count " << c.count;
   if (c.op == CommOp::all_reduce || c.op == CommOp::reduce_scatter) os << ", " << reduce_op_name(c.reduce);
   if (c.op == CommOp::broadcast) os << ", root " << c.root;
+  if (c.device) os << ", device memory";
   os << ")";
   return os.str();
 }
@@ -208,6 +210,7 @@ std::string mismatch_report(const std::vector<CallDesc>& calls, Who who) {
         fields.emplace_back("reduce op");
       }
       if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
+      if (s.device != ref.device && s.count > 0 && ref.count > 0) fields.emplace_back("memory kind");
     }
     if (fields.empty()) continue;
     bad = true;

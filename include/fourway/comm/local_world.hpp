@@ -49,6 +49,10 @@
 
 #include "fourway/comm/communicator.hpp"
 
+#if defined(FOURWAY_CUDA_COMPILATION)
+#include "fourway/comm/device_reduce.cuh"
+#endif
+
 namespace fourway {
 
 class LocalComm;
@@ -111,13 +115,18 @@ struct LocalSlot {
   int color = 0;
   int key = 0;
   std::shared_ptr<LocalGroup> split_result;
+  bool device = false;
+  void* ready_event = nullptr;  // cudaEvent_t of a device collective: the inputs are ready
+  void* done_event = nullptr;   // cudaEvent_t: this rank's part is written
 };
 
 struct LocalMessage {
   Dtype dtype;
   std::int64_t count;
   std::uint64_t number;  // the sender's send sequence number in this group
-  std::vector<std::byte> data;
+  std::vector<std::byte> data;  // host messages
+  void* device_data = nullptr;   // device messages: a staging buffer ...
+  void* event = nullptr;         // ... ready once this cudaEvent_t completes
 };
 
 /// One group: its members, their published slots (double-buffered by sequence parity: a rank
@@ -156,7 +165,9 @@ struct LocalGroup {
   [[nodiscard]] std::string header() const { return detail::cat("group '", name, "' (", size, " ranks)"); }
 };
 
-inline CallDesc call_of(const LocalSlot& s) { return {s.op, s.dtype, s.count, s.reduce, s.root}; }
+inline CallDesc call_of(const LocalSlot& s) {
+  return {s.op, s.dtype, s.count, s.reduce, s.root, s.device};
+}
 inline std::string describe_slot(const LocalSlot& s) { return describe_call(call_of(s)); }
 
 /// Accumulator of a reduction: fp32 for 16-bit floats, int64 (wrapping) for integers.
@@ -255,6 +266,23 @@ inline std::pair<std::int64_t, std::int64_t> balanced_slice(std::int64_t count, 
   return {lo, lo + base + (r < extra ? 1 : 0)};
 }
 
+/// The CUDA events of one rank's device collectives (`cudaEvent_t`, created on first use), by
+/// sequence parity: a peer can be one collective behind and still wait on the previous pair.
+struct LocalEvents {
+  void* ready[2] = {nullptr, nullptr};
+  void* done[2] = {nullptr, nullptr};
+  LocalEvents() = default;
+  LocalEvents(const LocalEvents&) = delete;
+  LocalEvents& operator=(const LocalEvents&) = delete;
+#if defined(FOURWAY_CUDA_COMPILATION)
+  ~LocalEvents() {
+    for (void* e : {ready[0], ready[1], done[0], done[1]}) {
+      if (e != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    }
+  }
+#endif
+};
+
 /// One worker thread running a communicator's async operations in order.
 class LocalExecutor {
  public:
@@ -334,6 +362,10 @@ class LocalComm {
   }
   /// Collectives this rank has entered on this group (the last sequence number).
   [[nodiscard]] std::uint64_t sequence() const { return s_->seq; }
+  /// The CUDA stream (a `cudaStream_t`) this rank's device-memory operations are ordered on;
+  /// set it to the rank's `Context<Cuda>::stream()`. Host memory ignores it.
+  void set_stream(void* stream) { s_->stream = stream; }
+  [[nodiscard]] void* stream() const { return s_->stream; }
 
   // ---- blocking forms ----------------------------------------------------------------------
   template <comm_element T>
@@ -410,6 +442,8 @@ class LocalComm {
     std::uint64_t seq = 0;    // collectives entered
     std::uint64_t sends = 0;  // point-to-point sends posted
     std::uint64_t recvs = 0;  // point-to-point receives started
+    void* stream = nullptr;  // cudaStream_t for device memory
+    detail::LocalEvents events;
     detail::LocalExecutor exec;  // last: joined before the rest is destroyed
   };
   // Behind a pointer so queued async work keeps a stable address when the LocalComm moves.
@@ -603,6 +637,11 @@ class LocalComm {
   template <class T>
   void all_reduce_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
     check_count(count, CommOp::all_reduce);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_all_reduce(send, recv, count, op);
+    }
+#endif
     const auto me = enter(slot<T>(CommOp::all_reduce, count, send, recv, op));
     auto& group = g();
     const int n = group.size;
@@ -621,6 +660,11 @@ class LocalComm {
   template <class T>
   void reduce_scatter_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
     check_count(count, CommOp::reduce_scatter);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_reduce_scatter(send, recv, count, op);
+    }
+#endif
     const auto me = enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
     auto& group = g();
     const int n = group.size;
@@ -638,6 +682,11 @@ class LocalComm {
   template <class T>
   void all_gather_now(const T* send, T* recv, std::int64_t count) {
     check_count(count, CommOp::all_gather);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_all_gather(send, recv, count);
+    }
+#endif
     const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
     auto& group = g();
     for (int q = 0; q < group.size; ++q) {
@@ -652,6 +701,9 @@ class LocalComm {
   void broadcast_now(T* buf, std::int64_t count, int root) {
     check_count(count, CommOp::broadcast);
     check_rank(root, "root", CommOp::broadcast);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(buf)) return device_broadcast(buf, count, root);
+#endif
     const auto me = enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
     auto& group = g();
     const T* src = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
@@ -718,9 +770,16 @@ class LocalComm {
                                 count, ") on ", group.who(s_->rank), " to ", group.who(peer),
                                 " with tag ", tag));
     }
-    detail::LocalMessage m{dtype_v<T>, count, ++s_->sends,
-                           std::vector<std::byte>(static_cast<std::size_t>(count) * sizeof(T))};
-    if (count > 0) std::memcpy(m.data.data(), buf, m.data.size());
+    detail::LocalMessage m{dtype_v<T>, count, ++s_->sends, {}};
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(buf)) {
+      device_stage(m, buf, count);
+    } else
+#endif
+    {
+      m.data.resize(static_cast<std::size_t>(count) * sizeof(T));
+      if (count > 0) std::memcpy(m.data.data(), buf, m.data.size());
+    }
     {
       std::lock_guard lock(group.world->mu);
       group.mail[{s_->rank, peer, tag}].push_back(std::move(m));
@@ -767,13 +826,173 @@ class LocalComm {
       q.pop_front();
       if (m.dtype != dtype_v<T> || m.count != count) context = what();
     }
+#if defined(FOURWAY_CUDA_COMPILATION)
+    const bool device = detail::is_device_pointer(buf) || (count == 0 && m.event != nullptr);
+    if (m.event != nullptr && (!device || !context.empty())) {
+      (void)cudaFree(m.device_data);
+      (void)cudaEventDestroy(static_cast<cudaEvent_t>(m.event));
+    }
+    if (context.empty() && device != (m.event != nullptr)) {
+      std::lock_guard lock(group.world->mu);
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", what(), ": the matching send #",
+                                     m.number, " carries ", m.event ? "device" : "host",
+                                     " memory but this recv writes ", device ? "device" : "host",
+                                     " memory"));
+    }
+#endif
     if (m.dtype != dtype_v<T> || m.count != count) {
       throw CommMismatch(detail::cat("fourway: CommMismatch in ", context, ": the matching send #",
                              m.number, " carries ", dtype_name(m.dtype), " count ", m.count,
                              " but this recv expects ", dtype_name(dtype_v<T>), " count ", count));
     }
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (device) return device_unstage(m, buf, count);
+#endif
     if (count > 0) std::memcpy(buf, m.data.data(), m.data.size());
   }
+
+#if defined(FOURWAY_CUDA_COMPILATION)
+  // ---- device memory: all ranks on one GPU, each ordered on its own stream ----------------------
+  // The host rendezvous orders the streams with events and never waits for the GPU: at entry
+  // every rank records `ready` on its stream and, once all arrived, makes its stream wait for
+  // every peer's `ready`; it then launches its share and records `done`; after the host "done"
+  // rendezvous its stream waits for every peer's `done`.
+
+  cudaStream_t cuda_stream() const { return static_cast<cudaStream_t>(s_->stream); }
+
+  static cudaEvent_t rank_event(void*& slot) {
+    if (slot == nullptr) {
+      cudaEvent_t e = nullptr;
+      cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      slot = e;
+    }
+    return static_cast<cudaEvent_t>(slot);
+  }
+
+  detail::LocalSlot device_enter(detail::LocalSlot me) {
+    check<ConfigError>(size() <= detail::max_device_ranks, "fourway: LocalWorld on device memory "
+                       "supports groups of up to ", detail::max_device_ranks, " ranks, ",
+                       g().header(), " has ", size());
+    me.device = true;
+    const auto parity = (s_->seq + 1) % 2;
+    cudaEvent_t ready = rank_event(s_->events.ready[parity]);
+    me.ready_event = ready;
+    me.done_event = rank_event(s_->events.done[parity]);
+    cuda::check_cuda(cudaEventRecord(ready, cuda_stream()), "cudaEventRecord");
+    me = enter(me);
+    const auto& slots = g().slots[me.seq % 2];
+    for (int q = 0; q < size(); ++q) {
+      if (q == s_->rank) continue;
+      cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(),
+                                           static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].ready_event), 0),
+                       "cudaStreamWaitEvent");
+    }
+    return me;
+  }
+
+  void device_leave(const detail::LocalSlot& me) {
+    cuda::check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(me.done_event), cuda_stream()),
+                     "cudaEventRecord");
+    leave(me);
+    const auto& slots = g().slots[me.seq % 2];
+    for (int q = 0; q < size(); ++q) {
+      if (q == s_->rank) continue;
+      cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(),
+                                           static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].done_event), 0),
+                       "cudaStreamWaitEvent");
+    }
+  }
+
+  template <class T>
+  detail::DeviceBuffers device_buffers(const detail::LocalSlot& me, std::int64_t src_offset,
+                                       T* only_dst) const {
+    const auto& slots = g().slots[me.seq % 2];
+    detail::DeviceBuffers b{};
+    b.n = size();
+    b.ndst = only_dst != nullptr ? 1 : size();
+    for (int q = 0; q < size(); ++q) {
+      const auto& o = slots[static_cast<std::size_t>(q)];
+      b.src[q] = static_cast<const T*>(o.send) + src_offset;
+      if (only_dst == nullptr) b.dst[q] = o.recv;
+    }
+    if (only_dst != nullptr) b.dst[0] = only_dst;
+    return b;
+  }
+
+  template <class T>
+  void device_all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    const auto me = device_enter(slot<T>(CommOp::all_reduce, count, send, recv, op));
+    const auto b = device_buffers<T>(me, 0, nullptr);
+    const auto [lo, hi] = detail::balanced_slice(count, size(), s_->rank);
+    detail::device_reduce<T>(b, lo, hi, op, cuda_stream());
+    device_leave(me);
+  }
+
+  template <class T>
+  void device_reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    const auto me = device_enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
+    const auto b = device_buffers<T>(me, static_cast<std::int64_t>(s_->rank) * count, recv);
+    detail::device_reduce<T>(b, 0, count, op, cuda_stream());
+    device_leave(me);
+  }
+
+  template <class T>
+  void device_all_gather(const T* send, T* recv, std::int64_t count) {
+    const auto me = device_enter(slot<T>(CommOp::all_gather, count, send, recv));
+    const auto& slots = g().slots[me.seq % 2];
+    for (int q = 0; q < size(); ++q) {
+      const T* src = static_cast<const T*>(slots[static_cast<std::size_t>(q)].send);
+      T* dst = recv + static_cast<std::int64_t>(q) * count;
+      if (src != dst && count > 0) {
+        cuda::check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, cuda_stream()),
+                         "cudaMemcpyAsync (all_gather)");
+      }
+    }
+    device_leave(me);
+  }
+
+  template <class T>
+  void device_broadcast(T* buf, std::int64_t count, int root) {
+    const auto me = device_enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
+    const T* src = static_cast<const T*>(g().slots[me.seq % 2][static_cast<std::size_t>(root)].send);
+    if (src != buf && count > 0) {
+      cuda::check_cuda(cudaMemcpyAsync(buf, src, static_cast<std::size_t>(count) * sizeof(T),
+                                       cudaMemcpyDeviceToDevice, cuda_stream()),
+                       "cudaMemcpyAsync (broadcast)");
+    }
+    device_leave(me);
+  }
+
+  /// Eager device send: the message is copied into a staging buffer on the sender's stream; the
+  /// receiver's stream waits for the sender's event, copies it out and frees the staging buffer.
+  template <class T>
+  void device_stage(detail::LocalMessage& m, const T* buf, std::int64_t count) {
+    const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    if (bytes > 0) {
+      cuda::check_cuda(cudaMallocAsync(&m.device_data, bytes, cuda_stream()), "cudaMallocAsync (send)");
+      cuda::check_cuda(cudaMemcpyAsync(m.device_data, buf, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
+                       "cudaMemcpyAsync (send)");
+    }
+    cudaEvent_t e = nullptr;
+    cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    cuda::check_cuda(cudaEventRecord(e, cuda_stream()), "cudaEventRecord");
+    m.event = e;
+  }
+
+  template <class T>
+  void device_unstage(detail::LocalMessage& m, T* buf, std::int64_t count) {
+    const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    auto e = static_cast<cudaEvent_t>(m.event);
+    cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(), e, 0), "cudaStreamWaitEvent");
+    if (bytes > 0) {
+      cuda::check_cuda(cudaMemcpyAsync(buf, m.device_data, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
+                       "cudaMemcpyAsync (recv)");
+      cuda::check_cuda(cudaFreeAsync(m.device_data, cuda_stream()), "cudaFreeAsync (recv)");
+    }
+    (void)cudaEventDestroy(e);
+  }
+#endif
 };
 
 static_assert(communicator<LocalComm>);

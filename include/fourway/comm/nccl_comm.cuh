@@ -1,0 +1,544 @@
+//! NcclComm: the communicator over NCCL, one rank per GPU, on device memory.
+//!
+//! Communicators are created non-blocking (`ncclConfig_t::blocking = 0`): every NCCL call may
+//! return `ncclInProgress`, and completion is polled with `ncclCommGetAsyncError` against the
+//! deadline. Every operation is enqueued on the communicator's stream and returns a Work that
+//! records a CUDA event; `wait()` polls that event and the communicator's async error, and when
+//! the deadline passes it calls `ncclCommAbort` and throws CommTimeout -- what PyTorch's NCCL
+//! watchdog does, in the waiting thread instead of a separate one. NCCL cannot tell which peer
+//! is missing, so the message says the ranks are unknown; an aborted communicator refuses all
+//! further calls with CommError.
+//!
+//! Deviations from the host backends, by NCCL's design:
+//!   - 16-bit sum/avg are reduced in fp32 (cast into an fp32 workspace, ncclAllReduce /
+//!     ncclReduceScatter in fp32, cast back), so they accumulate in fp32 as on LocalWorld and
+//!     MPI; this doubles the bytes on the wire. `NcclOptions::fp32_accumulation = false` sends
+//!     16-bit data and lets NCCL add in 16 bits. max/min are exact in any type.
+//!   - point-to-point is matched by peer in posting order (NCCL has no tags); with
+//!     `CommOptions::debug` a header (tag, count, dtype) travels before every message and the
+//!     receiver throws CommMismatch when it is not the one it expects, instead of writing it.
+//!   - a barrier is an all_reduce of one int.
+//!
+//! Bootstrap: `NcclComm(id, rank, size, device)` with an id from `nccl_unique_id()` shared out of
+//! band (`nccl_mpi.cuh` broadcasts it over MPI), or `NcclComm::single(device)` for one rank.
+// fourway-requires: nccl
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fourway/backend/cuda/backend.cuh"
+#include "fourway/comm/communicator.hpp"
+#include "fourway/comm/device_reduce.cuh"
+
+namespace fourway {
+
+struct NcclOptions {
+  /// Reduce 16-bit sums in fp32 (see the file comment).
+  bool fp32_accumulation = true;
+};
+
+namespace detail {
+
+using NcclClock = std::chrono::steady_clock;
+
+template <class T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;
+  if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
+  if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  return ncclUint8;
+}
+
+inline ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclSum;  // divided afterwards: exact for every type
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+/// What a communicator and its pending Work share.
+struct NcclShared {
+  ncclComm_t comm = nullptr;
+  std::string name;
+  CommOptions options;
+  NcclOptions nccl;
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  bool owns_stream = false;
+  std::int64_t* scratch = nullptr;  // device: 8 + 8*size int64 for barriers and debug checks
+  bool aborted = false;
+  std::string abort_reason;
+
+  NcclShared() = default;
+  NcclShared(const NcclShared&) = delete;
+  NcclShared& operator=(const NcclShared&) = delete;
+  ~NcclShared() {
+    if (comm != nullptr && !aborted) {
+      // Flush, then free; a peer that never finalises must not hang this destructor.
+      (void)ncclCommFinalize(comm);
+      const auto until = NcclClock::now() + std::min<std::chrono::milliseconds>(options.deadline, std::chrono::seconds(10));
+      ncclResult_t st = ncclInProgress;
+      while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress &&
+             NcclClock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (st == ncclSuccess) {
+        (void)ncclCommDestroy(comm);
+      } else {
+        (void)ncclCommAbort(comm);
+      }
+    }
+    if (scratch != nullptr) (void)cudaFree(scratch);
+    if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+
+  [[nodiscard]] std::string header() const {
+    return cat("group '", name, "' (", size, " ranks, NCCL)");
+  }
+
+  [[noreturn]] void fail(const std::string& what, ncclResult_t r) {
+    throw CommError(cat("fourway: ", what, " in ", header(), " failed: ", ncclGetErrorString(r),
+                        " (", ncclGetLastError(comm), ")"));
+  }
+
+  void check_usable(const std::string& what) const {
+    check<CommError>(!aborted, "fourway: ", what, " in ", header(),
+                     " refused: the communicator was aborted: ", abort_reason);
+  }
+
+  void abort(const std::string& reason) {
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+    (void)ncclCommAbort(comm);
+  }
+
+  /// After a call on a non-blocking communicator: waits while it is ncclInProgress.
+  void settle(ncclResult_t r, const std::string& what, NcclClock::time_point start) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
+    ncclResult_t st = r;
+    while (st == ncclInProgress) {
+      if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
+      if (st == ncclInProgress) {
+        if (NcclClock::now() - start > options.deadline) {
+          abort(cat(what, " did not finish enqueueing within the deadline"));
+          throw CommTimeout(cat("fourway: CommTimeout: ", what, " in ", header(),
+                                ": NCCL did not finish the call within ", options.deadline.count(),
+                                " ms; communicator aborted"));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+    if (st != ncclSuccess) fail(what, st);
+  }
+};
+
+/// Work on an NCCL stream: an event polled with the communicator's async error and deadline.
+class NcclWork final : public Work::State {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> s, std::string what, NcclClock::time_point start,
+           std::shared_ptr<void> keep)
+      : s_(std::move(s)), what_(std::move(what)), start_(start), keep_(std::move(keep)) {
+    cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda::check_cuda(cudaEventRecord(event_, s_->stream), "cudaEventRecord");
+  }
+  NcclWork(const NcclWork&) = delete;
+  NcclWork& operator=(const NcclWork&) = delete;
+  ~NcclWork() override {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  }
+
+  void wait() override {
+    while (!test()) {
+      if (NcclClock::now() - start_ > s_->options.deadline) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_).count();
+        error_ = std::make_exception_ptr(CommTimeout(cat(
+            "fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
+            " ms (deadline ", s_->options.deadline.count(), " ms) for ranks unknown (NCCL does "
+            "not report which ranks have not arrived); the communicator was aborted, as PyTorch's "
+            "NCCL watchdog does. If the peers are only slow, raise CommOptions::deadline")));
+        s_->abort(cat(what_, " timed out"));
+        done_ = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t q = cudaEventQuery(event_);
+    if (q == cudaSuccess) {
+      done_ = true;
+      keep_.reset();
+      return true;
+    }
+    if (q != cudaErrorNotReady) {
+      error_ = std::make_exception_ptr(DeviceError(cat("fourway: ", what_, ": ", cudaGetErrorString(q))));
+      done_ = true;
+      return true;
+    }
+    ncclResult_t st = ncclSuccess;
+    if (s_->aborted) {
+      error_ = std::make_exception_ptr(CommError(cat("fourway: ", what_, " in ", s_->header(),
+                                                     " abandoned: the communicator was aborted: ",
+                                                     s_->abort_reason)));
+      done_ = true;
+      return true;
+    }
+    if (ncclCommGetAsyncError(s_->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+      s_->abort(cat(what_, " failed: ", ncclGetErrorString(st)));
+      error_ = std::make_exception_ptr(CommError(cat("fourway: ", what_, " in ", s_->header(),
+                                                     " failed: ", ncclGetErrorString(st),
+                                                     "; communicator aborted")));
+      done_ = true;
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  std::shared_ptr<NcclShared> s_;
+  std::string what_;
+  NcclClock::time_point start_;
+  std::shared_ptr<void> keep_;
+  cudaEvent_t event_ = nullptr;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// A device buffer freed on the stream when the last owner lets go.
+inline std::shared_ptr<void> nccl_workspace(std::size_t bytes, cudaStream_t stream, void** out) {
+  void* p = nullptr;
+  if (bytes > 0) cuda::check_cuda(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (NCCL workspace)");
+  *out = p;
+  return std::shared_ptr<void>(p, [stream](void* q) {
+    if (q != nullptr) (void)cudaFreeAsync(q, stream);
+  });
+}
+
+}  // namespace detail
+
+/// A new NCCL unique id (call on one rank, share with all).
+inline ncclUniqueId nccl_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  check<CommError>(r == ncclSuccess, "fourway: ncclGetUniqueId failed: ", ncclGetErrorString(r));
+  return id;
+}
+
+class NcclComm {
+ public:
+  /// Rank `rank` of `size` on GPU `device`; every rank passes the same `id`.
+  NcclComm(ncclUniqueId id, int rank, int size, int device, CommOptions options = {},
+           std::string name = "world", NcclOptions nccl = {}) {
+    check<ConfigError>(size >= 1 && rank >= 0 && rank < size, "fourway: NcclComm rank ", rank,
+                       " of ", size, " is not a rank");
+    init_shared(options, std::move(name), nccl, rank, size, device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const auto start = detail::NcclClock::now();
+    s_->settle(ncclCommInitRankConfig(&s_->comm, size, id, rank, &config), "ncclCommInitRankConfig", start);
+  }
+  /// A one-rank communicator on `device` (no bootstrap).
+  static NcclComm single(int device = 0, CommOptions options = {}, NcclOptions nccl = {}) {
+    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    return NcclComm(nccl_unique_id(), 0, 1, device, options, "world", nccl);
+  }
+  NcclComm(NcclComm&&) noexcept = default;
+  NcclComm& operator=(NcclComm&&) noexcept = default;
+
+  [[nodiscard]] int rank() const { return s_->rank; }
+  [[nodiscard]] int size() const { return s_->size; }
+  [[nodiscard]] std::string_view name() const { return s_->name; }
+  [[nodiscard]] int device() const { return s_->device; }
+  [[nodiscard]] const CommOptions& options() const { return s_->options; }
+  [[nodiscard]] ncclComm_t native() const { return s_->comm; }
+  [[nodiscard]] cudaStream_t stream() const { return s_->stream; }
+  /// Orders this communicator's work on `stream` (e.g. the rank's Context<Cuda>::stream()).
+  void set_stream(cudaStream_t stream) { s_->stream = stream; }
+  [[nodiscard]] bool aborted() const { return s_->aborted; }
+
+  template <comm_element T>
+  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    all_reduce_async(send, recv, count, op).wait();
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    reduce_scatter_async(send, recv, count, op).wait();
+  }
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::int64_t count) {
+    all_gather_async(send, recv, count).wait();
+  }
+  template <comm_element T>
+  void broadcast(T* buf, std::int64_t count, int root) {
+    broadcast_async(buf, count, root).wait();
+  }
+  template <comm_element T>
+  void send(const T* buf, std::int64_t count, int peer, int tag) {
+    send_async(buf, count, peer, tag).wait();
+  }
+  template <comm_element T>
+  void recv(T* buf, std::int64_t count, int peer, int tag) {
+    recv_async(buf, count, peer, tag).wait();
+  }
+  void barrier() {
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
+    auto* one = reinterpret_cast<std::int32_t*>(s_->scratch);
+    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream), what, start);
+    Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr)).wait();
+  }
+
+  template <comm_element T>
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<T>(CommOp::all_reduce, count, op, 0);
+    std::shared_ptr<void> keep;
+    if (widen<T>(op)) {
+      void* w = nullptr;
+      keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float), s_->stream, &w);
+      auto* f = static_cast<float*>(w);
+      detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream);
+      s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum, s_->comm, s_->stream), what, start);
+      detail::device_cast<float, T>(recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f, s_->stream);
+    } else {
+      s_->settle(ncclAllReduce(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                               detail::nccl_op(op), s_->comm, s_->stream), what, start);
+      if (op == ReduceOp::avg) finish_avg(recv, count);
+    }
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
+  }
+
+  template <comm_element T>
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<T>(CommOp::reduce_scatter, count, op, 0);
+    const std::int64_t total = count * s_->size;
+    std::shared_ptr<void> keep;
+    if (widen<T>(op)) {
+      void* w = nullptr;
+      keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float), s_->stream, &w);
+      auto* f = static_cast<float*>(w);
+      detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream);
+      s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                                   s_->comm, s_->stream), what, start);
+      detail::device_cast<float, T>(recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f, s_->stream);
+    } else {
+      s_->settle(ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                                   detail::nccl_op(op), s_->comm, s_->stream), what, start);
+      if (op == ReduceOp::avg) finish_avg(recv, count);
+    }
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
+  }
+
+  template <comm_element T>
+  Work all_gather_async(const T* send, T* recv, std::int64_t count) {
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
+    s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(), s_->comm,
+                             s_->stream), what, start);
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
+  }
+
+  template <comm_element T>
+  Work broadcast_async(T* buf, std::int64_t count, int root) {
+    check<ConfigError>(root >= 0 && root < s_->size, "fourway: broadcast in ", s_->header(),
+                       " got root ", root, "; valid ranks are 0..", s_->size - 1);
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<T>(CommOp::broadcast, count, ReduceOp::sum, root);
+    s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), root,
+                             s_->comm, s_->stream), what, start);
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
+  }
+
+  template <comm_element T>
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
+    check_p2p(peer, tag, count, "send");
+    const auto start = detail::NcclClock::now();
+    const std::string what = detail::cat("send #", ++sends_, " (", dtype_name(dtype_v<T>), ", count ",
+                                         count, ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag);
+    s_->check_usable(what);
+    std::shared_ptr<void> keep;
+    s_->settle(ncclGroupStart(), what, start);
+    if (s_->options.debug) {
+      void* h = nullptr;
+      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream, &h);
+      const std::int64_t header[3] = {tag, count, static_cast<std::int64_t>(dtype_v<T>)};
+      cuda::check_cuda(cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream),
+                       "cudaMemcpyAsync (p2p header)");
+      cuda::check_cuda(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
+      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream);
+    }
+    (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm, s_->stream);
+    s_->settle(ncclGroupEnd(), what, start);
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
+  }
+
+  template <comm_element T>
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
+    check_p2p(peer, tag, count, "recv");
+    const auto start = detail::NcclClock::now();
+    const std::string what = detail::cat("recv #", ++recvs_, " (", dtype_name(dtype_v<T>), ", count ",
+                                         count, ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
+    s_->check_usable(what);
+    if (s_->options.debug) {
+      std::int64_t* h = s_->scratch + 4;
+      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream), what, start);
+      Work(std::make_shared<detail::NcclWork>(s_, what + " (header)", start, nullptr)).wait();
+      std::int64_t header[3];
+      cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost), "cudaMemcpy (p2p header)");
+      if (header[0] != tag || header[1] != count || header[2] != static_cast<std::int64_t>(dtype_v<T>)) {
+        throw CommMismatch(detail::cat(
+            "fourway: CommMismatch in ", s_->header(), ", ", what, ": the next message from rank ",
+            peer, " has tag ", header[0], ", count ", header[1], ", ",
+            dtype_name(static_cast<Dtype>(header[2])), " (NCCL delivers point-to-point messages "
+            "in posting order: post the receives in the order of the sends)"));
+      }
+    }
+    s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
+                        s_->stream), what, start);
+    return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
+  }
+
+  /// ncclCommSplit (non-blocking) over the ranks passing the same color, ranked by key.
+  NcclComm split(int color, int key, std::string name = {}) {
+    check<ConfigError>(color >= 0, "fourway: split in ", s_->header(), " got color ", color,
+                       "; colors are >= 0");
+    const auto start = detail::NcclClock::now();
+    const auto what = begin<std::uint8_t>(CommOp::split, 0, ReduceOp::sum, 0);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t out = nullptr;
+    s_->settle(ncclCommSplit(s_->comm, color, key, &out, &config), what, start);
+    int r = 0;
+    int n = 0;
+    ncclResult_t st = ncclInProgress;
+    while (ncclCommGetAsyncError(out, &st) == ncclSuccess && st == ncclInProgress) {
+      check<CommTimeout>(detail::NcclClock::now() - start <= s_->options.deadline, "fourway: CommTimeout: ",
+                         what, " in ", s_->header(), ": ncclCommSplit did not finish within the deadline");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(), " failed: ",
+                     ncclGetErrorString(st));
+    ncclCommUserRank(out, &r);
+    ncclCommCount(out, &n);
+    NcclComm c;
+    c.init_shared(s_->options, name.empty() ? detail::cat(s_->name, "/", color) : std::move(name),
+                  s_->nccl, r, n, s_->device);
+    c.s_->comm = out;
+    c.s_->stream = s_->stream;
+    return c;
+  }
+
+ private:
+  NcclComm() = default;
+
+  void init_shared(CommOptions options, std::string name, NcclOptions nccl, int rank, int size, int device) {
+    s_ = std::make_shared<detail::NcclShared>();
+    s_->options = options;
+    s_->name = std::move(name);
+    s_->nccl = nccl;
+    s_->rank = rank;
+    s_->size = size;
+    s_->device = device;
+    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    cuda::check_cuda(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    s_->owns_stream = true;
+    void* p = nullptr;
+    cuda::check_cuda(cudaMalloc(&p, static_cast<std::size_t>(8 + 8 * size) * sizeof(std::int64_t)), "cudaMalloc");
+    s_->scratch = static_cast<std::int64_t*>(p);
+    const std::int32_t one = 1;
+    cuda::check_cuda(cudaMemcpy(s_->scratch, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+  template <class T>
+  bool widen(ReduceOp op) const {
+    return (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) && s_->nccl.fp32_accumulation &&
+           (op == ReduceOp::sum || op == ReduceOp::avg);
+  }
+
+  template <class T>
+  void finish_avg(T* recv, std::int64_t count) {
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+      detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size), s_->stream);
+    } else {
+      detail::device_divide<T>(recv, count, s_->size, s_->stream);
+    }
+  }
+
+  void check_p2p(int peer, int tag, std::int64_t count, const char* op) const {
+    check<ConfigError>(peer >= 0 && peer < s_->size, "fourway: ", op, " in ", s_->header(), " got peer ",
+                       peer, "; valid ranks are 0..", s_->size - 1);
+    check<ConfigError>(tag >= 0, "fourway: ", op, " in ", s_->header(), " got tag ", tag, "; tags are >= 0");
+    check<ShapeError>(count >= 0, "fourway: ", op, " in ", s_->header(), " got a negative count ", count);
+  }
+
+  /// Counts the collective and, in debug mode, checks that all ranks make the same call (an
+  /// all_gather of descriptors through the scratch buffer). Returns the description for messages.
+  template <class T>
+  std::string begin(CommOp op, std::int64_t count, ReduceOp reduce, int root) {
+    check<ShapeError>(count >= 0, "fourway: ", comm_op_name(op), " in ", s_->header(),
+                      " got a negative count ", count);
+    const detail::CallDesc mine{op, dtype_v<T>, count, reduce, root, true};
+    const auto seq = ++seq_;
+    std::string what = detail::cat(detail::describe_call(mine), " #", seq, " on rank ", s_->rank);
+    s_->check_usable(what);
+    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    if (!s_->options.debug) return what;
+    const auto start = detail::NcclClock::now();
+    const std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype), count,
+                               static_cast<std::int64_t>(reduce), root};
+    std::int64_t* mine_dev = s_->scratch + 1;  // [1, 6)
+    std::int64_t* all_dev = s_->scratch + 8;   // [8, 8 + 8*size): 5 used per rank, stride 8
+    cuda::check_cuda(cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream), "cudaMemcpyAsync");
+    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream), what + " (debug check)", start);
+    Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();
+    std::vector<std::int64_t> all(static_cast<std::size_t>(5 * s_->size));
+    cuda::check_cuda(cudaMemcpy(all.data(), all_dev, all.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost),
+                     "cudaMemcpy");
+    std::vector<detail::CallDesc> calls;
+    for (int q = 0; q < s_->size; ++q) {
+      const std::int64_t* e = all.data() + 5 * q;
+      calls.push_back({static_cast<CommOp>(e[0]), static_cast<Dtype>(e[1]), e[2], static_cast<ReduceOp>(e[3]),
+                       static_cast<int>(e[4]), true});
+    }
+    const auto report = detail::mismatch_report(calls, [](int q) { return detail::cat("rank ", q); });
+    if (!report.empty()) {
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", s_->header(), " at collective #", seq,
+                                     ": ", report));
+    }
+    return what;
+  }
+
+  std::shared_ptr<detail::NcclShared> s_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t sends_ = 0;
+  std::uint64_t recvs_ = 0;
+};
+
+static_assert(communicator<NcclComm>);
+
+}  // namespace fourway
