@@ -65,12 +65,12 @@ struct Options {
   bool quiet = false;
   bool memory_report = false;
   // data parallelism (docs/parallel.md)
-  int ranks = 1;
+  int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
   std::string backend = "local";
   int dp = 0;
   int zero = 0;
   float bucket_mb = 25.0f;
-  [[nodiscard]] bool parallel() const { return ranks != 1 || backend != "local" || zero != 0; }
+  [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
 };
 
 fw::ArgParser make_parser(Options& o) {
@@ -101,7 +101,7 @@ fw::ArgParser make_parser(Options& o) {
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
       .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
-      .add("ranks", &o.ranks, "N", "ranks: threads of a LocalWorld, or 0 = all mpirun processes")
+      .add("ranks", &o.ranks, "N", "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
       .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
                   "communication: LocalWorld threads, MPI processes (mpirun), NCCL")
       .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
@@ -388,14 +388,15 @@ int train_parallel(const Options& o) {
                              " does not exist; use 0 (DataParallel), 1, 2 or 3");
   fw::check<fw::ConfigError>(o.bucket_mb >= 0.0f, "fourway: --bucket-mb must be >= 0, got ",
                              o.bucket_mb);
+  fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
   if (o.backend == "local") {
-    check_positive("ranks", o.ranks);
-    train_stage<T, fw::LocalWorld>(o);
+    Options local = o;
+    local.ranks = o.ranks == 0 ? 1 : o.ranks;
+    train_stage<T, fw::LocalWorld>(local);
     return 0;
   }
   if (o.backend == "mpi") {
 #if defined(FOURWAY_HAS_MPI)
-    fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
     train_stage<T, fw::MpiWorld>(o);
     return 0;
 #else

@@ -236,6 +236,26 @@ class ShardedStrategy {
     return out;
   }
 
+  /// Runs `f()` with every parameter of the model bound to its full value (to save a checkpoint
+  /// or evaluate). A collective under stage 3, where every segment is gathered for the call.
+  template <class F>
+  void with_gathered_parameters(F&& f) {
+    if constexpr (Stage == 3) {
+      wait_all();
+      for (int u = 0; u < units(); ++u) start_gathers(u);
+      for (int u = 0; u < units(); ++u) acquire(u);
+      try {
+        f();
+      } catch (...) {
+        release_all_gathered();
+        throw;
+      }
+      release_all_gathered();
+    } else {
+      f();
+    }
+  }
+
   /// What this rank holds: segments, shard elements, padding (for fourway-train's start-up print).
   [[nodiscard]] std::string describe() const {
     std::ostringstream os;
