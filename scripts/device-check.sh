@@ -68,21 +68,18 @@ fi
 
 targets=()
 if [ "$failed" -eq 0 ]; then
-  # The executables behind gpu-labelled tests (also when a test runs them through mpiexec), and
-  # every bench_*_gpu target. If the list cannot be made, everything is built.
-  mapfile -t targets < <(
-    ctest --test-dir "$build" -L gpu --show-only=json-v1 2>/dev/null |
-      python3 -c '
-import json, os, sys
-build = sys.argv[1]
-for t in json.load(sys.stdin).get("tests", []):
-    for arg in t.get("command", []):
-        if arg.startswith(build + "/"):
-            print(os.path.basename(arg))
-' "$build" 2>/dev/null | sort -u)
-  mapfile -t benches < <(cmake --build "$build" --target help 2>/dev/null |
-    grep -o 'bench_[A-Za-z0-9_]*_gpu' | sort -u)
-  targets+=("${benches[@]}")
+  # The targets behind gpu-labelled tests (a test is named after its executable, MPI ones with an
+  # _npN suffix) and every bench_*_gpu target. If none is found, everything is built.
+  mapfile -t all_targets < <(cmake --build "$build" --target help 2>/dev/null |
+    sed -n 's/^\.\.\. \([A-Za-z0-9_.+-]*\).*/\1/p' | sort -u)
+  mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
+    sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u)
+  for t in "${gpu_tests[@]}"; do
+    printf '%s\n' "${all_targets[@]}" | grep -qx "$t" && targets+=("$t")
+  done
+  for t in "${all_targets[@]}"; do
+    [[ "$t" =~ ^bench_.*_gpu$ ]] && targets+=("$t")
+  done
   echo "== build (${#targets[@]} targets, -j $jobs)"
   if [ ${#targets[@]} -gt 0 ]; then
     run_step build 210 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
