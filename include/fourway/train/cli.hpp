@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -39,8 +40,8 @@ class ArgParser {
   }
 
   /// A string flag restricted to `choices`.
-  ArgParser& add_choice(std::string name, std::string* target, std::vector<std::string> choices,
-                        std::string help) {
+  ArgParser& add_choice(std::string name, std::string* target,
+                        const std::vector<std::string>& choices, std::string help) {
     std::string meta;
     for (const auto& c : choices) meta += (meta.empty() ? "" : "|") + c;
     Flag f{std::move(name), meta, std::move(help), *target, false, {}, choices};
@@ -144,8 +145,8 @@ class ArgParser {
                          " expects ", std::is_integral_v<V> ? "an integer" : "a number", ", got '",
                          v, "'");
       if constexpr (std::is_floating_point_v<V>) {
-        check<ConfigError>(out == out && out - out == 0, "fourway: --", flag,
-                           " must be finite, got '", v, "'");
+        check<ConfigError>(std::isfinite(out), "fourway: --", flag, " must be finite, got '", v,
+                           "'");
       }
       return out;
     }

@@ -141,9 +141,10 @@ class StJson {
   enum class Kind : std::uint8_t { object, array, string, number, boolean, null };
   struct Value {
     Kind kind = Kind::null;
-    std::string str;                                     // string, or the number's text
-    std::vector<std::pair<std::string, Value>> members;  // object, in file order
-    std::vector<Value> items;                            // array
+    std::string str;                // string, or the number's text
+    std::vector<std::string> keys;  // object members in file order: keys[i] names values[i]
+    std::vector<Value> values;
+    std::vector<Value> items;  // array
   };
 
   StJson(std::string_view text, std::string_view source, int max_depth)
@@ -193,14 +194,15 @@ class StJson {
         skip_ws();
         if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string key");
         std::string key = parse_string();
-        for (const auto& m : v.members) {
-          if (m.first == key) fail(cat("duplicate key \"", key, "\""));
+        for (const auto& k : v.keys) {
+          if (k == key) fail(cat("duplicate key \"", key, "\""));
         }
         skip_ws();
         if (!eat(':')) fail("expected ':'");
         skip_ws();
         Value child = parse_value(depth + 1);
-        v.members.emplace_back(std::move(key), std::move(child));
+        v.keys.push_back(std::move(key));
+        v.values.push_back(std::move(child));
         skip_ws();
         if (eat('}')) return v;
         if (!eat(',')) fail("expected ',' or '}'");
@@ -458,11 +460,15 @@ class SafetensorsFile {
                            ": the header is not a JSON object");
 
     using K = detail::StJson::Kind;
-    for (const auto& [name, v] : doc.members) {
+    for (std::size_t t = 0; t < doc.keys.size(); ++t) {
+      const std::string& name = doc.keys[t];
+      const auto& v = doc.values[t];
       if (name == "__metadata__") {
         check<CheckpointError>(v.kind == K::object, "fourway: ", src,
                                ": __metadata__ must be an object of strings");
-        for (const auto& [k, mv] : v.members) {
+        for (std::size_t j = 0; j < v.keys.size(); ++j) {
+          const std::string& k = v.keys[j];
+          const auto& mv = v.values[j];
           check<CheckpointError>(mv.kind == K::string, "fourway: ", src, ": __metadata__ entry \"",
                                  k, "\" is not a string");
           f.metadata_.emplace(k, mv.str);
@@ -474,7 +480,9 @@ class SafetensorsFile {
       SafetensorsEntry e;
       e.name = name;
       bool has_dtype = false, has_shape = false, has_offsets = false;
-      for (const auto& [k, fv] : v.members) {
+      for (std::size_t j = 0; j < v.keys.size(); ++j) {
+        const std::string& k = v.keys[j];
+        const auto& fv = v.values[j];
         if (k == "dtype") {
           check<CheckpointError>(fv.kind == K::string, "fourway: ", src, ": tensor \"", name,
                                  "\": dtype is not a string");
