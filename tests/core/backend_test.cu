@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -53,6 +54,20 @@ std::vector<T> download(const fw::Context<fw::Cuda>& ctx, const fw::Tensor<T, fw
 }  // namespace
 
 TEST(CudaBackend, DeviceCountNeverThrows) { EXPECT_GE(fw::cuda::device_count(), 0); }
+
+TEST(CudaBackend, ContextOnAMissingDeviceNamesTheNumbers) {  // runs with or without a GPU
+  fw::MemoryAccountant m(3);
+  const int n = fw::cuda::device_count();
+  try {
+    fw::Context<fw::Cuda> ctx(m, n);
+    FAIL() << "a context on device " << n << " of " << n;
+  } catch (const fw::DeviceError& e) {
+    const std::string want = "fourway: rank 3 asks for CUDA device " + std::to_string(n) + " but " +
+                             std::to_string(n) + " devices are visible";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fw::Context<fw::Cuda>(m, -1), fw::DeviceError);
+}
 
 TEST(CudaBackend, AllocateFillCopyAndCountBytes) {
   FW_REQUIRE_GPU();

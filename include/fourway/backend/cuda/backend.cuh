@@ -67,6 +67,11 @@ template <>
 struct Context<Cuda> {
   using backend_type = Cuda;
   Context(MemoryAccountant& m, int device) : memory_(&m), device_(device) {
+    const int visible = cuda::device_count();
+    check<DeviceError>(device >= 0 && device < visible, "fourway: rank ", m.rank(),
+                       " asks for CUDA device ", device, " but ", visible,
+                       " devices are visible; use a device in [0, ", visible,
+                       ") or check CUDA_VISIBLE_DEVICES");
     cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
     cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                      "cudaStreamCreate");
