@@ -1,5 +1,8 @@
+// Includes the CUDA backend rather than the umbrella fourway.cuh: this test is about the package
+// (targets, flags, include paths, link); every .cuh is compiled alone by the hygiene tests.
 #include <cstdio>
-#include <fourway/fourway.cuh>
+#include <fourway/backend/cuda/backend.cuh>
+#include <fourway/core/tensor.hpp>
 
 namespace fw = fourway;
 
