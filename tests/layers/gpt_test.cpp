@@ -157,9 +157,10 @@ void low_precision_tracks_fp32(double loss_rel, double grad_l2) {
 
 // Tolerances (docs/layers.md): bf16 keeps 8 mantissa bits (rounding 2^-9 = 2e-3 per op), fp16 11
 // (2^-12 = 2.4e-4); through ~20 rounded stages the gradients' relative L2 error stays within
-// about 10x one rounding.
-TEST(Gpt, Bf16TracksFp32) { low_precision_tracks_fp32<fw::bf16>(5e-3, 5e-2); }
-TEST(Gpt, Fp16TracksFp32) { low_precision_tracks_fp32<fw::fp16>(1e-3, 1e-2); }
+// about 10x one rounding (observed: bf16 8.1e-3, fp16 1.2e-3); the mean over B*T losses averages
+// the rounding out (observed: bf16 3.4e-5, fp16 3.0e-6).
+TEST(Gpt, Bf16TracksFp32) { low_precision_tracks_fp32<fw::bf16>(1e-3, 3e-2); }
+TEST(Gpt, Fp16TracksFp32) { low_precision_tracks_fp32<fw::fp16>(2e-4, 5e-3); }
 
 TEST(Gpt, BitwiseDeterministicRunToRun) {
   const GptConfig cfg{2, 4, 32, 64, 16};
