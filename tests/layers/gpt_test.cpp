@@ -346,3 +346,36 @@ TEST(Gpt, RejectsBadConfigurationsAndMisuse) {
   fw::Tensor<std::int32_t, Host> t3({1, 3}, fw::MemTag::workspace, mem);
   EXPECT_THROW((void)gpt.forward(ctx, t3, tgt, s), fw::ShapeError);
 }
+
+TEST(Gpt, UnitPiecesComposeToTheWholeModelBitwise) {
+  // What a pipeline stage does: run only some units, hand activations / gradients across.
+  GptConfig cfg{3, 2, 16, 24, 8};
+  cfg.checkpoint = true;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> whole(ctx, cfg, 4), pieces(ctx, cfg, 4);
+  const Batch b = random_batch(2, 7, cfg.vocab, 13);
+  const auto want = step(ctx, whole, b);
+
+  fw::Tensor<std::int32_t, Host> tok({2, 7}, fw::MemTag::workspace, mem), tgt({2, 7}, fw::MemTag::workspace, mem);
+  for (std::int64_t i = 0; i < 14; ++i) tok[i] = b.tokens[i], tgt[i] = b.targets[i];
+  Gpt<float, Host>::Stash first, second;  // stage 0: units 0..1, stage 1: units 2..4
+  auto h = pieces.forward_embedding(ctx, tok, first);
+  h = pieces.forward_block(ctx, 0, h, first);
+  fw::Tensor<float, Host> sent({2, 7, 16}, fw::MemTag::comm_buffers, mem);  // the "send"
+  std::copy(h.data(), h.data() + h.numel(), sent.data());
+  auto x = pieces.forward_block(ctx, 1, sent, second);
+  x = pieces.forward_block(ctx, 2, x, second);
+  const float loss = pieces.forward_head(ctx, x, tgt, second);
+  auto d = pieces.backward_head(ctx, second);
+  d = pieces.backward_block(ctx, 2, d, second);
+  d = pieces.backward_block(ctx, 1, d, second);
+  d = pieces.backward_block(ctx, 0, d, first);
+  pieces.backward_embedding(ctx, d, first);
+
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(loss), std::bit_cast<std::uint32_t>(want.loss));
+  pieces.visit_parameters([&](fw::Parameter<float, Host>& p) {
+    EXPECT_TRUE(fw::test::download_raw(ctx, p.grad) == want.raw.at(p.name)) << p.name;
+  });
+  EXPECT_THROW((void)pieces.forward_block(ctx, 3, x, second), fw::ConfigError);
+}

@@ -108,23 +108,18 @@ class Gpt {
     check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
                       targets.shape().str(), " must have the shape of tokens ",
                       tokens.shape().str());
-    s.targets = targets.view();
     hooks.pre_forward(0);
-    Tensor<T, B> x = embedding_.forward(ctx, tokens, s.embedding);
+    Tensor<T, B> x = forward_embedding(ctx, tokens, s);
     hooks.post_forward(0);
-    s.blocks.clear();
-    s.blocks.resize(blocks_.size());
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
-      const int u = static_cast<int>(i) + 1;
-      hooks.pre_forward(u);
-      x = cfg_.checkpoint ? blocks_[i].forward(ctx, x, s.blocks[i])
-                          : blocks_[i].inner().forward(ctx, x, s.blocks[i].inner);
-      hooks.post_forward(u);
+    for (int i = 0; i < cfg_.layers; ++i) {
+      hooks.pre_forward(i + 1);
+      x = forward_block(ctx, i, x, s);
+      hooks.post_forward(i + 1);
     }
     hooks.pre_forward(head_unit());
-    s.loss = head_forward(ctx, x, s);
+    const float loss = forward_head(ctx, x, targets, s);
     hooks.post_forward(head_unit());
-    return s.loss;
+    return loss;
   }
 
   /// Gradients of `grad_scale` × the mean loss of the forward that filled `s`, added (`+=`) to
@@ -137,19 +132,62 @@ class Gpt {
     check<ShapeError>(!s.logits.empty() && s.blocks.size() == blocks_.size(),
                       "fourway: Gpt backward without a matching forward (empty stash)");
     hooks.pre_backward(head_unit());
-    Tensor<T, B> dx = head_backward(ctx, s, grad_scale);
+    Tensor<T, B> dx = backward_head(ctx, s, grad_scale);
     hooks.post_backward(head_unit());
-    for (std::size_t i = blocks_.size(); i-- > 0;) {
-      const int u = static_cast<int>(i) + 1;
-      hooks.pre_backward(u);
-      dx = cfg_.checkpoint ? blocks_[i].backward(ctx, dx, s.blocks[i])
-                           : blocks_[i].inner().backward(ctx, dx, s.blocks[i].inner);
-      hooks.post_backward(u);
+    for (int i = cfg_.layers; i-- > 0;) {
+      hooks.pre_backward(i + 1);
+      dx = backward_block(ctx, i, dx, s);
+      hooks.post_backward(i + 1);
     }
     hooks.pre_backward(0);
-    (void)embedding_.backward(ctx, dx, s.embedding);
+    backward_embedding(ctx, dx, s);
     hooks.post_backward(0);
     s = Stash{};
+  }
+
+  // ---- one unit at a time (a pipeline stage runs only its own units; forward/backward above
+  // are these in order). Each forward piece keeps its part of the micro-batch in `s`.
+
+  /// Unit 0: token ids (B, T) -> (B, T, C).
+  Tensor<T, B> forward_embedding(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                                 Stash& s) {
+    return embedding_.forward(ctx, tokens, s.embedding);
+  }
+  /// Unit i+1: block i, (B, T, C) -> (B, T, C); recomputed in backward when checkpointing.
+  Tensor<T, B> forward_block(const Context<B>& ctx, int i, const Tensor<T, B>& x, Stash& s) {
+    check_block(i);
+    if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
+    auto& b = blocks_[static_cast<std::size_t>(i)];
+    auto& bs = s.blocks[static_cast<std::size_t>(i)];
+    return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+  }
+  /// Unit L+1: ln_f, tied LM head and the mean cross-entropy of `targets` (B, T).
+  float forward_head(const Context<B>& ctx, const Tensor<T, B>& x,
+                     const Tensor<std::int32_t, B>& targets, Stash& s) {
+    check<ShapeError>(x.shape().rank() == 3 && targets.shape() == Shape{x.shape()[0], x.shape()[1]},
+                      "fourway: Gpt head expects x (B, T, C) and targets (B, T), got ",
+                      x.shape().str(), " and ", targets.shape().str());
+    s.targets = targets.view();
+    s.loss = head_forward(ctx, x, s);
+    return s.loss;
+  }
+  /// Unit L+1 backward: d(grad_scale × mean loss) / dx (B, T, C); adds to ln_f's and wte's grads.
+  Tensor<T, B> backward_head(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f) {
+    check<ShapeError>(!s.logits.empty(), "fourway: Gpt head backward without its forward");
+    return head_backward(ctx, s, grad_scale);
+  }
+  /// Unit i+1 backward: block i.
+  Tensor<T, B> backward_block(const Context<B>& ctx, int i, const Tensor<T, B>& dy, Stash& s) {
+    check_block(i);
+    check<ShapeError>(s.blocks.size() == blocks_.size(), "fourway: Gpt block ", i,
+                      " backward without its forward");
+    auto& b = blocks_[static_cast<std::size_t>(i)];
+    auto& bs = s.blocks[static_cast<std::size_t>(i)];
+    return cfg_.checkpoint ? b.backward(ctx, dy, bs) : b.inner().backward(ctx, dy, bs.inner);
+  }
+  /// Unit 0 backward: adds to wte's and wpe's grads.
+  void backward_embedding(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    (void)embedding_.backward(ctx, dy, s.embedding);
   }
 
   /// Every parameter once, in Hugging Face order: wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
@@ -187,6 +225,10 @@ class Gpt {
 
  private:
   [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
+  void check_block(int i) const {
+    check<ConfigError>(i >= 0 && i < cfg_.layers, "fourway: Gpt block ", i, " does not exist; ",
+                       "blocks are 0 .. ", cfg_.layers - 1);
+  }
 
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
     const std::int64_t Bn = x.shape()[0];
