@@ -70,6 +70,7 @@ struct Options {
   int dp = 0;
   int zero = 0;
   float bucket_mb = 25.0f;
+  bool no_overlap = false;
   [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
 };
 
@@ -107,6 +108,8 @@ fw::ArgParser make_parser(Options& o) {
       .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
       .add("zero", &o.zero, "S", "0 DataParallel, 1/2/3 Sharded<S> (ZeRO-1/2, FSDP)")
       .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
+      .add_switch("no-overlap", &o.no_overlap,
+                  "issue collectives after backward, no prefetch (to measure the overlap)")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -276,6 +279,7 @@ void train_ranks(const Options& o) {
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     fw::ShardedOptions so;
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
+    so.overlap = !o.no_overlap;
     fw::Trainer<S> trainer(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW(adamw_config(o)),
                            so);
     if constexpr (std::is_same_v<W, fw::LocalWorld>) {
