@@ -169,6 +169,67 @@ class CompletionState final : public Work::State {
 }  // namespace detail
 
 namespace detail {
+/// Accumulator of a reduction: fp32 for 16-bit floats, int64 (wrapping) for integers.
+template <class T>
+struct accumulator {
+  using type = float;
+};
+template <>
+struct accumulator<double> {
+  using type = double;
+};
+template <>
+struct accumulator<std::int32_t> {
+  using type = std::int64_t;
+};
+template <>
+struct accumulator<std::int64_t> {
+  using type = std::int64_t;
+};
+
+template <class A>
+FOURWAY_HOST_DEVICE constexpr A acc_add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    return static_cast<A>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
+  } else {
+    return a + b;
+  }
+}
+
+/// The blocking forms of a communicator whose operations are async at heart (MPI, NCCL): each
+/// is its `*_async` form followed by `wait()`.
+template <class Derived>
+class BlockingForms {
+ public:
+  template <comm_element T>
+  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    self().all_reduce_async(send, recv, count, op).wait();
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    self().reduce_scatter_async(send, recv, count, op).wait();
+  }
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::int64_t count) {
+    self().all_gather_async(send, recv, count).wait();
+  }
+  template <comm_element T>
+  void broadcast(T* buf, std::int64_t count, int root) {
+    self().broadcast_async(buf, count, root).wait();
+  }
+  template <comm_element T>
+  void send(const T* buf, std::int64_t count, int peer, int tag) {
+    self().send_async(buf, count, peer, tag).wait();
+  }
+  template <comm_element T>
+  void recv(T* buf, std::int64_t count, int peer, int tag) {
+    self().recv_async(buf, count, peer, tag).wait();
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
 /// One rank's view of a collective call, as compared across ranks and shown in messages.
 struct CallDesc {
   CommOp op = CommOp::barrier;

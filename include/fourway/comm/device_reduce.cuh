@@ -2,7 +2,7 @@
 //! device memory, and the fp32 casts NcclComm uses so that 16-bit sums accumulate in fp32.
 //!
 //! `device_reduce` computes, for i in [lo, hi), dst[d][i] = op over q = 0..n-1 (in this order)
-//! of src[q][i], accumulating in fp32 (fp64 for double, int64 for integers) exactly as the host
+//! of src[q][i], accumulating in fp32 (fp64 for double, int64 for integers: `detail::accumulator`) exactly as the host
 //! `detail::reduce_range` does, so host and device LocalWorld give bitwise-equal results for
 //! sum, max and min (avg divides once at the end on both).
 #pragma once
@@ -49,23 +49,6 @@ inline int device_of_pointer(const void* p) {
   return attr.device;
 }
 
-template <class T>
-struct device_accumulator {
-  using type = float;
-};
-template <>
-struct device_accumulator<double> {
-  using type = double;
-};
-template <>
-struct device_accumulator<std::int32_t> {
-  using type = long long;
-};
-template <>
-struct device_accumulator<std::int64_t> {
-  using type = long long;
-};
-
 template <class T, class A>
 __device__ inline A device_load(const T* p, std::int64_t i) {
   if constexpr (std::is_integral_v<T>) {
@@ -86,18 +69,9 @@ __device__ inline void device_store(T* p, std::int64_t i, A v) {
     p[i] = T(static_cast<float>(v));
   }
 }
-template <class A>
-__device__ inline A device_add(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    return static_cast<A>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
-  } else {
-    return a + b;
-  }
-}
-
 template <class T>
 __global__ void device_reduce_kernel(DeviceBuffers b, std::int64_t lo, std::int64_t hi, ReduceOp op) {
-  using A = typename device_accumulator<T>::type;
+  using A = typename accumulator<T>::type;
   for (std::int64_t i = lo + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < hi;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     A acc = device_load<T, A>(static_cast<const T*>(b.src[0]), i);
@@ -105,7 +79,7 @@ __global__ void device_reduce_kernel(DeviceBuffers b, std::int64_t lo, std::int6
       const A v = device_load<T, A>(static_cast<const T*>(b.src[q]), i);
       switch (op) {
         case ReduceOp::sum:
-        case ReduceOp::avg: acc = device_add(acc, v); break;
+        case ReduceOp::avg: acc = acc_add(acc, v); break;
         case ReduceOp::max: acc = acc < v ? v : acc; break;
         case ReduceOp::min: acc = v < acc ? v : acc; break;
       }

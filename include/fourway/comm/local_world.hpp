@@ -170,32 +170,6 @@ inline CallDesc call_of(const LocalSlot& s) {
 }
 inline std::string describe_slot(const LocalSlot& s) { return describe_call(call_of(s)); }
 
-/// Accumulator of a reduction: fp32 for 16-bit floats, int64 (wrapping) for integers.
-template <class T>
-struct accumulator {
-  using type = float;
-};
-template <>
-struct accumulator<double> {
-  using type = double;
-};
-template <>
-struct accumulator<std::int32_t> {
-  using type = std::int64_t;
-};
-template <>
-struct accumulator<std::int64_t> {
-  using type = std::int64_t;
-};
-
-template <class A>
-inline A acc_add(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    return static_cast<A>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
-  } else {
-    return a + b;
-  }
-}
 template <class T, class A>
 inline A acc_load(T v) {
   if constexpr (std::is_integral_v<T>) {

@@ -80,6 +80,26 @@ inline void mpi_init_once() {
   } finalizer;
 }
 
+/// Runs `fn(world)`; if it throws, prints the error with the rank and calls MPI_Abort, so the
+/// other processes end at once instead of waiting for this one. `world` outlives the catch.
+template <class W, class Fn>
+void run_or_abort(W& world, Fn& fn) {
+  std::string failure;
+  try {
+    fn(world);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  } catch (...) {
+    failure = "an exception not derived from std::exception";
+  }
+  if (!failure.empty()) {
+    std::fprintf(stderr, "fourway: rank %d of %d failed: %s; aborting the job\n", world.rank(),
+                 world.size(), failure.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
 inline std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -278,7 +298,7 @@ class MpiWork final : public Work::State {
 
 }  // namespace detail
 
-class MpiComm {
+class MpiComm : public detail::BlockingForms<MpiComm> {
  public:
   /// Duplicates `comm` (MPI must be initialised: `detail::mpi_init_once()` or MPI_Init) and sets
   /// MPI_ERRORS_RETURN on the copy, so MPI errors become CommError instead of aborting.
@@ -299,30 +319,6 @@ class MpiComm {
   [[nodiscard]] MPI_Comm native() const { return s_->comm; }
   [[nodiscard]] std::uint64_t sequence() const { return seq_; }
 
-  template <comm_element T>
-  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    all_reduce_async(send, recv, count, op).wait();
-  }
-  template <comm_element T>
-  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    reduce_scatter_async(send, recv, count, op).wait();
-  }
-  template <comm_element T>
-  void all_gather(const T* send, T* recv, std::int64_t count) {
-    all_gather_async(send, recv, count).wait();
-  }
-  template <comm_element T>
-  void broadcast(T* buf, std::int64_t count, int root) {
-    broadcast_async(buf, count, root).wait();
-  }
-  template <comm_element T>
-  void send(const T* buf, std::int64_t count, int peer, int tag) {
-    send_async(buf, count, peer, tag).wait();
-  }
-  template <comm_element T>
-  void recv(T* buf, std::int64_t count, int peer, int tag) {
-    recv_async(buf, count, peer, tag).wait();
-  }
   void barrier() { barrier_async().wait(); }
 
   template <comm_element T>
@@ -613,23 +609,8 @@ void MpiWorld::launch(int n, Fn&& fn, CommOptions options) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   check<ConfigError>(n == 0 || n == size, "fourway: launch<MpiWorld>(", n, ") but mpirun started ",
                      size, " processes; run `mpirun -np ", n, "` or pass 0 to use them all");
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  World<MpiWorld> w(MpiComm(MPI_COMM_WORLD, options, "world"));  // outlives the catch below
-  std::string failure;
-  try {
-    fn(w);
-  } catch (const std::exception& e) {
-    failure = e.what();
-  } catch (...) {
-    failure = "an exception not derived from std::exception";
-  }
-  if (!failure.empty()) {
-    std::fprintf(stderr, "fourway: rank %d of %d failed: %s; aborting the job\n", rank, size,
-                 failure.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  World<MpiWorld> w(MpiComm(MPI_COMM_WORLD, options, "world"));
+  detail::run_or_abort(w, fn);
 }
 
 }  // namespace fourway

@@ -248,7 +248,7 @@ inline ncclUniqueId nccl_unique_id() {
   return id;
 }
 
-class NcclComm {
+class NcclComm : public detail::BlockingForms<NcclComm> {
  public:
   /// Rank `rank` of `size` on GPU `device`; every rank passes the same `id`.
   NcclComm(ncclUniqueId id, int rank, int size, int device, CommOptions options = {},
@@ -280,30 +280,6 @@ class NcclComm {
   void set_stream(cudaStream_t stream) { s_->stream = stream; }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
 
-  template <comm_element T>
-  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    all_reduce_async(send, recv, count, op).wait();
-  }
-  template <comm_element T>
-  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    reduce_scatter_async(send, recv, count, op).wait();
-  }
-  template <comm_element T>
-  void all_gather(const T* send, T* recv, std::int64_t count) {
-    all_gather_async(send, recv, count).wait();
-  }
-  template <comm_element T>
-  void broadcast(T* buf, std::int64_t count, int root) {
-    broadcast_async(buf, count, root).wait();
-  }
-  template <comm_element T>
-  void send(const T* buf, std::int64_t count, int peer, int tag) {
-    send_async(buf, count, peer, tag).wait();
-  }
-  template <comm_element T>
-  void recv(T* buf, std::int64_t count, int peer, int tag) {
-    recv_async(buf, count, peer, tag).wait();
-  }
   void barrier() {
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);

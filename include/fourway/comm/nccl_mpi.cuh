@@ -52,20 +52,7 @@ struct NcclWorld {
     check<ConfigError>(n == 0 || n == mpi.size(), "fourway: launch<NcclWorld>(", n, ") but mpirun started ",
                        mpi.size(), " processes; run `mpirun -np ", n, "` or pass 0 to use them all");
     World<NcclWorld> w(nccl_from_mpi(mpi, options));
-    std::string failure;
-    try {
-      fn(w);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    } catch (...) {
-      failure = "an exception not derived from std::exception";
-    }
-    if (!failure.empty()) {
-      std::fprintf(stderr, "fourway: rank %d of %d failed: %s; aborting the job\n", mpi.rank(), mpi.size(),
-                   failure.c_str());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    detail::run_or_abort(w, fn);
   }
 };
 
