@@ -64,7 +64,7 @@ TEST(SafetensorsFuzz, RandomByteFlipsNeverCrash) {
   const std::uint64_t header = good[0] | (std::uint64_t{good[1]} << 8);
   std::mt19937_64 rng(20240520);
   int accepted = 0, rejected = 0;
-  for (int it = 0; it < 6000; ++it) {
+  for (int it = 0; it < 20000; ++it) {
     auto b = good;
     const int flips = 1 + static_cast<int>(rng() % 4);
     for (int k = 0; k < flips; ++k) {
@@ -83,7 +83,7 @@ TEST(SafetensorsFuzz, RandomByteFlipsNeverCrash) {
     if (rng() % 5 == 0) b.resize(rng() % (b.size() + 1));
     (try_parse(std::move(b)) ? accepted : rejected)++;
   }
-  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(rejected, 5000);
   RecordProperty("accepted", accepted);
 }
 
@@ -114,7 +114,7 @@ TEST(SafetensorsFuzz, RandomHeadersNeverCrash) {
                                  "true",
                                  "null",
                                  " "};
-  for (int it = 0; it < 4000; ++it) {
+  for (int it = 0; it < 10000; ++it) {
     std::string h = "{";
     const int n = static_cast<int>(rng() % 40);
     for (int k = 0; k < n; ++k) h += pieces[rng() % (sizeof(pieces) / sizeof(pieces[0]))];
