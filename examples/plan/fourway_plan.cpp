@@ -48,6 +48,9 @@ strategy:
   --checkpoint-activations [none|selective|full]   (bare: full)
   --sequence-parallel
   --optimizer-state-bytes N  per parameter besides the master copy (Adam: 8, so K = 12)
+  --footprint published|fourway   published models (any mesh) or fourway's own runtime
+                             exactly (GPT-2, dp/ZeRO only; default published)
+  --bucket-mb X              fourway's gradient bucket size, MiB (default 25)
   --headroom F               fraction of GPU memory kept free (default 0.05)
   --overlap F                fraction of compute a data-parallel collective can hide behind (default 1)
 output:
@@ -163,6 +166,8 @@ Args parse(int argc, char** argv) {
                                                  "optimizer-state-bytes",
                                                  "headroom",
                                                  "overlap",
+                                                 "footprint",
+                                                 "bucket-mb",
                                                  "recommend",
                                                  "top",
                                                  "prefer-within",
@@ -304,6 +309,20 @@ fp::Options options_of(const Args& a) {
   }
   if (a.has("overlap")) o.overlap = parse_double("--overlap", a.at("overlap"));
   if (a.has("headroom")) o.headroom = parse_double("--headroom", a.at("headroom"));
+  if (a.has("footprint")) {
+    const std::string& f = a.at("footprint");
+    if (f == "published")
+      o.footprint = fp::Footprint::published;
+    else if (f == "fourway")
+      o.footprint = fp::Footprint::fourway;
+    else
+      bad("--footprint must be published or fourway, got '" + f + "'");
+  }
+  if (a.has("bucket-mb")) {
+    const double mb = parse_double("--bucket-mb", a.at("bucket-mb"));
+    if (mb < 0) bad("--bucket-mb must be >= 0");
+    o.bucket_bytes = static_cast<std::int64_t>(mb * 1048576.0);
+  }
   if (a.has("optimizer-state-bytes")) {
     o.optimizer.state_bytes_per_param =
         parse_count("--optimizer-state-bytes", a.at("optimizer-state-bytes"));

@@ -19,6 +19,16 @@ std::string error_of(const fp::Model& m, const fp::Cluster& c, const fp::Strateg
   return "no error";
 }
 
+std::string error_of_with(const fp::Model& m, const fp::Cluster& c, const fp::Strategy& s,
+                          const fp::Options& o) {
+  try {
+    (void)fp::make_plan(m, c, s, o);
+  } catch (const fw::ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -173,4 +183,28 @@ TEST(PlanPlanner, RecommendTakesTheSimpleMeshWhenItIsCloseEnough) {
   EXPECT_EQ(c.strategy.dp, 8);
   EXPECT_LE(c.time->total_s, r.fitting.front().time->total_s * 1.10);
   EXPECT_TRUE(contains(r.why, "no tensor or pipeline parallelism")) << r.why;
+}
+
+TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
+  const auto a = fp::gpt2_shape(3, 35, 5, 97, 23);
+  fp::Options o;
+  o.footprint = fp::Footprint::fourway;
+  o.bucket_bytes = 512;
+  fp::Strategy s{.dp = 3, .zero = 2, .micro_batch = 2, .precision = fp::Precision::fp32};
+  const auto p = fp::make_plan(fp::Model{a, 0}, cluster(3), s, o);
+  EXPECT_EQ(p.worst().states, fp::fourway_model_state_bytes(a, fp::Precision::fp32, 2, 3, 512));
+  const fp::GptActivationShape x{2, 23, 35, 5, 97, 3, fp::Precision::fp32};
+  EXPECT_EQ(p.worst().activations, static_cast<double>(fp::fourway_activation_bytes(x, false)));
+  s.recompute = fp::Recompute::full;
+  const auto c = fp::make_plan(fp::Model{a, 0}, cluster(3), s, o);
+  EXPECT_EQ(c.worst().activations + c.worst().recompute_working,
+            static_cast<double>(fp::fourway_activation_bytes(x, true)));
+  // What fourway does not run is refused, naming the way out.
+  s.recompute = fp::Recompute::selective;
+  EXPECT_TRUE(
+      contains(error_of_with(fp::Model{a, 0}, cluster(3), s, o), "checkpoints whole blocks"));
+  EXPECT_TRUE(contains(error_of_with(fp::Model{fp::llama2_7b, 0}, cluster(1), fp::Strategy{}, o),
+                       "use --footprint published"));
+  EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(2), fp::Strategy{.pp = 2}, o),
+                       "tp = pp = 1, got tp=1 pp=2"));
 }

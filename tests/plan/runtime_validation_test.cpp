@@ -17,6 +17,7 @@
 #include "fourway/plan/fourway_activation.hpp"
 #include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/model_state.hpp"
+#include "fourway/plan/planner.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
 
@@ -204,7 +205,7 @@ void check_mesh(const MeshCase& mc) {
   auto cfg = odd_config(mc.checkpoint);
   const std::int64_t per_rank = 2;  // sequences per micro-batch per rank
   const std::int64_t global_batch = per_rank * mc.ranks * mc.micro_batches;
-  const std::int64_t Tn = 13;
+  const std::int64_t Tn = cfg.max_seq;  // the planner's architecture trains at its context
   std::vector<RankMeasure> got;
   switch (mc.stage) {
     case 0: got = run_mesh<T, 0>(cfg, mc, global_batch, Tn); break;
@@ -220,6 +221,19 @@ void check_mesh(const MeshCase& mc) {
   const std::int64_t act = fp::fourway_activation_bytes(x, cfg.checkpoint);
   const fp::DataParallelBytes traffic = fp::fourway_data_parallel_bytes(
       arch, p, mc.stage, mc.ranks, mc.micro_batches, mc.bucket_bytes);
+  // The planner itself, asked for fourway's footprint of this mesh.
+  fp::Strategy st;
+  st.dp = mc.ranks;
+  st.zero = mc.stage;
+  st.micro_batch = per_rank;
+  st.micro_batches = mc.micro_batches;
+  st.precision = p;
+  st.recompute = cfg.checkpoint ? fp::Recompute::full : fp::Recompute::none;
+  fp::Options opts;
+  opts.footprint = fp::Footprint::fourway;
+  opts.bucket_bytes = mc.bucket_bytes;
+  const fp::Plan whole =
+      fp::make_plan(fp::Model{arch, 0}, fp::Cluster{fp::h100, mc.ranks}, st, opts);
   for (std::size_t r = 0; r < got.size(); ++r) {
     SCOPED_TRACE(::testing::Message() << "stage " << mc.stage << ", " << mc.ranks << " ranks, rank "
                                       << r << ", buckets of " << mc.bucket_bytes << " B, "
@@ -232,6 +246,9 @@ void check_mesh(const MeshCase& mc) {
     EXPECT_EQ(act, got[r].activation_peak);
     // All-reduce bytes carry the factor 2(N-1)/N, summed bucket by bucket by the decorator and
     // once here: equal up to double rounding.
+    EXPECT_EQ(got[r].states, whole.worst().states);
+    EXPECT_EQ(static_cast<double>(got[r].activation_peak),
+              whole.worst().activations + whole.worst().recompute_working);
     EXPECT_NEAR(got[r].traffic.all_reduce, traffic.all_reduce, 1e-12 * traffic.all_reduce);
     EXPECT_EQ(got[r].traffic.reduce_scatter, traffic.reduce_scatter);
     EXPECT_EQ(got[r].traffic.all_gather, traffic.all_gather);

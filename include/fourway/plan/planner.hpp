@@ -30,6 +30,8 @@
 #include "fourway/plan/activation.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/communication.hpp"
+#include "fourway/plan/fourway_activation.hpp"
+#include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/hardware.hpp"
 #include "fourway/plan/model_state.hpp"
 #include "fourway/plan/step_time.hpp"
@@ -68,7 +70,15 @@ struct Strategy {
   [[nodiscard]] std::int64_t global_batch() const { return micro_batch * micro_batches * dp; }
 };
 
+/// Whose bytes a plan counts: the published models (ZeRO's states, Korthikanti's activations) for
+/// any mesh, or fourway's own runtime exactly (its padding per bucket or unit, its GPT-2 stash) for
+/// the meshes fourway runs today: GPT-2, data parallelism and ZeRO (tp = pp = 1), full
+/// checkpointing of whole blocks or none.
+enum class Footprint : std::uint8_t { published, fourway };
+
 struct Options {
+  Footprint footprint = Footprint::published;
+  std::int64_t bucket_bytes = 25LL << 20;  // fourway's gradient buckets (ShardedOptions)
   Optimizer optimizer = Optimizer::adam();
   double mfu = 0.4;                // achievable fraction of the dense peak
   double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
@@ -155,7 +165,21 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
   if (model.arch) {
     validate(*model.arch, s.tp);
     (void)layers_on_stage(model.arch->layers, s.pp, 0);
+    if (o.footprint == Footprint::fourway) {
+      detail::require(model.arch->family == Family::gpt2, "fourway: --footprint fourway models ",
+                      "fourway's GPT-2; ", model.arch->name,
+                      " is not one (use --footprint published)");
+      detail::require(s.tp == 1 && s.pp == 1 && !s.sequence_parallel, "fourway: fourway's runtime ",
+                      "runs data parallelism and ZeRO today (tp = pp = 1, got tp=", s.tp,
+                      " pp=", s.pp, "); use --footprint published for tensor and pipeline meshes");
+      detail::require(s.recompute != Recompute::selective, "fourway: fourway checkpoints whole ",
+                      "blocks; use --checkpoint-activations full or none with --footprint fourway");
+      detail::require(o.bucket_bytes >= 0, "fourway: bucket size ", o.bucket_bytes,
+                      " B must be >= 0");
+    }
   } else {
+    detail::require(o.footprint == Footprint::published, "fourway: --footprint fourway needs ",
+                    "an architecture (--gpt2 SIZE or --layers ...), not --params");
     detail::require(model.params >= 1, "fourway: the model has ", model.params,
                     " parameters; give --params N or an architecture");
   }
@@ -192,14 +216,18 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.layers = 0;
       sp.params = ceil_div(model.params, static_cast<std::int64_t>(s.tp) * s.pp);
     }
+    const bool own = o.footprint == Footprint::fourway;
     sp.states =
-        model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+        own ? fourway_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
+                                        o.optimizer)
+            : model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
     const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
     sp.data_parallel = data_parallel_traffic(s.zero >= 1 ? padded : sp.params, s.precision, s.zero,
                                              s.dp, s.micro_batches, dp_link);
     if (model.arch) {
       const Architecture& a = *model.arch;
-      sp.in_flight = micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st);
+      // Without a pipeline, micro-batches run forward and backward one after another.
+      sp.in_flight = s.pp == 1 ? 1 : micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st);
       const LayerShape x{static_cast<double>(a.seq), static_cast<double>(s.micro_batch),
                          static_cast<double>(a.hidden), static_cast<double>(a.heads),
                          static_cast<double>(s.tp)};
@@ -211,10 +239,28 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.activations = scale * per_mb * static_cast<double>(sp.in_flight);
       sp.recompute_working =
           scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.recompute);
+      if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
+        const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
+                                   a.vocab,       a.layers, s.precision};
+        const std::int64_t head = fourway_head_activation_bytes(g);
+        const std::int64_t block = fourway_block_activation_bytes(g);
+        if (s.recompute == Recompute::full) {
+          const std::int64_t kept = fourway_embedding_activation_bytes(g) +
+                                    a.layers * a.seq * a.hidden * s.micro_batch * w + head;
+          sp.activations = static_cast<double>(kept);
+          sp.recompute_working = static_cast<double>(std::max<std::int64_t>(block - head, 0));
+        } else {
+          sp.activations = static_cast<double>(fourway_activation_bytes(g, false));
+          sp.recompute_working = 0;
+        }
+      }
       if (s.zero == 3 && s.dp > 1) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
+        if (own) {  // fourway gathers padded units
+          for (std::int64_t u : fsdp_units(a)) unit = std::max(unit, ceil_div(u, s.dp) * s.dp);
+        }
         sp.zero3_gathered = 3.0 * static_cast<double>(unit * w);
       }
       const ActivationShape xs{x.s, x.b, x.h, sp.layers};
@@ -326,10 +372,12 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
       for (int zero = 0; zero <= 3; ++zero) {
         if (space.zero && *space.zero != zero) continue;
+        if (o.footprint == Footprint::fourway && (tp > 1 || pp > 1)) continue;
         if (dp == 1 && zero > 0 && !space.zero) continue;  // nothing to shard over
         for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
           if (space.recompute && *space.recompute != r) continue;
           if (!model.arch && r != Recompute::none) continue;
+          if (o.footprint == Footprint::fourway && r == Recompute::selective) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
           Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
                      r,  sp};
