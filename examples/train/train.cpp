@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,7 +103,8 @@ fw::ArgParser make_parser(Options& o) {
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
       .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
-      .add("ranks", &o.ranks, "N", "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
+      .add("ranks", &o.ranks, "N",
+           "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
       .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
                   "communication: LocalWorld threads, MPI processes (mpirun), NCCL")
       .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
@@ -185,15 +187,15 @@ int train(const Options& o) {
 
   std::optional<fw::SafetensorsFile> ckpt;
   fw::models::GptConfig cfg = model_config(o, ckpt, true);
+  // the data is checked against the batch and vocabulary before the model is allocated
+  const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+  fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
   fw::models::Gpt<T, fw::Host> model(ctx, cfg, o.seed);
   if (ckpt) {
     fw::load_gpt2(ctx, *ckpt, model);
     ckpt.reset();
   }
 
-  // ---- data -----------------------------------------------------------------------------------
-  const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
-  fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
   std::printf("data %s: %zu tokens, %lld batches of %d x %d before it wraps\n",
               data.source().c_str(), data.size(),
               static_cast<long long>(loader.batches_per_epoch()), o.batch, o.seq);
@@ -248,7 +250,6 @@ int train(const Options& o) {
   return 0;
 }
 
-
 // ---- data parallelism: --ranks --backend --dp --zero --bucket-mb --------------------------------
 
 /// Trains on the ranks of world kind W with ShardedStrategy<Stage> (0 = DataParallel). Every rank
@@ -263,8 +264,8 @@ void train_ranks(const Options& o) {
   fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
-    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ",
-                               n, " ranks; fourway-train has no tensor or pipeline axis yet, so "
+    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
+                               " ranks; fourway-train has no tensor or pipeline axis yet, so "
                                "--dp must equal the number of ranks (or be 0)");
     Comm dp(w.comm().split(0, w.rank(), "dp"));
     std::optional<fw::SafetensorsFile> ckpt;
@@ -343,8 +344,8 @@ void train_ranks(const Options& o) {
         if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
         std::string line = fw::step_json(r, mems);
         char extra[96];
-        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f", n,
-                      Stage, bytes);
+        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f",
+                      n, Stage, bytes);
         line.insert(line.size() - 1, extra);
         log << line << '\n';
         log.flush();
@@ -404,12 +405,14 @@ int train_parallel(const Options& o) {
     train_stage<T, fw::MpiWorld>(o);
     return 0;
 #else
-    throw fw::ConfigError("fourway: --backend mpi, but fourway-train was built without MPI; "
-                          "install Open MPI and reconfigure");
+    throw fw::ConfigError(
+        "fourway: --backend mpi, but fourway-train was built without MPI; "
+        "install Open MPI and reconfigure");
 #endif
   }
-  throw fw::ConfigError("fourway: --backend nccl needs the CUDA build of fourway-train (GPU "
-                        "tensors); this host build runs --backend local or mpi");
+  throw fw::ConfigError(
+      "fourway: --backend nccl needs the CUDA build of fourway-train (GPU "
+      "tensors); this host build runs --backend local or mpi");
 }
 
 }  // namespace
@@ -441,6 +444,10 @@ int main(int argc, char** argv) {
     return train<float>(o);
   } catch (const fw::Error& e) {
     std::fprintf(stderr, "\nfourway-train: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "\nfourway-train: out of host memory; lower --batch, --seq or the "
+                 "model size\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\nfourway-train: error: %s\n", e.what());
   }
