@@ -104,7 +104,10 @@ void run(benchmark::State& state, Impl impl, fw::Trans ta, fw::Trans tb) {
 // (m, n, k) of GPT-2 small's linear layers at B*T = 1024: forward x.W for c_attn (3C), c_proj
 // (C), c_fc (4C), mlp c_proj (k = 4C); backward dW = x^T dy (transposed A) and dx = dy W^T.
 void gpt2_shapes(benchmark::internal::Benchmark* b) {
-  b->Args({1024, 2304, 768})->Args({1024, 768, 768})->Args({1024, 3072, 768})->Args({1024, 768, 3072});
+  b->Args({1024, 2304, 768})
+      ->Args({1024, 768, 768})
+      ->Args({1024, 3072, 768})
+      ->Args({1024, 768, 3072});
   b->Unit(benchmark::kMillisecond);
 }
 void backward_shapes(benchmark::internal::Benchmark* b) {
@@ -114,14 +117,22 @@ void backward_shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(run, fourway_NN, Impl::fourway, fw::Trans::none, fw::Trans::none)->Apply(gpt2_shapes);
+BENCHMARK_CAPTURE(run, fourway_NN, Impl::fourway, fw::Trans::none, fw::Trans::none)
+    ->Apply(gpt2_shapes);
 BENCHMARK_CAPTURE(run, cblas_NN, Impl::cblas, fw::Trans::none, fw::Trans::none)->Apply(gpt2_shapes);
-BENCHMARK_CAPTURE(run, builtin_NN, Impl::builtin, fw::Trans::none, fw::Trans::none)->Apply(gpt2_shapes);
-BENCHMARK_CAPTURE(run, fourway_TN, Impl::fourway, fw::Trans::transpose, fw::Trans::none)->Apply(backward_shapes);
-BENCHMARK_CAPTURE(run, cblas_TN, Impl::cblas, fw::Trans::transpose, fw::Trans::none)->Apply(backward_shapes);
-BENCHMARK_CAPTURE(run, builtin_TN, Impl::builtin, fw::Trans::transpose, fw::Trans::none)->Apply(backward_shapes);
-BENCHMARK_CAPTURE(run, fourway_NT, Impl::fourway, fw::Trans::none, fw::Trans::transpose)->Apply(backward_shapes);
-BENCHMARK_CAPTURE(run, cblas_NT, Impl::cblas, fw::Trans::none, fw::Trans::transpose)->Apply(backward_shapes);
-BENCHMARK_CAPTURE(run, builtin_NT, Impl::builtin, fw::Trans::none, fw::Trans::transpose)->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, builtin_NN, Impl::builtin, fw::Trans::none, fw::Trans::none)
+    ->Apply(gpt2_shapes);
+BENCHMARK_CAPTURE(run, fourway_TN, Impl::fourway, fw::Trans::transpose, fw::Trans::none)
+    ->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, cblas_TN, Impl::cblas, fw::Trans::transpose, fw::Trans::none)
+    ->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, builtin_TN, Impl::builtin, fw::Trans::transpose, fw::Trans::none)
+    ->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, fourway_NT, Impl::fourway, fw::Trans::none, fw::Trans::transpose)
+    ->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, cblas_NT, Impl::cblas, fw::Trans::none, fw::Trans::transpose)
+    ->Apply(backward_shapes);
+BENCHMARK_CAPTURE(run, builtin_NT, Impl::builtin, fw::Trans::none, fw::Trans::transpose)
+    ->Apply(backward_shapes);
 
 BENCHMARK_MAIN();

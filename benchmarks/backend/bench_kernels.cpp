@@ -96,7 +96,8 @@ void gelu_backward(benchmark::State& state) {
     benchmark::DoNotOptimize(din.data());
     benchmark::ClobberMemory();
   }
-  if (!std::isfinite(fw::convert<float>(din[99]))) state.SkipWithError("gelu_backward is not finite");
+  if (!std::isfinite(fw::convert<float>(din[99])))
+    state.SkipWithError("gelu_backward is not finite");
   set_bytes(state, 3.0 * sizeof(T) * static_cast<double>(n_elems));
 }
 

@@ -44,7 +44,8 @@ TYPED_TEST(HostAdamW, MatchesPyTorchAlgorithmOverSteps) {
       auto pd = ft::to_double(master);
       std::vector<double> md(pd.size(), 0.0), vd(pd.size(), 0.0);
       for (int step = 1; step <= 6; ++step) {
-        const auto grad = ft::random_typed<T>(master.size(), 100 + static_cast<std::uint32_t>(step), -2.0f, 2.0f);
+        const auto grad =
+            ft::random_typed<T>(master.size(), 100 + static_cast<std::uint32_t>(step), -2.0f, 2.0f);
         const fw::AdamWStep s{3e-3f, 0.9f, 0.95f, 1e-8f, wd, step == 3 ? 0.5f : 1.0f, step};
         fw::host::adamw_update(ctx, master.data(), m.data(), v.data(), working.data(), grad.data(),
                                n, s);
@@ -81,7 +82,7 @@ TEST(HostAdamW, StepMustStartAtOne) {
   std::vector<float> p(4, 1.0f), m(4), v(4), g(4, 1.0f);
   fw::AdamWStep s;
   s.step = 0;
-  EXPECT_THROW(fw::host::adamw_update(ctx, p.data(), m.data(), v.data(), static_cast<float*>(nullptr),
-                                      g.data(), 4, s),
+  EXPECT_THROW(fw::host::adamw_update(ctx, p.data(), m.data(), v.data(),
+                                      static_cast<float*>(nullptr), g.data(), 4, s),
                fw::ConfigError);
 }

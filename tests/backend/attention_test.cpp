@@ -14,8 +14,8 @@ struct AttRef {
   std::vector<double> out, att;
 };
 /// Causal attention from its definition, one (batch, head, query) at a time, in double.
-AttRef attention_ref(const std::vector<double>& qkv, std::int64_t B, std::int64_t T,
-                     std::int64_t C, std::int64_t NH) {
+AttRef attention_ref(const std::vector<double>& qkv, std::int64_t B, std::int64_t T, std::int64_t C,
+                     std::int64_t NH) {
   const std::int64_t hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   AttRef r{std::vector<double>(static_cast<std::size_t>(B * T * C), 0.0),
@@ -58,8 +58,8 @@ TYPED_TEST(HostAttention, ForwardAndFiniteDifferenceBackward) {
   fw::MemoryAccountant acct;
   fw::Context<fw::Host> ctx(acct);
   // (B, T, C, NH): one token, odd lengths, several heads, a head size of 1
-  const std::int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 12, 3}, {1, 33, 16, 2}, {1, 127, 8, 2},
-                                    {2, 20, 3, 3}};
+  const std::int64_t shapes[][4] = {
+      {1, 1, 4, 1}, {2, 7, 12, 3}, {1, 33, 16, 2}, {1, 127, 8, 2}, {2, 20, 3, 3}};
   std::uint32_t seed = 40;
   for (const auto& [B, T, C, NH] : shapes) {
     const auto nqkv = static_cast<std::size_t>(B * T * 3 * C);
@@ -87,8 +87,8 @@ TYPED_TEST(HostAttention, ForwardAndFiniteDifferenceBackward) {
 
     const auto dout = ft::random_typed<E>(out.size(), ++seed);
     std::vector<E> dqkv(nqkv), datt(att.size());
-    fw::host::attention_backward(ctx, dqkv.data(), datt.data(), dout.data(), qkv.data(),
-                                 att.data(), B, T, C, NH);
+    fw::host::attention_backward(ctx, dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
+                                 B, T, C, NH);
     const auto at = ft::sample_indices(nqkv, 96, seed);
     const auto fd = ft::finite_difference(
         [&](const std::vector<double>& x) { return attention_ref(x, B, T, C, NH).out; }, qd,

@@ -57,7 +57,8 @@ TYPED_TEST(HostCrossEntropy, ForwardAndFiniteDifferenceBackward) {
 
     const float dloss = 1.0f / static_cast<float>(rows);
     std::vector<T> dlogits(n);
-    fw::host::cross_entropy_backward(ctx, dlogits.data(), logits.data(), tgt.data(), rows, V, dloss);
+    fw::host::cross_entropy_backward(ctx, dlogits.data(), logits.data(), tgt.data(), rows, V,
+                                     dloss);
     const auto at = ft::sample_indices(n, 96, seed);
     const std::vector<double> w(static_cast<std::size_t>(rows), static_cast<double>(dloss));
     const auto fd = ft::finite_difference(
@@ -65,12 +66,14 @@ TYPED_TEST(HostCrossEntropy, ForwardAndFiniteDifferenceBackward) {
     // dloss * (p - onehot): p from exp_poly with fp32 sums, one rounding to T (for fp16 the tiny
     // probabilities are subnormal: absolute error up to half a subnormal step)
     ft::expect_close(ft::pick(ft::to_double(dlogits), at), ft::pick(fd, at),
-                     1e-7 * dloss + ft::subnormal_step<T>(),
-                     2 * ft::unit_roundoff<T>() + 1e-5, "cross_entropy_backward vs FD");
+                     1e-7 * dloss + ft::subnormal_step<T>(), 2 * ft::unit_roundoff<T>() + 1e-5,
+                     "cross_entropy_backward vs FD");
 
     auto inplace = logits;  // backward may overwrite the logits
-    fw::host::cross_entropy_backward(ctx, inplace.data(), inplace.data(), tgt.data(), rows, V, dloss);
-    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(inplace[i], dlogits[i]) << "in place differs at " << i;
+    fw::host::cross_entropy_backward(ctx, inplace.data(), inplace.data(), tgt.data(), rows, V,
+                                     dloss);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(inplace[i], dlogits[i]) << "in place differs at " << i;
   }
 }
 
@@ -104,7 +107,8 @@ TYPED_TEST(HostCrossEntropy, VocabShardedPiecesMatchUnsharded) {
       const std::int64_t vl = bounds[s + 1] - bounds[s];
       std::vector<float> se(R), tl(R);
       fw::host::vocab_local_sumexp(ctx, se.data(), shard[s].data(), maxes.data(), rows, vl);
-      fw::host::vocab_target_logit(ctx, tl.data(), shard[s].data(), tgt.data(), rows, vl, bounds[s]);
+      fw::host::vocab_target_logit(ctx, tl.data(), shard[s].data(), tgt.data(), rows, vl,
+                                   bounds[s]);
       for (std::size_t r = 0; r < R; ++r) {  // all-reduce SUM
         sumexp[r] += se[r];
         tlogit[r] += tl[r];
@@ -142,6 +146,7 @@ TEST(HostCrossEntropy, TargetOutsideVocabularyIsAShapeError) {
   EXPECT_THROW(fw::host::cross_entropy_forward(ctx, losses.data(), logits.data(), tgt.data(), 2, 5),
                fw::ShapeError);
   tgt = {-1, 0};
-  EXPECT_THROW(fw::host::cross_entropy_backward(ctx, logits.data(), logits.data(), tgt.data(), 2, 5, 1.0f),
-               fw::ShapeError);
+  EXPECT_THROW(
+      fw::host::cross_entropy_backward(ctx, logits.data(), logits.data(), tgt.data(), 2, 5, 1.0f),
+      fw::ShapeError);
 }

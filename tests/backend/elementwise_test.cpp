@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -94,11 +94,13 @@ TEST(HostElementwiseCast, Fp16MatchesScalarConversionBitwise) {
   std::mt19937 gen(11);
   for (int i = 0; i < 20000; ++i) {
     const int e = static_cast<int>(gen() % 60) - 40;  // 2^-40 .. 2^19
-    src.push_back(std::ldexp(static_cast<float>(gen() % 4096) / 4096.0f + 1.0f, e) * ((gen() & 1) ? 1.0f : -1.0f));
+    src.push_back(std::ldexp(static_cast<float>(gen() % 4096) / 4096.0f + 1.0f, e) *
+                  ((gen() & 1) ? 1.0f : -1.0f));
   }
-  for (float v : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e9f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 1.0009765625f,
-                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN()}) {
+  for (float v :
+       {0.0f, -0.0f, 65504.0f, 65520.0f, 1e9f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 1.0009765625f,
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
     src.push_back(v);
   }
   const auto n = static_cast<std::int64_t>(src.size());
@@ -108,7 +110,8 @@ TEST(HostElementwiseCast, Fp16MatchesScalarConversionBitwise) {
     ASSERT_EQ(h[i].bits, fw::fp16(src[i]).bits) << src[i];
   }
   std::vector<fw::fp16> all(65536);
-  for (std::uint32_t b = 0; b < 65536; ++b) all[b] = fw::fp16::from_bits(static_cast<std::uint16_t>(b));
+  for (std::uint32_t b = 0; b < 65536; ++b)
+    all[b] = fw::fp16::from_bits(static_cast<std::uint16_t>(b));
   std::vector<float> back(all.size());
   fw::host::cast(ctx, back.data(), all.data(), 65536);
   for (std::uint32_t b = 0; b < 65536; ++b) {
@@ -129,7 +132,8 @@ TYPED_TEST(HostElementwise, ScaleInPlace) {
   std::vector<double> ref = ft::to_double(p);
   for (auto& x : ref) x *= -0.37;
   fw::host::scale(ctx, p.data(), 1023, -0.37f);
-  ft::expect_close_t(p, ref, 0.0, ft::unit_roundoff<T>() + 0x1p-23, "scale");  // s in fp32, one rounding
+  ft::expect_close_t(p, ref, 0.0, ft::unit_roundoff<T>() + 0x1p-23,
+                     "scale");  // s in fp32, one rounding
 }
 
 TYPED_TEST(HostElementwise, HasInfNanFindsEveryPosition) {
@@ -138,7 +142,8 @@ TYPED_TEST(HostElementwise, HasInfNanFindsEveryPosition) {
   fw::Context<fw::Host> ctx(acct);
   auto p = ft::random_typed<T>(127, 7, -1000.0f, 1000.0f);
   EXPECT_FALSE(fw::host::has_inf_nan(ctx, p.data(), 127));
-  const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+  const float bad[] = {std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity(),
                        std::numeric_limits<float>::quiet_NaN()};
   for (float b : bad) {
     for (std::size_t pos : {std::size_t{0}, std::size_t{64}, std::size_t{126}}) {

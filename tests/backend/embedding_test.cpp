@@ -17,7 +17,8 @@ TYPED_TEST(HostEmbedding, ForwardAndFiniteDifferenceBackward) {
   fw::MemoryAccountant acct;
   fw::Context<fw::Host> ctx(acct);
   // (B, T, C, V, maxT); small V so tokens repeat many times
-  const std::int64_t shapes[][5] = {{1, 1, 1, 1, 1}, {2, 7, 5, 11, 9}, {4, 33, 16, 7, 40}, {3, 127, 8, 50, 127}};
+  const std::int64_t shapes[][5] = {
+      {1, 1, 1, 1, 1}, {2, 7, 5, 11, 9}, {4, 33, 16, 7, 40}, {3, 127, 8, 50, 127}};
   std::uint32_t seed = 80;
   for (const auto& [B, T, C, V, maxT] : shapes) {
     const auto wte = ft::random_typed<E>(static_cast<std::size_t>(V * C), ++seed);
@@ -42,19 +43,23 @@ TYPED_TEST(HostEmbedding, ForwardAndFiniteDifferenceBackward) {
     };
     std::vector<E> out(static_cast<std::size_t>(B * T * C));
     fw::host::embedding_forward(ctx, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    ft::expect_close_t(out, forward_ref(wted, wped), 0.0, ft::unit_roundoff<E>(), "embedding_forward");
+    ft::expect_close_t(out, forward_ref(wted, wped), 0.0, ft::unit_roundoff<E>(),
+                       "embedding_forward");
 
     const auto dout = ft::random_typed<E>(out.size(), ++seed);
     auto dwte = ft::random_typed<E>(wte.size(), ++seed);
     auto dwpe = ft::random_typed<E>(wpe.size(), ++seed);
-    auto want_te = ft::finite_difference([&](const std::vector<double>& te) { return forward_ref(te, wped); },
-                                         wted, ft::to_double(dout));
-    auto want_pe = ft::finite_difference([&](const std::vector<double>& pe) { return forward_ref(wted, pe); },
-                                         wped, ft::to_double(dout));
+    auto want_te =
+        ft::finite_difference([&](const std::vector<double>& te) { return forward_ref(te, wped); },
+                              wted, ft::to_double(dout));
+    auto want_pe =
+        ft::finite_difference([&](const std::vector<double>& pe) { return forward_ref(wted, pe); },
+                              wped, ft::to_double(dout));
     const auto dwte0 = ft::to_double(dwte), dwpe0 = ft::to_double(dwpe);
     for (std::size_t i = 0; i < want_te.size(); ++i) want_te[i] += dwte0[i];  // accumulate
     for (std::size_t i = 0; i < want_pe.size(); ++i) want_pe[i] += dwpe0[i];
-    fw::host::embedding_backward(ctx, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    fw::host::embedding_backward(ctx, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
+                                 C);
     // each row: an fp32 sum of <= B*T terms < 1 and one rounding to T (not one per term)
     const double atol = static_cast<double>(B * T) * 0x1p-24 * 4 + 1e-9;
     ft::expect_close_t(dwte, want_te, atol, ft::unit_roundoff<E>() * 1.01, "embedding dwte vs FD");

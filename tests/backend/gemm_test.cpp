@@ -47,8 +47,10 @@ void run_case(const GemmCase& g, Impl impl, std::uint32_t seed) {
   const std::int64_t lda = fw::detail::stored_cols(g.ta, g.m, g.k) + g.pad;
   const std::int64_t ldb = fw::detail::stored_cols(g.tb, g.k, g.n) + g.pad;
   const std::int64_t ldc = g.n + g.pad;
-  const auto a = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed);
-  const auto b = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(g.tb, g.k, g.n) * ldb), seed + 1);
+  const auto a = ft::random_typed<T>(
+      static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed);
+  const auto b = ft::random_typed<T>(
+      static_cast<std::size_t>(fw::detail::stored_rows(g.tb, g.k, g.n) * ldb), seed + 1);
   auto c = ft::random_typed<TC>(static_cast<std::size_t>(g.m * ldc), seed + 2);
   const auto c0 = ft::to_double(c);
   auto ref = reference(g, ft::to_double(a), lda, ft::to_double(b), ldb, c0, ldc);
@@ -74,21 +76,21 @@ void run_case(const GemmCase& g, Impl impl, std::uint32_t seed) {
   // Inputs are exact in T (rounded before the reference sees them) and products accumulate in
   // fp32: error <= k * 2^-24 * sum|a||b| <= k * 2^-24 * k (|a|,|b| < 1), plus one rounding of
   // the output to TC. The padding columns of C must be untouched.
-  const double acc_err = 4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24 *
-                         std::abs(g.alpha);
+  const double acc_err =
+      4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24 * std::abs(g.alpha);
   for (std::int64_t i = 0; i < g.m; ++i) {
     for (std::int64_t j = g.n; j < ldc; ++j) ref[i * ldc + j] = c0[i * ldc + j];
   }
-  ft::expect_close(ft::to_double(c), ref, acc_err + 1e-6, 2 * ft::unit_roundoff<TC>(),
-                   ::testing::PrintToString(std::make_tuple(g.m, g.n, g.k, static_cast<int>(g.ta),
-                                                            static_cast<int>(g.tb), g.pad, g.alpha,
-                                                            g.beta)) +
-                       " " + ft::type_name<T>() + "->" + ft::type_name<TC>());
+  ft::expect_close(
+      ft::to_double(c), ref, acc_err + 1e-6, 2 * ft::unit_roundoff<TC>(),
+      ::testing::PrintToString(std::make_tuple(g.m, g.n, g.k, static_cast<int>(g.ta),
+                                               static_cast<int>(g.tb), g.pad, g.alpha, g.beta)) +
+          " " + ft::type_name<T>() + "->" + ft::type_name<TC>());
 }
 
 std::vector<GemmCase> cases() {
   std::vector<GemmCase> v;
-  const std::int64_t shapes[][3] = {{1, 1, 1},  {1, 7, 3},    {7, 1, 5},   {7, 13, 5},
+  const std::int64_t shapes[][3] = {{1, 1, 1},   {1, 7, 3},      {7, 1, 5},      {7, 13, 5},
                                     {17, 33, 9}, {127, 45, 300}, {65, 129, 513}, {1023, 40, 24}};
   int i = 0;
   for (auto& s : shapes) {
@@ -186,7 +188,7 @@ TEST(HostGemm, ZeroKScalesC) {
   fw::Context<fw::Host> ctx(acct);
   std::vector<float> c{1.0f, -2.0f, 3.0f, 4.0f};
   fw::host::gemm(ctx, fw::Trans::none, fw::Trans::none, 2, 2, 0, 1.0f,
-                 static_cast<const float*>(nullptr), 1, static_cast<const float*>(nullptr), 2,
-                 0.5f, c.data(), 2);
+                 static_cast<const float*>(nullptr), 1, static_cast<const float*>(nullptr), 2, 0.5f,
+                 c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{0.5f, -1.0f, 1.5f, 2.0f}));
 }

@@ -87,8 +87,8 @@ inline void expect_close(const std::vector<double>& got, const std::vector<doubl
     }
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements off; worst ["
-                     << worst << "] got " << got[worst] << " want " << ref[worst]
-                     << " (atol " << atol << ", rtol " << rtol << ")";
+                     << worst << "] got " << got[worst] << " want " << ref[worst] << " (atol "
+                     << atol << ", rtol " << rtol << ")";
 }
 
 template <class T>
@@ -108,9 +108,8 @@ inline double max_abs(const std::vector<double>& v) {
 /// (error O(h^2 f''') + O(eps_double / h): about 1e-10 relative for h = 1e-5 and smooth f).
 /// Only the indices in `at` are differentiated (all when empty); the others are left at 0.
 inline std::vector<double> finite_difference(
-    const std::function<std::vector<double>(const std::vector<double>&)>& f,
-    std::vector<double> x, const std::vector<double>& w, std::vector<std::size_t> at = {},
-    double h = 1e-5) {
+    const std::function<std::vector<double>(const std::vector<double>&)>& f, std::vector<double> x,
+    const std::vector<double>& w, std::vector<std::size_t> at = {}, double h = 1e-5) {
   if (at.empty()) {
     at.resize(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) at[i] = i;
@@ -135,7 +134,8 @@ inline std::vector<double> finite_difference(
 }
 
 /// `count` distinct-ish sample indices in [0, n), always including 0 and n - 1.
-inline std::vector<std::size_t> sample_indices(std::size_t n, std::size_t count, std::uint32_t seed) {
+inline std::vector<std::size_t> sample_indices(std::size_t n, std::size_t count,
+                                               std::uint32_t seed) {
   if (n <= count) {
     std::vector<std::size_t> all(n);
     for (std::size_t i = 0; i < n; ++i) all[i] = i;

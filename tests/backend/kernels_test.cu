@@ -16,9 +16,9 @@
 namespace fw = fourway;
 namespace ft = fourway_test;
 
-#define FW_REQUIRE_GPU()                                                   \
-  do {                                                                     \
-    if (fw::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";   \
+#define FW_REQUIRE_GPU()                                                 \
+  do {                                                                   \
+    if (fw::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 namespace {
@@ -88,33 +88,39 @@ TYPED_TEST(CudaKernels, GemmAllTransposesAndBatched) {
         const std::int64_t lda = fw::detail::stored_cols(ta, m, k) + 1;
         const std::int64_t ldb = fw::detail::stored_cols(tb, k, n) + 2;
         const std::int64_t ldc = n + 3;
-        const auto a = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(ta, m, k) * lda), ++seed);
-        const auto b = ft::random_typed<T>(static_cast<std::size_t>(fw::detail::stored_rows(tb, k, n) * ldb), ++seed);
+        const auto a = ft::random_typed<T>(
+            static_cast<std::size_t>(fw::detail::stored_rows(ta, m, k) * lda), ++seed);
+        const auto b = ft::random_typed<T>(
+            static_cast<std::size_t>(fw::detail::stored_rows(tb, k, n) * ldb), ++seed);
         auto c = ft::random_typed<T>(static_cast<std::size_t>(m * ldc), ++seed);
         auto cf = ft::random_floats(static_cast<std::size_t>(m * ldc), ++seed);
         Dev<T> da(e, a), db(e, b), dc(e, c);
         Dev<float> dcf(e, cf);
         fw::cuda::gemm(e.dev, ta, tb, m, n, k, 0.75f, da.p(), lda, db.p(), ldb, 0.5f, dc.p(), ldc);
         fw::cuda::gemm(e.dev, ta, tb, m, n, k, -1.0f, da.p(), lda, db.p(), ldb, 1.0f, dcf.p(), ldc);
-        fw::host::gemm(e.host, ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
-        fw::host::gemm(e.host, ta, tb, m, n, k, -1.0f, a.data(), lda, b.data(), ldb, 1.0f, cf.data(), ldc);
+        fw::host::gemm(e.host, ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, 0.5f, c.data(),
+                       ldc);
+        fw::host::gemm(e.host, ta, tb, m, n, k, -1.0f, a.data(), lda, b.data(), ldb, 1.0f,
+                       cf.data(), ldc);
         // both accumulate k products < 1 in fp32 in different orders: k * 2^-22 absolute
         const double atol = static_cast<double>(k) * 0x1p-22;
         expect_match(dc.get(e, c.size()), c, atol, "gemm");
-        ft::expect_close(ft::to_double(dcf.get(e, cf.size())), ft::to_double(cf), atol, 1e-5, "gemm fp32 C");
+        ft::expect_close(ft::to_double(dcf.get(e, cf.size())), ft::to_double(cf), atol, 1e-5,
+                         "gemm fp32 C");
       }
     }
   }
   // strided batched: 3 matrices with gaps between them
-  const std::int64_t m = 9, n = 7, k = 11, batch = 3, sa = m * k + 5, sb = k * n + 3, sc = m * n + 2;
+  const std::int64_t m = 9, n = 7, k = 11, batch = 3, sa = m * k + 5, sb = k * n + 3,
+                     sc = m * n + 2;
   const auto a = ft::random_typed<T>(static_cast<std::size_t>(sa * batch), 90);
   const auto b = ft::random_typed<T>(static_cast<std::size_t>(sb * batch), 91);
   auto c = ft::random_typed<T>(static_cast<std::size_t>(sc * batch), 92);
   Dev<T> da(e, a), db(e, b), dc(e, c);
-  fw::cuda::gemm_strided_batched(e.dev, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f, da.p(), k,
-                                 sa, db.p(), k, sb, 0.0f, dc.p(), n, sc, batch);
-  fw::host::gemm_strided_batched(e.host, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f, a.data(),
-                                 k, sa, b.data(), k, sb, 0.0f, c.data(), n, sc, batch);
+  fw::cuda::gemm_strided_batched(e.dev, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f,
+                                 da.p(), k, sa, db.p(), k, sb, 0.0f, dc.p(), n, sc, batch);
+  fw::host::gemm_strided_batched(e.host, fw::Trans::none, fw::Trans::transpose, m, n, k, 1.0f,
+                                 a.data(), k, sa, b.data(), k, sb, 0.0f, c.data(), n, sc, batch);
   expect_match(dc.get(e, c.size()), c, 1e-5, "gemm_strided_batched");
 }
 
@@ -138,7 +144,8 @@ TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
     expect_match(dout.get(e, N), out, 0.0, "bias_add");
     fw::cuda::bias_backward(e.dev, ddb.p(), ddy.p(), rows, cols);
     fw::host::bias_backward(e.host, dbias.data(), dy.data(), rows, cols);
-    expect_match(ddb.get(e, dbias.size()), dbias, static_cast<double>(rows) * 0x1p-22, "bias_backward");
+    expect_match(ddb.get(e, dbias.size()), dbias, static_cast<double>(rows) * 0x1p-22,
+                 "bias_backward");
 
     std::vector<T> r(N);
     Dev<T> dr(e, r);
@@ -158,7 +165,8 @@ TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
     fw::cuda::cast(e.dev, dr.p(), df.p(), n);
     fw::host::cast(e.host, cast_host.data(), f.data(), n);
     const auto cast_dev = dr.get(e, N);
-    for (std::size_t i = 0; i < N; ++i) ASSERT_EQ(cast_dev[i], cast_host[i]) << "cast differs at " << i;
+    for (std::size_t i = 0; i < N; ++i)
+      ASSERT_EQ(cast_dev[i], cast_host[i]) << "cast differs at " << i;
     fw::cuda::scale(e.dev, dx.p(), n, 0.3f);
     auto xs = x;
     fw::host::scale(e.host, xs.data(), n, 0.3f);
@@ -203,17 +211,25 @@ TYPED_TEST(CudaKernels, LayerNormAndSoftmax) {
     auto db = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
     std::vector<T> out(N), din(N);
     std::vector<float> mean(R), rstd(R);
-    Dev<T> di(e, in), dwt(e, w), dbs(e, b), ddy(e, dy), ddw(e, dw), ddb(e, db), dout(e, out), ddin(e, din);
+    Dev<T> di(e, in), dwt(e, w), dbs(e, b), ddy(e, dy), ddw(e, dw), ddb(e, db), dout(e, out),
+        ddin(e, din);
     Dev<float> dmean(e, mean), drstd(e, rstd);
-    fw::cuda::layernorm_forward(e.dev, dout.p(), dmean.p(), drstd.p(), di.p(), dwt.p(), dbs.p(), rows, C, 1e-5f);
-    fw::host::layernorm_forward(e.host, out.data(), mean.data(), rstd.data(), in.data(), w.data(), b.data(), rows, C, 1e-5f);
+    fw::cuda::layernorm_forward(e.dev, dout.p(), dmean.p(), drstd.p(), di.p(), dwt.p(), dbs.p(),
+                                rows, C, 1e-5f);
+    fw::host::layernorm_forward(e.host, out.data(), mean.data(), rstd.data(), in.data(), w.data(),
+                                b.data(), rows, C, 1e-5f);
     expect_match(dout.get(e, N), out, 1e-5, "layernorm out");
-    ft::expect_close(ft::to_double(dmean.get(e, R)), ft::to_double(mean), 1e-6, 1e-5, "layernorm mean");
-    ft::expect_close(ft::to_double(drstd.get(e, R)), ft::to_double(rstd), 1e-6, 1e-5, "layernorm rstd");
-    fw::cuda::layernorm_backward(e.dev, ddin.p(), ddw.p(), ddb.p(), ddy.p(), di.p(), dwt.p(), dmean.p(), drstd.p(), rows, C);
-    fw::host::layernorm_backward(e.host, din.data(), dw.data(), db.data(), dy.data(), in.data(), w.data(), mean.data(), rstd.data(), rows, C);
+    ft::expect_close(ft::to_double(dmean.get(e, R)), ft::to_double(mean), 1e-6, 1e-5,
+                     "layernorm mean");
+    ft::expect_close(ft::to_double(drstd.get(e, R)), ft::to_double(rstd), 1e-6, 1e-5,
+                     "layernorm rstd");
+    fw::cuda::layernorm_backward(e.dev, ddin.p(), ddw.p(), ddb.p(), ddy.p(), di.p(), dwt.p(),
+                                 dmean.p(), drstd.p(), rows, C);
+    fw::host::layernorm_backward(e.host, din.data(), dw.data(), db.data(), dy.data(), in.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C);
     expect_match(ddin.get(e, N), din, 1e-4, "layernorm din");
-    expect_match(ddw.get(e, dw.size()), dw, static_cast<double>(rows) * 0x1p-20, "layernorm dweight");
+    expect_match(ddw.get(e, dw.size()), dw, static_cast<double>(rows) * 0x1p-20,
+                 "layernorm dweight");
     expect_match(ddb.get(e, db.size()), db, static_cast<double>(rows) * 0x1p-20, "layernorm dbias");
 
     std::vector<T> sm(N), dsm(N);
@@ -235,7 +251,8 @@ TYPED_TEST(CudaKernels, Attention) {
   std::uint32_t seed = 300;
   for (const auto& s : shapes) {
     const std::int64_t B = s[0], T = s[1], C = s[2], NH = s[3];
-    const auto nqkv = static_cast<std::size_t>(B * T * 3 * C), nout = static_cast<std::size_t>(B * T * C),
+    const auto nqkv = static_cast<std::size_t>(B * T * 3 * C),
+               nout = static_cast<std::size_t>(B * T * C),
                natt = static_cast<std::size_t>(B * NH * T * T);
     const auto qkv = ft::random_typed<E>(nqkv, ++seed, -1.5f, 1.5f);
     const auto dy = ft::random_typed<E>(nout, ++seed);
@@ -246,12 +263,16 @@ TYPED_TEST(CudaKernels, Attention) {
     // the scores round to E before the softmax on both sides; a flip of one rounding there moves
     // a probability by ~u * |score|: 16-bit atol scaled by the score size (~2 sqrt(hs))
     const double hs = static_cast<double>(C / NH);
-    const double atol = std::is_same_v<E, float> ? 1e-5 : 8 * ft::unit_roundoff<E>() * std::sqrt(hs);
+    const double atol =
+        std::is_same_v<E, float> ? 1e-5 : 8 * ft::unit_roundoff<E>() * std::sqrt(hs);
     expect_match(datt_d.get(e, natt), att, atol, "attention att");
     expect_match(dout.get(e, nout), out, atol, "attention out");
-    fw::cuda::attention_backward(e.dev, ddq.p(), dscratch.p(), ddy.p(), dq.p(), datt_d.p(), B, T, C, NH);
-    fw::host::attention_backward(e.host, dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
-    expect_match(ddq.get(e, nqkv), dqkv, 4 * atol * std::sqrt(static_cast<double>(T)), "attention dqkv");
+    fw::cuda::attention_backward(e.dev, ddq.p(), dscratch.p(), ddy.p(), dq.p(), datt_d.p(), B, T, C,
+                                 NH);
+    fw::host::attention_backward(e.host, dqkv.data(), datt.data(), dy.data(), qkv.data(),
+                                 att.data(), B, T, C, NH);
+    expect_match(ddq.get(e, nqkv), dqkv, 4 * atol * std::sqrt(static_cast<double>(T)),
+                 "attention dqkv");
   }
 }
 
@@ -272,7 +293,8 @@ TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {
     Dev<float> dloss(e, loss);
     fw::cuda::cross_entropy_forward(e.dev, dloss.p(), dl.p(), dt.p(), rows, V);
     fw::host::cross_entropy_forward(e.host, loss.data(), logits.data(), tgt.data(), rows, V);
-    ft::expect_close(ft::to_double(dloss.get(e, R)), ft::to_double(loss), 1e-5, 1e-5, "cross_entropy_forward");
+    ft::expect_close(ft::to_double(dloss.get(e, R)), ft::to_double(loss), 1e-5, 1e-5,
+                     "cross_entropy_forward");
     std::vector<T> g(N);
     fw::host::cross_entropy_backward(e.host, g.data(), logits.data(), tgt.data(), rows, V, 0.5f);
     Dev<T> dg(e, logits);  // in place on a copy of the logits
@@ -290,20 +312,25 @@ TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {
     Dev<float> dmx(e, mx), dse(e, se), dtl(e, tl), dls(e, ls);
     fw::cuda::vocab_local_max(e.dev, dmx.p(), ds.p(), rows, vl);
     fw::host::vocab_local_max(e.host, mx.data(), shard.data(), rows, vl);
-    ft::expect_close(ft::to_double(dmx.get(e, R)), ft::to_double(mx), 0.0, 0.0, "vocab_local_max");  // exact
+    ft::expect_close(ft::to_double(dmx.get(e, R)), ft::to_double(mx), 0.0, 0.0,
+                     "vocab_local_max");  // exact
     fw::cuda::vocab_local_sumexp(e.dev, dse.p(), ds.p(), dmx.p(), rows, vl);
     fw::host::vocab_local_sumexp(e.host, se.data(), shard.data(), mx.data(), rows, vl);
-    ft::expect_close(ft::to_double(dse.get(e, R)), ft::to_double(se), 0.0, 1e-5, "vocab_local_sumexp");
+    ft::expect_close(ft::to_double(dse.get(e, R)), ft::to_double(se), 0.0, 1e-5,
+                     "vocab_local_sumexp");
     fw::cuda::vocab_target_logit(e.dev, dtl.p(), ds.p(), dt.p(), rows, vl, start);
     fw::host::vocab_target_logit(e.host, tl.data(), shard.data(), tgt.data(), rows, vl, start);
-    ft::expect_close(ft::to_double(dtl.get(e, R)), ft::to_double(tl), 0.0, 0.0, "vocab_target_logit");
+    ft::expect_close(ft::to_double(dtl.get(e, R)), ft::to_double(tl), 0.0, 0.0,
+                     "vocab_target_logit");
     fw::cuda::vocab_loss(e.dev, dls.p(), dmx.p(), dse.p(), dtl.p(), rows);
     fw::host::vocab_loss(e.host, ls.data(), mx.data(), se.data(), tl.data(), rows);
     ft::expect_close(ft::to_double(dls.get(e, R)), ft::to_double(ls), 1e-5, 1e-5, "vocab_loss");
     std::vector<T> lg(shard.size());
     Dev<T> dlg(e, lg);
-    fw::cuda::vocab_local_grad(e.dev, dlg.p(), ds.p(), dt.p(), dmx.p(), dse.p(), rows, vl, start, 0.5f);
-    fw::host::vocab_local_grad(e.host, lg.data(), shard.data(), tgt.data(), mx.data(), se.data(), rows, vl, start, 0.5f);
+    fw::cuda::vocab_local_grad(e.dev, dlg.p(), ds.p(), dt.p(), dmx.p(), dse.p(), rows, vl, start,
+                               0.5f);
+    fw::host::vocab_local_grad(e.host, lg.data(), shard.data(), tgt.data(), mx.data(), se.data(),
+                               rows, vl, start, 0.5f);
     expect_match(dlg.get(e, lg.size()), lg, 1e-8 + ft::subnormal_step<T>(), "vocab_local_grad");
   }
 }
@@ -312,7 +339,8 @@ TYPED_TEST(CudaKernels, EmbeddingMatchesHost) {
   FW_REQUIRE_GPU();
   using E = TypeParam;
   Env e;
-  const std::int64_t shapes[][5] = {{1, 1, 1, 1, 1}, {2, 7, 5, 11, 9}, {4, 127, 64, 50, 128}, {8, 64, 768, 1000, 64}};
+  const std::int64_t shapes[][5] = {
+      {1, 1, 1, 1, 1}, {2, 7, 5, 11, 9}, {4, 127, 64, 50, 128}, {8, 64, 768, 1000, 64}};
   std::uint32_t seed = 500;
   for (const auto& s : shapes) {
     const std::int64_t B = s[0], T = s[1], C = s[2], V = s[3], maxT = s[4];
@@ -323,7 +351,8 @@ TYPED_TEST(CudaKernels, EmbeddingMatchesHost) {
     auto dwte = ft::random_typed<E>(wte.size(), ++seed);
     auto dwpe = ft::random_typed<E>(wpe.size(), ++seed);
     std::vector<E> out(dy.size());
-    Dev<E> d_wte(e, wte), d_wpe(e, wpe), d_dy(e, dy), d_dwte(e, dwte), d_dwpe(e, dwpe), d_out(e, out);
+    Dev<E> d_wte(e, wte), d_wpe(e, wpe), d_dy(e, dy), d_dwte(e, dwte), d_dwpe(e, dwpe),
+        d_out(e, out);
     Dev<std::int32_t> d_tok(e, tok);
     fw::cuda::embedding_forward(e.dev, d_out.p(), d_tok.p(), d_wte.p(), d_wpe.p(), B, T, C);
     fw::host::embedding_forward(e.host, out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
@@ -354,10 +383,12 @@ TYPED_TEST(CudaKernels, AdamWMatchesHost) {
       Dev<T> dg(e, grad);
       const fw::AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, step == 2 ? 0.0f : 0.1f, 0.5f, step};
       fw::cuda::adamw_update(e.dev, dp.p(), dm.p(), dv.p(), dw.p(), dg.p(), n, s);
-      fw::host::adamw_update(e.host, master.data(), m.data(), v.data(), working.data(), grad.data(), n, s);
+      fw::host::adamw_update(e.host, master.data(), m.data(), v.data(), working.data(), grad.data(),
+                             n, s);
     }
     // identical fp32 formula; the device may contract a*b+c into an FMA: a few ulps
-    ft::expect_close(ft::to_double(dp.get(e, N)), ft::to_double(master), 1e-7, 1e-6, "adamw master");
+    ft::expect_close(ft::to_double(dp.get(e, N)), ft::to_double(master), 1e-7, 1e-6,
+                     "adamw master");
     ft::expect_close(ft::to_double(dm.get(e, N)), ft::to_double(m), 1e-7, 1e-6, "adamw m");
     ft::expect_close(ft::to_double(dv.get(e, N)), ft::to_double(v), 1e-7, 1e-6, "adamw v");
     expect_match(dw.get(e, N), working, 1e-7, "adamw working");

@@ -90,7 +90,9 @@ TYPED_TEST(HostLayerNorm, ForwardAndFiniteDifferenceBackward) {
                      "layernorm din vs FD");
     // dweight/dbias: fp32 sums over `rows` terms of size O(3), one rounding to T
     const double sum_tol = static_cast<double>(rows) * 3.0 * 0x1p-24 * 16;
-    ft::expect_close_t(dw, fd_w, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(), "layernorm dweight vs FD");
-    ft::expect_close_t(db, fd_b, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(), "layernorm dbias vs FD");
+    ft::expect_close_t(dw, fd_w, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(),
+                       "layernorm dweight vs FD");
+    ft::expect_close_t(db, fd_b, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(),
+                       "layernorm dbias vs FD");
   }
 }

@@ -26,7 +26,8 @@ TEST(HostMath, TanhPolyAbsoluteErrorBelow2e7) {
   double worst = 0.0;
   for (int i = 0; i <= 200000; ++i) {
     const float x = -20.0f + 40.0f * static_cast<float>(i) / 200000.0f;
-    worst = std::max(worst, std::abs(fw::host::detail::tanh_poly(x) - std::tanh(static_cast<double>(x))));
+    worst = std::max(worst,
+                     std::abs(fw::host::detail::tanh_poly(x) - std::tanh(static_cast<double>(x))));
   }
   EXPECT_LT(worst, 2e-7);
   EXPECT_EQ(fw::host::detail::tanh_poly(100.0f), 1.0f);

@@ -10,7 +10,8 @@ namespace fw = fourway;
 namespace ft = fourway_test;
 
 namespace {
-std::vector<double> softmax_ref(const std::vector<double>& x, std::int64_t rows, std::int64_t cols) {
+std::vector<double> softmax_ref(const std::vector<double>& x, std::int64_t rows,
+                                std::int64_t cols) {
   std::vector<double> y(x.size());
   for (std::int64_t r = 0; r < rows; ++r) {
     double mx = -1e300, s = 0.0;

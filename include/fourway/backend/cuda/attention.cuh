@@ -60,8 +60,8 @@ void attention_backward(const Context<Cuda>& ctx, E* dqkv, E* datt, const E* dou
     // dV = P^T dO;  dP = dO V^T
     gemm_strided_batched(ctx, Trans::transpose, Trans::none, T, hs, T, 1.0f, p, T, T * T, dob, C,
                          hs, 0.0f, dq + 2 * C, 3 * C, hs, NH);
-    gemm_strided_batched(ctx, Trans::none, Trans::transpose, T, T, hs, 1.0f, dob, C, hs,
-                         q + 2 * C, 3 * C, hs, 0.0f, dp, T, T * T, NH);
+    gemm_strided_batched(ctx, Trans::none, Trans::transpose, T, T, hs, 1.0f, dob, C, hs, q + 2 * C,
+                         3 * C, hs, 0.0f, dp, T, T * T, NH);
   }
   detail::softmax_backward_rows(ctx, datt, att, datt, B * NH * T, T, scale, T);
   for (std::int64_t b = 0; b < B; ++b) {
@@ -69,10 +69,10 @@ void attention_backward(const Context<Cuda>& ctx, E* dqkv, E* datt, const E* dou
     E* dq = dqkv + b * T * 3 * C;
     const E* dp = datt + b * NH * T * T;
     // dQ = dS K;  dK = dS^T Q
-    gemm_strided_batched(ctx, Trans::none, Trans::none, T, hs, T, 1.0f, dp, T, T * T, q + C,
-                         3 * C, hs, 0.0f, dq, 3 * C, hs, NH);
-    gemm_strided_batched(ctx, Trans::transpose, Trans::none, T, hs, T, 1.0f, dp, T, T * T, q,
-                         3 * C, hs, 0.0f, dq + C, 3 * C, hs, NH);
+    gemm_strided_batched(ctx, Trans::none, Trans::none, T, hs, T, 1.0f, dp, T, T * T, q + C, 3 * C,
+                         hs, 0.0f, dq, 3 * C, hs, NH);
+    gemm_strided_batched(ctx, Trans::transpose, Trans::none, T, hs, T, 1.0f, dp, T, T * T, q, 3 * C,
+                         hs, 0.0f, dq + C, 3 * C, hs, NH);
   }
 }
 

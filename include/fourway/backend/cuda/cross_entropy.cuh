@@ -125,8 +125,8 @@ template <floating_dtype T>
 void vocab_local_max(const Context<Cuda>& ctx, float* maxes, const T* logits, std::int64_t rows,
                      std::int64_t Vlocal) {
   if (rows <= 0) return;
-  detail::vocab_local_max_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
-                                   ctx.stream()>>>(maxes, logits, Vlocal);
+  detail::vocab_local_max_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0, ctx.stream()>>>(
+      maxes, logits, Vlocal);
   check_cuda(cudaGetLastError(), "vocab_local_max");
 }
 
@@ -134,8 +134,9 @@ template <floating_dtype T>
 void vocab_local_sumexp(const Context<Cuda>& ctx, float* sumexp, const T* logits,
                         const float* maxes, std::int64_t rows, std::int64_t Vlocal) {
   if (rows <= 0) return;
-  detail::vocab_local_sumexp_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
-                                      ctx.stream()>>>(sumexp, logits, maxes, Vlocal);
+  detail::
+      vocab_local_sumexp_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0, ctx.stream()>>>(
+          sumexp, logits, maxes, Vlocal);
   check_cuda(cudaGetLastError(), "vocab_local_sumexp");
 }
 
@@ -166,9 +167,9 @@ void vocab_local_grad(const Context<Cuda>& ctx, T* dlogits, const T* logits,
                       std::int64_t rows, std::int64_t Vlocal, std::int64_t vocab_start,
                       float dloss) {
   if (rows <= 0) return;
-  detail::vocab_local_grad_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
-                                    ctx.stream()>>>(dlogits, logits, targets, maxes, sumexp,
-                                                    Vlocal, vocab_start, dloss);
+  detail::
+      vocab_local_grad_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0, ctx.stream()>>>(
+          dlogits, logits, targets, maxes, sumexp, Vlocal, vocab_start, dloss);
   check_cuda(cudaGetLastError(), "vocab_local_grad");
 }
 

@@ -7,10 +7,9 @@
 //! double, like the host version.
 #pragma once
 
+#include <cstdint>
 #include <cub/device/device_reduce.cuh>
 #include <cuda/std/functional>
-
-#include <cstdint>
 
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/core/tensor.hpp"
@@ -34,9 +33,12 @@ __device__ __forceinline__ float gelu_grad(float x) {
 template <class T>
 struct IsInfNan {
   __device__ int operator()(T x) const {
-    if constexpr (std::is_same_v<T, float>) return isfinite(x) ? 0 : 1;
-    else if constexpr (std::is_same_v<T, bf16>) return (x.bits & 0x7f80u) == 0x7f80u ? 1 : 0;
-    else return (x.bits & 0x7c00u) == 0x7c00u ? 1 : 0;
+    if constexpr (std::is_same_v<T, float>)
+      return isfinite(x) ? 0 : 1;
+    else if constexpr (std::is_same_v<T, bf16>)
+      return (x.bits & 0x7f80u) == 0x7f80u ? 1 : 0;
+    else
+      return (x.bits & 0x7c00u) == 0x7c00u ? 1 : 0;
   }
 };
 struct MaxInt {
@@ -87,7 +89,9 @@ template <floating_dtype T>
 void gelu_forward(const Context<Cuda>& ctx, T* out, const T* in, std::int64_t n) {
   detail::for_each(
       ctx, n,
-      [=] __device__(std::int64_t i) { detail::store(out + i, detail::gelu(detail::load(in + i))); },
+      [=] __device__(std::int64_t i) {
+        detail::store(out + i, detail::gelu(detail::load(in + i)));
+      },
       "gelu_forward");
 }
 

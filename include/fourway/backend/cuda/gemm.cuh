@@ -33,35 +33,35 @@ constexpr cudaDataType_t cuda_type() {
 }
 inline cublasOperation_t cublas_op(Trans t) { return t == Trans::none ? CUBLAS_OP_N : CUBLAS_OP_T; }
 inline int to_int(std::int64_t v, const char* what) {
-  check<ShapeError>(v <= INT_MAX, "fourway: cuBLAS takes 32-bit sizes; ", what, "=", v,
-                    " exceeds ", INT_MAX, " (split the GEMM)");
+  check<ShapeError>(v <= INT_MAX, "fourway: cuBLAS takes 32-bit sizes; ", what, "=", v, " exceeds ",
+                    INT_MAX, " (split the GEMM)");
   return static_cast<int>(v);
 }
 }  // namespace detail
 
 /// C(m,n) = alpha * op(A)(m,k) * op(B)(k,n) + beta * C, row-major; fp32 accumulation.
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm(const Context<Cuda>& ctx, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
           float beta, TC* c, std::int64_t ldc) {
   fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
-  check_cublas(cublasGemmEx(ctx.cublas(), detail::cublas_op(tb), detail::cublas_op(ta),
-                            detail::to_int(n, "n"), detail::to_int(m, "m"), detail::to_int(k, "k"),
-                            &alpha, b, detail::cuda_type<T>(), detail::to_int(ldb, "ldb"), a,
-                            detail::cuda_type<T>(), detail::to_int(lda, "lda"), &beta, c,
-                            detail::cuda_type<TC>(), detail::to_int(ldc, "ldc"),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
+  check_cublas(
+      cublasGemmEx(ctx.cublas(), detail::cublas_op(tb), detail::cublas_op(ta),
+                   detail::to_int(n, "n"), detail::to_int(m, "m"), detail::to_int(k, "k"), &alpha,
+                   b, detail::cuda_type<T>(), detail::to_int(ldb, "ldb"), a, detail::cuda_type<T>(),
+                   detail::to_int(lda, "lda"), &beta, c, detail::cuda_type<TC>(),
+                   detail::to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
 }
 
 /// `batch` independent GEMMs; matrix i starts at A + i*stride_a, B + i*stride_b, C + i*stride_c.
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm_strided_batched(const Context<Cuda>& ctx, Trans ta, Trans tb, std::int64_t m,
-                          std::int64_t n, std::int64_t k, float alpha, const T* a,
-                          std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                          std::int64_t n, std::int64_t k, float alpha, const T* a, std::int64_t lda,
+                          std::int64_t stride_a, const T* b, std::int64_t ldb,
                           std::int64_t stride_b, float beta, TC* c, std::int64_t ldc,
                           std::int64_t stride_c, std::int64_t batch) {
   fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);

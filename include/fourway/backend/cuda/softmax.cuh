@@ -37,8 +37,8 @@ __global__ void softmax_rows_kernel(TO* out, const TI* in, std::int64_t rows, st
 
 /// din[r, :len) = scale * out * (dout - <dout, out>), din[r, len:cols) = 0 (len as above).
 template <class T>
-__global__ void softmax_backward_rows_kernel(T* din, const T* out, const T* dout,
-                                             std::int64_t rows, std::int64_t cols, float scale,
+__global__ void softmax_backward_rows_kernel(T* din, const T* out, const T* dout, std::int64_t rows,
+                                             std::int64_t cols, float scale,
                                              std::int64_t causal_T) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * softmax_warps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

@@ -38,9 +38,9 @@ namespace detail {
 /// The per-call constants of the update, derived from an AdamWStep.
 struct AdamWConstants {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
-  float decay;          // 1 - lr * weight_decay
-  float step_size;      // lr / (1 - beta1^t)
-  float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^t)
+  float decay;         // 1 - lr * weight_decay
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^t)
 };
 
 inline AdamWConstants adamw_constants(const AdamWStep& s) {
@@ -96,7 +96,8 @@ void adamw_update(const Context<Host>& /*ctx*/, float* master, float* m, float* 
     }
     detail::sqrt_block(root, len);
     float* pb = master + i0;
-    for (std::int64_t j = 0; j < len; ++j) pb[j] = fourway::detail::adamw_param(k, pb[j], mb[j], root[j]);
+    for (std::int64_t j = 0; j < len; ++j)
+      pb[j] = fourway::detail::adamw_param(k, pb[j], mb[j], root[j]);
     if (working != nullptr) {
       for (std::int64_t j = 0; j < len; ++j) working[i0 + j] = convert<T>(pb[j]);
     }

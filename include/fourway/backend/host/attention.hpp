@@ -57,9 +57,9 @@ void attention_forward(const Context<Host>& ctx, E* out, E* att, const E* qkv, s
 
 /// dqkv (B, T, 3C) = gradient of attention_forward; datt (B, NH, T, T) is scratch.
 template <floating_dtype E>
-void attention_backward(const Context<Host>& ctx, E* dqkv, E* datt, const E* dout,
-                        const E* qkv, const E* att, std::int64_t B, std::int64_t T,
-                        std::int64_t C, std::int64_t NH) {
+void attention_backward(const Context<Host>& ctx, E* dqkv, E* datt, const E* dout, const E* qkv,
+                        const E* att, std::int64_t B, std::int64_t T, std::int64_t C,
+                        std::int64_t NH) {
   const std::int64_t hs = detail::head_size(C, NH);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (std::int64_t b = 0; b < B; ++b) {

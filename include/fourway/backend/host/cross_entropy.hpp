@@ -80,8 +80,8 @@ void cross_entropy_backward(const Context<Host>& /*ctx*/, T* dlogits, const T* l
 
 /// maxes (rows) = max over this shard's logits (rows, Vlocal).
 template <floating_dtype T>
-void vocab_local_max(const Context<Host>& /*ctx*/, float* maxes, const T* logits,
-                     std::int64_t rows, std::int64_t Vlocal) {
+void vocab_local_max(const Context<Host>& /*ctx*/, float* maxes, const T* logits, std::int64_t rows,
+                     std::int64_t Vlocal) {
   for (std::int64_t r = 0; r < rows; ++r) maxes[r] = detail::row_max(logits + r * Vlocal, Vlocal);
 }
 
@@ -122,8 +122,8 @@ void vocab_local_grad(const Context<Host>& /*ctx*/, T* dlogits, const T* logits,
                       std::int64_t rows, std::int64_t Vlocal, std::int64_t vocab_start,
                       float dloss) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    detail::row_softmax_grad(dlogits + r * Vlocal, logits + r * Vlocal, Vlocal, maxes[r],
-                             sumexp[r], targets[r] - vocab_start, dloss);
+    detail::row_softmax_grad(dlogits + r * Vlocal, logits + r * Vlocal, Vlocal, maxes[r], sumexp[r],
+                             targets[r] - vocab_start, dloss);
   }
 }
 

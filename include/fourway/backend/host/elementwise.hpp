@@ -22,15 +22,17 @@ namespace detail {
 inline constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float gelu_cubic = 0.044715f;
 
+/// gelu(x) in its sigmoid form: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)), one exp and one divide.
 inline float gelu(float x) {
-  const float t = tanh_poly(gelu_scale * (x + gelu_cubic * x * x * x));
-  return 0.5f * x * (1.0f + t);
+  const float u = gelu_scale * (x + gelu_cubic * x * x * x);
+  return x / (1.0f + exp_poly(-2.0f * u));
 }
-/// d gelu / dx.
+/// d gelu / dx = sig + 2 x sig (1 - sig) u', with sig = 1 / (1 + exp(-2u)).
 inline float gelu_grad(float x) {
-  const float t = tanh_poly(gelu_scale * (x + gelu_cubic * x * x * x));
-  const float dt = gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x) * (1.0f - t * t);
-  return 0.5f * (1.0f + t) + 0.5f * x * dt;
+  const float u = gelu_scale * (x + gelu_cubic * x * x * x);
+  const float sig = 1.0f / (1.0f + exp_poly(-2.0f * u));
+  const float du = gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x);
+  return sig + 2.0f * x * sig * (1.0f - sig) * du;
 }
 }  // namespace detail
 

@@ -52,8 +52,7 @@ inline TokenBuckets bucket_tokens(const std::int32_t* tokens, std::int64_t n) {
 /// out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T), wte (V, C), wpe (maxT >= T, C).
 template <floating_dtype E>
 void embedding_forward(const Context<Host>& /*ctx*/, E* out, const std::int32_t* tokens,
-                       const E* wte, const E* wpe, std::int64_t B, std::int64_t T,
-                       std::int64_t C) {
+                       const E* wte, const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t t = 0; t < T; ++t) {
       E* o = out + (b * T + t) * C;

@@ -81,7 +81,7 @@ inline constexpr int gemm_mr = 6;
 #endif
 inline constexpr int gemm_nr = 2 * gemm_vw;
 inline constexpr std::int64_t gemm_kc = 256;
-inline constexpr std::int64_t gemm_mc = 16 * gemm_mr;
+inline constexpr std::int64_t gemm_mc = std::int64_t{16} * gemm_mr;
 inline constexpr std::int64_t gemm_nc = 1024;
 static_assert(gemm_nc % gemm_nr == 0 && gemm_mc % gemm_mr == 0);
 
@@ -232,7 +232,7 @@ void with_float_c(std::int64_t m, std::int64_t n, float beta, TC* c, std::int64_
 
 /// The built-in blocked GEMM (always available).
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm_builtin(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, float beta, TC* c,
                   std::int64_t ldc) {
@@ -253,7 +253,7 @@ inline void blas_single_thread_once() {
 
 /// CBLAS sgemm; 16-bit operands are converted into thread-local fp32 copies first.
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm_blas(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, float beta, TC* c,
                std::int64_t ldc) {
@@ -288,10 +288,9 @@ void gemm_blas(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t 
                 static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
   } else {
     with_float_c(m, n, beta, c, ldc, [&](float* cf, std::int64_t ldcf) {
-      cblas_sgemm(CblasRowMajor, op(ta), op(tb), static_cast<blasint>(m),
-                  static_cast<blasint>(n), static_cast<blasint>(k), alpha, af,
-                  static_cast<blasint>(lda), bf, static_cast<blasint>(ldb), 1.0f, cf,
-                  static_cast<blasint>(ldcf));
+      cblas_sgemm(CblasRowMajor, op(ta), op(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                  static_cast<blasint>(k), alpha, af, static_cast<blasint>(lda), bf,
+                  static_cast<blasint>(ldb), 1.0f, cf, static_cast<blasint>(ldcf));
     });
   }
 }
@@ -301,7 +300,7 @@ void gemm_blas(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t 
 
 /// C(m,n) = alpha * op(A)(m,k) * op(B)(k,n) + beta * C, row-major; fp32 accumulation.
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm(const Context<Host>& /*ctx*/, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
           float beta, TC* c, std::int64_t ldc) {
@@ -314,10 +313,10 @@ void gemm(const Context<Host>& /*ctx*/, Trans ta, Trans tb, std::int64_t m, std:
 
 /// `batch` independent GEMMs; matrix i starts at A + i*stride_a, B + i*stride_b, C + i*stride_c.
 template <floating_dtype T, floating_dtype TC>
-  requires fourway::detail::gemm_output<T, TC>
+requires fourway::detail::gemm_output<T, TC>
 void gemm_strided_batched(const Context<Host>& ctx, Trans ta, Trans tb, std::int64_t m,
-                          std::int64_t n, std::int64_t k, float alpha, const T* a,
-                          std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                          std::int64_t n, std::int64_t k, float alpha, const T* a, std::int64_t lda,
+                          std::int64_t stride_a, const T* b, std::int64_t ldb,
                           std::int64_t stride_b, float beta, TC* c, std::int64_t ldc,
                           std::int64_t stride_c, std::int64_t batch) {
   check<ShapeError>(batch >= 0, "fourway: gemm_strided_batched batch=", batch, " must be >= 0");

@@ -17,14 +17,13 @@ namespace fourway::host {
 
 /// out (rows, C) = (in - mean) * rstd * weight + bias; mean, rstd (rows) fp32.
 template <floating_dtype T>
-void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float* rstd,
-                       const T* in, const T* weight, const T* bias, std::int64_t rows,
-                       std::int64_t C, float eps) {
+void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float* rstd, const T* in,
+                       const T* weight, const T* bias, std::int64_t rows, std::int64_t C,
+                       float eps) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = in + r * C;
-    const float m =
-        detail::sum_lanes(C, [x](std::int64_t c) { return convert<float>(x[c]); }) /
-        static_cast<float>(C);
+    const float m = detail::sum_lanes(C, [x](std::int64_t c) { return convert<float>(x[c]); }) /
+                    static_cast<float>(C);
     const float var = detail::sum_lanes(C, [x, m](std::int64_t c) {
       const float d = convert<float>(x[c]) - m;
       return d * d;
@@ -59,11 +58,12 @@ void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbi
       dw[c] += (convert<float>(x[c]) - m) * s * g;
     }
     const float dnorm_mean = inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
-      return convert<float>(weight[c]) * convert<float>(dy[c]);
-    });
-    const float dnorm_norm_mean = inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
-      return convert<float>(weight[c]) * convert<float>(dy[c]) * (convert<float>(x[c]) - m) * s;
-    });
+                               return convert<float>(weight[c]) * convert<float>(dy[c]);
+                             });
+    const float dnorm_norm_mean =
+        inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
+          return convert<float>(weight[c]) * convert<float>(dy[c]) * (convert<float>(x[c]) - m) * s;
+        });
     T* dx = din + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
       const float norm = (convert<float>(x[c]) - m) * s;

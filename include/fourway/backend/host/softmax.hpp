@@ -40,7 +40,8 @@ void softmax_backward_row(T* din, const T* out, const T* dout, std::int64_t cols
 template <floating_dtype T>
 void softmax_forward(const Context<Host>& /*ctx*/, T* out, const T* in, std::int64_t rows,
                      std::int64_t cols) {
-  for (std::int64_t r = 0; r < rows; ++r) detail::softmax_row(out + r * cols, in + r * cols, cols, 1.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    detail::softmax_row(out + r * cols, in + r * cols, cols, 1.0f);
 }
 
 /// din (rows, cols) = out * (dout - rowsum(dout * out)).
