@@ -208,3 +208,17 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(2), fp::Strategy{.pp = 2}, o),
                        "tp = pp = 1, got tp=1 pp=2"));
 }
+
+// ZeRO paper Figure 1 again, through the recommendation: with only a parameter count, the meshes
+// are ranked by traffic (DP = ZeRO-1 = ZeRO-2 < ZeRO-3), then memory — ZeRO-2 at 16.6 GB.
+TEST(PlanPlanner, RecommendWithoutArchitectureRanksByTraffic) {
+  const auto r =
+      fp::recommend(fp::Model{std::nullopt, 7'500'000'000}, cluster(64), fp::SearchSpace{});
+  ASSERT_TRUE(r.chosen);
+  const auto& c = r.fitting[*r.chosen];
+  EXPECT_EQ(c.strategy.zero, 2);
+  EXPECT_EQ(c.strategy.tp, 1);
+  EXPECT_NEAR(c.worst().total() / 1e9, 16.6, 0.05);
+  EXPECT_EQ(r.fitting.back().strategy.zero, 3);
+  EXPECT_TRUE(contains(r.why, "no architecture, so no step time")) << r.why;
+}

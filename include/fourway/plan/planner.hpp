@@ -359,12 +359,14 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
                               : static_cast<std::int64_t>(cluster.gpus) * space.micro_batch;
   for (int tp : divisors(cluster.gpus)) {
     if (space.tp && *space.tp != tp) continue;
+    if (!model.arch && !space.tp && tp > 1) continue;  // no shape: tensor parallelism is unmodelled
     if (model.arch) {
       const Architecture& a = *model.arch;
       if (a.heads % tp != 0 || a.kv_heads % tp != 0 || a.ffn % tp != 0) continue;
     }
     for (int pp : divisors(cluster.gpus / tp)) {
       if (space.pp && *space.pp != pp) continue;
+      if (!model.arch && !space.pp && pp > 1) continue;
       if (model.arch && pp > model.arch->layers) continue;
       const int dp = cluster.gpus / (tp * pp);
       if (space.dp && *space.dp != dp) continue;
@@ -428,8 +430,13 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
     if (p.fits) rec.fitting.push_back(p);
   }
   auto seconds = [](const Plan& p) { return p.time ? p.time->total_s : 0.0; };
+  // Without an architecture there is no time: the traffic per step ranks instead (ZeRO-1/2 move
+  // what data parallelism moves, ZeRO-3 half as much again), then the memory.
   std::stable_sort(rec.fitting.begin(), rec.fitting.end(), [&](const Plan& a, const Plan& b) {
     if (seconds(a) != seconds(b)) return seconds(a) < seconds(b);
+    if (!a.time && a.worst().comm_bytes() != b.worst().comm_bytes()) {
+      return a.worst().comm_bytes() < b.worst().comm_bytes();
+    }
     return a.worst().total() < b.worst().total();
   });
   if (rec.fitting.empty()) {
@@ -492,7 +499,9 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
     os << std::setprecision(3) << c.time->total_s;
     why += fourway::detail::cat(", ", os.str(), " s/step");
   }
-  if (complexity(c) == 0) {
+  if (!c.time) {
+    why += "; no architecture, so no step time: the least traffic per step, then the least memory";
+  } else if (complexity(c) == 0) {
     why += best == 0
                ? "; the fastest fitting mesh, and it needs no tensor or pipeline parallelism"
                : fourway::detail::cat("; needs no tensor or pipeline parallelism and is within ",

@@ -192,7 +192,8 @@ inline std::string recommendation_text(const Recommendation& r, std::size_t top 
     os << "fourway-plan: " << r.missing << "\n";
     return os.str();
   }
-  os << r.fitting.size() << " of " << r.searched << " meshes fit; the fastest "
+  os << r.fitting.size() << " of " << r.searched << " meshes fit; "
+     << (r.fitting.front().time ? "the fastest " : "the least traffic per step, ")
      << std::min(top, r.fitting.size()) << ":\n";
   std::size_t wide = 4;
   for (std::size_t i = 0; i < r.fitting.size() && i < top; ++i) {
