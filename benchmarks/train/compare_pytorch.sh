@@ -42,3 +42,14 @@ pt_line=$(/usr/bin/python3 "$here/pytorch_step.py" --threads "$threads" --steps 
 echo "$pt_line"
 pt_ms=$(echo "$pt_line" | sed -E 's/.*step_ms ([0-9.]+).*/\1/')
 printf 'ratio fourway/pytorch step time %.3f (target <= 1.0)\n' "$(echo "$fw_ms / $pt_ms" | bc -l)"
+
+# CPU time per step (robust when the machine is shared): the same step through the Trainer in
+# bench_fourway_train (Google Benchmark, real and CPU time) against PyTorch's process time.
+bench=$build/benchmarks/train/bench_fourway_train
+if [ -x "$bench" ]; then
+  cpu=$(OPENBLAS_NUM_THREADS=$threads "$bench" --benchmark_min_time=1 --benchmark_format=csv \
+        2>/dev/null | awk -F, '/BM_Gpt2TrainStepFp32/ { print $4 }')
+  pt_cpu=$(echo "$pt_line" | sed -E 's/.*cpu_ms ([0-9.]+).*/\1/')
+  printf 'fourway bench cpu_ms %.1f, pytorch cpu_ms %.1f: cpu-time ratio %.3f\n' "$cpu" "$pt_cpu" \
+    "$(echo "$cpu / $pt_cpu" | bc -l)"
+fi

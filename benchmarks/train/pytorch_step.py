@@ -3,7 +3,8 @@
 benchmarks/train/compare_pytorch.sh. The model is tools/make_golden.py's GPT-2 in plain torch ops
 (the same arithmetic as fourway's Gpt: pre-LN blocks, tanh GELU, causal softmax attention, tied
 head, mean cross-entropy), the optimizer torch.optim.AdamW with clipping at 1.0, as fourway-train
-runs it. Prints one line: `pytorch step_ms <median> tokens_per_s <...>`.
+runs it. Prints one line: `pytorch ... step_ms <median wall> tokens_per_s <...> cpu_ms <median
+process CPU time>`.
 """
 import argparse
 import os
@@ -37,18 +38,20 @@ def main():
                              {"params": [p for p in order if p.dim() != 2], "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
     data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen)
-    times = []
+    times, cpu = [], []
     for step in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         loss = gpt_loss(params, cfg, data[:, :-1], data[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(order, 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     t = sorted(times[a.warmup:])[len(times[a.warmup:]) // 2]
+    c = sorted(cpu[a.warmup:])[len(cpu[a.warmup:]) // 2]
     print(f"pytorch {torch.__version__} threads {a.threads} step_ms {t * 1e3:.1f} "
-          f"tokens_per_s {a.batch * a.seq / t:.0f} loss {float(loss):.4f}")
+          f"tokens_per_s {a.batch * a.seq / t:.0f} cpu_ms {c * 1e3:.1f} loss {float(loss):.4f}")
 
 
 if __name__ == "__main__":
