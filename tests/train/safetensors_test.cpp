@@ -107,6 +107,8 @@ TEST(Safetensors, EveryViolationIsACheckpointErrorNamingTensorAndNumbers) {
     std::size_t data;
     std::vector<std::string> expect;
   };
+  std::string long_shape = "1";
+  for (int i = 1; i < 100; ++i) long_shape += ",1";
   const std::vector<Case> cases = {
       {R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})",
        20,
@@ -137,6 +139,9 @@ TEST(Safetensors, EveryViolationIsACheckpointErrorNamingTensorAndNumbers) {
       {R"({"__metadata__":{"k":3}})", 0, {"__metadata__", "\"k\""}},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"malformed"}},
       {R"([1,2])", 0, {"must start with '{'"}},
+      {R"({"w":{"dtype":"F32","shape":[)" + long_shape + R"(],"data_offsets":[0,4]}})",
+       4,
+       {"array longer than 64"}},
   };
   for (const auto& c : cases) {
     const auto msg = error_of(raw_file(c.header, c.data));

@@ -215,6 +215,8 @@ class StJson {
       if (eat(']')) return v;
       for (;;) {
         skip_ws();
+        // no safetensors array is longer than a shape; bounding them bounds the parser's memory
+        if (v.items.size() >= max_array_items) fail(cat("array longer than ", max_array_items));
         v.items.push_back(parse_value(depth + 1));
         skip_ws();
         if (eat(']')) return v;
@@ -332,6 +334,7 @@ class StJson {
     }
   }
 
+  static constexpr std::size_t max_array_items = 64;
   std::string_view s_;
   std::string_view source_;
   int max_depth_;
