@@ -56,8 +56,11 @@ TEST_P(ParallelShardedMatchesOneRank, Fp32TwentySteps) {
     rc.ranks = n;
     const RunResult got = h8::run<float>(rc);
     expect_close(got, ref, kFp32Tol, "stage " + std::to_string(stage) + " ranks " + std::to_string(n));
-    // every rank reports the same loss
-    for (const auto& rr : got.ranks) EXPECT_EQ(rr.losses, got.losses);
+    // every rank reports the same loss, and clipping on the global norm was exercised
+    for (const auto& rr : got.ranks) {
+      EXPECT_EQ(rr.losses, got.losses);
+      EXPECT_LT(rr.min_clip_coef, 1.0f);
+    }
   }
 }
 
