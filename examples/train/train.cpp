@@ -59,6 +59,8 @@ struct Options {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float grad_clip = 1.0f;
+  int warmup = 0;        // linear warm-up steps
+  float min_lr = -1.0f;  // < 0: no decay; else cosine from --lr to it at the last step
   std::string precision = "fp32";
   bool checkpoint_activations = false;
   std::string log_json;
@@ -96,6 +98,9 @@ fw::ArgParser make_parser(Options& o) {
       .add("beta2", &o.beta2, "B2", "AdamW beta2")
       .add("eps", &o.eps, "EPS", "AdamW epsilon")
       .add("grad-clip", &o.grad_clip, "NORM", "clip the global gradient norm (0: off)")
+      .add("warmup", &o.warmup, "N", "linear learning-rate warm-up over the first N steps")
+      .add("min-lr", &o.min_lr, "LR",
+           "cosine decay from --lr to LR at the last step (negative: no decay)")
       .add_choice("precision", &o.precision, {"fp32", "bf16", "fp16"},
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
       .add_switch("checkpoint-activations", &o.checkpoint_activations,
@@ -178,6 +183,16 @@ fw::AdamWConfig adamw_config(const Options& o) {
   return acfg;
 }
 
+/// AdamW with a constant learning rate, or warm-up + cosine (nanoGPT's schedule) when
+/// --warmup or --min-lr ask for it.
+fw::AdamW make_adamw(const Options& o) {
+  const fw::AdamWConfig cfg = adamw_config(o);
+  if (o.warmup == 0 && o.min_lr < 0.0f) return fw::AdamW(cfg);
+  fw::check<fw::ConfigError>(o.warmup >= 0, "fourway: --warmup must be >= 0, got ", o.warmup);
+  return fw::AdamW(cfg, fw::LrSchedule::warmup_cosine(o.lr, o.warmup, o.steps,
+                                                      o.min_lr < 0.0f ? o.lr : o.min_lr));
+}
+
 template <class T>
 int train(const Options& o) {
   check_output_dir("save", o.save);
@@ -204,11 +219,10 @@ int train(const Options& o) {
               o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
 
   // ---- optimizer ------------------------------------------------------------------------------
-  const fw::AdamWConfig acfg = adamw_config(o);
   using P = fw::Precision<T>;
   using Model = fw::models::Gpt<T, fw::Host>;
   fw::Trainer<fw::SingleRank<Model, P, fw::Host>> trainer(fw::TrainerOptions{}, ctx, model,
-                                                          fw::AdamW(acfg));
+                                                          make_adamw(o));
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
@@ -281,8 +295,7 @@ void train_ranks(const Options& o) {
     fw::ShardedOptions so;
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
     so.overlap = !o.no_overlap;
-    fw::Trainer<S> trainer(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW(adamw_config(o)),
-                           so);
+    fw::Trainer<S> trainer(fw::TrainerOptions{}, w.ctx(), model, dp, make_adamw(o), so);
     if constexpr (std::is_same_v<W, fw::LocalWorld>) {
       std::lock_guard lock(mu);
       if (memories.empty()) memories.assign(static_cast<std::size_t>(n), nullptr);

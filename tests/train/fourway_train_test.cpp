@@ -192,6 +192,25 @@ TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
   }
 }
 
+TEST(FourwayTrain, WarmupAndCosineDecayFollowNanoGptSchedule) {
+  const auto log = scratch("sched.jsonl");
+  const ProgramRun r =
+      run(golden_flags() + " --warmup 2 --min-lr 0.001 --quiet --log-json '" + log.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = lines_of(slurp(log));
+  ASSERT_EQ(lines.size(), 8u);
+  const double lr = 1e-2, min_lr = 1e-3, pi = 3.14159265358979323846;
+  for (int i = 0; i < 8; ++i) {
+    // linear warm-up to lr over 2 steps, then cosine to min_lr at step 8 (nanoGPT's get_lr)
+    const double want = i < 2 ? lr * (i + 1) / 2
+                              : min_lr + 0.5 * (1 + std::cos(pi * (i - 2) / 6.0)) * (lr - min_lr);
+    EXPECT_NEAR(json_field(lines[static_cast<std::size_t>(i)], "lr"), want, 1e-6 * want) << i;
+  }
+  // the first step is the golden one (same weights; only its update is smaller)
+  const auto e = fw::SafetensorsFile::read(expected);
+  EXPECT_NEAR(json_field(lines[0], "loss"), e.read<float>(e.at("loss"))[0], 1e-5 * 4.2);
+}
+
 TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
   const ProgramRun r = run("--help");
   EXPECT_EQ(r.status, 0);
@@ -257,6 +276,8 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {"--data '" + bad_tokens.string() + "'", "magic number", 1},
       {"--lr -1", "learning rate -1 must be finite and >= 0", 1},
       {"--beta1 1.5", "betas must lie in [0, 1)", 1},
+      {data + "--vocab 64 --seq 8 --batch 3 --steps 5 --warmup 10",
+       "warmup < total iterations, got warmup 10 and total 5", 1},
       {data + "--vocab 64 --save /nonexistent/dir/out.safetensors --steps 0",
        "--save cannot create /nonexistent/dir/out.safetensors: directory /nonexistent/dir does "
        "not exist",
