@@ -1,9 +1,9 @@
 //! Progress of a training run on the terminal, the way PyTorch trainers show it.
 //!
 //! On a terminal (stdout is a TTY) one line is redrawn in place: a bar, the step, the loss, its
-//! running mean, tokens/s and the time left. Anywhere else (a pipe, a file, CI) each step is
-//! one plain line that a script can parse, `step 3/50 | loss 5.123456 | ...`. Messages that must
-//! not be overwritten go through `note()`, which ends the bar line first.
+//! moving average (0.9 decay), tokens/s and the time left. Anywhere else (a pipe, a file, CI) each
+//! step is one plain line that a script can parse, `step 3/50 | loss 5.123456 | ...`. Messages that
+//! must not be overwritten go through `note()`, which ends the bar line first.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +55,7 @@ class Progress {
     const int filled = total_ > 0 ? static_cast<int>(width * r.step / total_) : width;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar += std::string(static_cast<std::size_t>(width - filled), '.');
-    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (avg %.4f) | %s tok/s | eta %s%s",
+    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (ema %.4f) | %s tok/s | eta %s%s",
                  bar.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_),
                  r.loss, mean_loss_, human(r.tokens_per_s).c_str(), duration(eta_s).c_str(),
                  r.skipped ? " skipped" : "");
