@@ -128,7 +128,8 @@ struct LocalMessage {
   Dtype dtype;
   std::int64_t count;
   std::uint64_t number;  // the sender's send sequence number in this group
-  std::vector<std::byte> data;  // host messages
+  std::unique_ptr<std::byte[]> data;  // host messages (a buffer of the group's pool)
+  std::size_t capacity = 0;           // bytes allocated at `data`
   void* device_data = nullptr;   // device messages: a staging buffer ...
   void* event = nullptr;         // ... ready once this cudaEvent_t completes
 };
@@ -161,6 +162,10 @@ struct LocalGroup {
   std::unique_ptr<std::atomic<std::uint64_t>[]> arrived;
   std::unique_ptr<std::atomic<std::uint64_t>[]> done;
   std::map<std::tuple<int, int, int>, std::deque<LocalMessage>> mail;  // (src, dst, tag)
+  // Host message buffers handed back by receivers, reused by senders: a steady stream of large
+  // messages then costs two memcpys, not fresh pages every time. At most `pool_max` are kept.
+  static constexpr std::size_t pool_max = 16;
+  std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> pool;
 
   [[nodiscard]] std::string who(int q) const {
     if (world_ranks[static_cast<std::size_t>(q)] == q) return detail::cat("rank ", q);
@@ -793,8 +798,27 @@ class LocalComm {
     } else
 #endif
     {
-      m.data.resize(static_cast<std::size_t>(count) * sizeof(T));
-      if (count > 0) std::memcpy(m.data.data(), buf, m.data.size());
+      const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+      if (bytes > 0) {
+        {
+          std::lock_guard lock(group.world->mu);
+          for (auto& [p, cap] : group.pool) {
+            if (cap >= bytes && cap <= 2 * bytes + 4096) {
+              m.data = std::move(p);
+              m.capacity = cap;
+              std::swap(p, group.pool.back().first);
+              std::swap(cap, group.pool.back().second);
+              group.pool.pop_back();
+              break;
+            }
+          }
+        }
+        if (!m.data) {
+          m.data.reset(new std::byte[bytes]);
+          m.capacity = bytes;
+        }
+        std::memcpy(m.data.get(), buf, bytes);
+      }
     }
     {
       std::lock_guard lock(group.world->mu);
@@ -864,7 +888,13 @@ class LocalComm {
 #if defined(FOURWAY_CUDA_COMPILATION)
     if (device) return device_unstage(m, buf, count);
 #endif
-    if (count > 0) std::memcpy(buf, m.data.data(), m.data.size());
+    if (count > 0) std::memcpy(buf, m.data.get(), static_cast<std::size_t>(count) * sizeof(T));
+    if (m.data) {
+      std::lock_guard lock(group.world->mu);
+      if (group.pool.size() < detail::LocalGroup::pool_max) {
+        group.pool.emplace_back(std::move(m.data), m.capacity);
+      }
+    }
   }
 
 #if defined(FOURWAY_CUDA_COMPILATION)
