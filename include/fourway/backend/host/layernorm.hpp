@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
@@ -15,25 +16,40 @@
 
 namespace fourway::host {
 
+namespace detail {
+/// `p[0, n)` as fp32: `p` itself for float, else `buf` holding the converted values (16-bit
+/// rows are converted once instead of once per pass).
+template <class T>
+const float* as_float(const T* p, std::int64_t n, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    buf.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) buf[i] = convert<float>(p[i]);
+    return buf.data();
+  }
+}
+}  // namespace detail
+
 /// out (rows, C) = (in - mean) * rstd * weight + bias; mean, rstd (rows) fp32.
 template <floating_dtype T>
 void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float* rstd, const T* in,
                        const T* weight, const T* bias, std::int64_t rows, std::int64_t C,
                        float eps) {
+  std::vector<float> xbuf, wbuf, bbuf;
+  const float* w = detail::as_float(weight, C, wbuf);
+  const float* b = detail::as_float(bias, C, bbuf);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T* x = in + r * C;
-    const float m = detail::sum_lanes(C, [x](std::int64_t c) { return convert<float>(x[c]); }) /
-                    static_cast<float>(C);
+    const float* x = detail::as_float(in + r * C, C, xbuf);
+    const float m =
+        detail::sum_lanes(C, [x](std::int64_t c) { return x[c]; }) / static_cast<float>(C);
     const float var = detail::sum_lanes(C, [x, m](std::int64_t c) {
-      const float d = convert<float>(x[c]) - m;
+      const float d = x[c] - m;
       return d * d;
     });
     const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
     T* o = out + r * C;
-    for (std::int64_t c = 0; c < C; ++c) {
-      o[c] = convert<T>((convert<float>(x[c]) - m) * s * convert<float>(weight[c]) +
-                        convert<float>(bias[c]));
-    }
+    for (std::int64_t c = 0; c < C; ++c) o[c] = convert<T>((x[c] - m) * s * w[c] + b[c]);
     mean[r] = m;
     rstd[r] = s;
   }
@@ -46,29 +62,26 @@ void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbi
                         std::int64_t rows, std::int64_t C) {
   std::vector<float> dw(static_cast<std::size_t>(C), 0.0f);
   std::vector<float> db(static_cast<std::size_t>(C), 0.0f);
+  std::vector<float> xbuf, gbuf, wbuf;
+  const float* w = detail::as_float(weight, C, wbuf);
   const float inv_c = 1.0f / static_cast<float>(C);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T* x = in + r * C;
-    const T* dy = dout + r * C;
+    const float* x = detail::as_float(in + r * C, C, xbuf);
+    const float* dy = detail::as_float(dout + r * C, C, gbuf);
     const float m = mean[r];
     const float s = rstd[r];
     for (std::int64_t c = 0; c < C; ++c) {
-      const float g = convert<float>(dy[c]);
-      db[c] += g;
-      dw[c] += (convert<float>(x[c]) - m) * s * g;
+      db[c] += dy[c];
+      dw[c] += (x[c] - m) * s * dy[c];
     }
-    const float dnorm_mean = inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
-                               return convert<float>(weight[c]) * convert<float>(dy[c]);
-                             });
+    const float dnorm_mean =
+        inv_c * detail::sum_lanes(C, [&](std::int64_t c) { return w[c] * dy[c]; });
     const float dnorm_norm_mean =
-        inv_c * detail::sum_lanes(C, [&](std::int64_t c) {
-          return convert<float>(weight[c]) * convert<float>(dy[c]) * (convert<float>(x[c]) - m) * s;
-        });
+        inv_c * detail::sum_lanes(C, [&](std::int64_t c) { return w[c] * dy[c] * (x[c] - m) * s; });
     T* dx = din + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
-      const float norm = (convert<float>(x[c]) - m) * s;
-      const float dnorm = convert<float>(weight[c]) * convert<float>(dy[c]);
-      dx[c] = convert<T>((dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+      const float norm = (x[c] - m) * s;
+      dx[c] = convert<T>((w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
   }
   for (std::int64_t c = 0; c < C; ++c) {
