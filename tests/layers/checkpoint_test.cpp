@@ -35,7 +35,8 @@ Run<T, Blocks> run(fw::MemoryAccountant& mem, fw::Context<Host>& ctx, Blocks& bl
   auto dx = blocks.backward(ctx, dy, s);
   r.act_peak = mem.peak(fw::MemTag::activations);
   r.dx = fw::test::download_raw(ctx, dx);
-  blocks.visit_parameters([&](fw::Parameter<T, Host>& p) { r.grads.push_back(fw::test::download_raw(ctx, p.grad)); });
+  blocks.visit_parameters(
+      [&](fw::Parameter<T, Host>& p) { r.grads.push_back(fw::test::download_raw(ctx, p.grad)); });
   return r;
 }
 
@@ -49,7 +50,8 @@ void checkpointing_is_exact_and_saves_memory() {
     return Block(ctx, "h." + std::to_string(i), C, NH, fw::Init{1, 0.2f, 0.1f});
   });
   fw::Repeat<fw::Checkpointed<Block>> ckpt(L, [&](std::int64_t i) {
-    return fw::Checkpointed<Block>(Block(ctx, "h." + std::to_string(i), C, NH, fw::Init{1, 0.2f, 0.1f}));
+    return fw::Checkpointed<Block>(
+        Block(ctx, "h." + std::to_string(i), C, NH, fw::Init{1, 0.2f, 0.1f}));
   });
   const auto a = run<T>(mem, ctx, plain, B, Tn, C);
   const auto b = run<T>(mem, ctx, ckpt, B, Tn, C);

@@ -16,10 +16,14 @@ TEST(Embedding, ForwardAndScatterAddBackwardMatchDoubleReference) {
   ref::Params p = fw::test::randomize_parameters(ctx, emb, 4);
   fw::Tensor<std::int32_t, Host> tok({B, T}, fw::MemTag::workspace, mem);
   std::vector<std::int32_t> tv(static_cast<std::size_t>(B * T));
-  for (std::size_t i = 0; i < tv.size(); ++i) tok[static_cast<std::int64_t>(i)] = tv[i] = static_cast<std::int32_t>((i * 7 + i / 4) % 4);  // repeats
+  for (std::size_t i = 0; i < tv.size(); ++i)
+    tok[static_cast<std::int64_t>(i)] = tv[i] =
+        static_cast<std::int32_t>((i * 7 + i / 4) % 4);  // repeats
   fw::Embedding<float, Host>::Stash s;
   auto y = emb.forward(ctx, tok, s);
-  auto reference = [&] { return ref::embedding(tv, p.at("wte.weight"), p.at("wpe.weight"), B, T, C); };
+  auto reference = [&] {
+    return ref::embedding(tv, p.at("wte.weight"), p.at("wpe.weight"), B, T, C);
+  };
   EXPECT_TRUE(fw::test::close(fw::test::download(ctx, y), reference(), 1e-7, "forward"));
   const auto r = fw::test::randn(static_cast<std::size_t>(B * T * C), 5);
   fw::Tensor<float, Host> dy({B, T, C}, fw::MemTag::workspace, mem);

@@ -10,9 +10,8 @@ using Host = fw::Host;
 
 TEST(Gelu, GradientsMatchFiniteDifferencesOfDoubleReference) {
   fw::Gelu<float, Host> g;
-  fw::test::check_layer_gradients(g, {3, 11}, [](const ref::Params&, const ref::Vec& x) {
-    return ref::gelu(x);
-  });
+  fw::test::check_layer_gradients(
+      g, {3, 11}, [](const ref::Params&, const ref::Vec& x) { return ref::gelu(x); });
 }
 
 TEST(Gelu, HasNoParameters) {

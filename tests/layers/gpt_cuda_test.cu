@@ -2,8 +2,8 @@
 // with the same initial parameters and data. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include "fourway/layers/ops.cuh"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/layers/ops.cuh"
 #include "support/util.hpp"
 
 namespace fw = fourway;
@@ -93,5 +93,6 @@ TEST(GptCuda, CheckpointingAndRerunsAreBitwiseEqual) {
   const Out x = run(ctx, a, tok, tgt, 2, 31);
   const Out y = run(ctx, b, tok, tgt, 2, 31);
   EXPECT_EQ(x.loss, y.loss);
-  for (std::size_t i = 0; i < x.grads.size(); ++i) EXPECT_TRUE(x.grads[i] == y.grads[i]) << x.names[i];
+  for (std::size_t i = 0; i < x.grads.size(); ++i)
+    EXPECT_TRUE(x.grads[i] == y.grads[i]) << x.names[i];
 }

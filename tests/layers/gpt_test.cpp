@@ -63,13 +63,15 @@ Result<T> step(fw::Context<Host>& ctx, Gpt<T, Host>& gpt, const Batch& b, float 
 /// Copies parameter values (by name) into a model of any element type.
 template <class T>
 void load(fw::Context<Host>& ctx, Gpt<T, Host>& gpt, const ref::Params& values) {
-  gpt.visit_parameters([&](fw::Parameter<T, Host>& p) { fw::test::upload(ctx, p.weight, values.at(p.name)); });
+  gpt.visit_parameters(
+      [&](fw::Parameter<T, Host>& p) { fw::test::upload(ctx, p.weight, values.at(p.name)); });
 }
 
 template <class T>
 ref::Params values_of(fw::Context<Host>& ctx, Gpt<T, Host>& gpt) {
   ref::Params v;
-  gpt.visit_parameters([&](fw::Parameter<T, Host>& p) { v[p.name] = fw::test::download(ctx, p.weight); });
+  gpt.visit_parameters(
+      [&](fw::Parameter<T, Host>& p) { v[p.name] = fw::test::download(ctx, p.weight); });
   return v;
 }
 
@@ -90,7 +92,8 @@ TEST(Gpt, Step1LossAndGradientsMatchPyTorch) {
     const auto& e = g.at(p.name);
     ASSERT_EQ(e.numel(), p.numel()) << p.name;
     ASSERT_EQ(static_cast<int>(e.dims.size()), p.weight.shape().rank()) << p.name;
-    for (std::size_t d = 0; d < e.dims.size(); ++d) ASSERT_EQ(e.dims[d], p.weight.shape()[static_cast<int>(d)]) << p.name;
+    for (std::size_t d = 0; d < e.dims.size(); ++d)
+      ASSERT_EQ(e.dims[d], p.weight.shape()[static_cast<int>(d)]) << p.name;
     std::copy(e.f32.begin(), e.f32.end(), p.weight.data());
     ++loaded;
   });
@@ -125,7 +128,9 @@ TEST(Gpt, GradientsMatchFiniteDifferencesOfDoubleReference) {
   ref::Params p = fw::test::randomize_parameters(ctx, gpt, 30, 0.3);
   const Batch b = random_batch(B, T, cfg.vocab, 8);
   const auto res = step(ctx, gpt, b);
-  auto loss = [&] { return ref::gpt_loss(p, b.tokens, b.targets, B, T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers); };
+  auto loss = [&] {
+    return ref::gpt_loss(p, b.tokens, b.targets, B, T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers);
+  };
   EXPECT_NEAR(res.loss, loss(), 2e-6 * loss());
   for (auto& [name, v] : p) {
     const auto want = ref::finite_difference(v, loss);
@@ -152,7 +157,8 @@ void low_precision_tracks_fp32(double loss_rel, double grad_l2) {
   const auto a = step(ctx, f32, b);
   const auto l = step(ctx, low, b);
   EXPECT_NEAR(l.loss, a.loss, loss_rel * a.loss);
-  for (const auto& [name, g] : a.grads) EXPECT_TRUE(fw::test::close_l2(l.grads.at(name), g, grad_l2, name));
+  for (const auto& [name, g] : a.grads)
+    EXPECT_TRUE(fw::test::close_l2(l.grads.at(name), g, grad_l2, name));
 }
 
 // Tolerances (docs/layers.md): bf16 keeps 8 mantissa bits (rounding 2^-9 = 2e-3 per op), fp16 11
@@ -185,12 +191,15 @@ TEST(Gpt, MicroBatchGradientsSumToTheFullBatch) {
   fw::Context<Host> ctx(mem);
   Gpt<float, Host> full(ctx, cfg, 5), parts(ctx, cfg, 5);
   const Batch b = random_batch(4, 6, cfg.vocab, 6);
-  Batch h1{{b.tokens.begin(), b.tokens.begin() + 12}, {b.targets.begin(), b.targets.begin() + 12}, 2, 6};
-  Batch h2{{b.tokens.begin() + 12, b.tokens.end()}, {b.targets.begin() + 12, b.targets.end()}, 2, 6};
+  Batch h1{
+      {b.tokens.begin(), b.tokens.begin() + 12}, {b.targets.begin(), b.targets.begin() + 12}, 2, 6};
+  Batch h2{
+      {b.tokens.begin() + 12, b.tokens.end()}, {b.targets.begin() + 12, b.targets.end()}, 2, 6};
   const auto a = step(ctx, full, b);
   (void)step(ctx, parts, h1, 0.5f);
   const auto s = step(ctx, parts, h2, 0.5f);  // grads now hold the sum of both halves
-  for (const auto& [name, g] : a.grads) EXPECT_TRUE(fw::test::close(s.grads.at(name), g, 1e-5, name));
+  for (const auto& [name, g] : a.grads)
+    EXPECT_TRUE(fw::test::close(s.grads.at(name), g, 1e-5, name));
 }
 
 // ---- checkpointing -----------------------------------------------------------------------------
@@ -206,7 +215,8 @@ TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
   const Batch b = random_batch(B, T, cfg.vocab, 9);
 
   auto after_forward = [&](auto& gpt) {
-    fw::Tensor<std::int32_t, Host> tok({B, T}, fw::MemTag::workspace, mem), tgt({B, T}, fw::MemTag::workspace, mem);
+    fw::Tensor<std::int32_t, Host> tok({B, T}, fw::MemTag::workspace, mem),
+        tgt({B, T}, fw::MemTag::workspace, mem);
     for (std::int64_t i = 0; i < B * T; ++i) tok[i] = b.tokens[i], tgt[i] = b.targets[i];
     typename std::remove_reference_t<decltype(gpt)>::Stash s;
     (void)gpt.forward(ctx, tok, tgt, s);
@@ -215,8 +225,9 @@ TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
   const std::size_t a_plain = after_forward(plain);
   const std::size_t a_ck = after_forward(ck);
   const std::int64_t C = cfg.dim, V = cfg.vocab, L = cfg.layers, NH = cfg.heads;
-  const std::size_t rest = (B * T * C /*embedding*/ + B * T * C /*ln_f*/ + B * T * V /*logits*/) * 4 +
-                           (2 * B * T /*ln_f stats*/ + B * T /*losses*/) * 4;
+  const std::size_t rest =
+      (B * T * C /*embedding*/ + B * T * C /*ln_f*/ + B * T * V /*logits*/) * 4 +
+      (2 * B * T /*ln_f stats*/ + B * T /*losses*/) * 4;
   const std::size_t block = (18 * B * T * C + B * NH * T * T) * 4 + 4 * B * T * 4;
   EXPECT_EQ(a_plain, rest + L * block);
   EXPECT_EQ(a_ck, rest + L * B * T * C * 4);
@@ -232,7 +243,8 @@ TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
   EXPECT_EQ(mem.current(fw::MemTag::activations), 0u);
 }
 
-// ---- structure: names, units, hooks, init, errors ------------------------------------------------
+// ---- structure: names, units, hooks, init, errors
+// ------------------------------------------------
 
 TEST(Gpt, ParametersInHuggingFaceOrderWithDecayOnMatrices) {
   fw::MemoryAccountant mem;
@@ -300,7 +312,8 @@ TEST(Gpt, HooksSeeUnitsInOrder) {
   GptConfig cfg{2, 2, 8, 10, 4};
   cfg.checkpoint = true;
   Gpt<float, Host> gpt(ctx, cfg, 1);
-  fw::Tensor<std::int32_t, Host> tok({1, 3}, fw::MemTag::workspace, mem), tgt({1, 3}, fw::MemTag::workspace, mem);
+  fw::Tensor<std::int32_t, Host> tok({1, 3}, fw::MemTag::workspace, mem),
+      tgt({1, 3}, fw::MemTag::workspace, mem);
   for (int i = 0; i < 3; ++i) tok[i] = i, tgt[i] = i + 1;
   Gpt<float, Host>::Stash s;
   RecordingHooks h;
@@ -340,7 +353,8 @@ TEST(Gpt, RejectsBadConfigurationsAndMisuse) {
   Gpt<float, Host> gpt(ctx, GptConfig{1, 2, 8, 10, 4}, 1);
   Gpt<float, Host>::Stash s;
   EXPECT_THROW(gpt.backward(ctx, s), fw::ShapeError);
-  fw::Tensor<std::int32_t, Host> tok({1, 5}, fw::MemTag::workspace, mem), tgt({1, 5}, fw::MemTag::workspace, mem);
+  fw::Tensor<std::int32_t, Host> tok({1, 5}, fw::MemTag::workspace, mem),
+      tgt({1, 5}, fw::MemTag::workspace, mem);
   for (int i = 0; i < 5; ++i) tok[i] = tgt[i] = 1;
   EXPECT_THROW((void)gpt.forward(ctx, tok, tgt, s), fw::ConfigError);  // T=5 > max_seq=4
   fw::Tensor<std::int32_t, Host> t3({1, 3}, fw::MemTag::workspace, mem);
@@ -357,7 +371,8 @@ TEST(Gpt, UnitPiecesComposeToTheWholeModelBitwise) {
   const Batch b = random_batch(2, 7, cfg.vocab, 13);
   const auto want = step(ctx, whole, b);
 
-  fw::Tensor<std::int32_t, Host> tok({2, 7}, fw::MemTag::workspace, mem), tgt({2, 7}, fw::MemTag::workspace, mem);
+  fw::Tensor<std::int32_t, Host> tok({2, 7}, fw::MemTag::workspace, mem),
+      tgt({2, 7}, fw::MemTag::workspace, mem);
   for (std::int64_t i = 0; i < 14; ++i) tok[i] = b.tokens[i], tgt[i] = b.targets[i];
   Gpt<float, Host>::Stash first, second;  // stage 0: units 0..1, stage 1: units 2..4
   auto h = pieces.forward_embedding(ctx, tok, first);

@@ -22,7 +22,8 @@ TEST(LayerConcept, ModelsAndNonModels) {
   static_assert(fw::layer<fw::Embedding<float, Host>>);
   static_assert(!fw::activation_layer<fw::Embedding<float, Host>>);
   static_assert(fw::activation_layer<fw::Mlp<float, Host>>);
-  static_assert(fw::layer<fw::Sequential<fw::Embedding<float, Host>, fw::TransformerBlock<float, Host>>>);
+  static_assert(
+      fw::layer<fw::Sequential<fw::Embedding<float, Host>, fw::TransformerBlock<float, Host>>>);
   static_assert(fw::layer<fw::Repeat<fw::TransformerBlock<float, Host>>>);
   static_assert(!fw::layer<int>);
   static_assert(!fw::layer<NotALayer>);

@@ -13,7 +13,8 @@ using Host = fw::Host;
 TEST(Sequential, ChainsForwardAndBackward) {
   fw::MemoryAccountant mem;
   fw::Context<Host> ctx(mem);
-  using Seq = fw::Sequential<fw::LayerNorm<float, Host>, fw::Linear<float, Host>, fw::Gelu<float, Host>>;
+  using Seq =
+      fw::Sequential<fw::LayerNorm<float, Host>, fw::Linear<float, Host>, fw::Gelu<float, Host>>;
   Seq seq(fw::LayerNorm<float, Host>(ctx, "ln", 6), fw::Linear<float, Host>(ctx, "fc", 6, 4, 1),
           fw::Gelu<float, Host>{});
   static_assert(fw::layer<Seq> && Seq::size == 3);

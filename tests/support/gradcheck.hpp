@@ -39,8 +39,7 @@ ref::Params randomize_parameters(const Context<typename L::backend_type>& ctx, L
 /// Tolerances: `fwd_rel` for the output, `grad_rel` for gradients (see docs/layers.md).
 template <class L>
 void check_layer_gradients(L& layer, Shape x_shape, const RefForward& reference,
-                           double fwd_rel = 2e-5, double grad_rel = 1e-4,
-                           std::uint64_t seed = 7) {
+                           double fwd_rel = 2e-5, double grad_rel = 1e-4, std::uint64_t seed = 7) {
   using T = typename L::value_type;
   using B = typename L::backend_type;
   MemoryAccountant mem;
@@ -64,13 +63,15 @@ void check_layer_gradients(L& layer, Shape x_shape, const RefForward& reference,
       << "backward must free the stash";
 
   ref::Vec xfd = xv;
-  const ref::Vec want_dx = ref::finite_difference(xfd, [&] { return ref::dot(reference(params, xfd), r); });
+  const ref::Vec want_dx =
+      ref::finite_difference(xfd, [&] { return ref::dot(reference(params, xfd), r); });
   EXPECT_TRUE(close(download(ctx, dx), want_dx, grad_rel, "d input"));
 
   std::vector<std::vector<T>> first;
   layer.visit_parameters([&](Parameter<T, B>& p) {
     ref::Vec& pv = params[p.name];
-    const ref::Vec want = ref::finite_difference(pv, [&] { return ref::dot(reference(params, xv), r); });
+    const ref::Vec want =
+        ref::finite_difference(pv, [&] { return ref::dot(reference(params, xv), r); });
     EXPECT_TRUE(close(download(ctx, p.grad), want, grad_rel, "d " + p.name));
     first.push_back(download_raw(ctx, p.grad));
   });

@@ -82,7 +82,8 @@ inline Vec attention(const Vec& qkv, std::int64_t B, std::int64_t T, std::int64_
         for (std::int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
         for (std::int64_t s = 0; s <= t; ++s) {
           const double* v = &qkv[(b * T + s) * 3 * C + 2 * C + h * hs];
-          for (std::int64_t i = 0; i < hs; ++i) out[(b * T + t) * C + h * hs + i] += p[s] / sum * v[i];
+          for (std::int64_t i = 0; i < hs; ++i)
+            out[(b * T + t) * C + h * hs + i] += p[s] / sum * v[i];
         }
       }
     }
@@ -122,13 +123,15 @@ using Params = std::map<std::string, Vec>;
 
 inline Vec mlp(const Params& p, const std::string& pre, const Vec& x, std::int64_t rows,
                std::int64_t C) {
-  const Vec h = gelu(linear(x, p.at(pre + "c_fc.weight"), &p.at(pre + "c_fc.bias"), rows, C, 4 * C));
+  const Vec h =
+      gelu(linear(x, p.at(pre + "c_fc.weight"), &p.at(pre + "c_fc.bias"), rows, C, 4 * C));
   return linear(h, p.at(pre + "c_proj.weight"), &p.at(pre + "c_proj.bias"), rows, 4 * C, C);
 }
 
 inline Vec self_attention(const Params& p, const std::string& pre, const Vec& x, std::int64_t B,
                           std::int64_t T, std::int64_t C, std::int64_t NH) {
-  const Vec qkv = linear(x, p.at(pre + "c_attn.weight"), &p.at(pre + "c_attn.bias"), B * T, C, 3 * C);
+  const Vec qkv =
+      linear(x, p.at(pre + "c_attn.weight"), &p.at(pre + "c_attn.bias"), B * T, C, 3 * C);
   const Vec a = attention(qkv, B, T, C, NH);
   return linear(a, p.at(pre + "c_proj.weight"), &p.at(pre + "c_proj.bias"), B * T, C, C);
 }
@@ -137,11 +140,13 @@ inline Vec self_attention(const Params& p, const std::string& pre, const Vec& x,
 inline Vec block(const Params& p, const std::string& pre, const Vec& x, std::int64_t B,
                  std::int64_t T, std::int64_t C, std::int64_t NH) {
   const std::int64_t rows = B * T;
-  const Vec r = add(x, self_attention(p, pre + "attn.",
-                                      layernorm(x, p.at(pre + "ln_1.weight"), p.at(pre + "ln_1.bias"), rows, C),
-                                      B, T, C, NH));
-  return add(r, mlp(p, pre + "mlp.",
-                    layernorm(r, p.at(pre + "ln_2.weight"), p.at(pre + "ln_2.bias"), rows, C), rows, C));
+  const Vec r = add(
+      x, self_attention(p, pre + "attn.",
+                        layernorm(x, p.at(pre + "ln_1.weight"), p.at(pre + "ln_1.bias"), rows, C),
+                        B, T, C, NH));
+  return add(
+      r, mlp(p, pre + "mlp.",
+             layernorm(r, p.at(pre + "ln_2.weight"), p.at(pre + "ln_2.bias"), rows, C), rows, C));
 }
 
 inline double gpt_loss(const Params& p, const std::vector<std::int32_t>& tokens,

@@ -70,8 +70,8 @@ inline ::testing::AssertionResult close(const std::vector<double>& got,
                                         const std::vector<double>& want, double rel,
                                         const std::string& what) {
   if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs "
-                                         << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " vs " << want.size();
   }
   const double scale = max_abs(want);
   double worst = 0.0;
@@ -85,8 +85,8 @@ inline ::testing::AssertionResult close(const std::vector<double>& got,
   }
   if (worst <= rel) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << what << ": element " << at << " is " << got[at] << ", want " << want[at]
-         << " (error " << worst << " of scale " << scale << ", allowed " << rel << ")";
+         << what << ": element " << at << " is " << got[at] << ", want " << want[at] << " (error "
+         << worst << " of scale " << scale << ", allowed " << rel << ")";
 }
 
 /// ||got - want||_2 / ||want||_2 <= rel.
@@ -101,8 +101,8 @@ inline ::testing::AssertionResult close_l2(const std::vector<double>& got,
   }
   const double err = std::sqrt(num) / (std::sqrt(den) + 1e-30);
   if (err <= rel && got.size() == want.size()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": relative L2 error " << err << ", allowed "
-                                       << rel;
+  return ::testing::AssertionFailure()
+         << what << ": relative L2 error " << err << ", allowed " << rel;
 }
 
 }  // namespace fourway::test

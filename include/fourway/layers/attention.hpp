@@ -34,8 +34,8 @@ class CausalSelfAttention {
         NH_(heads),
         c_attn_(ctx, name + ".c_attn", C, 3 * C, init.seed, init.std),
         c_proj_(ctx, name + ".c_proj", C, C, init.seed, init.residual_std) {
-    check<ConfigError>(heads > 0 && C % heads == 0, "fourway: attention ", name, " needs dim C=",
-                       C, " divisible by heads=", heads, "; pick heads dividing C");
+    check<ConfigError>(heads > 0 && C % heads == 0, "fourway: attention ", name, " needs dim C=", C,
+                       " divisible by heads=", heads, "; pick heads dividing C");
   }
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
@@ -51,8 +51,9 @@ class CausalSelfAttention {
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    check<ShapeError>(s.att.shape().rank() == 4 && dy.numel() == s.y.numel(), "fourway: ",
-                      "attention backward without a matching forward: dy ", dy.shape().str());
+    check<ShapeError>(s.att.shape().rank() == 4 && dy.numel() == s.y.numel(),
+                      "fourway: ", "attention backward without a matching forward: dy ",
+                      dy.shape().str());
     const std::int64_t Bn = s.att.shape()[0];
     const std::int64_t Tn = s.att.shape()[2];
     Tensor<T, B> dheads = c_proj_.backward(ctx, dy, s.c_proj);

@@ -30,9 +30,9 @@ class Checkpointed {
   using backend_type = typename L::backend_type;
   using Input = typename L::Input;
   struct Stash {
-    Input x;                                // view of the input
-    Tensor<value_type, backend_type> y;     // owned copy of L's output
-    typename L::Stash inner;                // empty between forward and backward
+    Input x;                             // view of the input
+    Tensor<value_type, backend_type> y;  // owned copy of L's output
+    typename L::Stash inner;             // empty between forward and backward
   };
 
   explicit Checkpointed(L layer) : layer_(std::move(layer)) {}
@@ -52,8 +52,7 @@ class Checkpointed {
   /// Recomputes L's forward, then runs L's backward. Under FSDP this happens between
   /// `pre_backward(u)` and `post_backward(u)`, so the gathered parameters serve both.
   Tensor<value_type, backend_type> backward(const Context<backend_type>& ctx,
-                                            const Tensor<value_type, backend_type>& dy,
-                                            Stash& s) {
+                                            const Tensor<value_type, backend_type>& dy, Stash& s) {
     check<ShapeError>(!s.y.empty() && dy.numel() == s.y.numel(), "fourway: Checkpointed ",
                       "backward without a matching forward: dy ", dy.shape().str());
     s.y.reset();  // the next layer's backward is done with it; free before recomputing
@@ -75,6 +74,5 @@ class Checkpointed {
 };
 
 static_assert(layer<Checkpointed<Gelu<float, Host>>>);
-
 
 }  // namespace fourway

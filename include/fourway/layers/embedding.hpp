@@ -1,4 +1,5 @@
-//! `Embedding<T, B>`: GPT-2's token + learned position embedding, out[b,t] = wte[tok[b,t]] + wpe[t].
+//! `Embedding<T, B>`: GPT-2's token + learned position embedding, out[b,t] = wte[tok[b,t]] +
+//! wpe[t].
 //!
 //! Input is token ids (B, T) as `Tensor<std::int32_t, B>`; backward scatter-adds into the
 //! gradients of `wte` (V, C) and `wpe` (max_seq, C) and returns an empty tensor (ids have no
@@ -40,8 +41,9 @@ class Embedding {
                       "got ", tokens.shape().str());
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
-    check<ConfigError>(Tn <= max_seq_, "fourway: sequence length T=", Tn, " exceeds max_seq=",
-                       max_seq_, "; shorten the sequences or build the model with max_seq >= ", Tn);
+    check<ConfigError>(Tn <= max_seq_, "fourway: sequence length T=", Tn,
+                       " exceeds max_seq=", max_seq_,
+                       "; shorten the sequences or build the model with max_seq >= ", Tn);
     if constexpr (!B::on_device) {
       for (std::int64_t i = 0; i < tokens.numel(); ++i) {
         check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
@@ -59,8 +61,8 @@ class Embedding {
     check<ShapeError>(dy.numel() == s.tokens.numel() * C_, "fourway: Embedding backward without ",
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
-    Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(),
-                               s.tokens.data(), s.tokens.shape()[0], s.tokens.shape()[1], C_);
+    Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(), s.tokens.data(),
+                               s.tokens.shape()[0], s.tokens.shape()[1], C_);
     s = Stash{};
     return Tensor<T, B>{};
   }

@@ -74,7 +74,8 @@ class Gpt {
   struct Stash {
     Tensor<std::int32_t, B> targets;  // view (B, T)
     typename Embedding<T, B>::Stash embedding;
-    std::vector<typename Checkpointed<Block>::Stash> blocks;  // `.inner` used when not checkpointing
+    std::vector<typename Checkpointed<Block>::Stash>
+        blocks;  // `.inner` used when not checkpointing
     typename LayerNorm<T, B>::Stash ln_f;
     Tensor<T, B> logits;      // (B, T, V); holds d loss / d logits after backward starts
     Tensor<float, B> losses;  // (B, T) per-token cross-entropy
@@ -102,7 +103,7 @@ class Gpt {
   /// Mean cross-entropy of predicting `targets` (B, T) from `tokens` (B, T); keeps what backward
   /// needs in `s`. Synchronises with the device to return the loss.
   template <class Hooks = NoHooks>
-    requires gpt_hooks<std::remove_cvref_t<Hooks>>
+  requires gpt_hooks<std::remove_cvref_t<Hooks>>
   float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
                 const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
     check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
@@ -126,9 +127,8 @@ class Gpt {
   /// every parameter's gradient; `s` is empty afterwards. A trainer summing M micro-batches
   /// passes grad_scale = loss_scale / M.
   template <class Hooks = NoHooks>
-    requires gpt_hooks<std::remove_cvref_t<Hooks>>
-  void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f,
-                Hooks&& hooks = Hooks{}) {
+  requires gpt_hooks<std::remove_cvref_t<Hooks>>
+  void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f, Hooks&& hooks = Hooks{}) {
     check<ShapeError>(!s.logits.empty() && s.blocks.size() == blocks_.size(),
                       "fourway: Gpt backward without a matching forward (empty stash)");
     hooks.pre_backward(head_unit());
@@ -241,8 +241,7 @@ class Gpt {
     Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, V, C, 1.0f, h.data(), C,
                  embedding_.wte().weight.data(), C, 0.0f, s.logits.data(), V);
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
-    Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows,
-                                  V);
+    Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows, V);
     std::vector<float> losses(static_cast<std::size_t>(rows));
     Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
     double sum = 0.0;
@@ -259,10 +258,10 @@ class Gpt {
     Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
                                    grad_scale / static_cast<float>(rows));
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
-    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, V, 1.0f, dlogits, V, wte.weight.data(),
-                 C, 0.0f, dh.data(), C);
-    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V,
-                 s.ln_f.y.data(), C, 1.0f, wte.grad.data(), C);
+    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, V, 1.0f, dlogits, V, wte.weight.data(), C,
+                 0.0f, dh.data(), C);
+    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V, s.ln_f.y.data(),
+                 C, 1.0f, wte.grad.data(), C);
     s.logits.reset();
     s.losses.reset();
     return ln_f_.backward(ctx, dh, s.ln_f);

@@ -42,26 +42,25 @@ concept layer_types = requires {
 };
 
 template <class L, class T, class B>
-concept layer_operations =
-    floating_dtype<T> && backend<B> && std::default_initializable<typename L::Stash> &&
-    std::movable<typename L::Stash> && std::movable<L> &&
+concept layer_operations = floating_dtype<T> && backend<B> &&
+    std::default_initializable<typename L::Stash> && std::movable<typename L::Stash> &&
+    std::movable<L> &&
     requires(L& l, const Context<B>& ctx, const typename L::Input& x, const Tensor<T, B>& dy,
              typename L::Stash& s, ParameterVisitorArchetype<T, B> f) {
-      { l.forward(ctx, x, s) } -> std::same_as<Tensor<T, B>>;
-      { l.backward(ctx, dy, s) } -> std::same_as<Tensor<T, B>>;
-      l.visit_parameters(f);
-    };
+  { l.forward(ctx, x, s) } -> std::same_as<Tensor<T, B>>;
+  { l.backward(ctx, dy, s) } -> std::same_as<Tensor<T, B>>;
+  l.visit_parameters(f);
+};
 }  // namespace detail
 
 /// A model of the layer concept (see the file comment).
 template <class L>
 concept layer = detail::layer_types<L> &&
-                detail::layer_operations<L, typename L::value_type, typename L::backend_type>;
+    detail::layer_operations<L, typename L::value_type, typename L::backend_type>;
 
 /// A layer whose input is an activation of its own element type (so layers chain).
 template <class L>
-concept activation_layer =
-    layer<L> &&
+concept activation_layer = layer<L> &&
     std::same_as<typename L::Input, Tensor<typename L::value_type, typename L::backend_type>>;
 
 namespace detail {

@@ -28,8 +28,8 @@ class Linear {
   Linear(const Context<B>& ctx, const std::string& name, std::int64_t in, std::int64_t out,
          std::uint64_t seed, float init_std = 0.02f, bool bias = true)
       : in_(in), out_(out), has_bias_(bias) {
-    check<ConfigError>(in > 0 && out > 0, "fourway: Linear ", name, " needs in > 0 and out > 0, got ",
-                       in, " x ", out);
+    check<ConfigError>(in > 0 && out > 0, "fourway: Linear ", name,
+                       " needs in > 0 and out > 0, got ", in, " x ", out);
     weight_ = Parameter<T, B>(ctx, name + ".weight", Shape{in, out});
     init_normal(ctx, weight_, seed, init_std);
     if (has_bias_) {

@@ -1,6 +1,6 @@
 //! `Ops<Cuda>`: the CUDA kernel set for layers instantiated on `Cuda` — the same forwarding
-//! members as `Ops<Host>` (layers/ops.hpp), to `fourway::cuda`. Include it (or fourway.cuh)
-//! before instantiating a layer or `models::Gpt` on `Cuda`.
+//! members as `Ops<Host>` (layers/ops.hpp), to `fourway::cuda`. layers/ops.hpp includes it in
+//! every nvcc translation unit, so a `.cu` file including any layer header gets it.
 // fourway-requires: cuda
 #pragma once
 

@@ -2,9 +2,11 @@
 //! instantiated on `Host` and `cuda::gemm` on `Cuda`.
 //!
 //! Pure forwarding, no arithmetic: each member passes its arguments unchanged to the kernel of the
-//! same name in `fourway::host` (here) or `fourway::cuda` (`layers/ops.cuh`, nvcc builds). A
-//! layer names its kernels as `Ops<B>::gemm(ctx, ...)`; the lookup is dependent on `B`, so the
-//! CUDA specialisation only has to be visible where a `Cuda` layer is instantiated.
+//! same name in `fourway::host` (here) or `fourway::cuda` (`layers/ops.cuh`, included at the end
+//! of this header when nvcc compiles the translation unit). A layer names its kernels as
+//! `Ops<B>::gemm(ctx, ...)`; the lookup is dependent on `B`, so the CUDA specialisation only has
+//! to be visible where a `Cuda` layer is instantiated. Every kernel of the contract table is
+//! listed, so code above the layers (optimizer, parallel wrappers) can use `Ops<B>` too.
 #pragma once
 
 #include <cstdint>
@@ -19,31 +21,44 @@ template <class B>
 struct Ops;
 
 // NOLINTNEXTLINE(cppcoreguidelines-macro-usage): one forwarding member per kernel name.
-#define FOURWAY_LAYERS_FORWARD_KERNEL(ns, fn)                \
-  template <class... Args>                                   \
-  static decltype(auto) fn(Args&&... args) {                 \
-    return ns::fn(std::forward<Args>(args)...);              \
+#define FOURWAY_LAYERS_FORWARD_KERNEL(ns, fn)   \
+  template <class... Args>                      \
+  static decltype(auto) fn(Args&&... args) {    \
+    return ns::fn(std::forward<Args>(args)...); \
   }
 
-#define FOURWAY_LAYERS_KERNEL_SET(ns)                                   \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, copy)                               \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, fill)                               \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, to_host)                            \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, from_host)                          \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gemm)                               \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, bias_add)                           \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, bias_backward)                      \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, residual_forward)                   \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gelu_forward)                       \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gelu_backward)                      \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, layernorm_forward)                  \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, layernorm_backward)                 \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, attention_forward)                  \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, attention_backward)                 \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, cross_entropy_forward)              \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, cross_entropy_backward)             \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, embedding_forward)                  \
-  FOURWAY_LAYERS_FORWARD_KERNEL(ns, embedding_backward)
+#define FOURWAY_LAYERS_KERNEL_SET(ns)                       \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, copy)                   \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, fill)                   \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, to_host)                \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, from_host)              \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gemm)                   \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, bias_add)               \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, bias_backward)          \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, residual_forward)       \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gelu_forward)           \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gelu_backward)          \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, layernorm_forward)      \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, layernorm_backward)     \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, attention_forward)      \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, attention_backward)     \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, cross_entropy_forward)  \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, cross_entropy_backward) \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, embedding_forward)      \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, embedding_backward)     \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, gemm_strided_batched)   \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, softmax_forward)        \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, softmax_backward)       \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, vocab_local_max)        \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, vocab_local_sumexp)     \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, vocab_target_logit)     \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, vocab_loss)             \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, vocab_local_grad)       \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, cast)                   \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, scale)                  \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, has_inf_nan)            \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, sum_squares)            \
+  FOURWAY_LAYERS_FORWARD_KERNEL(ns, adamw_update)
 
 template <>
 struct Ops<Host> {
@@ -51,3 +66,7 @@ struct Ops<Host> {
 };
 
 }  // namespace fourway
+
+#if defined(FOURWAY_CUDA_COMPILATION)
+#include "fourway/layers/ops.cuh"  // Ops<Cuda>: every nvcc translation unit gets both backends
+#endif

@@ -28,7 +28,7 @@ template <class T, backend B>
 struct Parameter {
   std::string name;  // Hugging Face GPT-2 names in the GPT: "h.0.attn.c_attn.weight"
   Tensor<T, B> weight;
-  Tensor<T, B> grad;  // same shape as weight
+  Tensor<T, B> grad;   // same shape as weight
   bool decay = false;  // weight decay applies (2-D tensors: matrices and embeddings)
 
   Parameter() = default;

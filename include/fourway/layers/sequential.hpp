@@ -49,11 +49,10 @@ struct stash_or_void<L> {
 };
 
 template <class L0, class... Ls>
-inline constexpr bool chains = (... && (activation_layer<Ls> &&
-                                        std::is_same_v<typename Ls::value_type,
-                                                       typename L0::value_type> &&
-                                        std::is_same_v<typename Ls::backend_type,
-                                                       typename L0::backend_type>));
+inline constexpr bool chains =
+    (... &&
+     (activation_layer<Ls> && std::is_same_v<typename Ls::value_type, typename L0::value_type> &&
+      std::is_same_v<typename Ls::backend_type, typename L0::backend_type>));
 }  // namespace detail
 
 template <class... Ls>
@@ -84,8 +83,7 @@ class Sequential {
     return forward_from<0>(ctx, x, s);
   }
   Tensor<value_type, backend_type> backward(const Context<backend_type>& ctx,
-                                            const Tensor<value_type, backend_type>& dy,
-                                            Stash& s) {
+                                            const Tensor<value_type, backend_type>& dy, Stash& s) {
     return backward_from<size - 1>(ctx, dy, s);
   }
 
