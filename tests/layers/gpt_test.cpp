@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -393,4 +394,23 @@ TEST(Gpt, UnitPiecesComposeToTheWholeModelBitwise) {
     EXPECT_TRUE(fw::test::download_raw(ctx, p.grad) == want.raw.at(p.name)) << p.name;
   });
   EXPECT_THROW((void)pieces.forward_block(ctx, 3, x, second), fw::ConfigError);
+}
+
+TEST(GoldenReader, RejectsAnotherVersionATruncatedFileAndAnotherMagic) {
+  std::ifstream in(fw::test::golden_path("gpt_tiny_v1.bin"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir + name, std::ios::binary) << content;
+    return dir + name;
+  };
+  EXPECT_EQ(fw::test::Golden(write("ok.bin", bytes)).size(), 89u);
+  std::string v2 = bytes;
+  v2[8] = 2;
+  EXPECT_THROW(fw::test::Golden(write("v2.bin", v2)), fw::CheckpointError);
+  EXPECT_THROW(fw::test::Golden(write("cut.bin", bytes.substr(0, bytes.size() - 3))),
+               fw::CheckpointError);
+  std::string magic = bytes;
+  magic[0] = 'X';
+  EXPECT_THROW(fw::test::Golden(write("magic.bin", magic)), fw::CheckpointError);
 }
