@@ -414,3 +414,30 @@ TEST(GoldenReader, RejectsAnotherVersionATruncatedFileAndAnotherMagic) {
   magic[0] = 'X';
   EXPECT_THROW(fw::test::Golden(write("magic.bin", magic)), fw::CheckpointError);
 }
+
+TEST(Gpt, ParametersRebindToViewsOfFlatBuffers) {
+  // What DDP / ZeRO do: move every weight and gradient into one flat buffer and rebind the
+  // parameters to views of it; the model must compute the same numbers through the views.
+  const GptConfig cfg{2, 2, 16, 24, 8};
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> plain(ctx, cfg, 8), flat(ctx, cfg, 8);
+  const std::int64_t n = flat.num_parameters();
+  fw::Tensor<float, Host> wbuf({n}, fw::MemTag::comm_buffers, mem);
+  fw::Tensor<float, Host> gbuf({n}, fw::MemTag::comm_buffers, mem);
+  std::int64_t off = 0;
+  flat.visit_parameters([&](fw::Parameter<float, Host>& p) {
+    std::copy(p.weight.data(), p.weight.data() + p.numel(), wbuf.data() + off);
+    std::fill(gbuf.data() + off, gbuf.data() + off + p.numel(), 0.0f);
+    const fw::Shape shape = p.weight.shape();
+    p.weight = wbuf.slice(off, shape);  // frees the parameter's own storage
+    p.grad = gbuf.slice(off, shape);
+    off += p.numel();
+  });
+  EXPECT_EQ(mem.current(fw::MemTag::weights), static_cast<std::size_t>(n * 4));  // plain's only
+  const Batch b = random_batch(2, 8, cfg.vocab, 21);
+  const auto x = step(ctx, plain, b);
+  const auto y = step(ctx, flat, b);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(x.loss), std::bit_cast<std::uint32_t>(y.loss));
+  for (const auto& [name, g] : x.raw) EXPECT_TRUE(g == y.raw.at(name)) << name;
+}
