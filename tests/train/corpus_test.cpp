@@ -1,11 +1,13 @@
 #include "fourway/train/corpus.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 namespace fw = fourway;
 
 TEST(Corpus, ReadsTextFilesAsBytesInNameOrderSkippingLinks) {
-  const auto dir = std::filesystem::temp_directory_path() / "fourway_corpus_test";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("fourway_corpus_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string a(3000, 'a'), b = "Zebra\xc3\xa9" + std::string(3000, 'b');

@@ -2,6 +2,7 @@
 // tools/make_train_golden.py wrote with PyTorch 1.13, and its --log-json output is checked.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -25,7 +26,9 @@ const std::filesystem::path tokens = golden / "train_tokens_v1.bin";
 const std::filesystem::path expected = golden / "train_expected_v1.safetensors";
 
 std::filesystem::path scratch(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / "fourway_train_test";
+  // one folder per process: ctest runs these tests in parallel, and other builds may too
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("fourway_train_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return dir / name;
 }

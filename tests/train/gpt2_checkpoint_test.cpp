@@ -1,6 +1,7 @@
 #include "fourway/train/gpt2_checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -177,7 +178,9 @@ TEST(Gpt2Checkpoint, SaveThenLoadIsBitwiseInFp32AndBf16) {
   EXPECT_EQ(weights_of(a), weights_of(b));
 
   fw::models::Gpt<fw::bf16, fw::Host> c(ctx, cfg, 3), d(ctx, cfg, 4);
-  const auto path = std::filesystem::temp_directory_path() / "fourway_gpt2_ckpt_test.safetensors";
+  const auto path =
+      std::filesystem::temp_directory_path() / ("fourway_" + std::to_string(::getpid()) + "_" +
+                                                std::string("fourway_gpt2_ckpt_test.safetensors"));
   fw::save_gpt2(ctx, c, path);
   const auto g = fw::SafetensorsFile::read(path);
   EXPECT_EQ(g.at("wte.weight").dtype, fw::StDtype::BF16);

@@ -1,6 +1,7 @@
 #include "fourway/train/log.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <sstream>
@@ -20,7 +21,8 @@ TEST(JsonLog, OneObjectPerStepWithMemoryOfEveryRank) {
   r.tokens_per_s = 1234.5;
   r.step_ms = 0.25;
   r.lr = 1e-4;
-  const auto path = std::filesystem::temp_directory_path() / "fourway_log_test.jsonl";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("fourway_log_test.jsonl_" + std::to_string(::getpid()));
   {
     fw::JsonLog log(path);
     log.write(r, {&r0, &r1});

@@ -1,6 +1,7 @@
 #include "fourway/train/safetensors.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -182,7 +183,8 @@ TEST(Safetensors, ReadIntoChecksSizeAndDtype) {
 }
 
 TEST(Safetensors, FileWriteAndReadAndMissingFile) {
-  const auto path = std::filesystem::temp_directory_path() / "fourway_st_test.safetensors";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("fourway_st_test.safetensors_" + std::to_string(::getpid()));
   fw::SafetensorsWriter w;
   const std::vector<float> v = {1.5f, -2.25f};
   w.add<float>("v", {2}, v);

@@ -1,6 +1,7 @@
 #include "fourway/train/token_data.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <numeric>
 
@@ -8,7 +9,8 @@ namespace fw = fourway;
 
 namespace {
 std::filesystem::path tmp(const std::string& name) {
-  return std::filesystem::temp_directory_path() / ("fourway_tok_" + name);
+  return std::filesystem::temp_directory_path() /
+         ("fourway_tok_" + std::to_string(::getpid()) + "_" + name);
 }
 void write_bytes(const std::filesystem::path& p, const std::vector<unsigned char>& b) {
   std::ofstream o(p, std::ios::binary);
