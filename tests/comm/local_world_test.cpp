@@ -296,11 +296,12 @@ TEST(LocalWorld, MissingRankTurnsIntoCommTimeoutWithinDeadlinePlusTenPercent) {
 
 TEST(LocalWorld, RecvTimeoutNamesPeerAndTagAndWaitingTags) {
   std::string msg;
+  std::atomic<bool> caught{false};
   fw::launch<fw::LocalWorld>(2, [&](LocalRank& w) {
     if (w.rank() == 0) {
       const int v = 1;
       w.comm().send(&v, 1, 1, 3);  // wrong tag: the peer waits for tag 4
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      while (!caught.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     } else {
       int v = 0;
       try {
@@ -308,6 +309,7 @@ TEST(LocalWorld, RecvTimeoutNamesPeerAndTagAndWaitingTags) {
       } catch (const fw::CommTimeout& e) {
         msg = e.what();
       }
+      caught.store(true);
     }
   }, with_deadline(200));
   EXPECT_TRUE(contains(msg, "recv #1 (int32, count 1) on rank 1 from rank 0 with tag 4")) << msg;
