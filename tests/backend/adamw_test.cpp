@@ -61,6 +61,24 @@ TYPED_TEST(HostAdamW, MatchesPyTorchAlgorithmOverSteps) {
   }
 }
 
+TEST(HostAdamW, EpsIsOutsideTheSquareRoot) {
+  // With gradients ~1e-3 (sqrt(v_hat) ~ 1e-3) and eps = 1e-3, eps outside the root
+  // (PyTorch) and inside it differ by ~30% in the step; the reference is PyTorch's form.
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  auto master = ft::random_floats(64, 3);
+  const auto grad = ft::random_floats(64, 4, -2e-3f, 2e-3f);
+  std::vector<float> m(64, 0.0f), v(64, 0.0f);
+  auto pd = ft::to_double(master);
+  std::vector<double> md(64, 0.0), vd(64, 0.0);
+  const fw::AdamWStep s{1e-2f, 0.9f, 0.999f, 1e-3f, 0.0f, 1.0f, 1};
+  fw::host::adamw_update(ctx, master.data(), m.data(), v.data(), static_cast<float*>(nullptr),
+                         grad.data(), 64, s);
+  adamw_ref(pd, md, vd, ft::to_double(grad), s);
+  // fp32 arithmetic on |p| < 1: 1e-6 absolute, while the eps placement would move p by ~1e-3
+  ft::expect_close(ft::to_double(master), pd, 1e-6, 1e-6, "master with a large eps");
+}
+
 TEST(HostAdamW, NullWorkingCopyAndFp32Grad) {
   fw::MemoryAccountant acct;
   fw::Context<fw::Host> ctx(acct);
