@@ -3,11 +3,11 @@
 # count, same sizes, under mpirun) vs single-core memcpy bandwidth, with the ratios.
 #
 #   benchmarks/compare_collectives.sh [build-dir] [ranks] [max-bytes] [seconds-per-size]
-#   defaults:                          build/release  2      268435456   0.3
+#   defaults:                          build/default  2      268435456   0.3
 #
 # busbw is the nccl-tests definition: algbw * 2(n-1)/n for all_reduce; memcpy is bytes copied / s.
 set -euo pipefail
-build=${1:-build/release}
+build=${1:-build/default}
 ranks=${2:-2}
 max_bytes=${3:-268435456}
 budget=${4:-0.3}

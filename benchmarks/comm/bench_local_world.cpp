@@ -4,7 +4,8 @@
 // send buffer, the all_gather output, the reduce_scatter input.
 //
 //   algbw = size / time
-//   busbw = algbw * 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter, all_gather), 1 (broadcast, send/recv)
+//   busbw = algbw * 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter, all_gather), 1 (broadcast,
+//   send/recv)
 //
 // FOURWAY_BENCH_MAX_BYTES caps the sizes (the ctest smoke run uses 64 KiB).
 #include <benchmark/benchmark.h>
@@ -48,8 +49,8 @@ double bus_factor(Op op, int n) {
 // Runs `iters` timed repetitions of `op` on `n` ranks over `bytes` (fp32); returns the seconds
 // per repetition measured by rank 0 between two barriers. Checks one result first.
 double run(Op op, int n, std::int64_t bytes, std::int64_t iters) {
-  const std::int64_t count = bytes / 4;      // fp32 elements of the nccl-tests size
-  const std::int64_t per_rank = count / n;   // reduce_scatter out / all_gather in
+  const std::int64_t count = bytes / 4;     // fp32 elements of the nccl-tests size
+  const std::int64_t per_rank = count / n;  // reduce_scatter out / all_gather in
   double seconds = 0;
   fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
     auto& c = w.comm();
@@ -59,7 +60,9 @@ double run(Op op, int n, std::int64_t bytes, std::int64_t iters) {
     auto once = [&] {
       switch (op) {
         case Op::all_reduce: c.all_reduce(a.data(), b.data(), count, fw::ReduceOp::sum); break;
-        case Op::reduce_scatter: c.reduce_scatter(a.data(), b.data(), per_rank, fw::ReduceOp::sum); break;
+        case Op::reduce_scatter:
+          c.reduce_scatter(a.data(), b.data(), per_rank, fw::ReduceOp::sum);
+          break;
         case Op::all_gather: c.all_gather(a.data(), b.data(), per_rank); break;
         case Op::broadcast: c.broadcast(r == 0 ? a.data() : b.data(), count, 0); break;
         case Op::send_recv:
@@ -73,9 +76,14 @@ double run(Op op, int n, std::int64_t bytes, std::int64_t iters) {
     const float expect_sum = static_cast<float>(n * (n + 1) / 2);
     bool ok = true;
     switch (op) {
-      case Op::all_reduce: ok = b[0] == expect_sum && b[static_cast<std::size_t>(count - 1)] == expect_sum; break;
+      case Op::all_reduce:
+        ok = b[0] == expect_sum && b[static_cast<std::size_t>(count - 1)] == expect_sum;
+        break;
       case Op::reduce_scatter: ok = per_rank == 0 || b[0] == expect_sum; break;
-      case Op::all_gather: ok = per_rank == 0 || b[static_cast<std::size_t>((n - 1) * per_rank)] == static_cast<float>(n); break;
+      case Op::all_gather:
+        ok = per_rank == 0 ||
+             b[static_cast<std::size_t>((n - 1) * per_rank)] == static_cast<float>(n);
+        break;
       case Op::broadcast: ok = r == 0 || b[0] == 1.0f; break;
       case Op::send_recv: ok = r != 1 || b[0] == 1.0f; break;
     }
@@ -84,7 +92,8 @@ double run(Op op, int n, std::int64_t bytes, std::int64_t iters) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iters; ++i) once();
     c.barrier();
-    if (r == 0) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0)
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
   return seconds / static_cast<double>(iters);
 }
@@ -103,7 +112,8 @@ void bench_collective(benchmark::State& state, Op op, int n, std::int64_t bytes)
 }
 
 void bench_memcpy(benchmark::State& state, std::int64_t bytes) {
-  std::vector<char> src(static_cast<std::size_t>(bytes), 1), dst(static_cast<std::size_t>(bytes), 0);
+  std::vector<char> src(static_cast<std::size_t>(bytes), 1),
+      dst(static_cast<std::size_t>(bytes), 0);
   std::memcpy(dst.data(), src.data(), src.size());  // touch both
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < state.max_iterations; ++i) {
@@ -123,14 +133,17 @@ int main(int argc, char** argv) {
   for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     const std::string size = std::to_string(bytes);
     benchmark::RegisterBenchmark(("memcpy/bytes:" + size).c_str(), bench_memcpy, bytes)
-        ->UseManualTime()->Unit(benchmark::kMicrosecond);
-    for (Op op : {Op::all_reduce, Op::reduce_scatter, Op::all_gather, Op::broadcast, Op::send_recv}) {
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+    for (Op op :
+         {Op::all_reduce, Op::reduce_scatter, Op::all_gather, Op::broadcast, Op::send_recv}) {
       for (int n : {2, 4, 8}) {
         if (op == Op::send_recv && n != 2) continue;
         benchmark::RegisterBenchmark(
             (std::string(op_name(op)) + "/ranks:" + std::to_string(n) + "/bytes:" + size).c_str(),
             bench_collective, op, n, bytes)
-            ->UseManualTime()->Unit(benchmark::kMicrosecond);
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   const double budget = argc > 2 ? std::atof(argv[2]) : 0.5;
   for (long long bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     const int count = static_cast<int>(bytes / 4);
-    std::vector<float> a(static_cast<std::size_t>(count), static_cast<float>(rank + 1)), b(a.size());
+    std::vector<float> a(static_cast<std::size_t>(count), static_cast<float>(rank + 1)),
+        b(a.size());
     MPI_Allreduce(a.data(), b.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);  // warm-up
     const float expect = static_cast<float>(n * (n + 1) / 2);
     if (b[0] != expect || b[b.size() - 1] != expect) {
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
       MPI_Allreduce(a.data(), b.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
     const double algbw = static_cast<double>(bytes) / s / 1e9;
     if (rank == 0) std::printf("%lld %.4f %.4f\n", bytes, algbw, algbw * 2.0 * (n - 1) / n);
   }

@@ -100,7 +100,8 @@ double reference(const std::vector<std::vector<T>>& data, std::size_t i, fw::Red
 
 /// Asserts got == expected within the rounding of T (exact for integers, max and min).
 template <class T>
-void expect_close(T got, double expected, double abs_sum, fw::ReduceOp op, const std::string& where) {
+void expect_close(T got, double expected, double abs_sum, fw::ReduceOp op,
+                  const std::string& where) {
   const double g = to_double(got);
   if (std::is_integral_v<T> || op == fw::ReduceOp::max || op == fw::ReduceOp::min) {
     ASSERT_EQ(g, expected) << where;
@@ -121,13 +122,14 @@ template <class T, class C>
 void check_every_op(C& comm, std::uint64_t seed, bool point_to_point = true) {
   const int n = comm.size();
   const int me = comm.rank();
-  const std::string tag = comm_test::type_name<T>() + " on " + std::to_string(n) + " ranks, rank " +
-                          std::to_string(me);
+  const std::string tag =
+      comm_test::type_name<T>() + " on " + std::to_string(n) + " ranks, rank " + std::to_string(me);
   for (std::int64_t count : {std::int64_t{0}, std::int64_t{3}, std::int64_t{1031}}) {
     // all_reduce, out of place and in place
     for (fw::ReduceOp op : all_reduce_ops) {
       std::vector<std::vector<T>> all;
-      for (int q = 0; q < n; ++q) all.push_back(rank_data<T>(seed + static_cast<int>(op), q, count));
+      for (int q = 0; q < n; ++q)
+        all.push_back(rank_data<T>(seed + static_cast<int>(op), q, count));
       std::vector<T> out(static_cast<std::size_t>(count));
       comm.all_reduce(all[static_cast<std::size_t>(me)].data(), out.data(), count, op);
       std::vector<T> inplace = all[static_cast<std::size_t>(me)];
@@ -144,7 +146,8 @@ void check_every_op(C& comm, std::uint64_t seed, bool point_to_point = true) {
     // reduce_scatter: send holds count * n, rank me receives block me
     for (fw::ReduceOp op : all_reduce_ops) {
       std::vector<std::vector<T>> all;
-      for (int q = 0; q < n; ++q) all.push_back(rank_data<T>(seed + 10 + static_cast<int>(op), q, count * n));
+      for (int q = 0; q < n; ++q)
+        all.push_back(rank_data<T>(seed + 10 + static_cast<int>(op), q, count * n));
       std::vector<T> out(static_cast<std::size_t>(count));
       comm.reduce_scatter(all[static_cast<std::size_t>(me)].data(), out.data(), count, op);
       for (std::int64_t i = 0; i < count; ++i) {
@@ -174,7 +177,8 @@ void check_every_op(C& comm, std::uint64_t seed, bool point_to_point = true) {
       auto buf = rank_data<T>(seed + 30, me, count);
       comm.broadcast(buf.data(), count, root);
       for (std::int64_t i = 0; i < count; ++i) {
-        ASSERT_EQ(to_double(buf[static_cast<std::size_t>(i)]), to_double(expect[static_cast<std::size_t>(i)]))
+        ASSERT_EQ(to_double(buf[static_cast<std::size_t>(i)]),
+                  to_double(expect[static_cast<std::size_t>(i)]))
             << "broadcast root " << root << " " << tag;
       }
     }

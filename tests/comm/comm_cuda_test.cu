@@ -73,11 +73,13 @@ class DeviceAdapter {
   template <class T>
   T* up(const T* host, std::int64_t n) {
     void* d = nullptr;
-    fw::cuda::check_cuda(cudaMalloc(&d, static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(T)), "cudaMalloc");
+    fw::cuda::check_cuda(cudaMalloc(&d, static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(T)),
+                         "cudaMalloc");
     keep_.push_back(d);
     if (n > 0) {
       fw::cuda::check_cuda(cudaMemcpyAsync(d, host, static_cast<std::size_t>(n) * sizeof(T),
-                                           cudaMemcpyHostToDevice, s_), "upload");
+                                           cudaMemcpyHostToDevice, s_),
+                           "upload");
     }
     fw::cuda::check_cuda(cudaStreamSynchronize(s_), "sync");
     return static_cast<T*>(d);
@@ -86,8 +88,9 @@ class DeviceAdapter {
   void down(T* host, const T* dev, std::int64_t n) {
     fw::cuda::check_cuda(cudaStreamSynchronize(s_), "sync");
     if (n > 0) {
-      fw::cuda::check_cuda(cudaMemcpy(host, dev, static_cast<std::size_t>(n) * sizeof(T),
-                                      cudaMemcpyDeviceToHost), "download");
+      fw::cuda::check_cuda(
+          cudaMemcpy(host, dev, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost),
+          "download");
     }
   }
   C& c_;
@@ -99,7 +102,8 @@ class DeviceAdapter {
 
 template <class T>
 class DeviceComm : public ::testing::Test {};
-using ElementTypes = ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
+using ElementTypes =
+    ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
 TYPED_TEST_SUITE(DeviceComm, ElementTypes);
 
 TYPED_TEST(DeviceComm, LocalWorldOnOneGpuMatchesReferenceAt1To8Ranks) {
@@ -107,12 +111,15 @@ TYPED_TEST(DeviceComm, LocalWorldOnOneGpuMatchesReferenceAt1To8Ranks) {
   for (int n : {1, 2, 3, 8}) {
     fw::CommOptions o;
     o.deadline = std::chrono::seconds(60);
-    fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
-      fw::Context<fw::Cuda> ctx(w.memory(), 0);
-      w.comm().set_stream(ctx.stream());
-      DeviceAdapter<fw::LocalComm> dev(w.comm(), ctx.stream());
-      comm_test::check_every_op<TypeParam>(dev, 4321u + static_cast<unsigned>(n));
-    }, o);
+    fw::launch<fw::LocalWorld>(
+        n,
+        [&](fw::World<fw::LocalWorld>& w) {
+          fw::Context<fw::Cuda> ctx(w.memory(), 0);
+          w.comm().set_stream(ctx.stream());
+          DeviceAdapter<fw::LocalComm> dev(w.comm(), ctx.stream());
+          comm_test::check_every_op<TypeParam>(dev, 4321u + static_cast<unsigned>(n));
+        },
+        o);
   }
 }
 

@@ -28,10 +28,11 @@ TEST(Counting, BytesFollowTheRingFormulaForDataParallelAndZero3) {
       const double z3 = c.counters().bytes_sent();
       EXPECT_DOUBLE_EQ(z3, 3.0 * psi * (n - 1) / n * 4.0) << n;
       if (n > 1) {
-      EXPECT_DOUBLE_EQ(z3 / dp_bytes, 1.5);
-    }
+        EXPECT_DOUBLE_EQ(z3 / dp_bytes, 1.5);
+      }
       EXPECT_EQ(c.count(fw::CommOp::all_gather).calls, 2u);
-      EXPECT_EQ(c.count(fw::CommOp::reduce_scatter).payload, static_cast<std::uint64_t>(psi / n * 4));
+      EXPECT_EQ(c.count(fw::CommOp::reduce_scatter).payload,
+                static_cast<std::uint64_t>(psi / n * 4));
     });
   }
 }
@@ -58,6 +59,7 @@ TEST(Counting, CountsPerGroupAcrossSplitsAndAsyncAndPointToPoint) {
     EXPECT_DOUBLE_EQ(k.get("pair", fw::CommOp::recv).bytes, w.rank() % 2 == 1 ? 20.0 : 0.0);
     EXPECT_NE(k.table().find("pair"), std::string::npos);
     EXPECT_NE(k.json().find("\"pair\":{\"all_reduce\":{\"calls\":1,\"payload\":200,\"bytes\":200}"),
-              std::string::npos) << k.json();
+              std::string::npos)
+        << k.json();
   });
 }

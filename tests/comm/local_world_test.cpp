@@ -30,7 +30,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -38,14 +40,18 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 template <class T>
 class LocalWorldOps : public ::testing::Test {};
-using ElementTypes = ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
+using ElementTypes =
+    ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
 TYPED_TEST_SUITE(LocalWorldOps, ElementTypes);
 
 TYPED_TEST(LocalWorldOps, EveryOpMatchesReferenceAt1To8Ranks) {
   for (int n : {1, 2, 3, 4, 8}) {
-    fw::launch<fw::LocalWorld>(n, [&](LocalRank& w) {
-      comm_test::check_every_op<TypeParam>(w.comm(), 1234u + static_cast<unsigned>(n));
-    }, with_deadline(60000, /*debug=*/true));
+    fw::launch<fw::LocalWorld>(
+        n,
+        [&](LocalRank& w) {
+          comm_test::check_every_op<TypeParam>(w.comm(), 1234u + static_cast<unsigned>(n));
+        },
+        with_deadline(60000, /*debug=*/true));
   }
 }
 
@@ -56,15 +62,17 @@ TYPED_TEST(LocalWorldOps, AsyncFormsMatchTheBlockingOnes) {
     std::vector<std::vector<TypeParam>> all;
     for (int q = 0; q < 3; ++q) all.push_back(comm_test::rank_data<TypeParam>(99, q, count));
     const auto& mine = all[static_cast<std::size_t>(w.rank())];
-    std::vector<TypeParam> sync_out(count), async_out(count), gathered(count * 3), scattered(count / 3 + 1);
+    std::vector<TypeParam> sync_out(count), async_out(count), gathered(count * 3),
+        scattered(count / 3 + 1);
     c.all_reduce(mine.data(), sync_out.data(), count, fw::ReduceOp::sum);
     // several operations in flight at once, waited in reverse order
     fw::Work a = c.all_reduce_async(mine.data(), async_out.data(), count, fw::ReduceOp::sum);
     fw::Work g = c.all_gather_async(mine.data(), gathered.data(), count);
     std::vector<TypeParam> rs_in(3 * scattered.size());
     for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = mine[i % mine.size()];
-    fw::Work r = c.reduce_scatter_async(rs_in.data(), scattered.data(),
-                                        static_cast<std::int64_t>(scattered.size()), fw::ReduceOp::max);
+    fw::Work r =
+        c.reduce_scatter_async(rs_in.data(), scattered.data(),
+                               static_cast<std::int64_t>(scattered.size()), fw::ReduceOp::max);
     r.wait();
     g.wait();
     a.wait();
@@ -249,7 +257,8 @@ TEST(LocalWorld, UnevenCountsGoThroughTheVForms) {
     (void)fw::shard_count(10, 4, "gradient count");
     ADD_FAILURE();
   } catch (const fw::ShapeError& e) {
-    EXPECT_TRUE(contains(e.what(), "gradient count 10 does not divide by the group size 4")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "gradient count 10 does not divide by the group size 4"))
+        << e.what();
     EXPECT_TRUE(contains(e.what(), "pad it to 12")) << e.what();
   }
 }
@@ -264,26 +273,29 @@ TEST(LocalWorld, MissingRankTurnsIntoCommTimeoutWithinDeadlinePlusTenPercent) {
   std::mutex mu;
   std::vector<std::string> messages;
   std::vector<double> elapsed;
-  fw::launch<fw::LocalWorld>(4, [&](LocalRank& w) {
-    auto& c = w.comm();
-    c.barrier();
-    c.barrier();
-    if (w.rank() == 0) {
-      while (caught.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      return;  // never joins collective #3
-    }
-    std::vector<float> x(16, 1.0f);
-    const auto t0 = Clock::now();
-    try {
-      c.all_reduce(x.data(), x.data(), 16, fw::ReduceOp::sum);
-      ADD_FAILURE() << "no timeout";
-    } catch (const fw::CommTimeout& e) {
-      std::lock_guard lock(mu);
-      elapsed.push_back(seconds_since(t0));
-      messages.push_back(e.what());
-    }
-    caught.fetch_add(1);
-  }, with_deadline(deadline_ms));
+  fw::launch<fw::LocalWorld>(
+      4,
+      [&](LocalRank& w) {
+        auto& c = w.comm();
+        c.barrier();
+        c.barrier();
+        if (w.rank() == 0) {
+          while (caught.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;  // never joins collective #3
+        }
+        std::vector<float> x(16, 1.0f);
+        const auto t0 = Clock::now();
+        try {
+          c.all_reduce(x.data(), x.data(), 16, fw::ReduceOp::sum);
+          ADD_FAILURE() << "no timeout";
+        } catch (const fw::CommTimeout& e) {
+          std::lock_guard lock(mu);
+          elapsed.push_back(seconds_since(t0));
+          messages.push_back(e.what());
+        }
+        caught.fetch_add(1);
+      },
+      with_deadline(deadline_ms));
   ASSERT_EQ(messages.size(), 3u);
   for (std::size_t i = 0; i < messages.size(); ++i) {
     EXPECT_GE(elapsed[i], deadline_ms / 1000.0) << messages[i];
@@ -297,21 +309,24 @@ TEST(LocalWorld, MissingRankTurnsIntoCommTimeoutWithinDeadlinePlusTenPercent) {
 TEST(LocalWorld, RecvTimeoutNamesPeerAndTagAndWaitingTags) {
   std::string msg;
   std::atomic<bool> caught{false};
-  fw::launch<fw::LocalWorld>(2, [&](LocalRank& w) {
-    if (w.rank() == 0) {
-      const int v = 1;
-      w.comm().send(&v, 1, 1, 3);  // wrong tag: the peer waits for tag 4
-      while (!caught.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    } else {
-      int v = 0;
-      try {
-        w.comm().recv(&v, 1, 0, 4);
-      } catch (const fw::CommTimeout& e) {
-        msg = e.what();
-      }
-      caught.store(true);
-    }
-  }, with_deadline(200));
+  fw::launch<fw::LocalWorld>(
+      2,
+      [&](LocalRank& w) {
+        if (w.rank() == 0) {
+          const int v = 1;
+          w.comm().send(&v, 1, 1, 3);  // wrong tag: the peer waits for tag 4
+          while (!caught.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        } else {
+          int v = 0;
+          try {
+            w.comm().recv(&v, 1, 0, 4);
+          } catch (const fw::CommTimeout& e) {
+            msg = e.what();
+          }
+          caught.store(true);
+        }
+      },
+      with_deadline(200));
   EXPECT_TRUE(contains(msg, "recv #1 (int32, count 1) on rank 1 from rank 0 with tag 4")) << msg;
   EXPECT_TRUE(contains(msg, "waiting under tags 3")) << msg;
 }
@@ -319,39 +334,43 @@ TEST(LocalWorld, RecvTimeoutNamesPeerAndTagAndWaitingTags) {
 TEST(LocalWorld, MismatchedCallsThrowOnEveryRankNamingRanksAndFields) {
   std::mutex mu;
   std::vector<std::string> messages;
-  fw::launch<fw::LocalWorld>(4, [&](LocalRank& w) {
-    auto& c = w.comm();
-    std::vector<float> x(100, 1.0f);
-    const std::int64_t count = w.rank() == 2 ? 99 : 100;
-    try {
-      c.all_reduce(x.data(), x.data(), count, fw::ReduceOp::sum);
-      ADD_FAILURE() << "no mismatch";
-    } catch (const fw::CommMismatch& e) {
-      std::lock_guard lock(mu);
-      messages.push_back(e.what());
-    }
-    // the group stays usable: a wrong root is caught the same way, then a correct call works
-    try {
-      c.broadcast(x.data(), 100, w.rank() == 3 ? 1 : 0);
-      ADD_FAILURE() << "no mismatch";
-    } catch (const fw::CommMismatch& e) {
-      EXPECT_TRUE(contains(e.what(), "rank 3 called broadcast(fp32, count 100, root 1) (root differ)"))
-          << e.what();
-    }
-    try {
-      if (w.rank() == 1) {
-        c.barrier();
-      } else {
-        c.all_reduce(x.data(), x.data(), 100, fw::ReduceOp::max);
-      }
-      ADD_FAILURE() << "no mismatch";
-    } catch (const fw::CommMismatch& e) {
-      EXPECT_TRUE(contains(e.what(), "rank 1 called barrier (op differ)")) << e.what();
-    }
-    std::vector<std::int32_t> y(5, w.rank());
-    c.all_reduce(y.data(), y.data(), 5, fw::ReduceOp::sum);
-    EXPECT_EQ(y[4], 6);
-  }, with_deadline(20000, /*debug=*/true));
+  fw::launch<fw::LocalWorld>(
+      4,
+      [&](LocalRank& w) {
+        auto& c = w.comm();
+        std::vector<float> x(100, 1.0f);
+        const std::int64_t count = w.rank() == 2 ? 99 : 100;
+        try {
+          c.all_reduce(x.data(), x.data(), count, fw::ReduceOp::sum);
+          ADD_FAILURE() << "no mismatch";
+        } catch (const fw::CommMismatch& e) {
+          std::lock_guard lock(mu);
+          messages.push_back(e.what());
+        }
+        // the group stays usable: a wrong root is caught the same way, then a correct call works
+        try {
+          c.broadcast(x.data(), 100, w.rank() == 3 ? 1 : 0);
+          ADD_FAILURE() << "no mismatch";
+        } catch (const fw::CommMismatch& e) {
+          EXPECT_TRUE(
+              contains(e.what(), "rank 3 called broadcast(fp32, count 100, root 1) (root differ)"))
+              << e.what();
+        }
+        try {
+          if (w.rank() == 1) {
+            c.barrier();
+          } else {
+            c.all_reduce(x.data(), x.data(), 100, fw::ReduceOp::max);
+          }
+          ADD_FAILURE() << "no mismatch";
+        } catch (const fw::CommMismatch& e) {
+          EXPECT_TRUE(contains(e.what(), "rank 1 called barrier (op differ)")) << e.what();
+        }
+        std::vector<std::int32_t> y(5, w.rank());
+        c.all_reduce(y.data(), y.data(), 5, fw::ReduceOp::sum);
+        EXPECT_EQ(y[4], 6);
+      },
+      with_deadline(20000, /*debug=*/true));
   ASSERT_EQ(messages.size(), 4u);
   for (const auto& m : messages) {
     EXPECT_EQ(m, messages[0]);  // every rank reports the same
@@ -367,40 +386,48 @@ TEST(LocalWorld, RankThatThrowsMakesTheOthersFailFast) {
   std::string collateral_msg;
   const auto t0 = Clock::now();
   try {
-    fw::launch<fw::LocalWorld>(4, [&](LocalRank& w) {
-      std::vector<float> x(64, 1.0f);
-      w.comm().all_reduce(x.data(), x.data(), 64, fw::ReduceOp::sum);
-      if (w.rank() == 2) throw std::runtime_error("boom in step 1 on rank 2");
-      try {
-        w.comm().all_reduce(x.data(), x.data(), 64, fw::ReduceOp::sum);
-      } catch (const fw::CommError& e) {
-        collateral.fetch_add(1);
-        std::lock_guard lock(mu);
-        collateral_msg = e.what();
-        throw;
-      }
-    }, with_deadline(60000));
+    fw::launch<fw::LocalWorld>(
+        4,
+        [&](LocalRank& w) {
+          std::vector<float> x(64, 1.0f);
+          w.comm().all_reduce(x.data(), x.data(), 64, fw::ReduceOp::sum);
+          if (w.rank() == 2) throw std::runtime_error("boom in step 1 on rank 2");
+          try {
+            w.comm().all_reduce(x.data(), x.data(), 64, fw::ReduceOp::sum);
+          } catch (const fw::CommError& e) {
+            collateral.fetch_add(1);
+            std::lock_guard lock(mu);
+            collateral_msg = e.what();
+            throw;
+          }
+        },
+        with_deadline(60000));
     ADD_FAILURE() << "launch did not rethrow";
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "boom in step 1 on rank 2");  // the first failure, not the collateral
   }
   EXPECT_LT(seconds_since(t0), 5.0);  // far below the 60 s deadline: nobody waited it out
   EXPECT_EQ(collateral.load(), 3);
-  EXPECT_TRUE(contains(collateral_msg, "world rank 2 failed: boom in step 1 on rank 2")) << collateral_msg;
+  EXPECT_TRUE(contains(collateral_msg, "world rank 2 failed: boom in step 1 on rank 2"))
+      << collateral_msg;
   EXPECT_TRUE(contains(collateral_msg, "all_reduce(fp32, count 64, sum) #2")) << collateral_msg;
 }
 
 TEST(LocalWorld, RankThatReturnedEarlyMakesTheOthersFailFast) {
   const auto t0 = Clock::now();
   std::atomic<int> fast{0};
-  fw::launch<fw::LocalWorld>(3, [&](LocalRank& w) {
-    if (w.rank() == 1) return;
-    try {
-      w.comm().barrier();
-    } catch (const fw::CommError& e) {
-      if (contains(e.what(), "rank 1 returned from its function without joining it")) fast.fetch_add(1);
-    }
-  }, with_deadline(60000));
+  fw::launch<fw::LocalWorld>(
+      3,
+      [&](LocalRank& w) {
+        if (w.rank() == 1) return;
+        try {
+          w.comm().barrier();
+        } catch (const fw::CommError& e) {
+          if (contains(e.what(), "rank 1 returned from its function without joining it"))
+            fast.fetch_add(1);
+        }
+      },
+      with_deadline(60000));
   EXPECT_EQ(fast.load(), 2);
   EXPECT_LT(seconds_since(t0), 5.0);
 }
@@ -420,7 +447,7 @@ TEST(LocalWorld, BadArgumentsAreTypedErrors) {
 TEST(LocalWorld, EachRankHasItsOwnAccountant) {
   fw::launch<fw::LocalWorld>(3, [](LocalRank& w) {
     fw::Tensor<float, fw::Host> t({static_cast<std::int64_t>(10 * (w.rank() + 1))},
-                                   fw::MemTag::comm_buffers, w.ctx().memory());
+                                  fw::MemTag::comm_buffers, w.ctx().memory());
     w.comm().barrier();
     EXPECT_EQ(w.memory().current(fw::MemTag::comm_buffers), 40u * (w.rank() + 1));
     EXPECT_EQ(w.memory().rank(), w.rank());

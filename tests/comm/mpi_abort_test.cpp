@@ -12,11 +12,14 @@ namespace fw = fourway;
 int main() {
   fw::CommOptions o;
   o.deadline = std::chrono::seconds(60);
-  fw::launch<fw::MpiWorld>(0, [](fw::World<fw::MpiWorld>& w) {
-    std::vector<float> x(1000, 1.0f);
-    w.comm().all_reduce(x.data(), x.data(), 1000, fw::ReduceOp::sum);
-    if (w.rank() == 1) throw std::runtime_error("boom in step 1");
-    w.comm().all_reduce(x.data(), x.data(), 1000, fw::ReduceOp::sum);  // rank 1 never comes
-  }, o);
+  fw::launch<fw::MpiWorld>(
+      0,
+      [](fw::World<fw::MpiWorld>& w) {
+        std::vector<float> x(1000, 1.0f);
+        w.comm().all_reduce(x.data(), x.data(), 1000, fw::ReduceOp::sum);
+        if (w.rank() == 1) throw std::runtime_error("boom in step 1");
+        w.comm().all_reduce(x.data(), x.data(), 1000, fw::ReduceOp::sum);  // rank 1 never comes
+      },
+      o);
   return 0;
 }

@@ -31,7 +31,8 @@ static_assert(fw::communicator<fw::Counting<fw::MpiComm>>);
 
 template <class T>
 class MpiOps : public ::testing::Test {};
-using ElementTypes = ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
+using ElementTypes =
+    ::testing::Types<float, fw::bf16, fw::fp16, double, std::int32_t, std::int64_t>;
 TYPED_TEST_SUITE(MpiOps, ElementTypes);
 
 TYPED_TEST(MpiOps, EveryOpMatchesReference) {
@@ -131,7 +132,8 @@ TEST(Mpi, MeshGroupsOverMpi) {
   EXPECT_EQ(tp[0], first);
   EXPECT_EQ(tp[1], first + 1);
   EXPECT_EQ(groups.dp().size(), n / 2);
-  EXPECT_DOUBLE_EQ(counted.counters().get(std::string(groups.tp().name()), fw::CommOp::all_gather).bytes, 4.0);
+  EXPECT_DOUBLE_EQ(
+      counted.counters().get(std::string(groups.tp().name()), fw::CommOp::all_gather).bytes, 4.0);
 }
 
 TEST(Mpi, LaunchRunsOnEveryProcess) {

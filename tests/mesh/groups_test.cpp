@@ -34,7 +34,8 @@ void check_groups(const M& mesh, fw::MeshGroups<C>& groups, int world_rank) {
 TEST(MeshGroups, GroupsMatchTheMeshArithmetic) {
   using M = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::Pipeline<fw::dynamic, 4, fw::GPipe>,
                      fw::Sharded<3>>;
-  for (auto [tp, pp, dp] : {std::array{2, 2, 2}, std::array{1, 3, 2}, std::array{4, 1, 2}, std::array{1, 1, 3}}) {
+  for (auto [tp, pp, dp] :
+       {std::array{2, 2, 2}, std::array{1, 3, 2}, std::array{4, 1, 2}, std::array{1, 1, 3}}) {
     const M mesh(tp * pp * dp, {.tp = tp, .pp = pp});
     fw::launch<fw::LocalWorld>(mesh.size(), [&](fw::World<fw::LocalWorld>& w) {
       fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
@@ -71,8 +72,10 @@ TEST(MeshGroups, WorldOfTheWrongSizeIsAConfigError) {
       fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
       ADD_FAILURE();
     } catch (const fw::ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("has 2 ranks but the mesh tp=2 pp=1 dp=2 (4 ranks) needs 4"),
-                std::string::npos) << e.what();
+      EXPECT_NE(
+          std::string(e.what()).find("has 2 ranks but the mesh tp=2 pp=1 dp=2 (4 ranks) needs 4"),
+          std::string::npos)
+          << e.what();
     }
   });
 }

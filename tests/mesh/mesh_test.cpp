@@ -42,7 +42,8 @@ void check_properties(const M& m) {
   for (int r = 0; r < n; ++r) {
     const auto c = m.coord_of(r);
     ASSERT_EQ(m.rank_of(c), r) << where;
-    ASSERT_TRUE(c.tp >= 0 && c.tp < m.tp() && c.pp >= 0 && c.pp < m.pp() && c.dp >= 0 && c.dp < m.dp());
+    ASSERT_TRUE(c.tp >= 0 && c.tp < m.tp() && c.pp >= 0 && c.pp < m.pp() && c.dp >= 0 &&
+                c.dp < m.dp());
   }
   for (int tp = 0; tp < m.tp(); ++tp) {
     for (int pp = 0; pp < m.pp(); ++pp) {
@@ -86,7 +87,9 @@ void check_properties(const M& m) {
         for (int y = 0; y < n; ++y) {
           int meet = 0;
           for (int r = 0; r < n; ++r) {
-            if (m.group_index(r, A) == m.group_index(x, A) && m.group_index(r, B) == m.group_index(y, B)) ++meet;
+            if (m.group_index(r, A) == m.group_index(x, A) &&
+                m.group_index(r, B) == m.group_index(y, B))
+              ++meet;
           }
           const auto cx = m.coord_of(x), cy = m.coord_of(y);
           bool share = true;
@@ -142,7 +145,9 @@ TEST(Mesh, BadConfigurationsAreConfigErrorsNamingTheNumbers) {
   EXPECT_TRUE(contains(e, "world size 10 does not divide by tp 2 x pp 2 = 4")) << e;
   EXPECT_TRUE(contains(e, "run on a multiple of 4 ranks")) << e;
   e = config_error<fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 2>>>(8);
-  EXPECT_TRUE(contains(e, "world size 8 is not tp 2 x pp 2 = 4 and the Mesh has no data-parallel axis")) << e;
+  EXPECT_TRUE(
+      contains(e, "world size 8 is not tp 2 x pp 2 = 4 and the Mesh has no data-parallel axis"))
+      << e;
   e = config_error<fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>>(8);
   EXPECT_TRUE(contains(e, "TensorParallel<fw::dynamic> needs its degree at run time")) << e;
   e = config_error<Full>(8, {.tp = 4});
@@ -150,7 +155,8 @@ TEST(Mesh, BadConfigurationsAreConfigErrorsNamingTheNumbers) {
   e = config_error<fw::Mesh<fw::DataParallel>>(8, {.pp = 2});
   EXPECT_TRUE(contains(e, "MeshDegrees.pp = 2 but the Mesh has no Pipeline axis")) << e;
   e = config_error<Full>(8, {.dp = 4});
-  EXPECT_TRUE(contains(e, "MeshDegrees.dp = 4 but world size 8 / (tp 2 x pp 2) leaves dp = 2")) << e;
+  EXPECT_TRUE(contains(e, "MeshDegrees.dp = 4 but world size 8 / (tp 2 x pp 2) leaves dp = 2"))
+      << e;
   e = config_error<fw::Mesh<fw::TensorParallel<fw::dynamic>>>(4, {.tp = 0});
   EXPECT_TRUE(contains(e, "MeshDegrees.tp = 0; degrees are >= 1")) << e;
   e = config_error<Full>(0);

@@ -14,7 +14,8 @@ static_assert(fw::Sharded<1>::degree == fw::dynamic && fw::DataParallel::degree 
 static_assert(fw::TensorParallel<4>::degree == 4 && fw::TensorParallel<4>::axis == fw::Axis::tp);
 static_assert(fw::Pipeline<4, 8>::stages == 4 && fw::Pipeline<4, 8>::micro_batches == 8);
 static_assert(std::is_same_v<fw::Pipeline<4, 8>::schedule, fw::OneFOneB>);
-static_assert(std::is_same_v<fw::Pipeline<4, 2, fw::GPipe>::schedule, fw::GPipe>);  // M < S is fine for GPipe
+static_assert(
+    std::is_same_v<fw::Pipeline<4, 2, fw::GPipe>::schedule, fw::GPipe>);  // M < S is fine for GPipe
 static_assert(fw::Pipeline<fw::dynamic, 2>::degree == fw::dynamic);
 
 TEST(Policies, NamesAndAxes) {

@@ -12,8 +12,9 @@
 //!   all_reduce(const T* send, T* recv, count, op)    recv[i] = op over ranks of send[i];
 //!                                                    in place when send == recv
 //!   reduce_scatter(const T* send, T* recv, count, op) send holds count*size elements; rank r
-//!                                                    gets block r: recv[i] = op_q send_q[r*count+i]
-//!                                                    (recv may alias send + rank*count)
+//!                                                    gets block r: recv[i] = op_q
+//!                                                    send_q[r*count+i] (recv may alias send +
+//!                                                    rank*count)
 //!   all_gather(const T* send, T* recv, count)        recv[q*count + i] = send_q[i]
 //!                                                    (send may alias recv + rank*count)
 //!   broadcast(T* buf, count, root)                   buf = root's buf
@@ -106,7 +107,7 @@ constexpr std::string_view comm_op_name(CommOp op) {
 /// Element types a communicator moves. 16-bit floats are reduced in fp32.
 template <class T>
 concept comm_element = floating_dtype<T> || std::is_same_v<T, double> ||
-                       std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+    std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
 
 /// Options every backend honours.
 struct CommOptions {
@@ -246,7 +247,8 @@ inline std::string describe_call(const CallDesc& c) {
   os << comm_op_name(c.op);
   if (c.op == CommOp::barrier || c.op == CommOp::split) return os.str();
   os << "(" << dtype_name(c.dtype) << ", count " << c.count;
-  if (c.op == CommOp::all_reduce || c.op == CommOp::reduce_scatter) os << ", " << reduce_op_name(c.reduce);
+  if (c.op == CommOp::all_reduce || c.op == CommOp::reduce_scatter)
+    os << ", " << reduce_op_name(c.reduce);
   if (c.op == CommOp::broadcast) os << ", root " << c.root;
   if (c.device) os << ", device memory";
   os << ")";
@@ -267,11 +269,13 @@ std::string mismatch_report(const std::vector<CallDesc>& calls, Who who) {
     if (s.op == ref.op && s.op != CommOp::barrier && s.op != CommOp::split) {
       if (s.dtype != ref.dtype) fields.emplace_back("dtype");
       if (s.count != ref.count) fields.emplace_back("count");
-      if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) && s.reduce != ref.reduce) {
+      if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) &&
+          s.reduce != ref.reduce) {
         fields.emplace_back("reduce op");
       }
       if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
-      if (s.device != ref.device && s.count > 0 && ref.count > 0) fields.emplace_back("memory kind");
+      if (s.device != ref.device && s.count > 0 && ref.count > 0)
+        fields.emplace_back("memory kind");
     }
     if (fields.empty()) continue;
     bad = true;
@@ -287,26 +291,26 @@ std::string mismatch_report(const std::vector<CallDesc>& calls, Who who) {
 
 /// The communicator concept (checked with float; each model is templated on the element type).
 template <class C>
-concept communicator =
-    std::movable<C> && requires(C& c, const float* s, float* r, std::int64_t n, int i) {
-      { c.rank() } -> std::convertible_to<int>;
-      { c.size() } -> std::convertible_to<int>;
-      { c.name() } -> std::convertible_to<std::string_view>;
-      c.all_reduce(s, r, n, ReduceOp::sum);
-      c.reduce_scatter(s, r, n, ReduceOp::sum);
-      c.all_gather(s, r, n);
-      c.broadcast(r, n, i);
-      c.send(s, n, i, i);
-      c.recv(r, n, i, i);
-      c.barrier();
-      { c.split(i, i) } -> std::same_as<C>;
-      { c.all_reduce_async(s, r, n, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.reduce_scatter_async(s, r, n, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.all_gather_async(s, r, n) } -> std::same_as<Work>;
-      { c.broadcast_async(r, n, i) } -> std::same_as<Work>;
-      { c.send_async(s, n, i, i) } -> std::same_as<Work>;
-      { c.recv_async(r, n, i, i) } -> std::same_as<Work>;
-    };
+concept communicator = std::movable<C> &&
+    requires(C& c, const float* s, float* r, std::int64_t n, int i) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.name() } -> std::convertible_to<std::string_view>;
+  c.all_reduce(s, r, n, ReduceOp::sum);
+  c.reduce_scatter(s, r, n, ReduceOp::sum);
+  c.all_gather(s, r, n);
+  c.broadcast(r, n, i);
+  c.send(s, n, i, i);
+  c.recv(r, n, i, i);
+  c.barrier();
+  { c.split(i, i) } -> std::same_as<C>;
+  { c.all_reduce_async(s, r, n, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.reduce_scatter_async(s, r, n, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.all_gather_async(s, r, n) } -> std::same_as<Work>;
+  { c.broadcast_async(r, n, i) } -> std::same_as<Work>;
+  { c.send_async(s, n, i, i) } -> std::same_as<Work>;
+  { c.recv_async(r, n, i, i) } -> std::same_as<Work>;
+};
 
 // ---- uneven counts ------------------------------------------------------------------------------
 
@@ -347,7 +351,8 @@ void all_gather_v(C& comm, const T* send, T* recv, const std::vector<std::int64_
   for (int q = 0; q < n; ++q) {
     const auto c = counts[static_cast<std::size_t>(q)];
     if (c > 0) {
-      std::memcpy(recv + at, gathered.data() + q * max_count, static_cast<std::size_t>(c) * sizeof(T));
+      std::memcpy(recv + at, gathered.data() + q * max_count,
+                  static_cast<std::size_t>(c) * sizeof(T));
     }
     at += c;
   }
@@ -371,7 +376,8 @@ void reduce_scatter_v(C& comm, const T* send, T* recv, const std::vector<std::in
   for (int q = 0; q < n; ++q) {
     const auto c = counts[static_cast<std::size_t>(q)];
     if (c > 0) {
-      std::memcpy(padded.data() + q * max_count, send + at, static_cast<std::size_t>(c) * sizeof(T));
+      std::memcpy(padded.data() + q * max_count, send + at,
+                  static_cast<std::size_t>(c) * sizeof(T));
     }
     at += c;
   }
@@ -385,7 +391,8 @@ void reduce_scatter_v(C& comm, const T* send, T* recv, const std::vector<std::in
 
 /// What `launch` hands each rank: the world communicator, the rank's own memory accountant and
 /// a host context on it. `W` is the world kind (LocalWorld, MpiWorld); `W::comm_type` its
-/// communicator. A device context is made by the caller: `fw::Context<fw::Cuda> d(w.memory(), dev)`.
+/// communicator. A device context is made by the caller: `fw::Context<fw::Cuda> d(w.memory(),
+/// dev)`.
 template <class W>
 class World {
  public:
@@ -393,7 +400,11 @@ class World {
   using comm_type = typename W::comm_type;
 
   explicit World(comm_type comm)
-      : rank_(comm.rank()), size_(comm.size()), comm_(std::move(comm)), memory_(rank_), ctx_(memory_) {}
+      : rank_(comm.rank()),
+        size_(comm.size()),
+        comm_(std::move(comm)),
+        memory_(rank_),
+        ctx_(memory_) {}
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 

@@ -96,9 +96,10 @@ class CommCounters {
       for (int i = 0; i < comm_op_count; ++i) {
         const auto& c = ops[static_cast<std::size_t>(i)];
         if (c.calls == 0) continue;
-        os << std::left << std::setw(24) << name << std::setw(16) << comm_op_name(static_cast<CommOp>(i))
-           << std::right << std::setw(10) << c.calls << std::setw(16) << c.payload << std::setw(18)
-           << std::fixed << std::setprecision(0) << c.bytes << "\n";
+        os << std::left << std::setw(24) << name << std::setw(16)
+           << comm_op_name(static_cast<CommOp>(i)) << std::right << std::setw(10) << c.calls
+           << std::setw(16) << c.payload << std::setw(18) << std::fixed << std::setprecision(0)
+           << c.bytes << "\n";
       }
     }
     return os.str();
@@ -117,8 +118,8 @@ class CommCounters {
         const auto& c = ops[static_cast<std::size_t>(i)];
         if (c.calls == 0) continue;
         os << (first_op ? "" : ",") << "\"" << comm_op_name(static_cast<CommOp>(i))
-           << "\":{\"calls\":" << c.calls << ",\"payload\":" << c.payload << ",\"bytes\":"
-           << std::fixed << std::setprecision(0) << c.bytes << "}";
+           << "\":{\"calls\":" << c.calls << ",\"payload\":" << c.payload
+           << ",\"bytes\":" << std::fixed << std::setprecision(0) << c.bytes << "}";
         first_op = false;
       }
       os << "}";
@@ -135,7 +136,8 @@ class CommCounters {
 template <communicator C>
 class Counting {
  public:
-  explicit Counting(C inner, std::shared_ptr<CommCounters> counters = std::make_shared<CommCounters>())
+  explicit Counting(C inner,
+                    std::shared_ptr<CommCounters> counters = std::make_shared<CommCounters>())
       : inner_(std::move(inner)), counters_(std::move(counters)) {}
 
   [[nodiscard]] int rank() const { return inner_.rank(); }

@@ -2,9 +2,9 @@
 //! device memory, and the fp32 casts NcclComm uses so that 16-bit sums accumulate in fp32.
 //!
 //! `device_reduce` computes, for i in [lo, hi), dst[d][i] = op over q = 0..n-1 (in this order)
-//! of src[q][i], accumulating in fp32 (fp64 for double, int64 for integers: `detail::accumulator`) exactly as the host
-//! `detail::reduce_range` does, so host and device LocalWorld give bitwise-equal results for
-//! sum, max and min (avg divides once at the end on both).
+//! of src[q][i], accumulating in fp32 (fp64 for double, int64 for integers: `detail::accumulator`)
+//! exactly as the host `detail::reduce_range` does, so host and device LocalWorld give
+//! bitwise-equal results for sum, max and min (avg divides once at the end on both).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,10 +70,11 @@ __device__ inline void device_store(T* p, std::int64_t i, A v) {
   }
 }
 template <class T>
-__global__ void device_reduce_kernel(DeviceBuffers b, std::int64_t lo, std::int64_t hi, ReduceOp op) {
+__global__ void device_reduce_kernel(DeviceBuffers b, std::int64_t lo, std::int64_t hi,
+                                     ReduceOp op) {
   using A = typename accumulator<T>::type;
-  for (std::int64_t i = lo + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < hi;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = lo + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i < hi; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     A acc = device_load<T, A>(static_cast<const T*>(b.src[0]), i);
     for (int q = 1; q < b.n; ++q) {
       const A v = device_load<T, A>(static_cast<const T*>(b.src[q]), i);
@@ -95,7 +96,8 @@ void device_reduce(const DeviceBuffers& b, std::int64_t lo, std::int64_t hi, Red
                    cudaStream_t stream) {
   if (hi <= lo) return;
   const int threads = 256;
-  const auto blocks = static_cast<int>(std::min<std::int64_t>((hi - lo + threads - 1) / threads, 4096));
+  const auto blocks =
+      static_cast<int>(std::min<std::int64_t>((hi - lo + threads - 1) / threads, 4096));
   device_reduce_kernel<T><<<blocks, threads, 0, stream>>>(b, lo, hi, op);
   cuda::check_cuda(cudaGetLastError(), "device_reduce kernel launch");
 }

@@ -76,9 +76,9 @@ struct LocalWorldState {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> aborted{false};
-  int failed_rank = -1;       // world rank whose function threw first (guarded by mu)
-  std::string failure;        // its message (guarded by mu)
-  std::vector<char> exited;   // world rank returned from its function (guarded by mu)
+  int failed_rank = -1;      // world rank whose function threw first (guarded by mu)
+  std::string failure;       // its message (guarded by mu)
+  std::vector<char> exited;  // world rank returned from its function (guarded by mu)
 
   void notify() {
     { std::lock_guard lock(mu); }
@@ -127,11 +127,11 @@ struct LocalSlot {
 struct LocalMessage {
   Dtype dtype;
   std::int64_t count;
-  std::uint64_t number;  // the sender's send sequence number in this group
+  std::uint64_t number;               // the sender's send sequence number in this group
   std::unique_ptr<std::byte[]> data;  // host messages (a buffer of the group's pool)
   std::size_t capacity = 0;           // bytes allocated at `data`
-  void* device_data = nullptr;   // device messages: a staging buffer ...
-  void* event = nullptr;         // ... ready once this cudaEvent_t completes
+  void* device_data = nullptr;        // device messages: a staging buffer ...
+  void* event = nullptr;              // ... ready once this cudaEvent_t completes
 };
 
 /// One group: its members, their published slots (double-buffered by sequence parity: a rank
@@ -171,7 +171,9 @@ struct LocalGroup {
     if (world_ranks[static_cast<std::size_t>(q)] == q) return detail::cat("rank ", q);
     return detail::cat("rank ", q, " (world rank ", world_ranks[static_cast<std::size_t>(q)], ")");
   }
-  [[nodiscard]] std::string header() const { return detail::cat("group '", name, "' (", size, " ranks)"); }
+  [[nodiscard]] std::string header() const {
+    return detail::cat("group '", name, "' (", size, " ranks)");
+  }
 };
 
 inline CallDesc call_of(const LocalSlot& s) {
@@ -236,7 +238,8 @@ void reduce_range(const T* const* src, int n, T* const* dst, int ndst, std::int6
   alignas(64) T staged[chunk];
   // Above this size the result is written with non-temporal stores: no read-for-ownership of the
   // destination lines, which is a third of the memory traffic of a large all_reduce.
-  const bool streaming = (hi - lo) * static_cast<std::int64_t>(sizeof(T)) * ndst >= (std::int64_t{1} << 21);
+  const bool streaming =
+      (hi - lo) * static_cast<std::int64_t>(sizeof(T)) * ndst >= (std::int64_t{1} << 21);
   for (std::int64_t base = lo; base < hi; base += chunk) {
     const std::int64_t len = std::min(chunk, hi - base);
     const T* s0 = src[0] + base;
@@ -274,7 +277,8 @@ void reduce_range(const T* const* src, int n, T* const* dst, int ndst, std::int6
       continue;
     }
     for (std::int64_t j = 0; j < len; ++j) staged[j] = acc_store<T, A>(acc[j]);
-    for (int d = 0; d < ndst; ++d) stream_copy(dst[d] + base, staged, len * static_cast<std::int64_t>(sizeof(T)));
+    for (int d = 0; d < ndst; ++d)
+      stream_copy(dst[d] + base, staged, len * static_cast<std::int64_t>(sizeof(T)));
   }
   if (streaming) stream_fence();
 }
@@ -463,7 +467,7 @@ class LocalComm {
     std::uint64_t seq = 0;    // collectives entered
     std::uint64_t sends = 0;  // point-to-point sends posted
     std::uint64_t recvs = 0;  // point-to-point receives started
-    void* stream = nullptr;  // cudaStream_t for device memory
+    void* stream = nullptr;   // cudaStream_t for device memory
     detail::LocalEvents events;
     detail::LocalExecutor exec;  // last: joined before the rest is destroyed
   };
@@ -518,9 +522,10 @@ class LocalComm {
       if (ready()) return;
       if (world.aborted.load()) throw_aborted_locked(what());
       for (int q : missing()) {
-        if (world.exited[static_cast<std::size_t>(group.world_ranks[static_cast<std::size_t>(q)])]) {
+        if (world
+                .exited[static_cast<std::size_t>(group.world_ranks[static_cast<std::size_t>(q)])]) {
           throw CommError(detail::cat("fourway: ", what(), " cannot complete: ", group.who(q),
-                              " returned from its function without joining it"));
+                                      " returned from its function without joining it"));
         }
       }
       const auto now = std::chrono::steady_clock::now();
@@ -528,8 +533,8 @@ class LocalComm {
         const auto waited =
             std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
         std::ostringstream os;
-        os << "fourway: CommTimeout: " << what() << ": waited " << waited
-           << " ms (deadline " << group.options.deadline.count() << " ms) for ";
+        os << "fourway: CommTimeout: " << what() << ": waited " << waited << " ms (deadline "
+           << group.options.deadline.count() << " ms) for ";
         bool first = true;
         for (int q : missing()) {
           os << (first ? "" : ", ") << group.who(q);
@@ -562,7 +567,7 @@ class LocalComm {
 
   std::string op_context(const detail::LocalSlot& me) const {
     return detail::cat(g().header(), ", ", detail::describe_slot(me), " #", me.seq, " on ",
-               g().who(s_->rank));
+                       g().who(s_->rank));
   }
 
   /// Publishes this rank's call and waits for every rank to publish theirs; then checks that
@@ -625,8 +630,8 @@ class LocalComm {
     for (const auto& s : group.slots[me.seq % 2]) calls.push_back(detail::call_of(s));
     const std::string report = detail::mismatch_report(calls, [&](int q) { return group.who(q); });
     if (!report.empty()) {
-      throw CommMismatch(detail::cat("fourway: CommMismatch in ", group.header(), " at collective #",
-                                     me.seq, ": ", report));
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", group.header(),
+                                     " at collective #", me.seq, ": ", report));
     }
   }
 
@@ -711,9 +716,11 @@ class LocalComm {
     const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
     auto& group = g();
     for (int q = 0; q < group.size; ++q) {
-      const T* src = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
+      const T* src =
+          static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
       T* dst = recv + static_cast<std::int64_t>(q) * count;
-      if (src != dst && count > 0) std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
+      if (src != dst && count > 0)
+        std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
     }
     leave(me);
   }
@@ -727,7 +734,8 @@ class LocalComm {
 #endif
     const auto me = enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
     auto& group = g();
-    const T* src = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
+    const T* src =
+        static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
     if (src != buf && count > 0) std::memcpy(buf, src, static_cast<std::size_t>(count) * sizeof(T));
     leave(me);
   }
@@ -840,9 +848,9 @@ class LocalComm {
     };
     auto what = [&] {
       std::ostringstream os;
-      os << group.header() << ", recv #" << number << " ("
-         << dtype_name(dtype_v<T>) << ", count " << count << ") on " << group.who(s_->rank)
-         << " from " << group.who(peer) << " with tag " << tag;
+      os << group.header() << ", recv #" << number << " (" << dtype_name(dtype_v<T>) << ", count "
+         << count << ") on " << group.who(s_->rank) << " from " << group.who(peer) << " with tag "
+         << tag;
       std::vector<int> other_tags;
       for (const auto& [k, q] : group.mail) {
         if (std::get<0>(k) == peer && std::get<1>(k) == s_->rank && !q.empty()) {
@@ -856,7 +864,8 @@ class LocalComm {
       }
       return os.str();
     };
-    wait_until(false, ready, [&] { return std::vector<int>{peer}; }, what);
+    wait_until(
+        false, ready, [&] { return std::vector<int>{peer}; }, what);
     detail::LocalMessage m;
     std::string context;
     {
@@ -882,8 +891,9 @@ class LocalComm {
 #endif
     if (m.dtype != dtype_v<T> || m.count != count) {
       throw CommMismatch(detail::cat("fourway: CommMismatch in ", context, ": the matching send #",
-                             m.number, " carries ", dtype_name(m.dtype), " count ", m.count,
-                             " but this recv expects ", dtype_name(dtype_v<T>), " count ", count));
+                                     m.number, " carries ", dtype_name(m.dtype), " count ", m.count,
+                                     " but this recv expects ", dtype_name(dtype_v<T>), " count ",
+                                     count));
     }
 #if defined(FOURWAY_CUDA_COMPILATION)
     if (device) return device_unstage(m, buf, count);
@@ -916,9 +926,10 @@ class LocalComm {
   }
 
   detail::LocalSlot device_enter(detail::LocalSlot me) {
-    check<ConfigError>(size() <= detail::max_device_ranks, "fourway: LocalWorld on device memory "
-                       "supports groups of up to ", detail::max_device_ranks, " ranks, ",
-                       g().header(), " has ", size());
+    check<ConfigError>(size() <= detail::max_device_ranks,
+                       "fourway: LocalWorld on device memory "
+                       "supports groups of up to ",
+                       detail::max_device_ranks, " ranks, ", g().header(), " has ", size());
     me.device = true;
     const auto parity = (s_->seq + 1) % 2;
     cudaEvent_t ready = rank_event(s_->events.ready[parity]);
@@ -929,9 +940,11 @@ class LocalComm {
     const auto& slots = g().slots[me.seq % 2];
     for (int q = 0; q < size(); ++q) {
       if (q == s_->rank) continue;
-      cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(),
-                                           static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].ready_event), 0),
-                       "cudaStreamWaitEvent");
+      cuda::check_cuda(
+          cudaStreamWaitEvent(
+              cuda_stream(),
+              static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].ready_event), 0),
+          "cudaStreamWaitEvent");
     }
     return me;
   }
@@ -943,9 +956,11 @@ class LocalComm {
     const auto& slots = g().slots[me.seq % 2];
     for (int q = 0; q < size(); ++q) {
       if (q == s_->rank) continue;
-      cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(),
-                                           static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].done_event), 0),
-                       "cudaStreamWaitEvent");
+      cuda::check_cuda(
+          cudaStreamWaitEvent(
+              cuda_stream(),
+              static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].done_event), 0),
+          "cudaStreamWaitEvent");
     }
   }
 
@@ -1001,7 +1016,8 @@ class LocalComm {
   template <class T>
   void device_broadcast(T* buf, std::int64_t count, int root) {
     const auto me = device_enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
-    const T* src = static_cast<const T*>(g().slots[me.seq % 2][static_cast<std::size_t>(root)].send);
+    const T* src =
+        static_cast<const T*>(g().slots[me.seq % 2][static_cast<std::size_t>(root)].send);
     if (src != buf && count > 0) {
       cuda::check_cuda(cudaMemcpyAsync(buf, src, static_cast<std::size_t>(count) * sizeof(T),
                                        cudaMemcpyDeviceToDevice, cuda_stream()),
@@ -1016,9 +1032,11 @@ class LocalComm {
   void device_stage(detail::LocalMessage& m, const T* buf, std::int64_t count) {
     const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
     if (bytes > 0) {
-      cuda::check_cuda(cudaMallocAsync(&m.device_data, bytes, cuda_stream()), "cudaMallocAsync (send)");
-      cuda::check_cuda(cudaMemcpyAsync(m.device_data, buf, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
-                       "cudaMemcpyAsync (send)");
+      cuda::check_cuda(cudaMallocAsync(&m.device_data, bytes, cuda_stream()),
+                       "cudaMallocAsync (send)");
+      cuda::check_cuda(
+          cudaMemcpyAsync(m.device_data, buf, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
+          "cudaMemcpyAsync (send)");
     }
     cudaEvent_t e = nullptr;
     cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -1032,8 +1050,9 @@ class LocalComm {
     auto e = static_cast<cudaEvent_t>(m.event);
     cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(), e, 0), "cudaStreamWaitEvent");
     if (bytes > 0) {
-      cuda::check_cuda(cudaMemcpyAsync(buf, m.device_data, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
-                       "cudaMemcpyAsync (recv)");
+      cuda::check_cuda(
+          cudaMemcpyAsync(buf, m.device_data, bytes, cudaMemcpyDeviceToDevice, cuda_stream()),
+          "cudaMemcpyAsync (recv)");
       cuda::check_cuda(cudaFreeAsync(m.device_data, cuda_stream()), "cudaFreeAsync (recv)");
     }
     (void)cudaEventDestroy(e);
@@ -1046,8 +1065,10 @@ static_assert(communicator<LocalComm>);
 template <class Fn>
 void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
   check<ConfigError>(n >= 1, "fourway: LocalWorld::launch needs at least 1 rank, got ", n);
-  check<ConfigError>(options.deadline.count() > 0, "fourway: CommOptions::deadline must be "
-                     "positive, got ", options.deadline.count(), " ms");
+  check<ConfigError>(options.deadline.count() > 0,
+                     "fourway: CommOptions::deadline must be "
+                     "positive, got ",
+                     options.deadline.count(), " ms");
   auto world = std::make_shared<detail::LocalWorldState>(n);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);

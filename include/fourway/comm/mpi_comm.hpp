@@ -165,7 +165,8 @@ struct MpiShared {
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size; ++q) {
       MPI_Request r = MPI_REQUEST_NULL;
-      if (MPI_Rget(peer.data() + 2 * q, 2, MPI_UINT64_T, q, 0, 2, MPI_UINT64_T, win, &r) != MPI_SUCCESS) {
+      if (MPI_Rget(peer.data() + 2 * q, 2, MPI_UINT64_T, q, 0, 2, MPI_UINT64_T, win, &r) !=
+          MPI_SUCCESS) {
         return {};
       }
       reqs.push_back(r);
@@ -173,7 +174,8 @@ struct MpiShared {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     int all = 0;
     while (!all) {
-      if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+      if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &all, MPI_STATUSES_IGNORE) !=
+          MPI_SUCCESS) {
         return {};
       }
       if (!all && std::chrono::steady_clock::now() > until) return {};
@@ -246,14 +248,17 @@ class MpiWork final : public Work::State {
     MPI_Status status;
     const int rc = MPI_Test(&req_, &flag, &status);
     if (rc != MPI_SUCCESS) {
-      const bool truncate = rc == MPI_ERR_TRUNCATE || (rc == MPI_ERR_IN_STATUS && status.MPI_ERROR == MPI_ERR_TRUNCATE);
+      const bool truncate = rc == MPI_ERR_TRUNCATE ||
+                            (rc == MPI_ERR_IN_STATUS && status.MPI_ERROR == MPI_ERR_TRUNCATE);
       if (truncate) {
-        error_ = std::make_exception_ptr(CommMismatch(cat(
-            "fourway: CommMismatch in ", what_, ": the matching send carries more elements "
-            "than this recv expects (", mpi_error_string(rc), ")")));
+        error_ =
+            std::make_exception_ptr(CommMismatch(cat("fourway: CommMismatch in ", what_,
+                                                     ": the matching send carries more elements "
+                                                     "than this recv expects (",
+                                                     mpi_error_string(rc), ")")));
       } else {
-        error_ = std::make_exception_ptr(CommError(cat("fourway: ", what_, " failed: ",
-                                                       mpi_error_string(rc))));
+        error_ = std::make_exception_ptr(
+            CommError(cat("fourway: ", what_, " failed: ", mpi_error_string(rc))));
       }
       done_ = true;
       return true;
@@ -270,17 +275,19 @@ class MpiWork final : public Work::State {
 
   void time_out() {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - start_).count();
+                            std::chrono::steady_clock::now() - start_)
+                            .count();
     std::string missing = seq_ > 0 ? shared_->behind(seq_) : std::string{};
     if (missing.empty()) {
-      missing = "ranks unknown (MPI does not report which ranks have not arrived; each rank that "
-                "did prints this message)";
+      missing =
+          "ranks unknown (MPI does not report which ranks have not arrived; each rank that "
+          "did prints this message)";
     }
-    error_ = std::make_exception_ptr(CommTimeout(cat(
-        "fourway: CommTimeout: ", what_, ": waited ", waited, " ms (deadline ",
-        shared_->options.deadline.count(), " ms) for ", missing,
-        ". If those ranks are only slow, raise CommOptions::deadline; otherwise find the rank "
-        "that skipped, reordered or never reached this call")));
+    error_ = std::make_exception_ptr(CommTimeout(
+        cat("fourway: CommTimeout: ", what_, ": waited ", waited, " ms (deadline ",
+            shared_->options.deadline.count(), " ms) for ", missing,
+            ". If those ranks are only slow, raise CommOptions::deadline; otherwise find the rank "
+            "that skipped, reordered or never reached this call")));
     shared_->abandoned.push_back({req_, keep_});
     done_ = true;
   }
@@ -328,18 +335,25 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     const int c = mpi_count(count, CommOp::all_reduce);
     if constexpr (is_half<T>) {
       auto buf = std::make_shared<std::vector<float>>(static_cast<std::size_t>(2 * count));
-      for (std::int64_t i = 0; i < count; ++i) (*buf)[static_cast<std::size_t>(i)] = static_cast<float>(send[i]);
+      for (std::int64_t i = 0; i < count; ++i)
+        (*buf)[static_cast<std::size_t>(i)] = static_cast<float>(send[i]);
       MPI_Request req = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Iallreduce(buf->data(), buf->data() + count, c, MPI_FLOAT, detail::mpi_op(op),
-                                       s_->comm, &req), "MPI_Iallreduce");
-      return work<T>(req, seq, CommOp::all_reduce, count, op, [=](const MPI_Status&) {
-        const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
-        for (std::int64_t i = 0; i < count; ++i) recv[i] = T((*buf)[static_cast<std::size_t>(count + i)] / div);
-      }, buf);
+      detail::mpi_check(MPI_Iallreduce(buf->data(), buf->data() + count, c, MPI_FLOAT,
+                                       detail::mpi_op(op), s_->comm, &req),
+                        "MPI_Iallreduce");
+      return work<T>(
+          req, seq, CommOp::all_reduce, count, op,
+          [=](const MPI_Status&) {
+            const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
+            for (std::int64_t i = 0; i < count; ++i)
+              recv[i] = T((*buf)[static_cast<std::size_t>(count + i)] / div);
+          },
+          buf);
     } else {
       MPI_Request req = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, c, detail::mpi_type<T>(),
-                                       detail::mpi_op(op), s_->comm, &req), "MPI_Iallreduce");
+      detail::mpi_check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, c,
+                                       detail::mpi_type<T>(), detail::mpi_op(op), s_->comm, &req),
+                        "MPI_Iallreduce");
       return work<T>(req, seq, CommOp::all_reduce, count, op, [=](const MPI_Status&) {
         if (op == ReduceOp::avg) divide(recv, count, n);
       });
@@ -353,17 +367,21 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     const int c = mpi_count(count * n, CommOp::reduce_scatter);
     if constexpr (is_half<T>) {
       auto buf = std::make_shared<std::vector<float>>(static_cast<std::size_t>(count * n + count));
-      for (std::int64_t i = 0; i < count * n; ++i) (*buf)[static_cast<std::size_t>(i)] = static_cast<float>(send[i]);
+      for (std::int64_t i = 0; i < count * n; ++i)
+        (*buf)[static_cast<std::size_t>(i)] = static_cast<float>(send[i]);
       MPI_Request req = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Ireduce_scatter_block(buf->data(), buf->data() + count * n, c / n, MPI_FLOAT,
-                                                  detail::mpi_op(op), s_->comm, &req),
+      detail::mpi_check(MPI_Ireduce_scatter_block(buf->data(), buf->data() + count * n, c / n,
+                                                  MPI_FLOAT, detail::mpi_op(op), s_->comm, &req),
                         "MPI_Ireduce_scatter_block");
-      return work<T>(req, seq, CommOp::reduce_scatter, count, op, [=](const MPI_Status&) {
-        const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
-        for (std::int64_t i = 0; i < count; ++i) {
-          recv[i] = T((*buf)[static_cast<std::size_t>(count * n + i)] / div);
-        }
-      }, buf);
+      return work<T>(
+          req, seq, CommOp::reduce_scatter, count, op,
+          [=](const MPI_Status&) {
+            const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
+            for (std::int64_t i = 0; i < count; ++i) {
+              recv[i] = T((*buf)[static_cast<std::size_t>(count * n + i)] / div);
+            }
+          },
+          buf);
     } else {
       // MPI forbids recv inside send; an aliasing recv (send + rank*count) goes through a copy.
       const bool alias = recv >= send && recv < send + count * n;
@@ -371,12 +389,17 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
       if (alias) tmp = std::make_shared<std::vector<T>>(static_cast<std::size_t>(count));
       T* out = alias ? tmp->data() : recv;
       MPI_Request req = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Ireduce_scatter_block(send, out, c / n, detail::mpi_type<T>(), detail::mpi_op(op),
-                                                  s_->comm, &req), "MPI_Ireduce_scatter_block");
-      return work<T>(req, seq, CommOp::reduce_scatter, count, op, [=](const MPI_Status&) {
-        if (alias && count > 0) std::memcpy(recv, out, static_cast<std::size_t>(count) * sizeof(T));
-        if (op == ReduceOp::avg) divide(recv, count, n);
-      }, tmp);
+      detail::mpi_check(MPI_Ireduce_scatter_block(send, out, c / n, detail::mpi_type<T>(),
+                                                  detail::mpi_op(op), s_->comm, &req),
+                        "MPI_Ireduce_scatter_block");
+      return work<T>(
+          req, seq, CommOp::reduce_scatter, count, op,
+          [=](const MPI_Status&) {
+            if (alias && count > 0)
+              std::memcpy(recv, out, static_cast<std::size_t>(count) * sizeof(T));
+            if (op == ReduceOp::avg) divide(recv, count, n);
+          },
+          tmp);
     }
   }
 
@@ -386,8 +409,9 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     const int c = mpi_count(count * s_->size, CommOp::all_gather) / s_->size;
     const bool in_place = send == recv + static_cast<std::int64_t>(s_->rank) * count;
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, c, detail::mpi_type<T>(), recv, c,
-                                     detail::mpi_type<T>(), s_->comm, &req), "MPI_Iallgather");
+    detail::mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, c, detail::mpi_type<T>(), recv,
+                                     c, detail::mpi_type<T>(), s_->comm, &req),
+                      "MPI_Iallgather");
     return work<T>(req, seq, CommOp::all_gather, count, ReduceOp::sum, {});
   }
 
@@ -396,8 +420,9 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     check_rank(root, "root", CommOp::broadcast);
     const auto seq = enter<T>(CommOp::broadcast, count, ReduceOp::sum, root);
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Ibcast(buf, mpi_count(count, CommOp::broadcast), detail::mpi_type<T>(), root,
-                                 s_->comm, &req), "MPI_Ibcast");
+    detail::mpi_check(MPI_Ibcast(buf, mpi_count(count, CommOp::broadcast), detail::mpi_type<T>(),
+                                 root, s_->comm, &req),
+                      "MPI_Ibcast");
     return work<T>(req, seq, CommOp::broadcast, count, ReduceOp::sum, {}, {}, root);
   }
 
@@ -407,10 +432,12 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     const int c = mpi_count(count, CommOp::send);
     const auto number = ++sends_;
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Isend(buf, c, detail::mpi_type<T>(), peer, tag, s_->comm, &req), "MPI_Isend");
+    detail::mpi_check(MPI_Isend(buf, c, detail::mpi_type<T>(), peer, tag, s_->comm, &req),
+                      "MPI_Isend");
     return Work(std::make_shared<detail::MpiWork>(
-        s_, req, detail::cat(s_->header(), ", send #", number, " (", dtype_name(dtype_v<T>), ", count ",
-                             count, ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag),
+        s_, req,
+        detail::cat(s_->header(), ", send #", number, " (", dtype_name(dtype_v<T>), ", count ",
+                    count, ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag),
         0, nullptr, nullptr));
   }
 
@@ -419,19 +446,22 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     check_p2p(peer, tag, CommOp::recv);
     const int c = mpi_count(count, CommOp::recv);
     const auto number = ++recvs_;
-    std::string what = detail::cat(s_->header(), ", recv #", number, " (", dtype_name(dtype_v<T>),
-                                   ", count ", count, ") on rank ", s_->rank, " from rank ", peer,
-                                   " with tag ", tag);
+    std::string what =
+        detail::cat(s_->header(), ", recv #", number, " (", dtype_name(dtype_v<T>), ", count ",
+                    count, ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Irecv(buf, c, detail::mpi_type<T>(), peer, tag, s_->comm, &req), "MPI_Irecv");
+    detail::mpi_check(MPI_Irecv(buf, c, detail::mpi_type<T>(), peer, tag, s_->comm, &req),
+                      "MPI_Irecv");
     return Work(std::make_shared<detail::MpiWork>(
         s_, req, what, 0,
         [what, c](const MPI_Status& st) {
           int got = 0;
           MPI_Get_count(&st, detail::mpi_type<T>(), &got);
           if (got != c) {
-            throw CommMismatch(detail::cat("fourway: CommMismatch in ", what, ": the matching send "
-                                           "carries count ", got, " but this recv expects ", c));
+            throw CommMismatch(detail::cat("fourway: CommMismatch in ", what,
+                                           ": the matching send "
+                                           "carries count ",
+                                           got, " but this recv expects ", c));
           }
         },
         nullptr));
@@ -454,12 +484,14 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     (*both)[0] = color;
     (*both)[1] = key;
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Iallgather(both->data(), 2, MPI_INT, both->data() + 2, 2, MPI_INT, s_->comm, &req),
-                      "MPI_Iallgather");
+    detail::mpi_check(
+        MPI_Iallgather(both->data(), 2, MPI_INT, both->data() + 2, 2, MPI_INT, s_->comm, &req),
+        "MPI_Iallgather");
     work<std::uint8_t>(req, seq, CommOp::split, 0, ReduceOp::sum, {}, both).wait();
     MPI_Comm out = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(s_->comm, color, key, &out), "MPI_Comm_split");
-    return MpiComm(out, s_->options, name.empty() ? detail::cat(s_->name, "/", color) : std::move(name), 0);
+    return MpiComm(out, s_->options,
+                   name.empty() ? detail::cat(s_->name, "/", color) : std::move(name), 0);
   }
 
  private:
@@ -479,8 +511,8 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     MPI_Comm_rank(comm, &s_->rank);
     MPI_Comm_size(comm, &s_->size);
     void* base = nullptr;
-    if (MPI_Win_allocate(2 * sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, comm, &base,
-                         &s_->win) == MPI_SUCCESS) {
+    if (MPI_Win_allocate(2 * sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, comm,
+                         &base, &s_->win) == MPI_SUCCESS) {
       s_->progress = static_cast<std::uint64_t*>(base);
       s_->progress[0] = 0;
       s_->progress[1] = 0;
@@ -502,7 +534,8 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
-    const auto limit = std::min<std::chrono::milliseconds>(s_->options.deadline, std::chrono::seconds(10));
+    const auto limit =
+        std::min<std::chrono::milliseconds>(s_->options.deadline, std::chrono::seconds(10));
     const auto until = std::chrono::steady_clock::now() + limit;
     while (!s_->abandoned.empty() && std::chrono::steady_clock::now() < until) {
       s_->reap();
@@ -527,8 +560,10 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     check<ShapeError>(count >= 0, "fourway: ", comm_op_name(op), " in ", s_->header(),
                       " got a negative count ", count);
     check<ShapeError>(count <= INT32_MAX, "fourway: ", comm_op_name(op), " in ", s_->header(),
-                      " moves ", count, " elements; MPI counts are int: split the call into "
-                      "pieces of at most ", INT32_MAX);
+                      " moves ", count,
+                      " elements; MPI counts are int: split the call into "
+                      "pieces of at most ",
+                      INT32_MAX);
     return static_cast<int>(count);
   }
   void check_rank(int r, std::string_view role, CommOp op) const {
@@ -554,23 +589,27 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     s_->publish(seq, op);
     detail::CallDesc mine{op, dtype_v<T>, count, reduce, root};
     if (!s_->options.debug) return seq;
-    std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype), count,
-                         static_cast<std::int64_t>(reduce), root};
+    std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype),
+                         count, static_cast<std::int64_t>(reduce), root};
     auto all = std::make_shared<std::vector<std::int64_t>>(5 * static_cast<std::size_t>(s_->size));
     MPI_Request req = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Iallgather(d, 5, MPI_INT64_T, all->data(), 5, MPI_INT64_T, s_->comm, &req),
-                      "MPI_Iallgather (debug check)");
+    detail::mpi_check(
+        MPI_Iallgather(d, 5, MPI_INT64_T, all->data(), 5, MPI_INT64_T, s_->comm, &req),
+        "MPI_Iallgather (debug check)");
     Work(std::make_shared<detail::MpiWork>(
-             s_, req, detail::cat(s_->header(), ", ", detail::describe_call(mine), " #", seq,
-                                  " on rank ", s_->rank, " (debug check)"),
-             seq, nullptr, all)).wait();
+             s_, req,
+             detail::cat(s_->header(), ", ", detail::describe_call(mine), " #", seq, " on rank ",
+                         s_->rank, " (debug check)"),
+             seq, nullptr, all))
+        .wait();
     std::vector<detail::CallDesc> calls;
     for (int q = 0; q < s_->size; ++q) {
       const std::int64_t* e = all->data() + 5 * q;
       calls.push_back({static_cast<CommOp>(e[0]), static_cast<Dtype>(e[1]), e[2],
                        static_cast<ReduceOp>(e[3]), static_cast<int>(e[4])});
     }
-    const auto report = detail::mismatch_report(calls, [](int q) { return detail::cat("rank ", q); });
+    const auto report =
+        detail::mismatch_report(calls, [](int q) { return detail::cat("rank ", q); });
     if (!report.empty()) {
       throw CommMismatch(detail::cat("fourway: CommMismatch in ", s_->header(), " at collective #",
                                      seq, ": ", report));
@@ -584,8 +623,9 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
             int root = 0) {
     return Work(std::make_shared<detail::MpiWork>(
         s_, req,
-        detail::cat(s_->header(), ", ", detail::describe_call({op, dtype_v<T>, count, reduce, root}),
-                    " #", seq, " on rank ", s_->rank),
+        detail::cat(s_->header(), ", ",
+                    detail::describe_call({op, dtype_v<T>, count, reduce, root}), " #", seq,
+                    " on rank ", s_->rank),
         seq, std::move(finish), std::move(keep)));
   }
 

@@ -96,7 +96,8 @@ struct NcclShared {
     if (comm != nullptr && !aborted) {
       // Flush, then free; a peer that never finalises must not hang this destructor.
       (void)ncclCommFinalize(comm);
-      const auto until = NcclClock::now() + std::min<std::chrono::milliseconds>(options.deadline, std::chrono::seconds(10));
+      const auto until = NcclClock::now() + std::min<std::chrono::milliseconds>(
+                                                options.deadline, std::chrono::seconds(10));
       ncclResult_t st = ncclInProgress;
       while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress &&
              NcclClock::now() < until) {
@@ -171,10 +172,13 @@ class NcclWork final : public Work::State {
   void wait() override {
     while (!test()) {
       if (NcclClock::now() - start_ > s_->options.deadline) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_).count();
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_)
+                .count();
         error_ = std::make_exception_ptr(CommTimeout(cat(
             "fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
-            " ms (deadline ", s_->options.deadline.count(), " ms) for ranks unknown (NCCL does "
+            " ms (deadline ", s_->options.deadline.count(),
+            " ms) for ranks unknown (NCCL does "
             "not report which ranks have not arrived); the communicator was aborted, as PyTorch's "
             "NCCL watchdog does. If the peers are only slow, raise CommOptions::deadline")));
         s_->abort(cat(what_, " timed out"));
@@ -195,23 +199,25 @@ class NcclWork final : public Work::State {
       return true;
     }
     if (q != cudaErrorNotReady) {
-      error_ = std::make_exception_ptr(DeviceError(cat("fourway: ", what_, ": ", cudaGetErrorString(q))));
+      error_ = std::make_exception_ptr(
+          DeviceError(cat("fourway: ", what_, ": ", cudaGetErrorString(q))));
       done_ = true;
       return true;
     }
     ncclResult_t st = ncclSuccess;
     if (s_->aborted) {
-      error_ = std::make_exception_ptr(CommError(cat("fourway: ", what_, " in ", s_->header(),
-                                                     " abandoned: the communicator was aborted: ",
-                                                     s_->abort_reason)));
+      error_ = std::make_exception_ptr(
+          CommError(cat("fourway: ", what_, " in ", s_->header(),
+                        " abandoned: the communicator was aborted: ", s_->abort_reason)));
       done_ = true;
       return true;
     }
-    if (ncclCommGetAsyncError(s_->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+    if (ncclCommGetAsyncError(s_->comm, &st) == ncclSuccess && st != ncclSuccess &&
+        st != ncclInProgress) {
       s_->abort(cat(what_, " failed: ", ncclGetErrorString(st)));
-      error_ = std::make_exception_ptr(CommError(cat("fourway: ", what_, " in ", s_->header(),
-                                                     " failed: ", ncclGetErrorString(st),
-                                                     "; communicator aborted")));
+      error_ = std::make_exception_ptr(
+          CommError(cat("fourway: ", what_, " in ", s_->header(),
+                        " failed: ", ncclGetErrorString(st), "; communicator aborted")));
       done_ = true;
       return true;
     }
@@ -231,7 +237,8 @@ class NcclWork final : public Work::State {
 /// A device buffer freed on the stream when the last owner lets go.
 inline std::shared_ptr<void> nccl_workspace(std::size_t bytes, cudaStream_t stream, void** out) {
   void* p = nullptr;
-  if (bytes > 0) cuda::check_cuda(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (NCCL workspace)");
+  if (bytes > 0)
+    cuda::check_cuda(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (NCCL workspace)");
   *out = p;
   return std::shared_ptr<void>(p, [stream](void* q) {
     if (q != nullptr) (void)cudaFreeAsync(q, stream);
@@ -259,7 +266,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     const auto start = detail::NcclClock::now();
-    s_->settle(ncclCommInitRankConfig(&s_->comm, size, id, rank, &config), "ncclCommInitRankConfig", start);
+    s_->settle(ncclCommInitRankConfig(&s_->comm, size, id, rank, &config), "ncclCommInitRankConfig",
+               start);
   }
   /// A one-rank communicator on `device` (no bootstrap).
   static NcclComm single(int device = 0, CommOptions options = {}, NcclOptions nccl = {}) {
@@ -295,14 +303,20 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::shared_ptr<void> keep;
     if (widen<T>(op)) {
       void* w = nullptr;
-      keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float), s_->stream, &w);
+      keep =
+          detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float), s_->stream, &w);
       auto* f = static_cast<float*>(w);
       detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream);
-      s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum, s_->comm, s_->stream), what, start);
-      detail::device_cast<float, T>(recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f, s_->stream);
+      s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
+                               s_->comm, s_->stream),
+                 what, start);
+      detail::device_cast<float, T>(
+          recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
+          s_->stream);
     } else {
       s_->settle(ncclAllReduce(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                               detail::nccl_op(op), s_->comm, s_->stream), what, start);
+                               detail::nccl_op(op), s_->comm, s_->stream),
+                 what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
@@ -316,15 +330,21 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::shared_ptr<void> keep;
     if (widen<T>(op)) {
       void* w = nullptr;
-      keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float), s_->stream, &w);
+      keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float),
+                                    s_->stream, &w);
       auto* f = static_cast<float*>(w);
       detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream);
-      s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                                   s_->comm, s_->stream), what, start);
-      detail::device_cast<float, T>(recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f, s_->stream);
+      s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32,
+                                   ncclSum, s_->comm, s_->stream),
+                 what, start);
+      detail::device_cast<float, T>(
+          recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
+          s_->stream);
     } else {
-      s_->settle(ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                                   detail::nccl_op(op), s_->comm, s_->stream), what, start);
+      s_->settle(
+          ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                            detail::nccl_op(op), s_->comm, s_->stream),
+          what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
@@ -334,8 +354,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   Work all_gather_async(const T* send, T* recv, std::int64_t count) {
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
-    s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(), s_->comm,
-                             s_->stream), what, start);
+    s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                             s_->comm, s_->stream),
+               what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
@@ -345,8 +366,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                        " got root ", root, "; valid ranks are 0..", s_->size - 1);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::broadcast, count, ReduceOp::sum, root);
-    s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), root,
-                             s_->comm, s_->stream), what, start);
+    s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                             root, s_->comm, s_->stream),
+               what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
@@ -354,8 +376,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
     check_p2p(peer, tag, count, "send");
     const auto start = detail::NcclClock::now();
-    const std::string what = detail::cat("send #", ++sends_, " (", dtype_name(dtype_v<T>), ", count ",
-                                         count, ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag);
+    const std::string what =
+        detail::cat("send #", ++sends_, " (", dtype_name(dtype_v<T>), ", count ", count,
+                    ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag);
     s_->check_usable(what);
     std::shared_ptr<void> keep;
     s_->settle(ncclGroupStart(), what, start);
@@ -363,12 +386,14 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
       void* h = nullptr;
       keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream, &h);
       const std::int64_t header[3] = {tag, count, static_cast<std::int64_t>(dtype_v<T>)};
-      cuda::check_cuda(cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream),
-                       "cudaMemcpyAsync (p2p header)");
+      cuda::check_cuda(
+          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream),
+          "cudaMemcpyAsync (p2p header)");
       cuda::check_cuda(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
       (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream);
     }
-    (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm, s_->stream);
+    (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
+                   s_->stream);
     s_->settle(ncclGroupEnd(), what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
   }
@@ -377,25 +402,30 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
     check_p2p(peer, tag, count, "recv");
     const auto start = detail::NcclClock::now();
-    const std::string what = detail::cat("recv #", ++recvs_, " (", dtype_name(dtype_v<T>), ", count ",
-                                         count, ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
+    const std::string what =
+        detail::cat("recv #", ++recvs_, " (", dtype_name(dtype_v<T>), ", count ", count,
+                    ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
     s_->check_usable(what);
     if (s_->options.debug) {
       std::int64_t* h = s_->scratch + 4;
       s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream), what, start);
       Work(std::make_shared<detail::NcclWork>(s_, what + " (header)", start, nullptr)).wait();
       std::int64_t header[3];
-      cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost), "cudaMemcpy (p2p header)");
-      if (header[0] != tag || header[1] != count || header[2] != static_cast<std::int64_t>(dtype_v<T>)) {
-        throw CommMismatch(detail::cat(
-            "fourway: CommMismatch in ", s_->header(), ", ", what, ": the next message from rank ",
-            peer, " has tag ", header[0], ", count ", header[1], ", ",
-            dtype_name(static_cast<Dtype>(header[2])), " (NCCL delivers point-to-point messages "
-            "in posting order: post the receives in the order of the sends)"));
+      cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost),
+                       "cudaMemcpy (p2p header)");
+      if (header[0] != tag || header[1] != count ||
+          header[2] != static_cast<std::int64_t>(dtype_v<T>)) {
+        throw CommMismatch(
+            detail::cat("fourway: CommMismatch in ", s_->header(), ", ", what,
+                        ": the next message from rank ", peer, " has tag ", header[0], ", count ",
+                        header[1], ", ", dtype_name(static_cast<Dtype>(header[2])),
+                        " (NCCL delivers point-to-point messages "
+                        "in posting order: post the receives in the order of the sends)"));
       }
     }
-    s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
-                        s_->stream), what, start);
+    s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer,
+                        s_->comm, s_->stream),
+               what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
@@ -413,12 +443,13 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     int n = 0;
     ncclResult_t st = ncclInProgress;
     while (ncclCommGetAsyncError(out, &st) == ncclSuccess && st == ncclInProgress) {
-      check<CommTimeout>(detail::NcclClock::now() - start <= s_->options.deadline, "fourway: CommTimeout: ",
-                         what, " in ", s_->header(), ": ncclCommSplit did not finish within the deadline");
+      check<CommTimeout>(detail::NcclClock::now() - start <= s_->options.deadline,
+                         "fourway: CommTimeout: ", what, " in ", s_->header(),
+                         ": ncclCommSplit did not finish within the deadline");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(), " failed: ",
-                     ncclGetErrorString(st));
+    check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(),
+                     " failed: ", ncclGetErrorString(st));
     ncclCommUserRank(out, &r);
     ncclCommCount(out, &n);
     NcclComm c;
@@ -432,7 +463,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
  private:
   NcclComm() = default;
 
-  void init_shared(CommOptions options, std::string name, NcclOptions nccl, int rank, int size, int device) {
+  void init_shared(CommOptions options, std::string name, NcclOptions nccl, int rank, int size,
+                   int device) {
     s_ = std::make_shared<detail::NcclShared>();
     s_->options = options;
     s_->name = std::move(name);
@@ -441,18 +473,21 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->size = size;
     s_->device = device;
     cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    cuda::check_cuda(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda::check_cuda(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking),
+                     "cudaStreamCreate");
     s_->owns_stream = true;
     void* p = nullptr;
-    cuda::check_cuda(cudaMalloc(&p, static_cast<std::size_t>(8 + 8 * size) * sizeof(std::int64_t)), "cudaMalloc");
+    cuda::check_cuda(cudaMalloc(&p, static_cast<std::size_t>(8 + 8 * size) * sizeof(std::int64_t)),
+                     "cudaMalloc");
     s_->scratch = static_cast<std::int64_t*>(p);
     const std::int32_t one = 1;
-    cuda::check_cuda(cudaMemcpy(s_->scratch, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda::check_cuda(cudaMemcpy(s_->scratch, &one, sizeof(one), cudaMemcpyHostToDevice),
+                     "cudaMemcpy");
   }
 
   template <class T>
   bool widen(ReduceOp op) const {
-    return (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) && s_->nccl.fp32_accumulation &&
+    return (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>)&&s_->nccl.fp32_accumulation &&
            (op == ReduceOp::sum || op == ReduceOp::avg);
   }
 
@@ -466,10 +501,12 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   void check_p2p(int peer, int tag, std::int64_t count, const char* op) const {
-    check<ConfigError>(peer >= 0 && peer < s_->size, "fourway: ", op, " in ", s_->header(), " got peer ",
-                       peer, "; valid ranks are 0..", s_->size - 1);
-    check<ConfigError>(tag >= 0, "fourway: ", op, " in ", s_->header(), " got tag ", tag, "; tags are >= 0");
-    check<ShapeError>(count >= 0, "fourway: ", op, " in ", s_->header(), " got a negative count ", count);
+    check<ConfigError>(peer >= 0 && peer < s_->size, "fourway: ", op, " in ", s_->header(),
+                       " got peer ", peer, "; valid ranks are 0..", s_->size - 1);
+    check<ConfigError>(tag >= 0, "fourway: ", op, " in ", s_->header(), " got tag ", tag,
+                       "; tags are >= 0");
+    check<ShapeError>(count >= 0, "fourway: ", op, " in ", s_->header(), " got a negative count ",
+                      count);
   }
 
   /// Counts the collective and, in debug mode, checks that all ranks make the same call (an
@@ -485,26 +522,30 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
     if (!s_->options.debug) return what;
     const auto start = detail::NcclClock::now();
-    const std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype), count,
-                               static_cast<std::int64_t>(reduce), root};
+    const std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype),
+                               count, static_cast<std::int64_t>(reduce), root};
     std::int64_t* mine_dev = s_->scratch + 1;  // [1, 6)
     std::int64_t* all_dev = s_->scratch + 8;   // [8, 8 + 8*size): 5 used per rank, stride 8
-    cuda::check_cuda(cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream), "cudaMemcpyAsync");
-    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream), what + " (debug check)", start);
+    cuda::check_cuda(cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream),
+                     "cudaMemcpyAsync");
+    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream),
+               what + " (debug check)", start);
     Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();
     std::vector<std::int64_t> all(static_cast<std::size_t>(5 * s_->size));
-    cuda::check_cuda(cudaMemcpy(all.data(), all_dev, all.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost),
-                     "cudaMemcpy");
+    cuda::check_cuda(
+        cudaMemcpy(all.data(), all_dev, all.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
     std::vector<detail::CallDesc> calls;
     for (int q = 0; q < s_->size; ++q) {
       const std::int64_t* e = all.data() + 5 * q;
-      calls.push_back({static_cast<CommOp>(e[0]), static_cast<Dtype>(e[1]), e[2], static_cast<ReduceOp>(e[3]),
-                       static_cast<int>(e[4]), true});
+      calls.push_back({static_cast<CommOp>(e[0]), static_cast<Dtype>(e[1]), e[2],
+                       static_cast<ReduceOp>(e[3]), static_cast<int>(e[4]), true});
     }
-    const auto report = detail::mismatch_report(calls, [](int q) { return detail::cat("rank ", q); });
+    const auto report =
+        detail::mismatch_report(calls, [](int q) { return detail::cat("rank ", q); });
     if (!report.empty()) {
-      throw CommMismatch(detail::cat("fourway: CommMismatch in ", s_->header(), " at collective #", seq,
-                                     ": ", report));
+      throw CommMismatch(detail::cat("fourway: CommMismatch in ", s_->header(), " at collective #",
+                                     seq, ": ", report));
     }
     return what;
   }

@@ -17,8 +17,9 @@ namespace fourway {
 /// This process's rank among the processes of `mpi` on the same node (MPI_COMM_TYPE_SHARED).
 inline int node_local_rank(MpiComm& mpi) {
   MPI_Comm local = MPI_COMM_NULL;
-  detail::mpi_check(MPI_Comm_split_type(mpi.native(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL, &local),
-                    "MPI_Comm_split_type");
+  detail::mpi_check(
+      MPI_Comm_split_type(mpi.native(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL, &local),
+      "MPI_Comm_split_type");
   int r = 0;
   MPI_Comm_rank(local, &r);
   MPI_Comm_free(&local);
@@ -49,8 +50,9 @@ struct NcclWorld {
   static void launch(int n, Fn&& fn, CommOptions options = {}) {
     detail::mpi_init_once();
     MpiComm mpi(MPI_COMM_WORLD, options, "world");
-    check<ConfigError>(n == 0 || n == mpi.size(), "fourway: launch<NcclWorld>(", n, ") but mpirun started ",
-                       mpi.size(), " processes; run `mpirun -np ", n, "` or pass 0 to use them all");
+    check<ConfigError>(n == 0 || n == mpi.size(), "fourway: launch<NcclWorld>(", n,
+                       ") but mpirun started ", mpi.size(), " processes; run `mpirun -np ", n,
+                       "` or pass 0 to use them all");
     World<NcclWorld> w(nccl_from_mpi(mpi, options));
     detail::run_or_abort(w, fn);
   }

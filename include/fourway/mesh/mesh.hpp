@@ -36,7 +36,8 @@ struct MeshDegrees {
 struct AxisSet {
   std::uint8_t bits = 0;
   constexpr AxisSet() = default;
-  constexpr AxisSet(Axis a) : bits(static_cast<std::uint8_t>(1u << static_cast<int>(a))) {}  // NOLINT
+  constexpr AxisSet(Axis a)
+      : bits(static_cast<std::uint8_t>(1u << static_cast<int>(a))) {}  // NOLINT
   constexpr AxisSet(Axis a, Axis b) : AxisSet(a) { bits |= AxisSet(b).bits; }
   constexpr AxisSet(Axis a, Axis b, Axis c) : AxisSet(a, b) { bits |= AxisSet(c).bits; }
   static constexpr AxisSet from_bits(std::uint8_t b) {
@@ -127,29 +128,30 @@ class Mesh {
   /// Validates and fixes the degrees for a world of `world_size` ranks (ConfigError otherwise).
   constexpr Mesh(int world_size, MeshDegrees given = {}) : world_(world_size) {
     detail::mesh_require(world_size >= 1, "fourway: a Mesh needs a world of at least 1 rank, got ",
-                       world_size);
+                         world_size);
     deg_[0] = resolve(Axis::tp, given.tp);
     deg_[1] = resolve(Axis::pp, given.pp);
     const int inner = deg_[0] * deg_[1];
     if constexpr (!has_axis<Axis::dp>) {
       detail::mesh_require(world_size == inner, "fourway: world size ", world_size, " is not tp ",
-                         deg_[0], " x pp ", deg_[1], " = ", inner,
-                         " and the Mesh has no data-parallel axis to take the rest; add "
-                         "fw::DataParallel or fw::Sharded<Stage> to the Mesh, or run on ",
-                         inner, " ranks");
-      detail::mesh_require(given.dp == dynamic || given.dp == 1, "fourway: MeshDegrees.dp = ",
-                         given.dp, " but the Mesh has no data-parallel axis; add "
-                         "fw::DataParallel or fw::Sharded<Stage>");
+                           deg_[0], " x pp ", deg_[1], " = ", inner,
+                           " and the Mesh has no data-parallel axis to take the rest; add "
+                           "fw::DataParallel or fw::Sharded<Stage> to the Mesh, or run on ",
+                           inner, " ranks");
+      detail::mesh_require(given.dp == dynamic || given.dp == 1,
+                           "fourway: MeshDegrees.dp = ", given.dp,
+                           " but the Mesh has no data-parallel axis; add "
+                           "fw::DataParallel or fw::Sharded<Stage>");
       deg_[2] = 1;
     } else {
       detail::mesh_require(world_size % inner == 0, "fourway: world size ", world_size,
-                         " does not divide by tp ", deg_[0], " x pp ", deg_[1], " = ", inner,
-                         "; run on a multiple of ", inner, " ranks or change the degrees");
+                           " does not divide by tp ", deg_[0], " x pp ", deg_[1], " = ", inner,
+                           "; run on a multiple of ", inner, " ranks or change the degrees");
       deg_[2] = world_size / inner;
-      detail::mesh_require(given.dp == dynamic || given.dp == deg_[2], "fourway: MeshDegrees.dp = ",
-                         given.dp, " but world size ", world_size, " / (tp ", deg_[0], " x pp ",
-                         deg_[1], ") leaves dp = ", deg_[2],
-                         "; drop .dp (it is derived) or change the world size");
+      detail::mesh_require(given.dp == dynamic || given.dp == deg_[2],
+                           "fourway: MeshDegrees.dp = ", given.dp, " but world size ", world_size,
+                           " / (tp ", deg_[0], " x pp ", deg_[1], ") leaves dp = ", deg_[2],
+                           "; drop .dp (it is derived) or change the world size");
     }
   }
 
@@ -221,22 +223,22 @@ class Mesh {
     const bool present = a == Axis::tp ? has_axis<Axis::tp> : has_axis<Axis::pp>;
     const char* pname = names[static_cast<int>(a)];
     detail::mesh_require(given == dynamic || given >= 1, "fourway: MeshDegrees.", field, " = ",
-                       given, "; degrees are >= 1");
+                         given, "; degrees are >= 1");
     if (!present) {
       detail::mesh_require(given == dynamic || given == 1, "fourway: MeshDegrees.", field, " = ",
-                         given, " but the Mesh has no ", pname, " axis; add fw::", pname,
-                         "<...> to the Mesh type");
+                           given, " but the Mesh has no ", pname, " axis; add fw::", pname,
+                           "<...> to the Mesh type");
       return 1;
     }
     if (fixed == dynamic) {
       detail::mesh_require(given != dynamic, "fourway: ", pname,
-                         "<fw::dynamic> needs its degree at run time: fw::Mesh<...>(world, {.",
-                         field, " = N})");
+                           "<fw::dynamic> needs its degree at run time: fw::Mesh<...>(world, {.",
+                           field, " = N})");
       return given;
     }
     detail::mesh_require(given == dynamic || given == fixed, "fourway: the Mesh type fixes ", pname,
-                       " degree ", fixed, " but MeshDegrees.", field, " = ", given, "; drop .",
-                       field, " or make the type's degree fw::dynamic");
+                         " degree ", fixed, " but MeshDegrees.", field, " = ", given, "; drop .",
+                         field, " or make the type's degree fw::dynamic");
     return fixed;
   }
 
