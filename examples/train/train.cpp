@@ -410,6 +410,9 @@ int train_parallel(const Options& o) {
   if (o.backend == "local") {
     Options local = o;
     local.ranks = o.ranks == 0 ? 1 : o.ranks;
+    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == local.ranks, "fourway: --dp ", o.dp,
+                               " but there are ", local.ranks, " ranks; fourway-train has no "
+                               "tensor or pipeline axis yet, so --dp must equal --ranks (or be 0)");
     train_stage<T, fw::LocalWorld>(local);
     return 0;
   }
