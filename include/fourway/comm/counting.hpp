@@ -43,12 +43,12 @@ struct OpCount {
 constexpr double ring_bytes(CommOp op, double payload, int n) {
   switch (op) {
     case CommOp::all_reduce: return payload * 2.0 * (n - 1) / n;
-    case CommOp::reduce_scatter: return payload * (n - 1);
+    case CommOp::reduce_scatter:
     case CommOp::all_gather: return payload * (n - 1);
     case CommOp::broadcast: return n > 1 ? payload : 0.0;
-    case CommOp::send: return payload;
+    case CommOp::send:
     case CommOp::recv: return payload;
-    case CommOp::barrier: return 0;
+    case CommOp::barrier:
     case CommOp::split: return 0;
   }
   return 0;

@@ -36,8 +36,9 @@ struct MeshDegrees {
 struct AxisSet {
   std::uint8_t bits = 0;
   constexpr AxisSet() = default;
-  constexpr AxisSet(Axis a)
-      : bits(static_cast<std::uint8_t>(1u << static_cast<int>(a))) {}  // NOLINT
+  // Implicit on purpose: `groups.group(Axis::tp)` reads as a one-axis set.
+  constexpr AxisSet(Axis a)  // NOLINT(google-explicit-constructor)
+      : bits(static_cast<std::uint8_t>(1u << static_cast<int>(a))) {}
   constexpr AxisSet(Axis a, Axis b) : AxisSet(a) { bits |= AxisSet(b).bits; }
   constexpr AxisSet(Axis a, Axis b, Axis c) : AxisSet(a, b) { bits |= AxisSet(c).bits; }
   static constexpr AxisSet from_bits(std::uint8_t b) {
@@ -126,7 +127,7 @@ class Mesh {
   }
 
   /// Validates and fixes the degrees for a world of `world_size` ranks (ConfigError otherwise).
-  constexpr Mesh(int world_size, MeshDegrees given = {}) : world_(world_size) {
+  explicit constexpr Mesh(int world_size, MeshDegrees given = {}) : world_(world_size) {
     detail::mesh_require(world_size >= 1, "fourway: a Mesh needs a world of at least 1 rank, got ",
                          world_size);
     deg_[0] = resolve(Axis::tp, given.tp);
