@@ -413,6 +413,10 @@ int train_parallel(const Options& o) {
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == local.ranks, "fourway: --dp ", o.dp,
                                " but there are ", local.ranks, " ranks; fourway-train has no "
                                "tensor or pipeline axis yet, so --dp must equal --ranks (or be 0)");
+    fw::check<fw::ConfigError>(o.batch % local.ranks == 0, "fourway: the global batch of B=",
+                               o.batch, " sequences does not split into ", local.ranks,
+                               " data-parallel ranks; use a --batch that is a multiple of ",
+                               local.ranks);
     train_stage<T, fw::LocalWorld>(local);
     return 0;
   }
