@@ -15,31 +15,19 @@ template <floating_dtype T, floating_dtype G>
 void adamw_update(const Context<Cuda>& ctx, float* master, float* m, float* v, T* working,
                   const G* grad, std::int64_t n, const AdamWStep& step) {
   const fourway::detail::AdamWConstants k = fourway::detail::adamw_constants(step);
-  if (working == nullptr) {
-    detail::for_each(
-        ctx, n,
-        [=] __device__(std::int64_t i) {
-          float mi = m[i], vi = v[i];
-          fourway::detail::adamw_moments(k, mi, vi, detail::load(grad + i));
-          m[i] = mi;
-          v[i] = vi;
-          master[i] = fourway::detail::adamw_param(k, master[i], mi, sqrtf(vi));
-        },
-        "adamw_update");
-  } else {
-    detail::for_each(
-        ctx, n,
-        [=] __device__(std::int64_t i) {
-          float mi = m[i], vi = v[i];
-          fourway::detail::adamw_moments(k, mi, vi, detail::load(grad + i));
-          m[i] = mi;
-          v[i] = vi;
-          const float p = fourway::detail::adamw_param(k, master[i], mi, sqrtf(vi));
-          master[i] = p;
-          detail::store(working + i, p);
-        },
-        "adamw_update");
-  }
+  detail::for_each(
+      ctx, n,
+      [=] __device__(std::int64_t i) {
+        float mi = m[i];
+        float vi = v[i];
+        fourway::detail::adamw_moments(k, mi, vi, detail::load(grad + i));
+        const float p = fourway::detail::adamw_param(k, master[i], mi, sqrtf(vi));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        if (working != nullptr) detail::store(working + i, p);
+      },
+      "adamw_update");
 }
 
 }  // namespace fourway::cuda

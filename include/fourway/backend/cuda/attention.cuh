@@ -13,22 +13,15 @@
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/softmax.cuh"
+#include "fourway/backend/host/attention.hpp"
 
 namespace fourway::cuda {
-
-namespace detail {
-inline std::int64_t head_size(std::int64_t C, std::int64_t NH) {
-  check<ShapeError>(NH > 0 && C % NH == 0, "fourway: attention needs C divisible by NH, got C=", C,
-                    " NH=", NH);
-  return C / NH;
-}
-}  // namespace detail
 
 /// out (B, T, C), att (B, NH, T, T) from qkv (B, T, 3C); causal.
 template <floating_dtype E>
 void attention_forward(const Context<Cuda>& ctx, E* out, E* att, const E* qkv, std::int64_t B,
                        std::int64_t T, std::int64_t C, std::int64_t NH) {
-  const std::int64_t hs = detail::head_size(C, NH);
+  const std::int64_t hs = host::detail::head_size(C, NH);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (std::int64_t b = 0; b < B; ++b) {
     const E* q = qkv + b * T * 3 * C;
@@ -49,7 +42,7 @@ template <floating_dtype E>
 void attention_backward(const Context<Cuda>& ctx, E* dqkv, E* datt, const E* dout, const E* qkv,
                         const E* att, std::int64_t B, std::int64_t T, std::int64_t C,
                         std::int64_t NH) {
-  const std::int64_t hs = detail::head_size(C, NH);
+  const std::int64_t hs = host::detail::head_size(C, NH);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (std::int64_t b = 0; b < B; ++b) {
     const E* q = qkv + b * T * 3 * C;
