@@ -916,6 +916,12 @@ class LocalComm {
 
   cudaStream_t cuda_stream() const { return static_cast<cudaStream_t>(s_->stream); }
 
+  /// Makes the GPU holding `p` current for this thread (CUDA's current device is per thread).
+  static void use_device_of(const void* p) {
+    const int device = detail::device_of_pointer(p);
+    if (device >= 0) cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+
   static cudaEvent_t rank_event(void*& slot) {
     if (slot == nullptr) {
       cudaEvent_t e = nullptr;
@@ -931,6 +937,7 @@ class LocalComm {
                        "supports groups of up to ",
                        detail::max_device_ranks, " ranks, ", g().header(), " has ", size());
     me.device = true;
+    use_device_of(me.send != nullptr ? me.send : me.recv);  // async work runs on another thread
     const auto parity = (s_->seq + 1) % 2;
     cudaEvent_t ready = rank_event(s_->events.ready[parity]);
     me.ready_event = ready;
@@ -1031,6 +1038,7 @@ class LocalComm {
   template <class T>
   void device_stage(detail::LocalMessage& m, const T* buf, std::int64_t count) {
     const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    use_device_of(buf);
     if (bytes > 0) {
       cuda::check_cuda(cudaMallocAsync(&m.device_data, bytes, cuda_stream()),
                        "cudaMallocAsync (send)");
@@ -1048,6 +1056,7 @@ class LocalComm {
   void device_unstage(detail::LocalMessage& m, T* buf, std::int64_t count) {
     const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
     auto e = static_cast<cudaEvent_t>(m.event);
+    use_device_of(buf);
     cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(), e, 0), "cudaStreamWaitEvent");
     if (bytes > 0) {
       cuda::check_cuda(
