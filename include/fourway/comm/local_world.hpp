@@ -582,21 +582,7 @@ class LocalComm {
       group.arrived[s_->rank].store(me.seq, std::memory_order_release);
     }
     group.world->cv.notify_all();
-    const auto seq = me.seq;
-    auto ready = [&] {
-      for (int q = 0; q < group.size; ++q) {
-        if (group.arrived[q].load(std::memory_order_acquire) < seq) return false;
-      }
-      return true;
-    };
-    auto missing = [&] {
-      std::vector<int> m;
-      for (int q = 0; q < group.size; ++q) {
-        if (group.arrived[q].load() < seq) m.push_back(q);
-      }
-      return m;
-    };
-    wait_until(true, ready, missing, [&] { return op_context(me) + " (arrival)"; });
+    wait_for_all(group.arrived.get(), me, " (arrival)");
     verify(me);
     return me;
   }
@@ -604,23 +590,30 @@ class LocalComm {
   /// Marks this rank's part of collective `seq` finished and waits for every rank's.
   void leave(const detail::LocalSlot& me) {
     auto& group = g();
-    const auto seq = me.seq;
-    group.done[s_->rank].store(seq, std::memory_order_release);
+    group.done[s_->rank].store(me.seq, std::memory_order_release);
     group.world->notify();
+    wait_for_all(group.done.get(), me, " (completion)");
+  }
+
+  /// Waits until every rank's `counter` reached `me.seq`.
+  void wait_for_all(const std::atomic<std::uint64_t>* counter, const detail::LocalSlot& me,
+                    const char* phase) {
+    const int n = g().size;
+    const auto seq = me.seq;
     auto ready = [&] {
-      for (int q = 0; q < group.size; ++q) {
-        if (group.done[q].load(std::memory_order_acquire) < seq) return false;
+      for (int q = 0; q < n; ++q) {
+        if (counter[q].load(std::memory_order_acquire) < seq) return false;
       }
       return true;
     };
     auto missing = [&] {
       std::vector<int> m;
-      for (int q = 0; q < group.size; ++q) {
-        if (group.done[q].load() < seq) m.push_back(q);
+      for (int q = 0; q < n; ++q) {
+        if (counter[q].load() < seq) m.push_back(q);
       }
       return m;
     };
-    wait_until(true, ready, missing, [&] { return op_context(me) + " (completion)"; });
+    wait_until(true, ready, missing, [&] { return op_context(me) + phase; });
   }
 
   /// Every rank compares every slot with rank 0's and throws the same CommMismatch.
