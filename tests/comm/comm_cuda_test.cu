@@ -9,6 +9,7 @@
 #include "fourway/backend/cuda/backend.cuh"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/comm/nccl_comm.cuh"
+#include "fourway/mesh/mesh.hpp"
 
 namespace fw = fourway;
 
@@ -98,7 +99,40 @@ class DeviceAdapter {
   std::vector<void*> keep_;
 };
 
+using DeviceMesh = fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<3, 4>, fw::DataParallel>;
+
+// The mesh arithmetic is FOURWAY_HOST_DEVICE: a kernel maps every rank to its coordinate, its
+// tensor-parallel group and back.
+__global__ void mesh_kernel(DeviceMesh mesh, int* out) {
+  const int r = static_cast<int>(threadIdx.x);
+  if (r >= mesh.size()) return;
+  const fw::Coord c = mesh.coord_of(r);
+  out[4 * r + 0] = mesh.rank_of(c);
+  out[4 * r + 1] = c.pp;
+  out[4 * r + 2] = mesh.group_index(r, fw::Axis::tp);
+  out[4 * r + 3] = mesh.group_member(mesh.group_index(r, fw::Axis::dp),
+                                     mesh.group_rank(r, fw::Axis::dp), fw::Axis::dp);
+}
+
 }  // namespace
+
+TEST(DeviceMesh, ArithmeticRunsOnTheDevice) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceMesh mesh(12);
+  int* d = nullptr;
+  fw::cuda::check_cuda(cudaMalloc(&d, 4 * 12 * sizeof(int)), "cudaMalloc");
+  mesh_kernel<<<1, 32>>>(mesh, d);
+  std::vector<int> out(4 * 12);
+  fw::cuda::check_cuda(cudaMemcpy(out.data(), d, out.size() * sizeof(int), cudaMemcpyDeviceToHost),
+                       "download");
+  (void)cudaFree(d);
+  for (int r = 0; r < 12; ++r) {
+    EXPECT_EQ(out[4 * r + 0], r);
+    EXPECT_EQ(out[4 * r + 1], mesh.coord_of(r).pp);
+    EXPECT_EQ(out[4 * r + 2], mesh.group_index(r, fw::Axis::tp));
+    EXPECT_EQ(out[4 * r + 3], r);
+  }
+}
 
 template <class T>
 class DeviceComm : public ::testing::Test {};
