@@ -8,12 +8,15 @@
 #
 # Same GPT-2 on both sides (4 layers, width 256, 8 heads, vocab 4096, T 128, global batch 8,
 # AdamW, clip 1.0, fp32), one thread per rank (OPENBLAS_NUM_THREADS=1 / torch.set_num_threads(1)),
-# 25 MiB buckets. Each run does 2 warm-up steps, then reports the median step time of the timed
+# buckets of $BUCKET_MB MiB on both sides (default 4: the 17 MB of gradients make 5 buckets, so
+# there is something to overlap; at 25 MiB fourway would put the whole model in one bucket).
+# Each run does 2 warm-up steps, then reports the median step time of the timed
 # steps. Ratios < 1 mean fourway is faster.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build/default}
 steps=${STEPS:-8}
+bucket=${BUCKET_MB:-4}
 warmup=2
 exe=$build/examples/train/fourway-train
 [ -x "$exe" ] || { echo "no $exe: build the fourway-train target first" >&2; exit 1; }
@@ -46,15 +49,15 @@ fourway() {  # fourway <name> <flags...>: prints "<name> <ms> <bytes/rank/step>"
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (the figures are only meaningful on an idle machine)"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "model: $model, fp32, $steps timed steps after $warmup warm-up"
+echo "model: $model, fp32, buckets $bucket MiB, $steps timed steps after $warmup warm-up"
 res=()
-res+=("$(fourway dp2_overlap --ranks 2 --zero 0 --bucket-mb 25)")
-res+=("$(fourway dp2_no_overlap --ranks 2 --zero 0 --bucket-mb 25 --no-overlap)")
-for z in 1 2 3; do res+=("$(fourway zero$z --ranks 2 --zero $z --bucket-mb 25)"); done
+res+=("$(fourway dp2_overlap --ranks 2 --zero 0 --bucket-mb $bucket)")
+res+=("$(fourway dp2_no_overlap --ranks 2 --zero 0 --bucket-mb $bucket --no-overlap)")
+for z in 1 2 3; do res+=("$(fourway zero$z --ranks 2 --zero $z --bucket-mb $bucket)"); done
 res+=("$(fourway zero3_no_prefetch --ranks 2 --zero 3 --no-overlap)")
 res+=("$(fourway one_rank --ranks 1 --zero 0)")
 pt=$(/usr/bin/python3 "$here/ddp_torch.py" --ranks 2 --threads 1 --layers 4 --dim 256 --heads 8 \
-     --vocab 4096 --seq 128 --batch 8 --steps "$steps" --warmup $warmup --bucket-mb 25)
+     --vocab 4096 --seq 128 --batch 8 --steps "$steps" --warmup $warmup --bucket-mb "$bucket")
 pt_ms=$(echo "$pt" | sed -E 's/.*"ms_per_step": ([0-9.]+).*/\1/')
 
 printf '\n%-22s %10s %12s %16s\n' "run" "ms/step" "tokens/s" "comm B/rank/step"
