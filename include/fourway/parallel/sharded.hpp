@@ -34,6 +34,10 @@
 //! shard so far is copied into the rank's own slice of the full bucket before the next
 //! reduce-scatter, so the sum carries it.
 //!
+//! The strategy keeps pointers to the context, the model and the communicator (which must outlive
+//! it) and rebinds every parameter's `weight` and `grad` to views of its own buffers: the layers'
+//! storage is freed at construction. The model needs `units()`, `visit_parameters(f)` and
+//! `visit_unit_parameters(u, f)` (docs/contracts.md, FSDP units).
 //! Initial weights must be identical on every rank (fw::models::Gpt's init depends only on seed
 //! and parameter name); they are not broadcast. See docs/parallel.md.
 #pragma once
