@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fourway/layers/gpt.hpp"
-#include "fourway/layers/ops.cuh"
+#include "fourway/backend/ops.cuh"
 #include "support/util.hpp"
 
 namespace fw = fourway;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fourway/backend/cuda/backend.cuh"
-#include "fourway/layers/ops.cuh"
+#include "fourway/backend/ops.cuh"
 #include "parallel_harness.hpp"
 
 namespace {

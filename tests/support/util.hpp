@@ -12,7 +12,7 @@
 
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/layers/ops.hpp"
+#include "fourway/backend/ops.hpp"
 
 namespace fourway::test {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fourway/layers/gpt.hpp"
-#include "fourway/layers/ops.cuh"
+#include "fourway/backend/ops.cuh"
 #include "fourway/train/trainer.hpp"
 #include "support/golden.hpp"
 #include "support/util.hpp"

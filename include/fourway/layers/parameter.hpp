@@ -20,7 +20,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/layers/ops.hpp"
+#include "fourway/backend/ops.hpp"
 
 namespace fourway {
 

@@ -18,7 +18,7 @@
 #include <type_traits>
 
 #include "fourway/core/error.hpp"
-#include "fourway/optim/dispatch.hpp"
+#include "fourway/backend/ops.hpp"
 #include "fourway/optim/lr_schedule.hpp"
 #include "fourway/optim/precision.hpp"
 
@@ -93,11 +93,11 @@ class AdamW {
       s.grad_scale = grad_scale;
       s.step = step;
       if constexpr (MasterState<T, B>::keeps_master) {
-        detail::optim_ops<B>::adamw_update(ctx, state.master(i), state.m(i), state.v(i),
+        Ops<B>::adamw_update(ctx, state.master(i), state.m(i), state.v(i),
                                            bindings[i].weight, bindings[i].grad, segs[i].numel,
                                            s);
       } else {
-        detail::optim_ops<B>::adamw_update(ctx, bindings[i].weight, state.m(i), state.v(i),
+        Ops<B>::adamw_update(ctx, bindings[i].weight, state.m(i), state.v(i),
                                            static_cast<float*>(nullptr), bindings[i].grad,
                                            segs[i].numel, s);
       }

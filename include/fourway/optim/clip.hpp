@@ -16,7 +16,7 @@
 #include <limits>
 
 #include "fourway/core/tensor.hpp"
-#include "fourway/optim/dispatch.hpp"
+#include "fourway/backend/ops.hpp"
 
 namespace fourway {
 
@@ -36,7 +36,7 @@ template <class Model, class B>
 [[nodiscard]] double grad_sum_squares(const Context<B>& ctx, Model& model) {
   double total = 0.0;
   model.visit_parameters([&](auto& p) {
-    total += detail::optim_ops<B>::sum_squares(ctx, p.grad.data(), p.grad.numel());
+    total += Ops<B>::sum_squares(ctx, p.grad.data(), p.grad.numel());
   });
   return total;
 }
@@ -49,7 +49,7 @@ double clip_grad_norm(const Context<B>& ctx, Model& model, double max_norm) {
   const float coef = clip_coefficient(norm, max_norm);
   if (coef != 1.0f) {
     model.visit_parameters([&](auto& p) {
-      detail::optim_ops<B>::scale(ctx, p.grad.data(), p.grad.numel(), coef);
+      Ops<B>::scale(ctx, p.grad.data(), p.grad.numel(), coef);
     });
   }
   return norm;

@@ -25,8 +25,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/layers/ops.hpp"
-#include "fourway/optim/dispatch.hpp"
+#include "fourway/backend/ops.hpp"
 
 namespace fourway {
 
@@ -97,7 +96,7 @@ class MasterState {
   /// Copies (widens) the working weights of segment `i` into its fp32 master; no-op in fp32.
   void init_master(const Context<B>& ctx, std::size_t i, const T* working) {
     if constexpr (keeps_master) {
-      detail::optim_ops<B>::cast(ctx, master_.data() + segments_.at(i).offset, working,
+      Ops<B>::cast(ctx, master_.data() + segments_.at(i).offset, working,
                        segments_.at(i).numel);
     } else {
       (void)ctx, (void)i, (void)working;

@@ -27,7 +27,7 @@
 
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/layers/ops.hpp"
+#include "fourway/backend/ops.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/train/safetensors.hpp"
 

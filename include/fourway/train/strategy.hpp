@@ -46,7 +46,7 @@
 #include "fourway/layers/parameter.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
-#include "fourway/optim/dispatch.hpp"
+#include "fourway/backend/ops.hpp"
 #include "fourway/optim/precision.hpp"
 
 namespace fourway {
@@ -162,9 +162,9 @@ class SingleRank {
     std::vector<SegmentBinding<param_type>> bindings;
     model_->visit_parameters([&](auto& p) {
       if (c.check_finite) {
-        r.found_inf |= detail::optim_ops<B>::has_inf_nan(*ctx_, p.grad.data(), p.grad.numel());
+        r.found_inf |= Ops<B>::has_inf_nan(*ctx_, p.grad.data(), p.grad.numel());
       }
-      ss += detail::optim_ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+      ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
       bindings.push_back({p.weight.data(), p.grad.data()});
     });
     return apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);

@@ -29,7 +29,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/layers/ops.hpp"
+#include "fourway/backend/ops.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/train/strategy.hpp"
