@@ -1,5 +1,5 @@
-//! The float building blocks of the host kernels' inner loops: exp, tanh, sqrt over a block,
-//! and sums / maxima with interleaved partial results.
+//! The float building blocks of the host kernels' inner loops: exp, exp2, tanh, sqrt over a
+//! block, and sums / maxima with interleaved partial results.
 //!
 //! They exist so that the compiler vectorises the loops: libm's `expf`/`tanhf` are opaque calls,
 //! `std::sqrt` carries an errno branch, and a plain `s += x[i]` is a serial dependency chain the
@@ -12,9 +12,11 @@
 //! device agree to a few ulp, never bitwise.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "fourway/config.hpp"
 
@@ -43,8 +45,53 @@ inline float exp_poly(float x) {
   return y * std::bit_cast<float>(e);
 }
 
+/// |v| limited to `limit` (>= 0), sign kept, by an unsigned min on the bit pattern (magnitudes of
+/// floats order like their bits). A float `?:` clamp would do, but GCC turns it into one code
+/// path per clamp outcome (each with its own divide when a divide follows); this stays one
+/// vector min. A NaN becomes +-limit: callers keep the NaN alive through another operand.
+inline float clamp_magnitude(float v, float limit) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t mag = std::min(bits & 0x7fffffffu, std::bit_cast<std::uint32_t>(limit));
+  return std::bit_cast<float>((bits & 0x80000000u) | mag);
+}
+
+/// 2^x for |x| <= 126 (callers clamp). x = n + f with n the nearest integer, found by adding
+/// 1.5 * 2^23 (the sum's last bits are n, so no float -> int conversion), and f = x - n exact;
+/// 2^f on [-1/2, 1/2] is Cephes' `exp2f` polynomial (relative error ~1.7e-7, about 2 ulp) and
+/// 2^n goes straight into the exponent bits. Cheaper than `exp_poly` (no ln 2 reduction); for
+/// e^t, fold log2(e) into t's own constants.
+inline float exp2_poly(float x) {
+  constexpr float round_shift = 12582912.0f;  // 1.5 * 2^23
+  const float shifted = x + round_shift;
+  const float f = x - (shifted - round_shift);
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  const std::uint32_t two_n = (std::bit_cast<std::uint32_t>(shifted) + 127u) << 23;
+  return (p * f + 1.0f) * std::bit_cast<float>(two_n);
+}
+
 /// tanh(x) = 1 - 2 / (exp(2x) + 1); absolute error below 1e-7, exact limits +-1.
 inline float tanh_poly(float x) { return 1.0f - 2.0f / (exp_poly(2.0f * x) + 1.0f); }
+
+/// float -> bfloat16 bits, round to nearest even, for any `v` except a NaN with non-zero low 16
+/// bits; then it equals `bf16(v).bits`. Every NaN computed from bf16 values and non-NaN
+/// constants qualifies: arithmetic returns one operand's NaN (quieted) or the default NaN, and a
+/// bf16's low 16 bits are zero. Kernels sanitise their fp32 scalar arguments with
+/// `canonical_nan`. Dropping `bf16(v)`'s NaN select makes a bf16 GELU loop a quarter faster.
+inline std::uint16_t bf16_bits_rne(float v) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(v);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// v, or the default quiet NaN (low 16 bits zero) when v is a NaN: for fp32 scalars that feed a
+/// result rounded with `bf16_bits_rne`.
+inline float canonical_nan(float v) {
+  return std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v;
+}
 
 /// x[i] = sqrt(x[i]) for i in [0, n), correctly rounded (IEEE), with vector instructions where
 /// the target has them.
