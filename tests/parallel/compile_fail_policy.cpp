@@ -1,7 +1,7 @@
 // A policy of another axis is not a data-parallel strategy: compile error, no silent fallback.
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/data_parallel.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 
 namespace fw = fourway;
 #ifdef FOURWAY_COMPILE_FAIL_CONTROL

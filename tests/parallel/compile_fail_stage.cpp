@@ -1,7 +1,7 @@
 // ShardedStrategy<4, ...> must not compile: stages are 0 (DataParallel), 1, 2 and 3.
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/sharded.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 
 namespace fw = fourway;
 #ifdef FOURWAY_COMPILE_FAIL_CONTROL

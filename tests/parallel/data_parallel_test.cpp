@@ -1,6 +1,6 @@
 // DataParallel: the policy-to-strategy mapping, and bucketing that changes when gradients are
 // all-reduced but never what: every bucket size gives bitwise the same training run.
-#include "fourway/parallel/data_parallel.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 
 #include <gtest/gtest.h>
 

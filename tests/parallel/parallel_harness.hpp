@@ -13,7 +13,7 @@
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/data_parallel.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/trainer.hpp"
 
 namespace fw = fourway;

@@ -1,6 +1,6 @@
 // ShardedStrategy<0|1|2|3> on LocalWorlds of 1, 2, 3, 4 and 8 ranks against the one-rank run:
 // the mesh-independence, determinism, memory and communication laws of DESIGN.md §4.
-#include "fourway/parallel/sharded.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 
 #include <gtest/gtest.h>
 

@@ -12,12 +12,12 @@
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/sharded.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/fourway_activation.hpp"
 #include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/model_state.hpp"
 #include "fourway/plan/planner.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
 

@@ -1,0 +1,394 @@
+//! `ShardedStrategy<Stage, Model, Precision, B, Comm>`: data parallelism (Stage 0) and ZeRO /
+//! FSDP (Stages 1, 2, 3) as a training strategy (train/strategy.hpp) over one data-parallel group,
+//! and `fw::data_parallel_strategy_t<Policy, ...>`, the strategy a policy tag stands for.
+//!
+//! Who holds what, per rank of a group of N (Ψ' = parameters padded per segment, S = Ψ'/N):
+//! ```
+//!   stage  weights      grads            fp32 master + Adam m, v    communication per step
+//!   0      full Ψ       full Ψ           full Ψ                     all-reduce per bucket
+//!   1      full Ψ'      full Ψ'          shard S                    reduce-scatter per bucket,
+//!                                                                   all-gather weights after step
+//!   2      full Ψ'      shard S          shard S                    the same; each bucket's full
+//!                                        (full bucket only while    gradient freed once reduced
+//!                                         it is being reduced)
+//!   3      shard S      shard S          shard S                    per unit: all-gather before
+//!          (+ at most two units gathered)                           forward and before backward,
+//!                                                                   reduce-scatter after backward
+//! ```
+//! The strategy composes the byte movers of `parallel/` — `ParameterLayout` (segments, views),
+//! `GradientReducer` (bucket collectives fired from `post_backward`), `UnitGatherer` (stage 3
+//! gathers, prefetch, release), all issuing into one `WorkQueue` — with the optimizer: it owns the
+//! working weights (full, or the shard under stage 3) and the fp32 masters and moments of the
+//! rank's shard. Every collective is waited on before the optimizer. fp16: the overflow check is
+//! `!isfinite(global Σg²)` after the Σg² all-reduce, so every rank sees the same verdict and
+//! skips together; the global norm (and clipping) comes from the same sum.
+//!
+//! The strategy keeps pointers to the context, the model and the communicator (which must outlive
+//! it) and rebinds every parameter's `weight` and `grad` to views of its own buffers: the layers'
+//! storage is freed at construction. The model needs `units()`, `visit_parameters(f)` and
+//! `visit_unit_parameters(u, f)` (docs/contracts.md, FSDP units).
+//! Initial weights must be identical on every rank (fw::models::Gpt's init depends only on seed
+//! and parameter name); they are not broadcast. See docs/parallel.md.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fourway/backend/ops.hpp"
+#include "fourway/comm/communicator.hpp"
+#include "fourway/core/dtype.hpp"
+#include "fourway/core/memory.hpp"
+#include "fourway/core/tensor.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/parallel/data_parallel.hpp"
+#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/parallel/gradient_reducer.hpp"
+#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/unit_gatherer.hpp"
+#include "fourway/parallel/work_queue.hpp"
+#include "fourway/train/strategy.hpp"
+
+namespace fourway {
+
+/// Run-time knobs of the data-parallel strategies.
+struct ShardedOptions {
+  /// Gradient bucket size (stages 0-2); <= 0 puts every gradient in one bucket. PyTorch DDP's
+  /// default is 25 MiB.
+  std::int64_t bucket_bytes = 25ll << 20;
+  /// Issue collectives during backward (and prefetch the next unit under stage 3). Off: every
+  /// collective is issued and waited where its result is needed (for benchmarks).
+  bool overlap = true;
+};
+
+template <int Stage, class Model, precision_policy P, backend B, class Comm>
+class ShardedStrategy {
+  static_assert(Stage >= 0 && Stage <= 3,
+                "fourway: ShardedStrategy<Stage, ...> needs Stage 0 (DataParallel), 1 (optimizer "
+                "state), 2 (+ gradients) or 3 (+ parameters, FSDP)");
+  static_assert(communicator<Comm>,
+                "fourway: ShardedStrategy needs Comm to model fw::communicator (LocalComm, "
+                "MpiComm, NcclComm or Counting<...> of one)");
+
+ public:
+  using model_type = Model;
+  using precision_type = P;
+  using backend_type = B;
+  using param_type = typename P::param_type;
+  using T = param_type;
+  static constexpr int stage = Stage;
+
+  /// The model hooks: FSDP gathers and releases, bucket collectives as gradients complete.
+  struct Hooks {
+    ShardedStrategy* s;
+    void pre_forward(int u) { s->pre_forward(u); }
+    void post_forward(int u) { s->post_forward(u); }
+    void pre_backward(int u) { s->pre_backward(u); }
+    void post_backward(int u) { s->post_backward(u); }
+  };
+
+  ShardedStrategy(const Context<B>& ctx, Model& model, Comm& comm, AdamW optimizer = AdamW{},
+                  ShardedOptions options = {})
+      : ctx_(&ctx),
+        model_(&model),
+        comm_(&comm),
+        optimizer_(optimizer),
+        options_(options),
+        rank_(comm.rank()),
+        size_(comm.size()),
+        params_(model, Stage, size_, options.bucket_bytes),
+        owner_rank_(Stage == 0 ? 0 : rank_),
+        tiles_(shard_tiles()),
+        state_(ctx, state_segments()),
+        weights_(place_weights()),
+        reducer_(ctx, comm, params_, queue_, options.overlap),
+        gatherer_(ctx, comm, params_, queue_, Stage == 3 ? weights_.data() : nullptr) {
+    for (int s = 0; s < params_.segment_count(); ++s) {
+      params_.bind_weights(s, Stage <= 2 ? weights_.data() + layout().segment(s).offset : nullptr);
+    }
+    hooks_.s = this;
+  }
+  ShardedStrategy(const ShardedStrategy&) = delete;
+  ShardedStrategy& operator=(const ShardedStrategy&) = delete;
+  ~ShardedStrategy() { queue_.drain(); }
+
+  // ---- training_strategy --------------------------------------------------------------------
+  [[nodiscard]] int dp_rank() const { return rank_; }
+  [[nodiscard]] int dp_size() const { return size_; }
+  [[nodiscard]] Model& model() { return *model_; }
+  [[nodiscard]] const Context<B>& context() const { return *ctx_; }
+  [[nodiscard]] const AdamW& optimizer() const { return optimizer_; }
+  [[nodiscard]] Hooks& hooks() { return hooks_; }
+
+  void begin_step() { reducer_.begin_step(); }
+  void begin_micro_batch(int i, int n) { reducer_.begin_micro_batch(i, n); }
+  void end_micro_batch(int /*i*/, int /*n*/) {
+    reducer_.end_micro_batch();
+    if constexpr (Stage == 3) gatherer_.release_all();
+  }
+  [[nodiscard]] double sum_over_data_parallel(double x) {
+    comm_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    return x;
+  }
+
+  StepReport finish_step(const StepControl& c) {
+    reducer_.before_step();
+    queue_.wait_all();
+    double ss = 0.0;
+    if constexpr (Stage == 0) {
+      ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
+    } else {
+      if constexpr (Stage == 1) {
+        for (int s = 0; s < layout().segment_count(); ++s) {
+          ss += ops::sum_squares(*ctx_, reducer_.full() + layout().owned_begin(s, rank_),
+                                 layout().segment(s).shard);
+        }
+      } else {
+        ss = ops::sum_squares(*ctx_, reducer_.shard(), layout().shard());
+      }
+      comm_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
+    }
+    StepReport r;
+    r.found_inf = c.check_finite && !std::isfinite(ss);
+    std::vector<SegmentBinding<T>> bindings;
+    bindings.reserve(tiles_.size());
+    for (const auto& t : tiles_) bindings.push_back({weight_at(t), grad_at(t)});
+    r = apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+    if constexpr (Stage == 1 || Stage == 2) {
+      if (!r.skipped) {
+        for (int s = 0; s < layout().segment_count(); ++s) {
+          const auto& seg = layout().segment(s);
+          queue_.push(comm_->all_gather_async(weights_.data() + layout().owned_begin(s, rank_),
+                                              weights_.data() + seg.offset, seg.shard));
+        }
+        queue_.wait_all();
+      }
+    }
+    return r;
+  }
+
+  // ---- inspection -----------------------------------------------------------------------------
+  [[nodiscard]] const FlatLayout& layout() const { return params_.flat(); }
+  [[nodiscard]] const MasterState<T, B>& state() const { return state_; }
+  [[nodiscard]] const ShardedOptions& options() const { return options_; }
+  /// The segments unit `u` needs gathered (stage 3) / whose gradients it adds to (stages 2, 3).
+  [[nodiscard]] const std::vector<int>& unit_segments(int u) const {
+    return params_.unit_segments(u);
+  }
+  /// Peak bytes of gathered (full) parameter segments held at once since the last reset (stage 3).
+  [[nodiscard]] std::int64_t gathered_peak_bytes() const { return gatherer_.peak_bytes(); }
+  void reset_gathered_peak() { gatherer_.reset_peak(); }
+
+  /// Every parameter's full value in fp32, in `visit_parameters` order. A collective under
+  /// stage 3 (segments are all-gathered): every rank of the group must call it.
+  std::vector<std::vector<float>> gather_full_parameters() {
+    std::vector<std::vector<float>> out(params_.parameter_count());
+    for (int s = 0; s < layout().segment_count(); ++s) {
+      const auto& seg = layout().segment(s);
+      const T* base = nullptr;
+      Tensor<T, B> tmp;
+      if constexpr (Stage == 3) {
+        tmp = Tensor<T, B>(Shape{seg.padded}, MemTag::workspace, ctx_->memory());
+        comm_->all_gather(weights_.data() + seg.shard_offset, tmp.data(), seg.shard);
+        base = tmp.data() - seg.offset;
+      } else {
+        base = weights_.data();
+      }
+      for (const auto& slot : layout().slots_of(s)) {
+        std::vector<T> host(static_cast<std::size_t>(slot.numel));
+        ops::to_host(*ctx_, host.data(), base + slot.offset, slot.numel);
+        auto& dst = out[static_cast<std::size_t>(slot.param)];
+        dst.resize(host.size());
+        for (std::size_t i = 0; i < host.size(); ++i) dst[i] = convert<float>(host[i]);
+      }
+    }
+    return out;
+  }
+
+  /// Runs `f()` with every parameter of the model bound to its full value (to save a checkpoint
+  /// or evaluate). A collective under stage 3, where every segment is gathered for the call.
+  template <class F>
+  void with_gathered_parameters(F&& f) {
+    if constexpr (Stage == 3) {
+      queue_.wait_all();
+      for (int u = 0; u < params_.units(); ++u) gatherer_.start(u);
+      for (int u = 0; u < params_.units(); ++u) gatherer_.acquire(u);
+      try {
+        f();
+      } catch (...) {
+        gatherer_.release_all();
+        throw;
+      }
+      gatherer_.release_all();
+    } else {
+      f();
+    }
+  }
+
+  /// What this rank holds: segments, shard elements, padding (for fourway-train's start-up print).
+  [[nodiscard]] std::string describe() const {
+    const FlatLayout& l = layout();
+    std::ostringstream os;
+    os << "rank " << rank_ << "/" << size_ << " stage " << Stage << ": " << l.segment_count()
+       << (Stage == 3 ? " units" : " buckets") << ", " << l.numel() << " parameters";
+    if constexpr (Stage == 0) {
+      os << ", holds all of them";
+    } else {
+      os << " padded to " << l.padded() << " (+" << l.padding() << "), owns a shard of "
+         << l.shard() << " elements = [";
+      for (int s = 0; s < l.segment_count(); ++s) {
+        os << (s ? " " : "") << l.owned_begin(s, rank_) - l.segment(s).offset << "+"
+           << l.segment(s).shard;
+      }
+      os << "] of each segment";
+    }
+    return os.str();
+  }
+
+ private:
+  using ops = Ops<B>;
+  static T zero() { return convert<T>(0.0f); }
+
+  /// A run of the rank's shard: a parameter piece (slot >= 0) or padding (slot = -1).
+  struct Tile {
+    int slot = -1;
+    std::int64_t shard_offset = 0;  // in the shard buffer (stages 2, 3)
+    std::int64_t flat_offset = 0;   // in the full flat buffer (stages 0, 1, 2)
+    std::int64_t count = 0;
+    bool decay = false;
+  };
+
+  std::vector<Tile> shard_tiles() const {
+    const FlatLayout& l = layout();
+    std::vector<Tile> tiles;
+    const auto pieces = l.owned_pieces(owner_rank_);
+    std::size_t k = 0;
+    for (int s = 0; s < l.segment_count(); ++s) {
+      const auto& seg = l.segment(s);
+      const std::int64_t lo = l.owned_begin(s, owner_rank_);
+      std::int64_t at = 0;  // elements of this segment's part covered so far
+      for (; k < pieces.size() && l.slots()[pieces[k].slot].segment == s; ++k) {
+        const auto& pc = pieces[k];
+        const auto& slot = l.slots()[pc.slot];
+        tiles.push_back(Tile{pc.slot, pc.shard_offset, slot.offset + pc.param_offset, pc.count,
+                             params_.parameter(slot.param).decay});
+        at += pc.count;
+      }
+      if (at < seg.shard) {  // padding (or an empty part): kept at zero, never decayed
+        tiles.push_back(Tile{-1, seg.shard_offset + at, lo + at, seg.shard - at, false});
+      }
+    }
+    return tiles;
+  }
+
+  std::vector<StateSegment> state_segments() const {
+    std::vector<StateSegment> out;
+    std::int64_t off = 0;
+    for (const auto& t : tiles_) {
+      out.push_back(StateSegment{off, t.count, t.decay});
+      off += t.count;
+    }
+    return out;
+  }
+
+  /// The working weights (stages 0-2: every weight, Ψ'; stage 3: the rank's shard, Ψ'/N),
+  /// copied from the model's own storage, and the fp32 masters initialised from them.
+  Tensor<T, B> place_weights() {
+    const FlatLayout& l = layout();
+    Tensor<T, B> w(Shape{Stage <= 2 ? l.padded() : l.shard()}, MemTag::weights, ctx_->memory());
+    ops::fill(*ctx_, w.data(), w.numel(), zero());
+    if constexpr (Stage <= 2) {
+      for (const auto& slot : l.slots()) {
+        ops::copy(*ctx_, w.data() + slot.offset, params_.parameter(slot.param).weight.data(),
+                  slot.numel);
+      }
+    } else {
+      for (const auto& t : tiles_) {
+        if (t.slot < 0) continue;
+        const auto& slot = l.slots()[t.slot];
+        ops::copy(*ctx_, w.data() + t.shard_offset,
+                  params_.parameter(slot.param).weight.data() + (t.flat_offset - slot.offset),
+                  t.count);
+      }
+    }
+    for (std::size_t i = 0; i < tiles_.size(); ++i) {
+      state_.init_master(*ctx_, i, w.data() + (Stage <= 2 ? tiles_[i].flat_offset
+                                                          : tiles_[i].shard_offset));
+    }
+    return w;
+  }
+
+  T* weight_at(const Tile& t) const {
+    return weights_.data() + (Stage <= 2 ? t.flat_offset : t.shard_offset);
+  }
+  const T* grad_at(const Tile& t) const {
+    if constexpr (Stage <= 1) {
+      return reducer_.full() + t.flat_offset;
+    } else {
+      return reducer_.shard() + t.shard_offset;
+    }
+  }
+
+  // ---- hooks ----------------------------------------------------------------------------------
+  [[nodiscard]] int units() const { return params_.units(); }
+
+  void pre_forward(int u) {
+    if (u == 0) reducer_.begin_forward();
+    if constexpr (Stage == 3) {
+      gatherer_.acquire(u);
+      if (options_.overlap) gatherer_.start(u + 1 < units() ? u + 1 : units() - 1);
+    }
+  }
+  void post_forward(int u) {
+    if constexpr (Stage == 3) gatherer_.release(u, u + 1 < units() ? u + 1 : units() - 1);
+  }
+  void pre_backward(int u) {
+    queue_.poll();
+    if constexpr (Stage == 3) {
+      gatherer_.acquire(u);
+      if (options_.overlap && u > 0) gatherer_.start(u - 1);
+    }
+    reducer_.pre_backward(u);
+  }
+  void post_backward(int u) {
+    reducer_.post_backward(u);
+    if constexpr (Stage == 3) gatherer_.release(u, u > 0 ? u - 1 : -1);
+    queue_.poll();
+  }
+
+  const Context<B>* ctx_;
+  Model* model_;
+  Comm* comm_;
+  AdamW optimizer_;
+  ShardedOptions options_;
+  int rank_;
+  int size_;
+  ParameterLayout<T, B> params_;
+  int owner_rank_;
+  std::vector<Tile> tiles_;
+  MasterState<T, B> state_;
+  Tensor<T, B> weights_;  // stages 0-2: (Ψ') every weight; stage 3: (Ψ'/N) this rank's shard
+  WorkQueue queue_;
+  GradientReducer<Stage, T, B, Comm> reducer_;
+  UnitGatherer<T, B, Comm> gatherer_;
+  Hooks hooks_{};
+};
+
+/// Maps a data-parallel policy tag to its strategy (`data_parallel_stage_v`, parallel/).
+template <class Policy, class Model, class P, class B, class Comm>
+struct data_parallel_strategy {
+  using type = ShardedStrategy<data_parallel_stage_v<Policy>, Model, P, B, Comm>;
+};
+
+template <class Policy, class Model, class P, class B, class Comm>
+using data_parallel_strategy_t = typename data_parallel_strategy<Policy, Model, P, B, Comm>::type;
+
+/// Full replicas with bucketed, overlapped gradient all-reduce (ZeRO stage 0).
+template <class Model, class P, class B, class Comm>
+using DataParallelStrategy = ShardedStrategy<0, Model, P, B, Comm>;
+
+}  // namespace fourway
