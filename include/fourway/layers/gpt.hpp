@@ -26,6 +26,7 @@
 #include "fourway/layers/block.hpp"
 #include "fourway/layers/checkpoint.hpp"
 #include "fourway/layers/embedding.hpp"
+#include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 
 namespace fourway::models {
@@ -48,13 +49,8 @@ struct GptConfig {
   }
 };
 
-/// Hooks that do nothing: the single-rank case.
-struct NoHooks {
-  void pre_forward(int /*unit*/) {}
-  void post_forward(int /*unit*/) {}
-  void pre_backward(int /*unit*/) {}
-  void post_backward(int /*unit*/) {}
-};
+/// Hooks that do nothing (layers/layer.hpp): the single-rank case.
+using NoHooks = ::fourway::NoHooks;
 
 template <class H>
 concept gpt_hooks = requires(H& h, int u) {

@@ -94,4 +94,13 @@ Tensor<T, B> workspace(const Context<B>& ctx, Shape shape) {
 }
 }  // namespace detail
 
+/// Hooks around the units of a model (docs/contracts.md, FSDP units): a parallel strategy gathers
+/// and releases parameters in them. These do nothing: one rank, or plain data parallelism.
+struct NoHooks {
+  void pre_forward(int /*unit*/) {}
+  void post_forward(int /*unit*/) {}
+  void pre_backward(int /*unit*/) {}
+  void post_backward(int /*unit*/) {}
+};
+
 }  // namespace fourway

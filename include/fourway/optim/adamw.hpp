@@ -17,8 +17,8 @@
 #include <span>
 #include <type_traits>
 
-#include "fourway/core/error.hpp"
 #include "fourway/backend/ops.hpp"
+#include "fourway/core/error.hpp"
 #include "fourway/optim/lr_schedule.hpp"
 #include "fourway/optim/precision.hpp"
 
@@ -34,8 +34,10 @@ struct AdamWConfig {
   float max_grad_norm = 0.0f;
 
   void validate() const {
-    check<ConfigError>(std::isfinite(lr) && lr >= 0.0f, "fourway: AdamW lr must be finite and "
-                       ">= 0, got ", lr);
+    check<ConfigError>(std::isfinite(lr) && lr >= 0.0f,
+                       "fourway: AdamW lr must be finite and "
+                       ">= 0, got ",
+                       lr);
     check<ConfigError>(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f,
                        "fourway: AdamW betas must lie in [0, 1), got beta1 ", beta1, " and beta2 ",
                        beta2);
@@ -43,8 +45,10 @@ struct AdamWConfig {
                        eps);
     check<ConfigError>(weight_decay >= 0.0f && std::isfinite(weight_decay),
                        "fourway: AdamW weight_decay must be >= 0, got ", weight_decay);
-    check<ConfigError>(std::isfinite(max_grad_norm), "fourway: max_grad_norm must be finite "
-                       "(<= 0 disables clipping), got ", max_grad_norm);
+    check<ConfigError>(std::isfinite(max_grad_norm),
+                       "fourway: max_grad_norm must be finite "
+                       "(<= 0 disables clipping), got ",
+                       max_grad_norm);
   }
 };
 
@@ -63,9 +67,7 @@ class AdamW {
   explicit AdamW(AdamWConfig cfg = {}) : cfg_(cfg), schedule_(LrSchedule::constant(cfg.lr)) {
     cfg_.validate();
   }
-  AdamW(AdamWConfig cfg, LrSchedule schedule) : cfg_(cfg), schedule_(schedule) {
-    cfg_.validate();
-  }
+  AdamW(AdamWConfig cfg, LrSchedule schedule) : cfg_(cfg), schedule_(schedule) { cfg_.validate(); }
 
   [[nodiscard]] const AdamWConfig& config() const { return cfg_; }
   [[nodiscard]] const LrSchedule& schedule() const { return schedule_; }
@@ -93,13 +95,11 @@ class AdamW {
       s.grad_scale = grad_scale;
       s.step = step;
       if constexpr (MasterState<T, B>::keeps_master) {
-        Ops<B>::adamw_update(ctx, state.master(i), state.m(i), state.v(i),
-                                           bindings[i].weight, bindings[i].grad, segs[i].numel,
-                                           s);
+        Ops<B>::adamw_update(ctx, state.master(i), state.m(i), state.v(i), bindings[i].weight,
+                             bindings[i].grad, segs[i].numel, s);
       } else {
         Ops<B>::adamw_update(ctx, bindings[i].weight, state.m(i), state.v(i),
-                                           static_cast<float*>(nullptr), bindings[i].grad,
-                                           segs[i].numel, s);
+                             static_cast<float*>(nullptr), bindings[i].grad, segs[i].numel, s);
       }
     }
     state.advance();

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "fourway/core/tensor.hpp"
 #include "fourway/backend/ops.hpp"
+#include "fourway/core/tensor.hpp"
 
 namespace fourway {
 
@@ -35,9 +35,8 @@ inline constexpr double clip_epsilon = 1e-6;
 template <class Model, class B>
 [[nodiscard]] double grad_sum_squares(const Context<B>& ctx, Model& model) {
   double total = 0.0;
-  model.visit_parameters([&](auto& p) {
-    total += Ops<B>::sum_squares(ctx, p.grad.data(), p.grad.numel());
-  });
+  model.visit_parameters(
+      [&](auto& p) { total += Ops<B>::sum_squares(ctx, p.grad.data(), p.grad.numel()); });
   return total;
 }
 
@@ -48,9 +47,8 @@ double clip_grad_norm(const Context<B>& ctx, Model& model, double max_norm) {
   const double norm = std::sqrt(grad_sum_squares(ctx, model));
   const float coef = clip_coefficient(norm, max_norm);
   if (coef != 1.0f) {
-    model.visit_parameters([&](auto& p) {
-      Ops<B>::scale(ctx, p.grad.data(), p.grad.numel(), coef);
-    });
+    model.visit_parameters(
+        [&](auto& p) { Ops<B>::scale(ctx, p.grad.data(), p.grad.numel(), coef); });
   }
   return norm;
 }

@@ -23,7 +23,7 @@ struct LossScalerConfig {
   float init_scale = 65536.0f;  // 2^16, PyTorch's default
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
-  int growth_interval = 2000;   // clean steps before the scale grows
+  int growth_interval = 2000;  // clean steps before the scale grows
   float min_scale = 1.0f;
 
   void validate() const {
@@ -32,8 +32,10 @@ struct LossScalerConfig {
     check<ConfigError>(growth_factor > 1.0f && backoff_factor > 0.0f && backoff_factor < 1.0f,
                        "fourway: loss scaling needs growth > 1 and 0 < backoff < 1, got growth ",
                        growth_factor, " and backoff ", backoff_factor);
-    check<ConfigError>(growth_interval >= 1, "fourway: loss-scale growth interval must be >= 1 "
-                       "clean steps, got ", growth_interval);
+    check<ConfigError>(growth_interval >= 1,
+                       "fourway: loss-scale growth interval must be >= 1 "
+                       "clean steps, got ",
+                       growth_interval);
     check<ConfigError>(min_scale > 0.0f && min_scale <= init_scale,
                        "fourway: loss-scale floor must be in (0, init_scale = ", init_scale,
                        "], got ", min_scale);

@@ -5,8 +5,8 @@
 //! stepped every iteration). Warm-up + cosine is llm.c's `get_lr` (and nanoGPT's):
 //!
 //!   i <  warmup:           max_lr * (i + 1) / warmup
-//!   warmup <= i < total:   min_lr + 0.5 * (1 + cos(pi * (i - warmup) / (total - warmup))) * (max_lr - min_lr)
-//!   i >= total:            min_lr
+//!   warmup <= i < total:   min_lr + 0.5 * (1 + cos(pi * (i - warmup) / (total - warmup))) *
+//!   (max_lr - min_lr) i >= total:            min_lr
 #pragma once
 
 #include <cmath>
@@ -32,13 +32,14 @@ class LrSchedule {
 
   /// Linear warm-up over `warmup` iterations to `max_lr`, cosine decay to `min_lr` at `total`.
   static LrSchedule warmup_cosine(float max_lr, int warmup, int total, float min_lr = 0.0f) {
-    check<ConfigError>(max_lr >= 0.0f && std::isfinite(max_lr) && min_lr >= 0.0f &&
-                           min_lr <= max_lr,
-                       "fourway: warm-up + cosine needs 0 <= min_lr <= max_lr, got min_lr ",
-                       min_lr, " and max_lr ", max_lr);
-    check<ConfigError>(warmup >= 0 && total > warmup, "fourway: warm-up + cosine needs 0 <= "
-                       "warmup < total iterations, got warmup ", warmup, " and total ", total,
-                       "; raise total or lower warmup");
+    check<ConfigError>(
+        max_lr >= 0.0f && std::isfinite(max_lr) && min_lr >= 0.0f && min_lr <= max_lr,
+        "fourway: warm-up + cosine needs 0 <= min_lr <= max_lr, got min_lr ", min_lr,
+        " and max_lr ", max_lr);
+    check<ConfigError>(warmup >= 0 && total > warmup,
+                       "fourway: warm-up + cosine needs 0 <= "
+                       "warmup < total iterations, got warmup ",
+                       warmup, " and total ", total, "; raise total or lower warmup");
     LrSchedule s;
     s.kind_ = Kind::warmup_cosine;
     s.max_lr_ = max_lr;

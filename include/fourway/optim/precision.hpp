@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/backend/ops.hpp"
 
 namespace fourway {
 
@@ -77,11 +77,10 @@ class MasterState {
       : segments_(std::move(segments)) {
     std::int64_t n = 0;
     for (std::size_t i = 0; i < segments_.size(); ++i) {
-      check<ConfigError>(segments_[i].offset == n && segments_[i].numel >= 0,
-                         "fourway: optimizer state segment ", i, " starts at ",
-                         segments_[i].offset, " with ", segments_[i].numel,
-                         " elements; segments must be back to back from 0 (expected offset ", n,
-                         ")");
+      check<ConfigError>(
+          segments_[i].offset == n && segments_[i].numel >= 0, "fourway: optimizer state segment ",
+          i, " starts at ", segments_[i].offset, " with ", segments_[i].numel,
+          " elements; segments must be back to back from 0 (expected offset ", n, ")");
       n += segments_[i].numel;
     }
     numel_ = n;
@@ -96,8 +95,7 @@ class MasterState {
   /// Copies (widens) the working weights of segment `i` into its fp32 master; no-op in fp32.
   void init_master(const Context<B>& ctx, std::size_t i, const T* working) {
     if constexpr (keeps_master) {
-      Ops<B>::cast(ctx, master_.data() + segments_.at(i).offset, working,
-                       segments_.at(i).numel);
+      Ops<B>::cast(ctx, master_.data() + segments_.at(i).offset, working, segments_.at(i).numel);
     } else {
       (void)ctx, (void)i, (void)working;
     }

@@ -40,21 +40,22 @@
 #include <type_traits>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/layer.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
-#include "fourway/backend/ops.hpp"
 #include "fourway/optim/precision.hpp"
 
 namespace fourway {
 
 /// What the Trainer tells the strategy at the end of a step.
 struct StepControl {
-  float lr = 0.0f;          // learning rate of this iteration (from the schedule)
-  float loss_scale = 1.0f;  // the factor the loss was multiplied by (1 unless fp16)
+  float lr = 0.0f;            // learning rate of this iteration (from the schedule)
+  float loss_scale = 1.0f;    // the factor the loss was multiplied by (1 unless fp16)
   bool check_finite = false;  // look for inf/NaN gradients and skip the step if any (fp16)
 };
 
@@ -64,14 +65,6 @@ struct StepReport {
   bool skipped = false;    // no update was applied: optimizer state and weights unchanged
   double grad_norm = 0.0;  // global L2 norm of the (unscaled) gradients, before clipping
   float clip_coef = 1.0f;  // the factor clipping applied (1 when not clipping)
-};
-
-/// Model hooks that do nothing (no parameter is gathered or released): one rank, DataParallel.
-struct NoHooks {
-  void pre_forward(int /*unit*/) {}
-  void post_forward(int /*unit*/) {}
-  void pre_backward(int /*unit*/) {}
-  void post_backward(int /*unit*/) {}
 };
 
 /// What a Trainer needs from a strategy (see the picture at the top of this file).
@@ -131,10 +124,10 @@ class SingleRank {
       : ctx_(&ctx), model_(&model), optimizer_(optimizer), state_(ctx, segments_of(model)) {
     std::size_t i = 0;
     model.visit_parameters([&](auto& p) {
-      static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(p.weight)>::value_type,
-                                   param_type>,
-                    "fourway: the model's parameters are not in Precision<T>::param_type; "
-                    "build the model with the element type of the precision policy");
+      static_assert(
+          std::is_same_v<typename std::remove_cvref_t<decltype(p.weight)>::value_type, param_type>,
+          "fourway: the model's parameters are not in Precision<T>::param_type; "
+          "build the model with the element type of the precision policy");
       state_.init_master(ctx, i++, p.weight.data());
     });
   }
@@ -149,9 +142,7 @@ class SingleRank {
   [[nodiscard]] const MasterState<param_type, B>& state() const { return state_; }
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
-  void begin_step() {
-    zero_grad(*ctx_, *model_);
-  }
+  void begin_step() { zero_grad(*ctx_, *model_); }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
   [[nodiscard]] double sum_over_data_parallel(double x) { return x; }
