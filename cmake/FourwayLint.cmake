@@ -1,9 +1,12 @@
 # Lint tests (labels cpu, lint): they read the source tree, build nothing, take seconds.
 #   lint.format  every C++/CUDA file under include/ tests/ examples/ benchmarks/ is formatted;
-#   lint.tidy    clang-tidy (.clang-tidy) over config, core and the host backend headers.
-# Both report Skipped (exit 77) where the tool is not installed.
+#   lint.tidy    clang-tidy (.clang-tidy) over config, core and the host backend headers;
+#   lint.capability_flags  no `#ifdef FOURWAY_HAS_*` (the flags are always defined, 0 or 1).
+# format and tidy report Skipped (exit 77) where the tool is not installed.
 find_program(BASH_EXECUTABLE bash REQUIRED)
 add_test(NAME lint.format COMMAND ${BASH_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/check-format.sh)
 add_test(NAME lint.tidy COMMAND ${BASH_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/run-clang-tidy.sh)
-set_tests_properties(lint.format lint.tidy PROPERTIES
+add_test(NAME lint.capability_flags
+  COMMAND ${BASH_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/check-capability-flags.sh)
+set_tests_properties(lint.format lint.tidy lint.capability_flags PROPERTIES
   LABELS "cpu;lint" SKIP_RETURN_CODE 77 TIMEOUT 300)

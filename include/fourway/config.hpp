@@ -23,8 +23,10 @@
 #define FOURWAY_DEVICE_CODE 1  // inside device code (the device pass of nvcc)
 #endif
 
-// Capability flags. The CMake component targets (fourway::cuda, fourway::nccl, fourway::mpi) define
-// them as 1; a user who includes the headers without CMake may define them by hand.
+// Capability flags, always defined: 1 where the CMake component target (fourway::cuda,
+// fourway::nccl, fourway::mpi, fourway::cblas) is linked, else 0. A user who includes the headers
+// without CMake may define them by hand. Test them with `#if FOURWAY_HAS_MPI`; `#ifdef` and
+// `defined(...)` are always true (ctest lint.capability_flags finds them).
 #ifndef FOURWAY_HAS_CUDA
 #define FOURWAY_HAS_CUDA 0
 #endif
