@@ -124,6 +124,36 @@ void layernorm(benchmark::State& state) {
 }
 
 template <class T>
+void layernorm_backward(benchmark::State& state) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t C = 768, rows = n_elems / C;
+  const auto in = random_vec<T>(rows * C, 5), dout = random_vec<T>(rows * C, 11);
+  const auto w = random_vec<T>(C, 6), b = random_vec<T>(C, 7);
+  std::vector<T> out(in.size()), din(in.size()), dw(static_cast<std::size_t>(C)),
+      db(static_cast<std::size_t>(C));
+  std::vector<float> mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
+  fw::host::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), in.data(), w.data(),
+                              b.data(), rows, C, 1e-5f);
+  fw::host::layernorm_backward(ctx, din.data(), dw.data(), db.data(), dout.data(), in.data(),
+                               w.data(), mean.data(), rstd.data(), rows, C);
+  // dbias[3] is the column sum of dout
+  double want = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) want += fw::convert<float>(dout[r * C + 3]);
+  if (std::abs(fw::convert<float>(db[3]) - want) > 1e-2 * std::abs(want) + 1e-2) {
+    state.SkipWithError("layernorm_backward dbias is wrong");
+  }
+  for (auto _ : state) {
+    fw::host::layernorm_backward(ctx, din.data(), dw.data(), db.data(), dout.data(), in.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C);
+    benchmark::DoNotOptimize(din.data());
+    benchmark::ClobberMemory();
+  }
+  // read dout, in; write din (mean, rstd, weight and the parameter gradients are per row / column)
+  set_bytes(state, 3.0 * sizeof(T) * static_cast<double>(rows * C));
+}
+
+template <class T>
 void adamw(benchmark::State& state) {
   fw::MemoryAccountant acct;
   fw::Context<fw::Host> ctx(acct);
@@ -175,9 +205,13 @@ BENCHMARK(residual<float>)->Unit(benchmark::kMillisecond);
 BENCHMARK(residual<fw::bf16>)->Unit(benchmark::kMillisecond);
 BENCHMARK(gelu<float>)->Unit(benchmark::kMillisecond);
 BENCHMARK(gelu<fw::bf16>)->Unit(benchmark::kMillisecond);
+BENCHMARK(gelu<fw::fp16>)->Unit(benchmark::kMillisecond);
 BENCHMARK(gelu_backward<float>)->Unit(benchmark::kMillisecond);
+BENCHMARK(gelu_backward<fw::bf16>)->Unit(benchmark::kMillisecond);
 BENCHMARK(layernorm<float>)->Unit(benchmark::kMillisecond);
 BENCHMARK(layernorm<fw::bf16>)->Unit(benchmark::kMillisecond);
+BENCHMARK(layernorm_backward<float>)->Unit(benchmark::kMillisecond);
+BENCHMARK(layernorm_backward<fw::bf16>)->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw<float>)->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw<fw::bf16>)->Unit(benchmark::kMillisecond);
 BENCHMARK(cast<fw::bf16, float>)->Unit(benchmark::kMillisecond);

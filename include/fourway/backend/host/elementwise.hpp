@@ -7,6 +7,7 @@
 //! its digits; `has_inf_nan` looks at the bits, so it works on all three element types alike.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -44,6 +45,10 @@ inline float gelu_grad(float x) {
   return sig + 2.0f * x * e * sig * sig * du;
 }
 
+/// fp16 kernels convert blocks of this many values with `cast` (F16C where the target has it;
+/// the scalar fp16 conversion branches and does not vectorise) and compute in fp32 between.
+inline constexpr std::int64_t fp16_block = 256;
+
 /// out[i] = bf16(f(float(src[i])...)) for i in [0, n): two bf16 values are read as one 32-bit
 /// word, the first widened by `w << 16`, the second by `w & 0xffff0000` — no shuffles, so the
 /// loop vectorises over plain 32-bit lanes (pmovzx / pack cost a fifth of a GELU otherwise).
@@ -77,31 +82,6 @@ void residual_forward(const Context<Host>& /*ctx*/, T* out, const T* a, const T*
   }
 }
 
-/// out = gelu(in) over n elements.
-template <floating_dtype T>
-void gelu_forward(const Context<Host>& /*ctx*/, T* out, const T* in, std::int64_t n) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    detail::map_bf16_pairs(
-        out, n, [](float x) { return detail::gelu(x); }, in);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = convert<T>(detail::gelu(convert<float>(in[i])));
-  }
-}
-
-/// din = gelu'(in) * dout over n elements (din may alias dout).
-template <floating_dtype T>
-void gelu_backward(const Context<Host>& /*ctx*/, T* din, const T* in, const T* dout,
-                   std::int64_t n) {
-  const auto chain = [](float x, float dy) { return detail::gelu_grad(x) * dy; };
-  if constexpr (std::is_same_v<T, bf16>) {
-    detail::map_bf16_pairs(din, n, chain, in, dout);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) {
-      din[i] = convert<T>(chain(convert<float>(in[i]), convert<float>(dout[i])));
-    }
-  }
-}
-
 /// dst = src converted (round to nearest even) over n elements.
 /// The x86 F16C instructions convert 8 values at once with the same round-to-nearest-even and
 /// NaN quieting as `convert` (the software conversion does not vectorise).
@@ -124,6 +104,45 @@ void cast(const Context<Host>& /*ctx*/, To* dst, const From* src, std::int64_t n
   }
 #endif
   for (std::int64_t i = vectorised; i < n; ++i) dst[i] = convert<To>(convert<float>(src[i]));
+}
+
+/// out = gelu(in) over n elements.
+template <floating_dtype T>
+void gelu_forward(const Context<Host>& ctx, T* out, const T* in, std::int64_t n) {
+  const auto gelu = [](float x) { return detail::gelu(x); };
+  if constexpr (std::is_same_v<T, bf16>) {
+    detail::map_bf16_pairs(out, n, gelu, in);
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    float x[detail::fp16_block];
+    for (std::int64_t i = 0; i < n; i += detail::fp16_block) {
+      const std::int64_t m = std::min(n - i, detail::fp16_block);
+      cast(ctx, x, in + i, m);
+      for (std::int64_t j = 0; j < m; ++j) x[j] = gelu(x[j]);
+      cast(ctx, out + i, x, m);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = gelu(in[i]);
+  }
+}
+
+/// din = gelu'(in) * dout over n elements (din may alias dout).
+template <floating_dtype T>
+void gelu_backward(const Context<Host>& ctx, T* din, const T* in, const T* dout, std::int64_t n) {
+  const auto chain = [](float x, float dy) { return detail::gelu_grad(x) * dy; };
+  if constexpr (std::is_same_v<T, bf16>) {
+    detail::map_bf16_pairs(din, n, chain, in, dout);
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    float x[detail::fp16_block], dy[detail::fp16_block];
+    for (std::int64_t i = 0; i < n; i += detail::fp16_block) {
+      const std::int64_t m = std::min(n - i, detail::fp16_block);
+      cast(ctx, x, in + i, m);
+      cast(ctx, dy, dout + i, m);
+      for (std::int64_t j = 0; j < m; ++j) dy[j] = chain(x[j], dy[j]);
+      cast(ctx, din + i, dy, m);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) din[i] = chain(in[i], dout[i]);
+  }
 }
 
 /// p *= s over n elements.

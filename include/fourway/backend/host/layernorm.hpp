@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
@@ -29,6 +30,19 @@ const float* as_float(const T* p, std::int64_t n, std::vector<float>& buf) {
     return buf.data();
   }
 }
+
+/// row[c] as fp32 through a callable: float and bf16 rows are read in place (widening a bf16 is
+/// a shift, which vectorises), fp16 rows are converted into buf once.
+template <class T>
+auto row_reader(const T* row, std::int64_t C, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, fp16>) {
+    const float* p = as_float(row, C, buf);
+    return [p](std::int64_t c) { return p[c]; };
+  } else {
+    return [row](std::int64_t c) { return convert<float>(row[c]); };
+  }
+}
+
 }  // namespace detail
 
 /// out (rows, C) = (in - mean) * rstd * weight + bias; mean, rstd (rows) fp32.
@@ -39,17 +53,19 @@ void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float*
   std::vector<float> xbuf, wbuf, bbuf;
   const float* w = detail::as_float(weight, C, wbuf);
   const float* b = detail::as_float(bias, C, bbuf);
+  eps = detail::canonical_nan(eps);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* x = detail::as_float(in + r * C, C, xbuf);
-    const float m =
-        detail::sum_lanes(C, [x](std::int64_t c) { return x[c]; }) / static_cast<float>(C);
-    const float var = detail::sum_lanes(C, [x, m](std::int64_t c) {
-      const float d = x[c] - m;
+    const auto x = detail::row_reader(in + r * C, C, xbuf);
+    const float m = detail::sum_lanes(C, x) / static_cast<float>(C);
+    const float var = detail::sum_lanes(C, [&x, m](std::int64_t c) {
+      const float d = x(c) - m;
       return d * d;
     });
     const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
     T* o = out + r * C;
-    for (std::int64_t c = 0; c < C; ++c) o[c] = convert<T>((x[c] - m) * s * w[c] + b[c]);
+    for (std::int64_t c = 0; c < C; ++c) {
+      o[c] = detail::convert_computed<T>((x(c) - m) * s * w[c] + b[c]);
+    }
     mean[r] = m;
     rstd[r] = s;
   }
@@ -66,22 +82,24 @@ void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbi
   const float* w = detail::as_float(weight, C, wbuf);
   const float inv_c = 1.0f / static_cast<float>(C);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* x = detail::as_float(in + r * C, C, xbuf);
-    const float* dy = detail::as_float(dout + r * C, C, gbuf);
-    const float m = mean[r];
-    const float s = rstd[r];
+    const auto x = detail::row_reader(in + r * C, C, xbuf);
+    const auto dy = detail::row_reader(dout + r * C, C, gbuf);
+    const float m = detail::canonical_nan(mean[r]);
+    const float s = detail::canonical_nan(rstd[r]);
     for (std::int64_t c = 0; c < C; ++c) {
-      db[c] += dy[c];
-      dw[c] += (x[c] - m) * s * dy[c];
+      db[c] += dy(c);
+      dw[c] += (x(c) - m) * s * dy(c);
     }
-    const float dnorm_mean =
-        inv_c * detail::sum_lanes(C, [&](std::int64_t c) { return w[c] * dy[c]; });
-    const float dnorm_norm_mean =
-        inv_c * detail::sum_lanes(C, [&](std::int64_t c) { return w[c] * dy[c] * (x[c] - m) * s; });
+    const auto [sum_g, sum_g_norm] = detail::sum2_lanes(C, [&](std::int64_t c) {
+      const float g = w[c] * dy(c);
+      return std::pair<float, float>(g, g * (x(c) - m) * s);
+    });
+    const float dnorm_mean = inv_c * sum_g;
+    const float dnorm_norm_mean = inv_c * sum_g_norm;
     T* dx = din + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      dx[c] = convert<T>((w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s);
+      const float norm = (x(c) - m) * s;
+      dx[c] = detail::convert_computed<T>((w[c] * dy(c) - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
   }
   for (std::int64_t c = 0; c < C; ++c) {

@@ -17,8 +17,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "fourway/config.hpp"
+#include "fourway/core/dtype.hpp"
 
 #if defined(__SSE__)
 #include <immintrin.h>
@@ -87,6 +90,17 @@ inline std::uint16_t bf16_bits_rne(float v) {
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/// convert<T>(v) for a v computed from T values only, fp32 scalars passed through
+/// `canonical_nan` and non-NaN constants: for bf16 the branch-free `bf16_bits_rne`.
+template <floating_dtype T>
+T convert_computed(float v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16::from_bits(bf16_bits_rne(v));
+  } else {
+    return convert<T>(v);
+  }
+}
+
 /// v, or the default quiet NaN (low 16 bits zero) when v is a NaN: for fp32 scalars that feed a
 /// result rounded with `bf16_bits_rne`.
 inline float canonical_nan(float v) {
@@ -121,6 +135,33 @@ Acc sum_lanes(std::int64_t n, F&& f) {
   Acc tail = 0;
   for (std::int64_t i = full; i < n; ++i) tail += f(i);
   return acc[0] + tail;
+}
+
+/// The two sums of f(i) = {a, b} over i in [0, n) in one pass, each added in `sum_lanes`' order.
+template <class F>
+std::pair<float, float> sum2_lanes(std::int64_t n, F&& f) {
+  float a[lanes] = {}, b[lanes] = {};
+  const std::int64_t full = n / lanes * lanes;
+  for (std::int64_t i = 0; i < full; i += lanes) {
+    for (int l = 0; l < lanes; ++l) {
+      const std::pair<float, float> v = f(i + l);
+      a[l] += v.first;
+      b[l] += v.second;
+    }
+  }
+  for (int w = lanes / 2; w > 0; w /= 2) {
+    for (int l = 0; l < w; ++l) {
+      a[l] += a[l + w];
+      b[l] += b[l + w];
+    }
+  }
+  float ta = 0, tb = 0;
+  for (std::int64_t i = full; i < n; ++i) {
+    const std::pair<float, float> v = f(i);
+    ta += v.first;
+    tb += v.second;
+  }
+  return {a[0] + ta, b[0] + tb};
 }
 
 /// Max of f(i) over i in [0, n) (-3.4e38 for n = 0), with 16 interleaved partial maxima.
