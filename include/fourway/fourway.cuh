@@ -14,6 +14,7 @@
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"
 #include "fourway/backend/cuda/softmax.cuh"
+#include "fourway/backend/ops.cuh"
 #include "fourway/comm/device_reduce.cuh"
 #include "fourway/fourway.hpp"
 
