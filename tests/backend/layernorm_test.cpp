@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "kernel_test_util.hpp"
 
@@ -94,5 +97,36 @@ TYPED_TEST(HostLayerNorm, ForwardAndFiniteDifferenceBackward) {
                        "layernorm dweight vs FD");
     ft::expect_close_t(db, fd_b, sum_tol + 1e-6, 2 * ft::unit_roundoff<T>(),
                        "layernorm dbias vs FD");
+  }
+}
+
+TEST(HostLayerNormBf16, NanScalarsGiveNanNotInfinity) {
+  // bf16 results are rounded without a NaN select (bf16_bits_rne); a NaN eps or a saved
+  // mean/rstd NaN with a full payload (0x7fffffff) would carry into the sign and round to -0
+  // without canonical_nan. Every output must stay NaN.
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t rows = 3, C = 13;
+  const auto n = static_cast<std::size_t>(rows * C);
+  const auto in = ft::random_typed<fw::bf16>(n, 70, -2.0f, 3.0f);
+  const auto w = ft::random_typed<fw::bf16>(static_cast<std::size_t>(C), 71, 0.5f, 1.5f);
+  const auto b = ft::random_typed<fw::bf16>(static_cast<std::size_t>(C), 72);
+  const float full_payload_nan = std::bit_cast<float>(0x7fffffffu);
+  std::vector<fw::bf16> out(n);
+  std::vector<float> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+  fw::host::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), in.data(), w.data(),
+                              b.data(), rows, C, full_payload_nan);
+  for (const auto& v : out) ASSERT_TRUE(std::isnan(static_cast<float>(v))) << v.bits;
+
+  fw::host::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), in.data(), w.data(),
+                              b.data(), rows, C, eps);
+  mean[1] = full_payload_nan;
+  const auto dout = ft::random_typed<fw::bf16>(n, 73);
+  std::vector<fw::bf16> din(n), dw(static_cast<std::size_t>(C)), db(dw.size());
+  fw::host::layernorm_backward(ctx, din.data(), dw.data(), db.data(), dout.data(), in.data(),
+                               w.data(), mean.data(), rstd.data(), rows, C);
+  for (std::int64_t c = 0; c < C; ++c) {
+    ASSERT_TRUE(std::isnan(static_cast<float>(din[C + c]))) << din[C + c].bits;
+    ASSERT_FALSE(std::isnan(static_cast<float>(din[c])));
   }
 }

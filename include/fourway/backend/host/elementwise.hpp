@@ -42,7 +42,7 @@ inline float gelu_grad(float x) {
   const float e = gelu_exp(x);
   const float sig = 1.0f / (1.0f + e);
   const float du = gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x);
-  return sig + 2.0f * x * e * sig * sig * du;
+  return sig + 2.0f * x * sig * (e * sig) * du;  // e * sig first: e alone may be 2^126
 }
 
 /// fp16 kernels convert blocks of this many values with `cast` (F16C where the target has it;

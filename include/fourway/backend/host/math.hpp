@@ -80,11 +80,12 @@ inline float exp2_poly(float x) {
 /// tanh(x) = 1 - 2 / (exp(2x) + 1); absolute error below 1e-7, exact limits +-1.
 inline float tanh_poly(float x) { return 1.0f - 2.0f / (exp_poly(2.0f * x) + 1.0f); }
 
-/// float -> bfloat16 bits, round to nearest even, for any `v` except a NaN with non-zero low 16
-/// bits; then it equals `bf16(v).bits`. Every NaN computed from bf16 values and non-NaN
-/// constants qualifies: arithmetic returns one operand's NaN (quieted) or the default NaN, and a
-/// bf16's low 16 bits are zero. Kernels sanitise their fp32 scalar arguments with
-/// `canonical_nan`. Dropping `bf16(v)`'s NaN select makes a bf16 GELU loop a quarter faster.
+/// float -> bfloat16 bits, round to nearest even, for any `v` except a signalling NaN or a NaN
+/// with non-zero low 16 bits; then it equals `bf16(v).bits`. Every NaN that arithmetic computes
+/// from bf16 values and non-NaN constants qualifies: an operation returns one operand's NaN,
+/// quieted, or the default NaN, and a bf16's low 16 bits are zero. Kernels pass their fp32
+/// scalar arguments through `canonical_nan`. Dropping `bf16(v)`'s NaN select makes a bf16 GELU
+/// loop a quarter faster.
 inline std::uint16_t bf16_bits_rne(float v) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(v);
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
