@@ -2,9 +2,11 @@
 //! helpers (cast, scale in place, inf/NaN detection, sum of squares for the global L2 norm).
 //!
 //! GELU is GPT-2's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
-//! (Hendrycks & Gimpel 2016). Outputs and activation gradients are written (`=`), never
-//! accumulated. `sum_squares` accumulates in double, so the norm of a billion fp32 values keeps
-//! its digits; `has_inf_nan` looks at the bits, so it works on all three element types alike.
+//! (Hendrycks & Gimpel 2016), computed in fp32 for every element type; a 16-bit result is that
+//! fp32 value rounded, bit for bit (docs/kernels.md has the measured error). Outputs and
+//! activation gradients are written (`=`), never accumulated. `sum_squares` accumulates in double,
+//! so the norm of a billion fp32 values keeps its digits; `has_inf_nan` looks at the bits, so it
+//! works on all three element types alike.
 #pragma once
 
 #include <algorithm>

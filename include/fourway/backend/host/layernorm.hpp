@@ -2,7 +2,9 @@
 //!
 //! Forward saves per-row `mean` and `rstd = 1/sqrt(var + eps)` (fp32, biased variance, as
 //! PyTorch) for the backward. Backward writes `din` (`=`) and accumulates `dweight`, `dbias`
-//! (`+=`); their row sums are fp32 and reach the parameter gradient once.
+//! (`+=`); their row sums are fp32 and reach the parameter gradient once. Forward reads each
+//! row three times (mean, centred variance, output) rather than using one E[x^2] - E[x]^2 pass,
+//! whose cancellation would cost digits; bf16 rows are read in place, not copied to fp32.
 #pragma once
 
 #include <cmath>
