@@ -3,8 +3,9 @@
 //! sharded_strategy.hpp, runs; `data_parallel_strategy_t` there is built on this mapping).
 //!
 //! `DataParallel` is stage 0: full replicas, gradients all-reduced (summed) in buckets as backward
-//! completes them (`GradientReducer`), every bucket waited on before the optimizer. `Sharded<1|2|3>`
-//! shard optimizer state, then gradients, then parameters (`UnitGatherer`); docs/parallel.md.
+//! completes them (`GradientReducer`), every bucket waited on before the optimizer.
+//! `Sharded<1|2|3>` shard optimizer state, then gradients, then parameters (`UnitGatherer`);
+//! docs/parallel.md.
 //!
 //! ```
 //!   backward:  unit L+1 | unit L | ... | unit 1 | unit 0 |  optimizer

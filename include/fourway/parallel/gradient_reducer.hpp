@@ -37,7 +37,11 @@ class GradientReducer {
  public:
   GradientReducer(const Context<B>& ctx, Comm& comm, const ParameterLayout<T, B>& layout,
                   WorkQueue& queue, bool overlap)
-      : ctx_(&ctx), comm_(&comm), layout_(&layout), queue_(&queue), overlap_(overlap),
+      : ctx_(&ctx),
+        comm_(&comm),
+        layout_(&layout),
+        queue_(&queue),
+        overlap_(overlap),
         rank_(comm.rank()) {
     const FlatLayout& flat = layout.flat();
     const int segments = flat.segment_count();

@@ -48,7 +48,9 @@ class ParameterLayout {
 
   /// Points the weights of segment `s`'s parameters into `segment_base` (the segment's first
   /// element), or at nothing when it is null.
-  void bind_weights(int s, T* segment_base) const { bind(s, segment_base, &Parameter<T, B>::weight); }
+  void bind_weights(int s, T* segment_base) const {
+    bind(s, segment_base, &Parameter<T, B>::weight);
+  }
   /// The same for the gradients.
   void bind_grads(int s, T* segment_base) const { bind(s, segment_base, &Parameter<T, B>::grad); }
 
@@ -92,7 +94,7 @@ class ParameterLayout {
       segs.resize(static_cast<std::size_t>(U));
       for (std::size_t i = 0; i < params_.size(); ++i) {
         segs[static_cast<std::size_t>(last_unit[i])].emplace_back(static_cast<int>(i),
-                                                                   shapes_[i].numel());
+                                                                  shapes_[i].numel());
       }
       for (int u = 0; u < U; ++u) ready_unit_.push_back(u);
     } else {

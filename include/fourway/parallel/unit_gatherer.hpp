@@ -30,7 +30,11 @@ class UnitGatherer {
  public:
   UnitGatherer(const Context<B>& ctx, Comm& comm, const ParameterLayout<T, B>& layout,
                WorkQueue& queue, const T* shard)
-      : ctx_(&ctx), comm_(&comm), layout_(&layout), queue_(&queue), shard_(shard),
+      : ctx_(&ctx),
+        comm_(&comm),
+        layout_(&layout),
+        queue_(&queue),
+        shard_(shard),
         gathered_(static_cast<std::size_t>(layout.segment_count())),
         gathering_(static_cast<std::size_t>(layout.segment_count()), 0) {}
   UnitGatherer(const UnitGatherer&) = delete;
@@ -47,9 +51,9 @@ class UnitGatherer {
       now_ += static_cast<std::int64_t>(seg.padded * sizeof(T));
       peak_ = std::max(peak_, now_);
       gathering_[i] = 1;
-      queue_->push(comm_->all_gather_async(shard_ + seg.shard_offset, gathered_[i].data(),
-                                           seg.shard),
-                   s, WorkKind::gather, [this, i] { gathering_[i] = 0; });
+      queue_->push(
+          comm_->all_gather_async(shard_ + seg.shard_offset, gathered_[i].data(), seg.shard), s,
+          WorkKind::gather, [this, i] { gathering_[i] = 0; });
     }
   }
   /// Unit u's weights gathered and bound (waits for its all-gathers).

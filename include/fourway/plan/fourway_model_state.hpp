@@ -1,11 +1,12 @@
 //! fourway's own sharding layout of a GPT-2, so the planner's model-state bytes equal the memory
 //! accountant's under `ShardedStrategy<Stage>` byte for byte, padding included.
 //!
-//! `ShardedStrategy` (parallel/sharded.hpp) pads each *segment* of its flat buffer to a multiple
-//! of the group size N (parallel/flat_layout.hpp): under stages 1 and 2 the segments are gradient
-//! buckets, packed greedily by `plan_buckets` in the order backward completes the gradients; under
-//! stage 3 they are the FSDP units (embedding with the tied `wte`, each block, the final norm).
-//! Stage 0 shards nothing and pads nothing. The backward order of a GPT-2's parameters:
+//! `ShardedStrategy` (train/sharded_strategy.hpp) pads each *segment* of its flat buffer to a
+//! multiple of the group size N (parallel/flat_layout.hpp): under stages 1 and 2 the segments are
+//! gradient buckets, packed greedily by `plan_buckets` in the order backward completes the
+//! gradients; under stage 3 they are the FSDP units (embedding with the tied `wte`, each block,
+//! the final norm). Stage 0 shards nothing and pads nothing. The backward order of a GPT-2's
+//! parameters:
 //!
 //!   ln_f.bias ln_f.weight | h.{L-1}: mlp.c_proj.b, mlp.c_proj.w, mlp.c_fc.b, mlp.c_fc.w, ln_2.b,
 //!   ln_2.w, attn.c_proj.b, attn.c_proj.w, attn.c_attn.b, attn.c_attn.w, ln_1.b, ln_1.w | ... |

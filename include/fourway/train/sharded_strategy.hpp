@@ -316,8 +316,8 @@ class ShardedStrategy {
       }
     }
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
-      state_.init_master(*ctx_, i, w.data() + (Stage <= 2 ? tiles_[i].flat_offset
-                                                          : tiles_[i].shard_offset));
+      state_.init_master(*ctx_, i,
+                         w.data() + (Stage <= 2 ? tiles_[i].flat_offset : tiles_[i].shard_offset));
     }
     return w;
   }

@@ -27,7 +27,8 @@
 //! average, and divides by `loss_scale` only through `StepControl::loss_scale`.
 //!
 //! `training_strategy` is the concept; `SingleRank<Model, Precision, B>` is the model of it with
-//! no communication (DataParallel and Sharded<1|2|3> live in `parallel/` and follow it).
+//! no communication (DataParallel and Sharded<1|2|3> are `ShardedStrategy`,
+//! train/sharded_strategy.hpp).
 //! A strategy is not movable once a Trainer holds it (hooks may point into it): the Trainer
 //! constructs it in place.
 #pragma once
