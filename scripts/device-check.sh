@@ -3,8 +3,10 @@
 #   1. configure the `cuda` preset (Release, sm_90, CUDA required),
 #   2. build what the GPU checks need (every gpu-labelled test and every bench_*_gpu),
 #   3. run `ctest -L gpu` (a GPU test that reports Skipped here is counted as a problem),
-#   4. run every bench_*_gpu executable briefly (JSON figures in build/cuda/device-check/),
-#   5. print a summary table. Exits non-zero if any step failed or timed out.
+#   4. compare fourway-train-cuda's losses with the host fourway-train's on the same flags
+#      (examples/train/cuda_vs_host.sh: 1 rank, and a 4-rank LocalWorld ZeRO-3 on one GPU),
+#   5. run every bench_*_gpu executable briefly (JSON figures in build/cuda/device-check/),
+#   6. print a summary table. Exits non-zero if any step failed or timed out.
 # Every step runs under `timeout`; the whole run stays within DEVICE_CHECK_BUDGET seconds (360).
 # Usage: scripts/device-check.sh        (env: JOBS, DEVICE_CHECK_BUDGET, BENCH_MIN_TIME)
 set -uo pipefail
@@ -80,6 +82,9 @@ if [ "$failed" -eq 0 ]; then
   for t in "${all_targets[@]}"; do
     [[ "$t" =~ ^bench_.*_gpu$ ]] && targets+=("$t")
   done
+  for t in fourway-train fourway-train-cuda; do  # step 4
+    printf '%s\n' "${all_targets[@]}" | grep -qx "$t" && targets+=("$t")
+  done
   echo "== build (${#targets[@]} targets, -j $jobs)"
   if [ ${#targets[@]} -gt 0 ]; then
     run_step build 210 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
@@ -92,7 +97,9 @@ fi
 tests_note=""
 if [ "$failed" -eq 0 ]; then
   echo "== ctest -L gpu"
-  run_step gpu-tests 120 ctest --test-dir "$build" -L gpu --output-on-failure -j 2 --timeout 100
+  # train_fourway_train_cuda_vs_host is step 4, run once there with a row per case
+  run_step gpu-tests 120 ctest --test-dir "$build" -L gpu --output-on-failure -j 2 --timeout 100 \
+    -E '^train_fourway_train_cuda_vs_host$'
   grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|\(Timeout\)|Not Run" \
     "$logdir/gpu-tests.log" || true
   tests_note=$(grep -E "tests passed" "$logdir/gpu-tests.log" | tail -1)
@@ -101,6 +108,27 @@ if [ "$failed" -eq 0 ]; then
     rows+=("gpu-tests skipped|PROBLEM|0|$nskip gpu tests skipped on a GPU machine")
     failed=1
   fi
+fi
+
+train_host=$build/examples/train/fourway-train
+train_cuda=$build/examples/train/fourway-train-cuda
+if [ -x "$train_host" ] && [ -x "$train_cuda" ]; then
+  echo "== fourway-train-cuda vs fourway-train (examples/train/cuda_vs_host.sh)"
+  rm -rf "$logdir/train-cuda-vs-host"
+  run_step train-cuda-vs-host 60 examples/train/cuda_vs_host.sh "$train_host" "$train_cuda" \
+    "$logdir/train-cuda-vs-host"
+  while IFS= read -r line; do
+    case "$line" in
+      PASS\ *|FAIL\ *)
+        case_name=${line#* }
+        rows+=("  ${case_name%%:*}|${line%% *}|0|${line#*: }")
+        ;;
+    esac
+  done < "$logdir/train-cuda-vs-host.log"
+  grep -E "^(PASS|FAIL|SKIP)" "$logdir/train-cuda-vs-host.log" || tail -5 "$logdir/train-cuda-vs-host.log"
+else
+  rows+=("train-cuda-vs-host|NOT RUN|0|fourway-train or fourway-train-cuda not built")
+  failed=1
 fi
 
 bench_rows=()

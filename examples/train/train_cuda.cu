@@ -1,0 +1,49 @@
+// fourway-train-cuda: fourway-train with the tensors on GPUs. Same program (train_program.hpp),
+// same flags:
+//   fourway-train-cuda --ranks 4 --zero 3          LocalWorld: 4 ranks as threads on GPU 0
+//   mpirun -np 8 fourway-train-cuda --backend nccl --zero 3
+//                                                  one process per GPU (node-local rank)
+// --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
+#include "fourway/backend/cuda/backend.cuh"
+#include "train_program.hpp"
+#if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
+#include "fourway/comm/nccl_mpi.cuh"
+#endif
+
+namespace {
+
+struct CudaTarget {
+  using backend = fw::Cuda;
+  static constexpr const char* program = "fourway-train-cuda";
+  static void check_device() {
+    fw::check<fw::DeviceError>(fw::cuda::device_count() > 0,
+                               "fourway: no CUDA device is visible (none found by "
+                               "cudaGetDeviceCount; check the driver and CUDA_VISIBLE_DEVICES); "
+                               "run fourway-train-cuda on a GPU machine, or fourway-train on the "
+                               "host");
+  }
+  static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device) {
+    return fw::Context<fw::Cuda>(m, device);
+  }
+  template <class Fn>
+  static void launch_processes(const fourway_train::Options& o, Fn fn) {
+    if (o.backend == "nccl") {
+#if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
+      fn.template operator()<fw::NcclWorld>();
+      return;
+#else
+      throw fw::ConfigError(
+          "fourway: --backend nccl, but fourway-train-cuda was built without NCCL or MPI; "
+          "install both (libnccl-dev, Open MPI) and reconfigure, or use --backend local");
+#endif
+    }
+    throw fw::ConfigError(
+        "fourway: --backend mpi moves host memory and fourway-train-cuda keeps its tensors on "
+        "the GPU; use --backend nccl under mpirun (one process per GPU), --backend local (all "
+        "ranks on one GPU), or the host fourway-train for --backend mpi");
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return fourway_train::run_program<CudaTarget>(argc, argv); }

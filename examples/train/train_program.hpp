@@ -1,0 +1,485 @@
+// The fourway-train program, once for every backend: flags, model, data, Trainer, logs and errors.
+// train.cpp instantiates it on the host (fourway-train), train_cuda.cu on CUDA
+// (fourway-train-cuda); each passes a Target that says
+//   using backend = fw::Host or fw::Cuda;              where the tensors live
+//   static constexpr const char* program;               the name in --help and in errors
+//   static void check_device();                         throws DeviceError when there is no GPU
+//   static fw::Context<backend> context(MemoryAccountant&, int device);
+//   template <class Fn> static void launch_processes(const Options&, Fn fn);
+//       --backend mpi|nccl: calls fn.template operator()<W>() with the world kind it runs, or
+//       throws ConfigError saying why this build cannot.
+// Everything else, --backend local included, is this one code path.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fourway/comm/counting.hpp"
+#include "fourway/comm/local_world.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/loss_scaler.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/train/cli.hpp"
+#include "fourway/train/corpus.hpp"
+#include "fourway/train/gpt2_checkpoint.hpp"
+#include "fourway/train/log.hpp"
+#include "fourway/train/progress.hpp"
+#include "fourway/train/safetensors.hpp"
+#include "fourway/train/sharded_strategy.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/token_data.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fw = fourway;
+
+namespace fourway_train {
+
+struct Options {
+  std::string init_from;
+  int layers = 4;
+  int dim = 256;
+  int heads = 0;  // 0: 8 for a random model, width/64 for a checkpoint
+  int vocab = static_cast<int>(fw::corpus_vocab);
+  int seq = 64;
+  std::uint64_t seed = 1337;
+  std::string data;
+  int batch = 8;
+  int steps = 50;
+  float lr = 3e-4f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;
+  int warmup = 0;        // linear warm-up steps
+  float min_lr = -1.0f;  // < 0: no decay; else cosine from --lr to it at the last step
+  std::string precision = "fp32";
+  bool checkpoint_activations = false;
+  std::string log_json;
+  std::string save;
+  bool quiet = false;
+  bool memory_report = false;
+  // data parallelism (docs/parallel.md)
+  int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
+  std::string backend = "local";
+  int dp = 0;
+  int zero = 0;
+  float bucket_mb = 25.0f;
+  bool no_overlap = false;
+  [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
+};
+
+inline fw::ArgParser make_parser(Options& o, const char* program) {
+  fw::ArgParser p(program,
+                  "Trains a GPT-2 with AdamW on llm.c token files (or the built-in corpus),\n"
+                  "from Hugging Face safetensors weights (or a random init), and reports the\n"
+                  "loss, tokens/s and memory per tag at every step.");
+  p.add("init-from", &o.init_from, "FILE", "GPT-2 weights (.safetensors, HF names) to start from")
+      .add("layers", &o.layers, "L", "blocks of a random model")
+      .add("dim", &o.dim, "C", "width of a random model")
+      .add("heads", &o.heads, "H", "attention heads (0: 8, or width/64 with --init-from)")
+      .add("vocab", &o.vocab, "V", "vocabulary of a random model")
+      .add("seq", &o.seq, "T", "sequence length (and the context of a random model)")
+      .add("seed", &o.seed, "S", "seed of the random init")
+      .add("data", &o.data, "FILE", "llm.c token file (default: the built-in corpus)")
+      .add("batch", &o.batch, "B", "sequences per optimizer step (global)")
+      .add("steps", &o.steps, "N", "optimizer steps")
+      .add("lr", &o.lr, "LR", "AdamW learning rate (constant)")
+      .add("weight-decay", &o.weight_decay, "WD", "AdamW weight decay (2-D weights only)")
+      .add("beta1", &o.beta1, "B1", "AdamW beta1")
+      .add("beta2", &o.beta2, "B2", "AdamW beta2")
+      .add("eps", &o.eps, "EPS", "AdamW epsilon")
+      .add("grad-clip", &o.grad_clip, "NORM", "clip the global gradient norm (0: off)")
+      .add("warmup", &o.warmup, "N", "linear learning-rate warm-up over the first N steps")
+      .add("min-lr", &o.min_lr, "LR",
+           "cosine decay from --lr to LR at the last step (negative: no decay)")
+      .add_choice("precision", &o.precision, {"fp32", "bf16", "fp16"},
+                  "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
+      .add_switch("checkpoint-activations", &o.checkpoint_activations,
+                  "recompute each block's activations in backward")
+      .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
+      .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
+      .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
+      .add("ranks", &o.ranks, "N",
+           "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
+      .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
+                  "communication: LocalWorld threads, MPI processes (mpirun), NCCL")
+      .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
+      .add("zero", &o.zero, "S", "0 DataParallel, 1/2/3 Sharded<S> (ZeRO-1/2, FSDP)")
+      .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
+      .add_switch("no-overlap", &o.no_overlap,
+                  "issue collectives after backward, no prefetch (to measure the overlap)")
+      .add_switch("quiet", &o.quiet, "print no per-step progress");
+  return p;
+}
+
+inline void check_positive(const char* flag, long long v) {
+  fw::check<fw::ConfigError>(v > 0, "fourway: --", flag, " must be positive, got ", v);
+}
+
+/// Fails before training, not after it, when an output file cannot be created.
+inline void check_output_dir(const char* flag, const std::string& file) {
+  if (file.empty()) return;
+  const auto dir = std::filesystem::absolute(file).parent_path();
+  std::error_code ec;
+  fw::check<fw::ConfigError>(std::filesystem::is_directory(dir, ec), "fourway: --", flag,
+                             " cannot create ", file, ": directory ", dir.string(),
+                             " does not exist");
+}
+
+/// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
+inline fw::models::GptConfig model_config(const Options& o,
+                                          std::optional<fw::SafetensorsFile>& ckpt, bool print) {
+  // ---- the model: from a checkpoint or random ------------------------------------------------
+  fw::models::GptConfig cfg;
+  if (!o.init_from.empty()) {
+    ckpt = fw::SafetensorsFile::read(o.init_from);
+    const auto info = fw::inspect_gpt2(*ckpt);
+    cfg = info.config(o.heads);
+    if (print) {
+      std::printf("checkpoint %s: %d layers, width %d, %d heads, vocab %d, context %d%s\n",
+                  o.init_from.c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq,
+                  info.prefix.empty() ? "" : " (names prefixed transformer.)");
+    }
+    for (const auto& n : info.ignored) {
+      if (print) std::printf("  ignoring buffer %s\n", n.c_str());
+    }
+  } else {
+    cfg.layers = o.layers;
+    cfg.dim = o.dim;
+    cfg.heads = o.heads == 0 ? 8 : o.heads;
+    cfg.vocab = o.vocab;
+    cfg.max_seq = o.seq;
+    check_positive("layers", cfg.layers);
+    check_positive("dim", cfg.dim);
+    check_positive("vocab", cfg.vocab);
+    fw::check<fw::ConfigError>(cfg.dim % cfg.heads == 0, "fourway: --heads ", cfg.heads,
+                               " does not divide --dim ", cfg.dim,
+                               "; choose heads that divide the width");
+  }
+  fw::check<fw::ConfigError>(o.seq <= cfg.max_seq, "fourway: --seq ", o.seq,
+                             " exceeds the model's context of ", cfg.max_seq,
+                             " positions; use --seq <= ", cfg.max_seq);
+  cfg.checkpoint = o.checkpoint_activations;
+  return cfg;
+}
+
+inline fw::AdamWConfig adamw_config(const Options& o) {
+  fw::AdamWConfig acfg;
+  acfg.lr = o.lr;
+  acfg.beta1 = o.beta1;
+  acfg.beta2 = o.beta2;
+  acfg.eps = o.eps;
+  acfg.weight_decay = o.weight_decay;
+  acfg.max_grad_norm = o.grad_clip;
+  return acfg;
+}
+
+/// AdamW with a constant learning rate, or warm-up + cosine (nanoGPT's schedule) when
+/// --warmup or --min-lr ask for it.
+inline fw::AdamW make_adamw(const Options& o) {
+  const fw::AdamWConfig cfg = adamw_config(o);
+  if (o.warmup == 0 && o.min_lr < 0.0f) return fw::AdamW(cfg);
+  fw::check<fw::ConfigError>(o.warmup >= 0, "fourway: --warmup must be >= 0, got ", o.warmup);
+  return fw::AdamW(cfg, fw::LrSchedule::warmup_cosine(o.lr, o.warmup, o.steps,
+                                                      o.min_lr < 0.0f ? o.lr : o.min_lr));
+}
+
+template <class Target, class T>
+int train(const Options& o) {
+  using B = typename Target::backend;
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  fw::MemoryAccountant memory(0);
+  fw::Context<B> ctx = Target::context(memory, 0);
+
+  std::optional<fw::SafetensorsFile> ckpt;
+  fw::models::GptConfig cfg = model_config(o, ckpt, true);
+  // the data is checked against the batch and vocabulary before the model is allocated
+  const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+  fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
+  fw::models::Gpt<T, B> model(ctx, cfg, o.seed);
+  if (ckpt) {
+    fw::load_gpt2(ctx, *ckpt, model);
+    ckpt.reset();
+  }
+
+  std::printf("data %s: %zu tokens, %lld batches of %d x %d before it wraps\n",
+              data.source().c_str(), data.size(),
+              static_cast<long long>(loader.batches_per_epoch()), o.batch, o.seq);
+  std::printf("model: %lld parameters, %s, %s\n", static_cast<long long>(model.num_parameters()),
+              o.precision.c_str(),
+              o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+
+  // ---- optimizer ------------------------------------------------------------------------------
+  using P = fw::Precision<T>;
+  using Model = fw::models::Gpt<T, B>;
+  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(fw::TrainerOptions{}, ctx, model, make_adamw(o));
+
+  fw::JsonLog log;
+  if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
+  fw::Progress progress(o.steps);
+  if (o.quiet) progress = fw::Progress(o.steps, false, nullptr);
+
+  const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+  double first_loss = 0.0, last_loss = 0.0;
+
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const fw::SequenceBatch b = loader.next();
+    const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+    const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+    const fw::StepReport& rep = trainer.last_report();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+    fw::StepRecord r;
+    r.step = step;
+    r.loss = loss;
+    r.grad_norm = rep.grad_norm;
+    r.step_ms = ms;
+    r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+    r.lr = lr;
+    r.skipped = rep.skipped;
+    log.write(r, {&memory});
+    if (!o.quiet) progress.update(r);
+    if (step == 1) first_loss = loss;
+    last_loss = loss;
+  }
+  progress.finish();
+  std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+  if (o.memory_report) std::printf("%s", memory.table().c_str());
+  if (!o.save.empty()) {
+    fw::save_gpt2(ctx, model, o.save);
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  return 0;
+}
+
+// ---- data parallelism: --ranks --backend --dp --zero --bucket-mb --------------------------------
+
+/// The GPU a rank computes on: the one NcclWorld chose from the node-local rank; device 0 for
+/// LocalWorld (all ranks on one GPU, one stream each) and for the host.
+template <class W>
+int rank_device(fw::World<W>& w) {
+  if constexpr (requires { w.comm().device(); }) {
+    return w.comm().device();
+  } else {
+    return 0;
+  }
+}
+
+/// Trains on the ranks of world kind W with ShardedStrategy<Stage> (0 = DataParallel). Every rank
+/// builds the model and reads the data; the Trainer gives each its share of the global batch.
+template <class Target, class T, int Stage, class W>
+void train_ranks(const Options& o) {
+  using B = typename Target::backend;
+  using Model = fw::models::Gpt<T, B>;
+  using Comm = fw::Counting<typename W::comm_type>;
+  using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, B, Comm>;
+  std::mutex mu;
+  std::vector<const fw::MemoryAccountant*> memories;  // LocalWorld: every rank's, for the log
+  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+    const bool lead = w.rank() == 0;
+    const int n = w.size();
+    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
+                               " ranks; fourway-train has no tensor or pipeline axis yet, so "
+                               "--dp must equal the number of ranks (or be 0)");
+    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    Comm dp(w.comm().split(0, w.rank(), "dp"));
+    if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
+    std::optional<fw::SafetensorsFile> ckpt;
+    const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    Model model(ctx, cfg, o.seed);
+    if (ckpt) {
+      fw::load_gpt2(ctx, *ckpt, model);
+      ckpt.reset();
+    }
+    const std::int64_t psi = model.num_parameters();
+    const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+    fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
+    fw::ShardedOptions so;
+    so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
+    so.overlap = !o.no_overlap;
+    fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, dp, make_adamw(o), so);
+    if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+      std::lock_guard lock(mu);
+      if (memories.empty()) memories.assign(static_cast<std::size_t>(n), nullptr);
+      memories[static_cast<std::size_t>(w.rank())] = &w.memory();
+    }
+    if (lead) {
+      std::printf("data %s: %zu tokens; model: %lld parameters, %s, %s\n", data.source().c_str(),
+                  data.size(), static_cast<long long>(psi), o.precision.c_str(),
+                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+      std::printf("%s on %d ranks (%s), bucket %.1f MiB\n",
+                  Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(),
+                  n, o.backend.c_str(), static_cast<double>(o.bucket_mb));
+    }
+    // who holds what, and the memory by tag, rank by rank
+    const auto state = [&](const fw::MemoryAccountant& m) {
+      return m.current(fw::MemTag::weights) + m.current(fw::MemTag::grads) +
+             m.current(fw::MemTag::master_weights) + m.current(fw::MemTag::optimizer_state);
+    };
+    const std::size_t alone = static_cast<std::size_t>(psi) * fw::Precision<T>::bytes_per_param;
+    for (int q = 0; q < n; ++q) {
+      dp.barrier();
+      if (q != w.rank()) continue;
+      std::printf("%s\n  model states %zu B (one rank alone: %zu B, %.2fx)\n%s",
+                  trainer.strategy().describe().c_str(), state(w.memory()), alone,
+                  static_cast<double>(alone) / static_cast<double>(state(w.memory())),
+                  w.memory().table().c_str());
+      std::fflush(stdout);
+    }
+    dp.barrier();
+
+    std::ofstream log;
+    if (lead && !o.log_json.empty()) {
+      log.open(o.log_json, std::ios::trunc);
+      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
+    }
+    fw::Progress progress(o.steps);
+    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    double first_loss = 0.0, last_loss = 0.0;
+    for (int step = 1; step <= o.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const fw::SequenceBatch b = loader.next();
+      const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+      dp.counters().reset();
+      const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+      const double bytes = dp.counters().bytes_sent("dp");
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      fw::StepRecord r;
+      r.step = step;
+      r.loss = loss;
+      r.grad_norm = trainer.last_report().grad_norm;
+      r.step_ms = ms;
+      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+      r.lr = lr;
+      r.skipped = trainer.last_report().skipped;
+      if (!lead) continue;
+      if (log.is_open()) {
+        std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
+        if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
+        std::string line = fw::step_json(r, mems);
+        char extra[96];
+        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f",
+                      n, Stage, bytes);
+        line.insert(line.size() - 1, extra);
+        log << line << '\n';
+        log.flush();
+      }
+      if (!o.quiet) {
+        progress.update(r);
+        if (!progress.interactive()) std::printf("  comm %.0f B sent per rank\n", bytes);
+      }
+      if (step == 1) first_loss = loss;
+      last_loss = loss;
+    }
+    if (lead) {
+      progress.finish();
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
+    }
+    if (!o.save.empty()) {
+      trainer.strategy().with_gathered_parameters([&] {
+        if (lead) fw::save_gpt2(ctx, model, o.save);
+      });
+      if (lead) std::printf("saved %s\n", o.save.c_str());
+    }
+    dp.barrier();  // no rank leaves (and tears down its communicator) while others still log
+  });
+}
+
+template <class Target, class T, class W>
+void train_stage(const Options& o) {
+  switch (o.zero) {
+    case 0: return train_ranks<Target, T, 0, W>(o);
+    case 1: return train_ranks<Target, T, 1, W>(o);
+    case 2: return train_ranks<Target, T, 2, W>(o);
+    case 3: return train_ranks<Target, T, 3, W>(o);
+    default:
+      throw fw::ConfigError(fw::detail::cat("fourway: --zero ", o.zero,
+                                            " does not exist; use 0 (DataParallel), 1, 2 or 3"));
+  }
+}
+
+template <class Target, class T>
+int train_parallel(const Options& o) {
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
+                             " does not exist; use 0 (DataParallel), 1, 2 or 3");
+  fw::check<fw::ConfigError>(o.bucket_mb >= 0.0f, "fourway: --bucket-mb must be >= 0, got ",
+                             o.bucket_mb);
+  fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
+  if (o.backend == "local") {
+    Options local = o;
+    local.ranks = o.ranks == 0 ? 1 : o.ranks;
+    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == local.ranks, "fourway: --dp ", o.dp,
+                               " but there are ", local.ranks,
+                               " ranks; fourway-train has no "
+                               "tensor or pipeline axis yet, so --dp must equal --ranks (or be 0)");
+    fw::check<fw::ConfigError>(
+        o.batch % local.ranks == 0, "fourway: the global batch of B=", o.batch,
+        " sequences does not split into ", local.ranks,
+        " data-parallel ranks; use a --batch that is a multiple of ", local.ranks);
+    train_stage<Target, T, fw::LocalWorld>(local);
+    return 0;
+  }
+  // mpi or nccl: one process per rank, started by mpirun; the target says which it runs
+  Target::launch_processes(o, [&]<class W>() { train_stage<Target, T, W>(o); });
+  return 0;
+}
+
+/// The whole program: parses the flags, trains, and turns every error into one line on stderr.
+template <class Target>
+int run_program(int argc, char** argv) {
+  Options o;
+  auto parser = make_parser(o, Target::program);
+  try {
+    if (!parser.parse(argc, argv)) {
+      std::fputs(parser.help().c_str(), stdout);
+      return 0;
+    }
+  } catch (const fw::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", Target::program, e.what());
+    return 2;
+  }
+  try {
+    Target::check_device();
+    check_positive("batch", o.batch);
+    check_positive("seq", o.seq);
+    fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
+    fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.parallel()) {
+      if (o.precision == "bf16") return train_parallel<Target, fw::bf16>(o);
+      if (o.precision == "fp16") return train_parallel<Target, fw::fp16>(o);
+      return train_parallel<Target, float>(o);
+    }
+    if (o.precision == "bf16") return train<Target, fw::bf16>(o);
+    if (o.precision == "fp16") return train<Target, fw::fp16>(o);
+    return train<Target, float>(o);
+  } catch (const fw::Error& e) {
+    std::fprintf(stderr, "\n%s: %s\n", Target::program, e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "\n%s: out of host memory; lower --batch, --seq or the model size\n",
+                 Target::program);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\n%s: error: %s\n", Target::program, e.what());
+  }
+  return 1;
+}
+
+}  // namespace fourway_train
