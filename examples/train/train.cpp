@@ -7,7 +7,6 @@
 // that does not parse), never in a crash. The program is train_program.hpp; this file is its
 // host target (fourway-train-cuda, train_cuda.cu, is the CUDA one).
 #include "fourway/backend/host/backend.hpp"
-#include "fourway/train/sharded_strategy.hpp"
 #include "train_program.hpp"
 #if FOURWAY_HAS_MPI
 #include "fourway/comm/mpi_comm.hpp"
