@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace fw = fourway;
