@@ -1,15 +1,15 @@
 //! The float building blocks of the host kernels' inner loops: exp, exp2, tanh, sqrt over a
-//! block, and sums / maxima with interleaved partial results.
+//! block, sums / maxima with interleaved partial results, and a branch-free bf16 rounding.
 //!
 //! They exist so that the compiler vectorises the loops: libm's `expf`/`tanhf` are opaque calls,
 //! `std::sqrt` carries an errno branch, and a plain `s += x[i]` is a serial dependency chain the
-//! compiler may not reorder. `exp_poly`/`tanh_poly` are branch-free (clamps, a polynomial and
-//! an exponent shift). `sum_lanes` keeps 16 partial sums and combines them pairwise — a fixed
-//! order, so results stay deterministic (and slightly more accurate than a serial sum). `exp_poly`
-//! is Cephes' `expf` (range reduction by ln 2 split in two parts, degree-6 polynomial), accurate to
-//! about 2 ulp for x in [-87, 88]; outside it saturates (about 1e-38 below, 1.6e38 above) — callers
-//! never feed it masked-out entries. The CUDA kernels use the device's `expf`/`tanhf`, so host and
-//! device agree to a few ulp, never bitwise.
+//! compiler may not reorder. `exp_poly`/`exp2_poly`/`tanh_poly` are branch-free (a
+//! polynomial, an exponent shift, clamps). `sum_lanes` keeps 16 partial sums and combines
+//! them pairwise — a fixed order, so results stay deterministic (and slightly more accurate than a
+//! serial sum). `exp_poly` is Cephes' `expf` (range reduction by ln 2 split in two parts, degree-6
+//! polynomial), accurate to about 2 ulp for x in [-87, 88]; outside it saturates (about 1e-38
+//! below, 1.6e38 above) — callers never feed it masked-out entries. The CUDA kernels use the
+//! device's `expf`/`tanhf`, so host and device agree to a few ulp, never bitwise.
 #pragma once
 
 #include <algorithm>
