@@ -44,7 +44,6 @@
 #include "fourway/mesh/policies.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
-#include "fourway/optim/dispatch.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/lr_schedule.hpp"
 #include "fourway/optim/precision.hpp"
