@@ -2,8 +2,8 @@
 // with the same initial parameters and data. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include "fourway/layers/gpt.hpp"
 #include "fourway/backend/ops.cuh"
+#include "fourway/layers/gpt.hpp"
 #include "support/util.hpp"
 
 namespace fw = fourway;

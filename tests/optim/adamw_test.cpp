@@ -57,8 +57,8 @@ TYPED_TEST(AdamWTyped, MatchesDoublePrecisionPyTorchAlgorithm) {
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
   toy::Params<T> ps(mem, {{7, 13}, {13}, {5, 3}, {1}, {3, 1, 4}}, 42);
-  const fw::AdamWConfig cfg{.lr = 3e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                            .weight_decay = 0.1f};
+  const fw::AdamWConfig cfg{
+      .lr = 3e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   const fw::AdamW opt(cfg);
   fw::MasterState<T, fw::Host> state(ctx, segments_of(ps));
   std::size_t k = 0;
@@ -152,9 +152,9 @@ TEST(AdamW, RejectsBadConfigurationWithTheNumbers) {
                fw::ConfigError);
   fw::MasterState<float, fw::Host> state(ctx, {{0, 4, true}});
   std::vector<fw::SegmentBinding<float>> none;
-  EXPECT_THROW(fw::AdamW().update(ctx, state, std::span<const fw::SegmentBinding<float>>(none),
-                                  1e-3f, 1.0f),
-               fw::ConfigError);
+  EXPECT_THROW(
+      fw::AdamW().update(ctx, state, std::span<const fw::SegmentBinding<float>>(none), 1e-3f, 1.0f),
+      fw::ConfigError);
 }
 
 TEST(AdamW, ScheduleDrivesLearningRate) {

@@ -13,9 +13,9 @@ namespace {
 
 TEST(Clip, CoefficientIsClipGradNormsFormula) {
   EXPECT_FLOAT_EQ(fw::clip_coefficient(4.0, 1.0), static_cast<float>(1.0 / (4.0 + 1e-6)));
-  EXPECT_EQ(fw::clip_coefficient(0.5, 1.0), 1.0f);   // capped at 1
-  EXPECT_LT(fw::clip_coefficient(1.0, 1.0), 1.0f);   // the 1e-6 keeps it just below 1
-  EXPECT_EQ(fw::clip_coefficient(3.0, 0.0), 1.0f);   // disabled
+  EXPECT_EQ(fw::clip_coefficient(0.5, 1.0), 1.0f);  // capped at 1
+  EXPECT_LT(fw::clip_coefficient(1.0, 1.0), 1.0f);  // the 1e-6 keeps it just below 1
+  EXPECT_EQ(fw::clip_coefficient(3.0, 0.0), 1.0f);  // disabled
   EXPECT_TRUE(std::isnan(fw::clip_coefficient(std::numeric_limits<double>::infinity(), 1.0)));
   EXPECT_TRUE(std::isnan(fw::clip_coefficient(std::nan(""), 1.0)));
 }
@@ -42,7 +42,9 @@ TYPED_TEST(ClipTyped, ClipGradNormMatchesReference) {
   const double max_norm = norm / 3.0;
   const double coef = max_norm / (norm + 1e-6);
   EXPECT_NEAR(fw::clip_grad_norm(ctx, ps, max_norm), norm, 1e-12 * norm);
-  const double ulp = std::is_same_v<T, float> ? 1e-6 : std::is_same_v<T, fw::bf16> ? 0x1p-8 : 0x1p-11;
+  const double ulp = std::is_same_v<T, float>      ? 1e-6
+                     : std::is_same_v<T, fw::bf16> ? 0x1p-8
+                                                   : 0x1p-11;
   std::size_t k = 0;
   for (auto& p : ps.params) {
     for (std::int64_t e = 0; e < p.grad.numel(); ++e, ++k) {

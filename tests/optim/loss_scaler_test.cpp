@@ -12,10 +12,10 @@ namespace {
 // growth_interval clean steps, the clean run restarting after either).
 TEST(LossScaler, ExactScaleSequenceWithInjectedOverflows) {
   auto s = fw::LossScaler::dynamic({.init_scale = 1024.0f, .growth_interval = 3});
-  const std::vector<bool> overflow = {false, false, true, false, false, false, false,
+  const std::vector<bool> overflow = {false, false, true,  false, false, false, false,
                                       true,  true,  false, false, false, false, false};
   const std::vector<float> want = {1024, 1024, 512, 512, 512, 1024, 1024,
-                                   512,  256,  256, 256, 512,  512,  512};
+                                   512,  256,  256, 256, 512, 512,  512};
   const std::vector<int> run = {1, 2, 0, 1, 2, 0, 1, 0, 0, 1, 2, 0, 1, 2};
   for (std::size_t i = 0; i < overflow.size(); ++i) {
     EXPECT_EQ(s.update(overflow[i]), !overflow[i]) << "step " << i;

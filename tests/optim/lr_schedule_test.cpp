@@ -28,7 +28,8 @@ TEST(LrSchedule, WarmupThenCosineFollowsTheFormula) {
       want = min_lr;
     } else {
       const long double r = static_cast<long double>(i - warmup) / (total - warmup);
-      want = min_lr + 0.5L * (1.0L + std::cos(pi * r)) * (static_cast<long double>(max_lr) - min_lr);
+      want =
+          min_lr + 0.5L * (1.0L + std::cos(pi * r)) * (static_cast<long double>(max_lr) - min_lr);
     }
     // One float rounding of the result: half an ulp of 6e-4 is ~3e-11.
     EXPECT_NEAR(s.at(i), static_cast<double>(want), 1e-10) << "iteration " << i;

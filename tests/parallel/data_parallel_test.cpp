@@ -1,11 +1,10 @@
 // DataParallel: the policy-to-strategy mapping, and bucketing that changes when gradients are
 // all-reduced but never what: every bucket size gives bitwise the same training run.
-#include "fourway/train/sharded_strategy.hpp"
-
 #include <gtest/gtest.h>
 
 #include <type_traits>
 
+#include "fourway/train/sharded_strategy.hpp"
 #include "parallel_harness.hpp"
 
 namespace {
@@ -14,8 +13,9 @@ using Model = fw::models::Gpt<float, fw::Host>;
 using P = fw::Precision<float>;
 using Comm = fw::LocalComm;
 
-static_assert(std::is_same_v<fw::data_parallel_strategy_t<fw::DataParallel, Model, P, fw::Host, Comm>,
-                             fw::ShardedStrategy<0, Model, P, fw::Host, Comm>>);
+static_assert(
+    std::is_same_v<fw::data_parallel_strategy_t<fw::DataParallel, Model, P, fw::Host, Comm>,
+                   fw::ShardedStrategy<0, Model, P, fw::Host, Comm>>);
 static_assert(std::is_same_v<fw::data_parallel_strategy_t<fw::Sharded<3>, Model, P, fw::Host, Comm>,
                              fw::ShardedStrategy<3, Model, P, fw::Host, Comm>>);
 static_assert(std::is_same_v<fw::DataParallelStrategy<Model, P, fw::Host, Comm>,

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fourway/comm/counting.hpp"
@@ -31,7 +31,8 @@ inline fw::models::GptConfig tiny_gpt(bool checkpoint = false) {
   c.checkpoint = checkpoint;
   return c;
 }
-inline constexpr std::int64_t kBatch = 24;  // divides by 1, 2, 3, 4, 8 ranks (x 1 or 2 micro-batches at <= 4)
+inline constexpr std::int64_t kBatch =
+    24;  // divides by 1, 2, 3, 4, 8 ranks (x 1 or 2 micro-batches at <= 4)
 inline constexpr std::int64_t kSeq = 5;
 inline constexpr std::uint64_t kSeed = 20261129;
 
@@ -71,17 +72,17 @@ struct RankResult {
   double step_bytes = 0;                     // ring bytes sent in group "dp" in measure_step
   std::size_t peak_weights = 0;              // accountant peak of MemTag::weights while training
   std::int64_t gathered_peak = 0;
-  std::int64_t max_unit_bytes = 0;           // largest gathered set of one unit (stage 3)
+  std::int64_t max_unit_bytes = 0;  // largest gathered set of one unit (stage 3)
   std::int64_t shard_elements = 0;
   long skipped = 0;
-  float min_clip_coef = 1.0f;                // < 1: clipping on the global norm was active
+  float min_clip_coef = 1.0f;  // < 1: clipping on the global norm was active
   std::vector<float> losses;
 };
 
 struct RunResult {
-  std::vector<float> losses;                 // rank 0
-  std::vector<std::vector<float>> params;    // rank 0, gathered, visit order
-  std::vector<std::string> names;            // of the parameters
+  std::vector<float> losses;               // rank 0
+  std::vector<std::vector<float>> params;  // rank 0, gathered, visit order
+  std::vector<std::string> names;          // of the parameters
   std::vector<RankResult> ranks;
 };
 
@@ -90,7 +91,8 @@ std::vector<std::vector<float>> model_params(fw::models::Gpt<T, fw::Host>& m) {
   std::vector<std::vector<float>> out;
   m.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
     auto& v = out.emplace_back(static_cast<std::size_t>(p.numel()));
-    for (std::int64_t i = 0; i < p.numel(); ++i) v[static_cast<std::size_t>(i)] = fw::convert<float>(p.weight[i]);
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      v[static_cast<std::size_t>(i)] = fw::convert<float>(p.weight[i]);
   });
   return out;
 }

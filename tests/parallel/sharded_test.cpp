@@ -1,12 +1,11 @@
 // ShardedStrategy<0|1|2|3> on LocalWorlds of 1, 2, 3, 4 and 8 ranks against the one-rank run:
 // the mesh-independence, determinism, memory and communication laws of DESIGN.md §4.
-#include "fourway/train/sharded_strategy.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 
+#include "fourway/train/sharded_strategy.hpp"
 #include "parallel_harness.hpp"
 
 namespace {
@@ -38,8 +37,10 @@ void expect_close(const RunResult& got, const RunResult& ref, double tol, const 
         EXPECT_LE(std::abs(a[k] - b[k]), 2.0 * h8::adamw().config().lr * ref.losses.size())
             << what << " " << ref.names[i] << "[" << k << "]";
       }
-      a.erase(a.begin() + static_cast<std::ptrdiff_t>(C), a.begin() + static_cast<std::ptrdiff_t>(2 * C));
-      b.erase(b.begin() + static_cast<std::ptrdiff_t>(C), b.begin() + static_cast<std::ptrdiff_t>(2 * C));
+      a.erase(a.begin() + static_cast<std::ptrdiff_t>(C),
+              a.begin() + static_cast<std::ptrdiff_t>(2 * C));
+      b.erase(b.begin() + static_cast<std::ptrdiff_t>(C),
+              b.begin() + static_cast<std::ptrdiff_t>(2 * C));
     }
     EXPECT_LE(h8::rel_err(a, b), tol) << what << " " << ref.names[i];
   }
@@ -55,7 +56,8 @@ TEST_P(ParallelShardedMatchesOneRank, Fp32TwentySteps) {
     rc.stage = stage;
     rc.ranks = n;
     const RunResult got = h8::run<float>(rc);
-    expect_close(got, ref, kFp32Tol, "stage " + std::to_string(stage) + " ranks " + std::to_string(n));
+    expect_close(got, ref, kFp32Tol,
+                 "stage " + std::to_string(stage) + " ranks " + std::to_string(n));
     // every rank reports the same loss, and clipping on the global norm was exercised
     for (const auto& rr : got.ranks) {
       EXPECT_EQ(rr.losses, got.losses);
@@ -70,7 +72,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, ParallelShardedMatchesOneRank, ::testing::Value
 
 namespace {
 
-// ---- determinism ---------------------------------------------------------------------------------
+// ---- determinism
+// ---------------------------------------------------------------------------------
 
 TEST(ParallelSharded, BitwiseDeterministicRunToRun) {
   for (int stage : {0, 1, 2, 3}) {
@@ -106,7 +109,8 @@ TEST(ParallelSharded, OverlapChangesTimingNotResults) {
   }
 }
 
-// ---- checkpointing and micro-batches -------------------------------------------------------------
+// ---- checkpointing and micro-batches
+// -------------------------------------------------------------
 
 TEST(ParallelSharded, ActivationCheckpointingUnderEveryStage) {
   // One rank: checkpointing gives bitwise the same gradients, so the reference is the run
@@ -132,7 +136,8 @@ TEST(ParallelSharded, MicroBatchesAccumulateUnderEveryStage) {
     rc.stage = stage;
     rc.ranks = 4;
     rc.micro_batches = 3;
-    expect_close(h8::run<float>(rc), ref, kFp32Tol, "3 micro-batches stage " + std::to_string(stage));
+    expect_close(h8::run<float>(rc), ref, kFp32Tol,
+                 "3 micro-batches stage " + std::to_string(stage));
   }
 }
 
@@ -147,7 +152,8 @@ std::vector<std::int64_t> unit_elements() {
   std::vector<std::int64_t> u;
   u.push_back(std::int64_t{c.vocab} * C + std::int64_t{c.max_seq} * C);
   for (int l = 0; l < c.layers; ++l) {
-    u.push_back(2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C));
+    u.push_back(2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) +
+                (4 * C * C + C));
   }
   u.push_back(2 * C);
   return u;
@@ -242,7 +248,8 @@ TEST(ParallelShardedComm, BytesPerStepEqualTheFormula) {
     // Stage 3 gathers each unit before its forward and its backward, except the head's set
     // (ln_f + the tied wte of unit 0), which stays gathered across the forward/backward turn;
     // the head's forward re-gathers unit 0 for the tied wte: +unit 0, -head.
-    const std::int64_t gathered = 2 * unit_shard + ceil_div(units.front(), n) - ceil_div(units.back(), n);
+    const std::int64_t gathered =
+        2 * unit_shard + ceil_div(units.front(), n) - ceil_div(units.back(), n);
     for (int m : {1, 2}) {
       const double loss = 8 * ring;  // the loss: one double all-reduced
       const double norm = 8 * ring;  // Σg² of the shards: one double (stages 1-3)
@@ -281,7 +288,8 @@ TEST(ParallelShardedComm, BytesPerStepEqualTheFormula) {
 
 namespace {
 
-// ---- mixed precision -----------------------------------------------------------------------------
+// ---- mixed precision
+// -----------------------------------------------------------------------------
 
 template <class T>
 double max_loss_rel_diff(const RunResult& a, const RunResult& b) {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/backend/ops.hpp"
 
 namespace fourway::test {
 

@@ -56,8 +56,8 @@ TYPED_TEST(SingleRankTyped, ClipsOnTheUnscaledGlobalNormAndUpdates) {
     }
   }
   const double norm = std::sqrt(ss) / S;
-  const fw::AdamWConfig cfg{.lr = 1e-2f, .weight_decay = 0.1f,
-                            .max_grad_norm = static_cast<float>(norm / 3.0)};
+  const fw::AdamWConfig cfg{
+      .lr = 1e-2f, .weight_decay = 0.1f, .max_grad_norm = static_cast<float>(norm / 3.0)};
   Single<T> strategy(ctx, ps, fw::AdamW(cfg));
   const auto r = strategy.finish_step({.lr = cfg.lr, .loss_scale = S, .check_finite = true});
   EXPECT_FALSE(r.found_inf);

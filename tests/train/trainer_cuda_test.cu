@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "fourway/layers/gpt.hpp"
 #include "fourway/backend/ops.cuh"
+#include "fourway/layers/gpt.hpp"
 #include "fourway/train/trainer.hpp"
 #include "support/golden.hpp"
 #include "support/util.hpp"
@@ -34,7 +34,11 @@ fw::models::GptConfig golden_config() {
 
 fw::AdamWConfig golden_adamw() {
   const auto& h = golden().f32("hparams");
-  return {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4],
+  return {.lr = h[0],
+          .beta1 = h[1],
+          .beta2 = h[2],
+          .eps = h[3],
+          .weight_decay = h[4],
           .max_grad_norm = h[5]};
 }
 
@@ -140,8 +144,7 @@ TEST(TrainerCuda, Fp16OverflowSkipsWithDeviceStateUnchanged) {
   // Sixteen bytes per parameter on the device as well.
   const auto psi = static_cast<std::size_t>(gpt.num_parameters());
   EXPECT_EQ(dm.current(fw::MemTag::weights) + dm.current(fw::MemTag::grads) +
-                dm.current(fw::MemTag::master_weights) +
-                dm.current(fw::MemTag::optimizer_state),
+                dm.current(fw::MemTag::master_weights) + dm.current(fw::MemTag::optimizer_state),
             16 * psi);
 }
 

@@ -32,14 +32,18 @@ struct GoldenSetup {
 };
 
 GoldenSetup golden_setup() {
-  const auto& c = golden().i32("config");  // layers, heads, dim, vocab, max_seq, B, T, steps
+  const auto& c = golden().i32("config");   // layers, heads, dim, vocab, max_seq, B, T, steps
   const auto& h = golden().f32("hparams");  // lr, beta1, beta2, eps, weight_decay, grad_clip
   GoldenSetup s;
   s.cfg = {.layers = c[0], .heads = c[1], .dim = c[2], .vocab = c[3], .max_seq = c[4]};
   s.B = c[5];
   s.T = c[6];
   s.steps = c[7];
-  s.adamw = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4],
+  s.adamw = {.lr = h[0],
+             .beta1 = h[1],
+             .beta2 = h[2],
+             .eps = h[3],
+             .weight_decay = h[4],
              .max_grad_norm = h[5]};
   return s;
 }
@@ -103,7 +107,8 @@ Run run_golden(int micro_batches = 1, fw::LossScalerConfig scaler = {}, bool sam
   }
   r.activation_peak = mem.peak(fw::MemTag::activations);
   gpt.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
-    for (std::int64_t i = 0; i < p.numel(); ++i) r.weights.push_back(fw::convert<float>(p.weight[i]));
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      r.weights.push_back(fw::convert<float>(p.weight[i]));
   });
   return r;
 }
@@ -120,14 +125,14 @@ TEST(Trainer, OneRankFp32MatchesPyTorchPerStep) {
   for (std::size_t i = 0; i < loss.size(); ++i) {
     worst_loss = std::max(worst_loss, rel(r.losses[i], loss[i]));
     worst_norm = std::max(worst_norm, rel(r.norms[i], norm[i]));
-    EXPECT_LE(rel(r.losses[i], loss[i]), 1e-5) << "step " << i << ": " << r.losses[i] << " vs "
-                                               << loss[i];
-    EXPECT_LE(rel(r.norms[i], norm[i]), 1e-5) << "step " << i << ": " << r.norms[i] << " vs "
-                                              << norm[i];
+    EXPECT_LE(rel(r.losses[i], loss[i]), 1e-5)
+        << "step " << i << ": " << r.losses[i] << " vs " << loss[i];
+    EXPECT_LE(rel(r.norms[i], norm[i]), 1e-5)
+        << "step " << i << ": " << r.norms[i] << " vs " << norm[i];
     EXPECT_FALSE(r.skipped[i]);
   }
-  std::printf("largest relative difference to PyTorch: loss %.3g, gradient norm %.3g\n",
-              worst_loss, worst_norm);
+  std::printf("largest relative difference to PyTorch: loss %.3g, gradient norm %.3g\n", worst_loss,
+              worst_norm);
   // Final weights after 10 AdamW steps, against PyTorch's. One slice is excluded: the key third
   // of each c_attn.bias has a zero true gradient (a softmax does not change when the same q·b is
   // added to every score of a row), so what both implementations compute there is rounding noise
@@ -295,7 +300,8 @@ TEST(Trainer, Fp16InjectedOverflowsSkipWithStateBitwiseUnchanged) {
   fw::Trainer<fw::SingleRank<Model, fw::Precision<T>, fw::Host>> trainer(
       {.loss_scaler = {.init_scale = 256.0f, .growth_interval = 2}}, ctx, model,
       fw::AdamW(s.adamw));
-  const std::vector<bool> inject = {false, true, false, false, true, true, false, false, false, false};
+  const std::vector<bool> inject = {false, true,  false, false, true,
+                                    true,  false, false, false, false};
   const std::vector<float> scale = {256, 128, 128, 256, 128, 64, 64, 128, 128, 256};
   int applied = 0;
   for (int i = 0; i < s.steps; ++i) {
@@ -375,13 +381,14 @@ TEST(Trainer, LearningRateScheduleDrivesTheStep) {
     GptTrainer<float> trainer({}, ctx, gpt, opt);
     (void)trainer.step(golden_batch(0).view());
     std::vector<float> w;
-    gpt.visit_parameters([&](auto& p) { w.insert(w.end(), p.weight.data(), p.weight.data() + p.numel()); });
+    gpt.visit_parameters(
+        [&](auto& p) { w.insert(w.end(), p.weight.data(), p.weight.data() + p.numel()); });
     return w;
   };
   auto half = s.adamw;
   half.lr = s.adamw.lr / 2;
-  const auto warm = weights_after_one_step(
-      fw::AdamW(s.adamw, fw::LrSchedule::warmup_cosine(s.adamw.lr, 2, 10)));
+  const auto warm =
+      weights_after_one_step(fw::AdamW(s.adamw, fw::LrSchedule::warmup_cosine(s.adamw.lr, 2, 10)));
   const auto constant = weights_after_one_step(fw::AdamW(half));
   const auto full = weights_after_one_step(fw::AdamW(s.adamw));
   EXPECT_EQ(warm, constant);

@@ -21,7 +21,7 @@ template <class B>
 struct Ops;
 
 // NOLINTNEXTLINE(cppcoreguidelines-macro-usage): one forwarding member per kernel name.
-#define FOURWAY_BACKEND_FORWARD_KERNEL(ns, fn)   \
+#define FOURWAY_BACKEND_FORWARD_KERNEL(ns, fn)  \
   template <class... Args>                      \
   static decltype(auto) fn(Args&&... args) {    \
     return ns::fn(std::forward<Args>(args)...); \

@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/backend/ops.hpp"
 
 namespace fourway {
 

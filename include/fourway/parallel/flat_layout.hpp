@@ -41,8 +41,8 @@ constexpr std::int64_t shard_numel(std::int64_t numel, int parts) {
 
 /// One parameter's place in the flat buffer.
 struct FlatSlot {
-  int param = 0;              // the caller's index of the parameter
-  std::int64_t offset = 0;    // first element in the flat buffer
+  int param = 0;            // the caller's index of the parameter
+  std::int64_t offset = 0;  // first element in the flat buffer
   std::int64_t numel = 0;
   int segment = 0;
 };
@@ -83,8 +83,8 @@ class FlatLayout {
       s.first_slot = static_cast<int>(slots_.size());
       for (const auto& [param, numel] : seg) {
         check<ConfigError>(numel >= 0, "fourway: parameter ", param, " has ", numel, " elements");
-        slots_.push_back(FlatSlot{param, offset + s.numel, numel,
-                                  static_cast<int>(segments_.size())});
+        slots_.push_back(
+            FlatSlot{param, offset + s.numel, numel, static_cast<int>(segments_.size())});
         s.numel += numel;
       }
       s.slot_count = static_cast<int>(slots_.size()) - s.first_slot;

@@ -25,9 +25,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/backend/ops.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/train/safetensors.hpp"
 

@@ -26,10 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/backend/ops.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/train/strategy.hpp"
@@ -64,8 +64,7 @@ struct TokenBatch {
   std::int64_t B = 0;
   std::int64_t T = 0;
 
-  static TokenBatch from_rows(std::span<const std::int32_t> rows, std::int64_t B,
-                              std::int64_t T) {
+  static TokenBatch from_rows(std::span<const std::int32_t> rows, std::int64_t B, std::int64_t T) {
     check<ShapeError>(B >= 1 && T >= 1 && static_cast<std::int64_t>(rows.size()) == B * (T + 1),
                       "fourway: a batch of B=", B, " rows of T+1=", T + 1, " tokens needs ",
                       B * (T + 1), " tokens, got ", rows.size());
@@ -73,8 +72,8 @@ struct TokenBatch {
     b.B = B;
     b.T = T;
     for (std::int64_t r = 0; r < B; ++r) {
-      const auto row = rows.subspan(static_cast<std::size_t>(r * (T + 1)),
-                                    static_cast<std::size_t>(T + 1));
+      const auto row =
+          rows.subspan(static_cast<std::size_t>(r * (T + 1)), static_cast<std::size_t>(T + 1));
       b.inputs.insert(b.inputs.end(), row.begin(), row.end() - 1);
       b.targets.insert(b.targets.end(), row.begin() + 1, row.end());
     }
@@ -84,8 +83,8 @@ struct TokenBatch {
 };
 
 struct TrainerOptions {
-  int micro_batches = 1;                // per data-parallel rank and step (gradient accumulation)
-  LossScalerConfig loss_scaler{};       // used when the precision is fp16
+  int micro_batches = 1;           // per data-parallel rank and step (gradient accumulation)
+  LossScalerConfig loss_scaler{};  // used when the precision is fp16
 };
 
 template <training_strategy S>
@@ -99,10 +98,10 @@ class Trainer {
   static_assert(trainable_model<model_type>,
                 "fourway: the strategy's model_type does not model fw::trainable_model (forward "
                 "with tokens and targets returning the mean loss, backward with a grad scale)");
-  static_assert(std::is_same_v<typename model_type::value_type,
-                               typename precision_type::param_type>,
-                "fourway: the model's element type differs from Precision<T>; build the model "
-                "with the precision's element type");
+  static_assert(
+      std::is_same_v<typename model_type::value_type, typename precision_type::param_type>,
+      "fourway: the model's element type differs from Precision<T>; build the model "
+      "with the precision's element type");
 
   /// Builds the strategy in place from `strategy_args` (e.g. ctx, model, AdamW for SingleRank).
   template <class... Args>
@@ -125,8 +124,8 @@ class Trainer {
                            static_cast<std::int64_t>(batch.inputs.size()) == batch.B * batch.T &&
                            static_cast<std::int64_t>(batch.targets.size()) == batch.B * batch.T,
                        "fourway: a batch of B=", batch.B, " x T=", batch.T, " needs ",
-                       batch.B * batch.T, " inputs and targets, got ", batch.inputs.size(),
-                       " and ", batch.targets.size());
+                       batch.B * batch.T, " inputs and targets, got ", batch.inputs.size(), " and ",
+                       batch.targets.size());
     check<ConfigError>(batch.B % (static_cast<std::int64_t>(dp) * M) == 0,
                        "fourway: the global batch of B=", batch.B,
                        " sequences does not split into ", dp, " data-parallel ranks x ", M,
@@ -135,9 +134,8 @@ class Trainer {
     const std::int64_t b = batch.B / (static_cast<std::int64_t>(dp) * M);
     const std::int64_t T = batch.T;
     const float loss_scale = scaler_.scale();
-    const auto grad_scale = static_cast<float>(static_cast<double>(loss_scale) *
-                                               static_cast<double>(b) /
-                                               static_cast<double>(batch.B));
+    const auto grad_scale = static_cast<float>(
+        static_cast<double>(loss_scale) * static_cast<double>(b) / static_cast<double>(batch.B));
     const auto& ctx = strategy_.context();
     model_type& model = strategy_.model();
 
