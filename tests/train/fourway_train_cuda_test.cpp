@@ -13,35 +13,16 @@
 #include <sstream>
 #include <string>
 
+#include "support/program.hpp"
+
 namespace {
 
 const std::string exe = FOURWAY_TRAIN_CUDA_EXE;
 
-struct ProgramRun {
-  int status = -1;  // exit status, or -1 when the program did not exit normally (a crash)
-  std::string out, err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using fourway::test::ProgramRun;
 
 ProgramRun run(const std::string& args) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("fourway_train_cuda_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const auto out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd =
-      "'" + exe + "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "' < /dev/null";
-  const int raw = std::system(cmd.c_str());
-  ProgramRun r;
-  r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return fourway::test::run_program(exe, args, "fourway_train_cuda_test");
 }
 
 int visible_gpus() {

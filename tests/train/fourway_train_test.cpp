@@ -14,6 +14,7 @@
 
 #include "fourway/train/safetensors.hpp"
 #include "fourway/train/token_data.hpp"
+#include "support/program.hpp"
 
 namespace fw = fourway;
 
@@ -26,35 +27,14 @@ const std::filesystem::path tokens = golden / "train_tokens_v1.bin";
 const std::filesystem::path expected = golden / "train_expected_v1.safetensors";
 
 std::filesystem::path scratch(const std::string& name) {
-  // one folder per process: ctest runs these tests in parallel, and other builds may too
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("fourway_train_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir / name;
+  return fw::test::scratch_path("fourway_train_test", name);
 }
 
-struct ProgramRun {
-  int status = -1;  // exit status, or -1 when the program did not exit normally (a crash)
-  std::string out, err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using fw::test::ProgramRun;
+using fw::test::slurp;
 
 ProgramRun run(const std::string& args) {
-  const auto out = scratch("stdout.txt"), err = scratch("stderr.txt");
-  const std::string cmd =
-      "'" + exe + "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "' < /dev/null";
-  const int raw = std::system(cmd.c_str());
-  ProgramRun r;
-  r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return fw::test::run_program(exe, args, "fourway_train_test");
 }
 
 /// The golden run's flags: the settings make_train_golden.py trained PyTorch with.
