@@ -56,7 +56,7 @@ res+=("$(fourway dp2_no_overlap --ranks 2 --zero 0 --bucket-mb $bucket --no-over
 for z in 1 2 3; do res+=("$(fourway zero$z --ranks 2 --zero $z --bucket-mb $bucket)"); done
 res+=("$(fourway zero3_no_prefetch --ranks 2 --zero 3 --no-overlap)")
 res+=("$(fourway one_rank --ranks 1 --zero 0)")
-pt=$(/usr/bin/python3 "$here/ddp_torch.py" --ranks 2 --threads 1 --layers 4 --dim 256 --heads 8 \
+pt=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 "$here/ddp_torch.py" --ranks 2 --threads 1 --layers 4 --dim 256 --heads 8 \
      --vocab 4096 --seq 128 --batch 8 --steps "$steps" --warmup $warmup --bucket-mb "$bucket")
 pt_ms=$(echo "$pt" | sed -E 's/.*"ms_per_step": ([0-9.]+).*/\1/')
 

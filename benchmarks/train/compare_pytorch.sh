@@ -38,7 +38,8 @@ fw_ms=$(awk -v w=$warmup -F'"step_ms":' 'NR > w { split($2, a, ","); print a[1] 
 printf 'fourway threads %s step_ms %.1f tokens_per_s %.0f\n' "$threads" "$fw_ms" \
   "$(echo "8 * 128 * 1000 / $fw_ms" | bc -l)"
 
-pt_line=$(/usr/bin/python3 "$here/pytorch_step.py" --threads "$threads" --steps "$steps" --warmup $warmup)
+pt_line=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+  /usr/bin/python3 "$here/pytorch_step.py" --threads "$threads" --steps "$steps" --warmup $warmup)
 echo "$pt_line"
 pt_ms=$(echo "$pt_line" | sed -E 's/.*step_ms ([0-9.]+).*/\1/')
 printf 'ratio fourway/pytorch step time %.3f (target <= 1.0)\n' "$(echo "$fw_ms / $pt_ms" | bc -l)"
