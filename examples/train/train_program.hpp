@@ -357,7 +357,7 @@ void train_ranks(const Options& o) {
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       dp.counters().reset();
       const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
-      const double bytes = dp.counters().bytes_sent("dp");
+      const double bytes = dp.counters().modelled_bytes_sent("dp");
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       fw::StepRecord r;

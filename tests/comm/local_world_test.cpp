@@ -453,3 +453,62 @@ TEST(LocalWorld, EachRankHasItsOwnAccountant) {
     EXPECT_EQ(w.memory().rank(), w.rank());
   });
 }
+
+// ---- measured traffic ----------------------------------------------------------------------------
+
+// What each rank's copy loops move between ranks, per op, at counts that do not divide: rank r of
+// an all_reduce of `count` owns slice r (count/N elements, one more for the first count % N
+// ranks), which it reads from N−1 peers and writes into N−1 peers; the other ops move whole
+// blocks into the caller. Expected values follow from the algorithm in the file comment alone.
+TEST(LocalWorld, TrafficIsCountedPerOpAsTheBytesMove) {
+  for (int n : {1, 3, 4}) {
+    fw::launch<fw::LocalWorld>(n, [n](LocalRank& w) {
+      auto& c = w.comm();
+      const int r = w.rank();
+      constexpr std::int64_t count = 7;
+      constexpr std::uint64_t s = sizeof(float);
+      std::vector<float> a(count * static_cast<std::size_t>(n), 1.0f), b(a.size());
+      EXPECT_EQ(c.traffic().total(), 0u);
+
+      c.all_reduce(a.data(), b.data(), count, fw::ReduceOp::sum);
+      const std::uint64_t slice = count / n + (r < count % n ? 1 : 0);
+      auto t = c.traffic();
+      EXPECT_EQ(t.in[0], (n - 1) * slice * s) << n;
+      EXPECT_EQ(t.out[0], (n - 1) * slice * s) << n;
+
+      c.reset_traffic();
+      c.reduce_scatter(a.data(), b.data(), count, fw::ReduceOp::sum);
+      c.all_gather(a.data(), b.data(), count);
+      c.broadcast(a.data(), count, n - 1);
+      t = c.traffic();
+      EXPECT_EQ(t.moved(fw::CommOp::reduce_scatter), (n - 1) * count * s);
+      EXPECT_EQ(t.moved(fw::CommOp::all_gather), (n - 1) * count * s);
+      EXPECT_EQ(t.moved(fw::CommOp::broadcast), r == n - 1 ? 0u : count * s);
+      EXPECT_EQ(t.out[static_cast<std::size_t>(fw::CommOp::reduce_scatter)], 0u);
+
+      c.reset_traffic();
+      if (n > 1 && r == 0) c.send(a.data(), 5, 1, 0);
+      if (n > 1 && r == 1) c.recv(b.data(), 5, 0, 0);
+      t = c.traffic();
+      EXPECT_EQ(t.out[static_cast<std::size_t>(fw::CommOp::send)], n > 1 && r == 0 ? 5 * s : 0u);
+      EXPECT_EQ(t.in[static_cast<std::size_t>(fw::CommOp::recv)], n > 1 && r == 1 ? 5 * s : 0u);
+      EXPECT_EQ(t.total(), n > 1 && r < 2 ? 5 * s : 0u);
+    });
+  }
+}
+
+// Summed over the ranks, an all_reduce moves (N−1)·P in and (N−1)·P out, the total a ring moves.
+TEST(LocalWorld, AllReduceTrafficSumsToTheRingTotal) {
+  constexpr int n = 4;
+  constexpr std::int64_t count = 1031;
+  std::atomic<std::uint64_t> in{0}, out{0};
+  fw::launch<fw::LocalWorld>(n, [&](LocalRank& w) {
+    std::vector<double> a(count, 1.0);
+    w.comm().all_reduce(a.data(), a.data(), count, fw::ReduceOp::sum);
+    const auto t = w.comm().traffic();
+    in += t.in[0];
+    out += t.out[0];
+  });
+  EXPECT_EQ(in.load(), (n - 1) * count * sizeof(double));
+  EXPECT_EQ(out.load(), (n - 1) * count * sizeof(double));
+}

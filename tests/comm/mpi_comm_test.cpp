@@ -133,7 +133,7 @@ TEST(Mpi, MeshGroupsOverMpi) {
   EXPECT_EQ(tp[1], first + 1);
   EXPECT_EQ(groups.dp().size(), n / 2);
   EXPECT_DOUBLE_EQ(
-      counted.counters().get(std::string(groups.tp().name()), fw::CommOp::all_gather).bytes, 4.0);
+      counted.counters().get(std::string(groups.tp().name()), fw::CommOp::all_gather).modelled_bytes, 4.0);
 }
 
 TEST(Mpi, LaunchRunsOnEveryProcess) {

@@ -142,7 +142,7 @@ RunResult run_stage(const RunConfig& rc) {
       if (s == rc.measure_step) dp.counters().reset();
       rr.losses.push_back(t.step(batch(s).view()));
       rr.min_clip_coef = std::min(rr.min_clip_coef, t.last_report().clip_coef);
-      if (s == rc.measure_step) rr.step_bytes = dp.counters().bytes_sent("dp");
+      if (s == rc.measure_step) rr.step_bytes = dp.counters().modelled_bytes_sent("dp");
     }
     auto& m = w.memory();
     rr.state_bytes = {m.current(fw::MemTag::weights), m.current(fw::MemTag::grads),

@@ -186,9 +186,9 @@ std::vector<RankMeasure> run_mesh(const fw::models::GptConfig& cfg, const MeshCa
     (void)t.step(batch.view());
     auto& m = w.memory();
     RankMeasure r;
-    r.traffic.all_reduce = dp.counters().get("dp", fw::CommOp::all_reduce).bytes;
-    r.traffic.reduce_scatter = dp.counters().get("dp", fw::CommOp::reduce_scatter).bytes;
-    r.traffic.all_gather = dp.counters().get("dp", fw::CommOp::all_gather).bytes;
+    r.traffic.all_reduce = dp.counters().get("dp", fw::CommOp::all_reduce).modelled_bytes;
+    r.traffic.reduce_scatter = dp.counters().get("dp", fw::CommOp::reduce_scatter).modelled_bytes;
+    r.traffic.all_gather = dp.counters().get("dp", fw::CommOp::all_gather).modelled_bytes;
     r.states = fp::ModelStateBytes{static_cast<std::int64_t>(m.current(MemTag::weights)),
                                    static_cast<std::int64_t>(m.current(MemTag::grads)),
                                    static_cast<std::int64_t>(m.current(MemTag::master_weights)),

@@ -1,8 +1,11 @@
-//! Counting<C>: a decorator over any communicator that counts calls and bytes per op per group.
+//! Counting<C>: a decorator over any communicator that counts calls, payload and *modelled* bytes
+//! per op per group.
 //!
-//! It is the instrument for DESIGN.md §4's communication law. `bytes` is what one rank *sends*
-//! under the ring algorithm, the nccl-tests "bus bytes" convention (busbw = bytes / time), for a
-//! group of N ranks and a call of `count` elements of `s` bytes each:
+//! `payload` is recorded: count·s as the caller handed it to each call (the figure MPI and NCCL
+//! runs report, since what those libraries move on the wire is not observable here).
+//! `modelled_bytes` is a formula, not a measurement: what one rank would *send* under the ring
+//! algorithm, the nccl-tests "bus bytes" convention (busbw = bytes / time), for a group of N
+//! ranks and a call of `count` elements of `s` bytes each:
 //!
 //!     all_reduce      count·s · 2(N−1)/N        (reduce-scatter + all-gather rings)
 //!     reduce_scatter  count·s · (N−1)           (count is the per-rank output)
@@ -11,9 +14,11 @@
 //!     send            count·s                   recv: count·s received (its own row)
 //!     barrier, split  0
 //!
-//! So a data-parallel step over Ψ gradient elements shows all_reduce bytes 2Ψ(N−1)/N·s, and a
-//! ZeRO-3 step (reduce-scatter of Ψ/N per rank, two all-gathers of Ψ/N) shows 3Ψ(N−1)/N·s.
-//! `payload` is count·s as the caller passed it. Bytes are kept as double (exact below 2^53).
+//! So a data-parallel step over Ψ gradient elements models all_reduce bytes 2Ψ(N−1)/N·s, and a
+//! ZeRO-3 step (reduce-scatter of Ψ/N per rank, two all-gathers of Ψ/N) 3Ψ(N−1)/N·s. Bytes are
+//! kept as double (exact below 2^53). The *measured* figure is LocalWorld's own count of the bytes
+//! its copy loops move (`LocalComm::traffic()`; reach it through `inner()`); docs/design.md says
+//! which test compares the two with the communication law.
 //!
 //! Every group split from a Counting communicator shares one `CommCounters`, keyed by group
 //! name, so one object reports the whole mesh of a rank. Async calls are counted when issued.
@@ -35,8 +40,8 @@ namespace fourway {
 
 struct OpCount {
   std::uint64_t calls = 0;
-  std::uint64_t payload = 0;  // bytes passed by the caller (count · sizeof(T))
-  double bytes = 0;           // bytes this rank sends under the ring algorithm (see above)
+  std::uint64_t payload = 0;  // bytes passed by the caller (count · sizeof(T)), recorded
+  double modelled_bytes = 0;  // bytes this rank would send under the ring algorithm (a formula)
 };
 
 /// Ring bytes one rank sends for a call of `payload` bytes of `op` in a group of `n` ranks.
@@ -62,21 +67,34 @@ class CommCounters {
     auto& c = by_group_[group][static_cast<std::size_t>(op)];
     ++c.calls;
     c.payload += payload;
-    c.bytes += ring_bytes(op, static_cast<double>(payload), n);
+    c.modelled_bytes += ring_bytes(op, static_cast<double>(payload), n);
   }
   [[nodiscard]] OpCount get(const std::string& group, CommOp op) const {
     std::lock_guard lock(mu_);
     auto it = by_group_.find(group);
     return it == by_group_.end() ? OpCount{} : it->second[static_cast<std::size_t>(op)];
   }
-  /// Bytes sent by this rank in `group` (all ops but recv), or in all groups when empty.
-  [[nodiscard]] double bytes_sent(const std::string& group = {}) const {
+  /// Modelled ring bytes sent by this rank in `group` (all ops but recv), or in all groups when
+  /// empty.
+  [[nodiscard]] double modelled_bytes_sent(const std::string& group = {}) const {
     std::lock_guard lock(mu_);
     double b = 0;
     for (const auto& [name, ops] : by_group_) {
       if (!group.empty() && name != group) continue;
       for (int i = 0; i < comm_op_count; ++i) {
-        if (static_cast<CommOp>(i) != CommOp::recv) b += ops[static_cast<std::size_t>(i)].bytes;
+        if (static_cast<CommOp>(i) != CommOp::recv) b += ops[static_cast<std::size_t>(i)].modelled_bytes;
+      }
+    }
+    return b;
+  }
+  /// Payload handed to calls in `group` (all ops but recv), or in all groups when empty.
+  [[nodiscard]] std::uint64_t payload_sent(const std::string& group = {}) const {
+    std::lock_guard lock(mu_);
+    std::uint64_t b = 0;
+    for (const auto& [name, ops] : by_group_) {
+      if (!group.empty() && name != group) continue;
+      for (int i = 0; i < comm_op_count; ++i) {
+        if (static_cast<CommOp>(i) != CommOp::recv) b += ops[static_cast<std::size_t>(i)].payload;
       }
     }
     return b;
@@ -85,12 +103,12 @@ class CommCounters {
     std::lock_guard lock(mu_);
     by_group_.clear();
   }
-  /// One line per (group, op) with calls, payload and ring bytes.
+  /// One line per (group, op) with calls, payload and modelled ring bytes.
   [[nodiscard]] std::string table() const {
     std::lock_guard lock(mu_);
     std::ostringstream os;
     os << std::left << std::setw(24) << "group" << std::setw(16) << "op" << std::right
-       << std::setw(10) << "calls" << std::setw(16) << "payload B" << std::setw(18) << "ring bytes"
+       << std::setw(10) << "calls" << std::setw(16) << "payload B" << std::setw(18) << "modelled ring B"
        << "\n";
     for (const auto& [name, ops] : by_group_) {
       for (int i = 0; i < comm_op_count; ++i) {
@@ -99,12 +117,12 @@ class CommCounters {
         os << std::left << std::setw(24) << name << std::setw(16)
            << comm_op_name(static_cast<CommOp>(i)) << std::right << std::setw(10) << c.calls
            << std::setw(16) << c.payload << std::setw(18) << std::fixed << std::setprecision(0)
-           << c.bytes << "\n";
+           << c.modelled_bytes << "\n";
       }
     }
     return os.str();
   }
-  /// `{"<group>":{"<op>":{"calls":..,"payload":..,"bytes":..},...},...}`
+  /// `{"<group>":{"<op>":{"calls":..,"payload":..,"modelled_bytes":..},...},...}`
   [[nodiscard]] std::string json() const {
     std::lock_guard lock(mu_);
     std::ostringstream os;
@@ -119,7 +137,8 @@ class CommCounters {
         if (c.calls == 0) continue;
         os << (first_op ? "" : ",") << "\"" << comm_op_name(static_cast<CommOp>(i))
            << "\":{\"calls\":" << c.calls << ",\"payload\":" << c.payload
-           << ",\"bytes\":" << std::fixed << std::setprecision(0) << c.bytes << "}";
+           << ",\"modelled_bytes\":" << std::fixed << std::setprecision(0) << c.modelled_bytes
+           << "}";
         first_op = false;
       }
       os << "}";

@@ -24,9 +24,17 @@
 //!
 //! Async forms run on one worker thread per communicator, in call order; a blocking call runs on
 //! the caller's thread when that worker is idle, else after the queued work.
+//!
+//! Traffic is *measured*: each rank counts, per op, the bytes its copy loops read out of peers'
+//! buffers (`in`) and write into peers' buffers (`out`), as they do it (`LocalComm::traffic()`).
+//! An all_reduce of P bytes on N ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the
+//! same total as a ring); reduce_scatter and all_gather move (N−1)·P_rank in; a broadcast moves P
+//! into each non-root rank; send/recv count the message out of the sender and into the receiver.
+//! Copies within a rank's own buffers are not traffic.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -371,6 +379,22 @@ inline std::string exception_message(const std::exception_ptr& e) {
 
 }  // namespace detail
 
+/// Bytes one rank moved between ranks on one group, per op (see the file comment): `in` read
+/// from peers' buffers, `out` written into peers' buffers. A snapshot of `LocalComm::traffic()`.
+struct CommTraffic {
+  std::array<std::uint64_t, comm_op_count> in{};
+  std::array<std::uint64_t, comm_op_count> out{};
+  [[nodiscard]] std::uint64_t moved(CommOp op) const {
+    return in[static_cast<std::size_t>(op)] + out[static_cast<std::size_t>(op)];
+  }
+  /// in + out over every op.
+  [[nodiscard]] std::uint64_t total() const {
+    std::uint64_t t = 0;
+    for (int i = 0; i < comm_op_count; ++i) t += moved(static_cast<CommOp>(i));
+    return t;
+  }
+};
+
 /// One rank's handle on one LocalWorld group. See the file comment for the algorithms.
 class LocalComm {
  public:
@@ -387,6 +411,20 @@ class LocalComm {
   }
   /// Collectives this rank has entered on this group (the last sequence number).
   [[nodiscard]] std::uint64_t sequence() const { return s_->seq; }
+  /// The bytes this rank moved between ranks on this group, measured by the copy loops (see the
+  /// file comment). Read it between operations (async ones waited for).
+  [[nodiscard]] CommTraffic traffic() const {
+    CommTraffic t;
+    for (std::size_t i = 0; i < t.in.size(); ++i) {
+      t.in[i] = s_->moved_in[i].load(std::memory_order_relaxed);
+      t.out[i] = s_->moved_out[i].load(std::memory_order_relaxed);
+    }
+    return t;
+  }
+  void reset_traffic() {
+    for (auto& c : s_->moved_in) c.store(0, std::memory_order_relaxed);
+    for (auto& c : s_->moved_out) c.store(0, std::memory_order_relaxed);
+  }
   /// The CUDA stream (a `cudaStream_t`) this rank's device-memory operations are ordered on;
   /// set it to the rank's `Context<Cuda>::stream()`. Host memory ignores it.
   void set_stream(void* stream) { s_->stream = stream; }
@@ -468,6 +506,8 @@ class LocalComm {
     std::uint64_t sends = 0;  // point-to-point sends posted
     std::uint64_t recvs = 0;  // point-to-point receives started
     void* stream = nullptr;   // cudaStream_t for device memory
+    std::array<std::atomic<std::uint64_t>, comm_op_count> moved_in{};   // bytes read from peers
+    std::array<std::atomic<std::uint64_t>, comm_op_count> moved_out{};  // bytes written to peers
     detail::LocalEvents events;
     detail::LocalExecutor exec;  // last: joined before the rest is destroyed
   };
@@ -630,6 +670,14 @@ class LocalComm {
 
   // ---- the operations, run on the calling or the worker thread -------------------------------
 
+  /// Adds to this rank's measured traffic of `op`: `in` bytes read from peers, `out` written.
+  void add_traffic(CommOp op, std::int64_t in, std::int64_t out) {
+    s_->moved_in[static_cast<std::size_t>(op)].fetch_add(static_cast<std::uint64_t>(in),
+                                                          std::memory_order_relaxed);
+    s_->moved_out[static_cast<std::size_t>(op)].fetch_add(static_cast<std::uint64_t>(out),
+                                                           std::memory_order_relaxed);
+  }
+
   void check_count(std::int64_t count, CommOp op) const {
     check<ShapeError>(count >= 0, "fourway: ", comm_op_name(op), " in ", g().header(),
                       " got a negative count ", count);
@@ -673,6 +721,9 @@ class LocalComm {
     }
     const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
     detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op);
+    // slice [lo, hi) was read from every peer's send buffer and written into every peer's recv
+    const std::int64_t slice = (hi - lo) * static_cast<std::int64_t>(sizeof(T));
+    add_traffic(CommOp::all_reduce, slice * (n - 1), slice * (n - 1));
     leave(me);
   }
 
@@ -695,6 +746,8 @@ class LocalComm {
     }
     T* out = recv;
     detail::reduce_range<T>(src.data(), n, &out, 1, 0, count, op);
+    // block `rank` was read from every peer's send buffer; the result stays in this rank's recv
+    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
     leave(me);
   }
 
@@ -708,13 +761,16 @@ class LocalComm {
 #endif
     const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
     auto& group = g();
+    std::int64_t from_peers = 0;
     for (int q = 0; q < group.size; ++q) {
       const T* src =
           static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
       T* dst = recv + static_cast<std::int64_t>(q) * count;
       if (src != dst && count > 0)
         std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
+      if (q != s_->rank) from_peers += count * static_cast<std::int64_t>(sizeof(T));
     }
+    add_traffic(CommOp::all_gather, from_peers, 0);
     leave(me);
   }
 
@@ -730,6 +786,7 @@ class LocalComm {
     const T* src =
         static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
     if (src != buf && count > 0) std::memcpy(buf, src, static_cast<std::size_t>(count) * sizeof(T));
+    if (root != s_->rank) add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
     leave(me);
   }
 
@@ -826,6 +883,7 @@ class LocalComm {
       group.mail[{s_->rank, peer, tag}].push_back(std::move(m));
     }
     group.world->cv.notify_all();
+    if (peer != s_->rank) add_traffic(CommOp::send, 0, count * static_cast<std::int64_t>(sizeof(T)));
   }
 
   template <class T>
@@ -888,6 +946,7 @@ class LocalComm {
                                      " but this recv expects ", dtype_name(dtype_v<T>), " count ",
                                      count));
     }
+    if (peer != s_->rank) add_traffic(CommOp::recv, count * static_cast<std::int64_t>(sizeof(T)), 0);
 #if defined(FOURWAY_CUDA_COMPILATION)
     if (device) return device_unstage(m, buf, count);
 #endif
@@ -986,6 +1045,8 @@ class LocalComm {
     const auto b = device_buffers<T>(me, 0, nullptr);
     const auto [lo, hi] = detail::balanced_slice(count, size(), s_->rank);
     detail::device_reduce<T>(b, lo, hi, op, cuda_stream());
+    const std::int64_t slice = (hi - lo) * static_cast<std::int64_t>(sizeof(T));
+    add_traffic(CommOp::all_reduce, slice * (size() - 1), slice * (size() - 1));
     device_leave(me);
   }
 
@@ -994,6 +1055,7 @@ class LocalComm {
     const auto me = device_enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
     const auto b = device_buffers<T>(me, static_cast<std::int64_t>(s_->rank) * count, recv);
     detail::device_reduce<T>(b, 0, count, op, cuda_stream());
+    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (size() - 1), 0);
     device_leave(me);
   }
 
@@ -1010,6 +1072,7 @@ class LocalComm {
                          "cudaMemcpyAsync (all_gather)");
       }
     }
+    add_traffic(CommOp::all_gather, count * static_cast<std::int64_t>(sizeof(T)) * (size() - 1), 0);
     device_leave(me);
   }
 
@@ -1023,6 +1086,7 @@ class LocalComm {
                                        cudaMemcpyDeviceToDevice, cuda_stream()),
                        "cudaMemcpyAsync (broadcast)");
     }
+    if (root != s_->rank) add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
     device_leave(me);
   }
 
