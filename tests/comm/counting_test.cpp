@@ -61,9 +61,11 @@ TEST(Counting, CountsPerGroupAcrossSplitsAndAsyncAndPointToPoint) {
     EXPECT_EQ(k.get("world", fw::CommOp::split).calls, 1u);
     const double p2p = w.rank() % 2 == 0 ? 20.0 : 0.0;
     EXPECT_DOUBLE_EQ(k.modelled_bytes_sent("pair"), 200.0 + p2p);
-    EXPECT_DOUBLE_EQ(k.get("pair", fw::CommOp::recv).modelled_bytes, w.rank() % 2 == 1 ? 20.0 : 0.0);
+    EXPECT_DOUBLE_EQ(k.get("pair", fw::CommOp::recv).modelled_bytes,
+                     w.rank() % 2 == 1 ? 20.0 : 0.0);
     EXPECT_NE(k.table().find("pair"), std::string::npos);
-    EXPECT_NE(k.json().find("\"pair\":{\"all_reduce\":{\"calls\":1,\"payload\":200,\"modelled_bytes\":200}"),
+    EXPECT_NE(k.json().find(
+                  "\"pair\":{\"all_reduce\":{\"calls\":1,\"payload\":200,\"modelled_bytes\":200}"),
               std::string::npos)
         << k.json();
   });

@@ -454,7 +454,8 @@ TEST(LocalWorld, EachRankHasItsOwnAccountant) {
   });
 }
 
-// ---- measured traffic ----------------------------------------------------------------------------
+// ---- measured traffic
+// ----------------------------------------------------------------------------
 
 // What each rank's copy loops move between ranks, per op, at counts that do not divide: rank r of
 // an all_reduce of `count` owns slice r (count/N elements, one more for the first count % N

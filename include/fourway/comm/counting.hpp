@@ -82,7 +82,8 @@ class CommCounters {
     for (const auto& [name, ops] : by_group_) {
       if (!group.empty() && name != group) continue;
       for (int i = 0; i < comm_op_count; ++i) {
-        if (static_cast<CommOp>(i) != CommOp::recv) b += ops[static_cast<std::size_t>(i)].modelled_bytes;
+        if (static_cast<CommOp>(i) != CommOp::recv)
+          b += ops[static_cast<std::size_t>(i)].modelled_bytes;
       }
     }
     return b;
@@ -108,7 +109,8 @@ class CommCounters {
     std::lock_guard lock(mu_);
     std::ostringstream os;
     os << std::left << std::setw(24) << "group" << std::setw(16) << "op" << std::right
-       << std::setw(10) << "calls" << std::setw(16) << "payload B" << std::setw(18) << "modelled ring B"
+       << std::setw(10) << "calls" << std::setw(16) << "payload B" << std::setw(18)
+       << "modelled ring B"
        << "\n";
     for (const auto& [name, ops] : by_group_) {
       for (int i = 0; i < comm_op_count; ++i) {

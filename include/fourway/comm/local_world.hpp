@@ -673,9 +673,9 @@ class LocalComm {
   /// Adds to this rank's measured traffic of `op`: `in` bytes read from peers, `out` written.
   void add_traffic(CommOp op, std::int64_t in, std::int64_t out) {
     s_->moved_in[static_cast<std::size_t>(op)].fetch_add(static_cast<std::uint64_t>(in),
-                                                          std::memory_order_relaxed);
+                                                         std::memory_order_relaxed);
     s_->moved_out[static_cast<std::size_t>(op)].fetch_add(static_cast<std::uint64_t>(out),
-                                                           std::memory_order_relaxed);
+                                                          std::memory_order_relaxed);
   }
 
   void check_count(std::int64_t count, CommOp op) const {
@@ -786,7 +786,8 @@ class LocalComm {
     const T* src =
         static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
     if (src != buf && count > 0) std::memcpy(buf, src, static_cast<std::size_t>(count) * sizeof(T));
-    if (root != s_->rank) add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
+    if (root != s_->rank)
+      add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
     leave(me);
   }
 
@@ -883,7 +884,8 @@ class LocalComm {
       group.mail[{s_->rank, peer, tag}].push_back(std::move(m));
     }
     group.world->cv.notify_all();
-    if (peer != s_->rank) add_traffic(CommOp::send, 0, count * static_cast<std::int64_t>(sizeof(T)));
+    if (peer != s_->rank)
+      add_traffic(CommOp::send, 0, count * static_cast<std::int64_t>(sizeof(T)));
   }
 
   template <class T>
@@ -946,7 +948,8 @@ class LocalComm {
                                      " but this recv expects ", dtype_name(dtype_v<T>), " count ",
                                      count));
     }
-    if (peer != s_->rank) add_traffic(CommOp::recv, count * static_cast<std::int64_t>(sizeof(T)), 0);
+    if (peer != s_->rank)
+      add_traffic(CommOp::recv, count * static_cast<std::int64_t>(sizeof(T)), 0);
 #if defined(FOURWAY_CUDA_COMPILATION)
     if (device) return device_unstage(m, buf, count);
 #endif
@@ -1055,7 +1058,8 @@ class LocalComm {
     const auto me = device_enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
     const auto b = device_buffers<T>(me, static_cast<std::int64_t>(s_->rank) * count, recv);
     detail::device_reduce<T>(b, 0, count, op, cuda_stream());
-    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (size() - 1), 0);
+    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (size() - 1),
+                0);
     device_leave(me);
   }
 
@@ -1086,7 +1090,8 @@ class LocalComm {
                                        cudaMemcpyDeviceToDevice, cuda_stream()),
                        "cudaMemcpyAsync (broadcast)");
     }
-    if (root != s_->rank) add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
+    if (root != s_->rank)
+      add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
     device_leave(me);
   }
 
