@@ -441,3 +441,42 @@ TEST(Gpt, ParametersRebindToViewsOfFlatBuffers) {
   EXPECT_EQ(std::bit_cast<std::uint32_t>(x.loss), std::bit_cast<std::uint32_t>(y.loss));
   for (const auto& [name, g] : x.raw) EXPECT_TRUE(g == y.raw.at(name)) << name;
 }
+
+// ---- the key bias: a parameter whose true gradient is zero
+// ---------------------------------------
+
+// c_attn.bias is [query | key | value], C each. The key part adds q·b_k to every score of a query
+// row, and softmax ignores a constant added to a whole row, so its true gradient is exactly zero
+// and rounding is all fp32 can produce there. Training tests cannot compare those elements after
+// Adam (it turns noise into steps of ~lr), so the gradient is checked here, against the exact
+// reference value 0: below 1e-6 of the largest query/value bias gradient of the same layer (fp32
+// sums of T terms that cancel; measured 3e-8 relative), while those are far from zero.
+TEST(Gpt, KeyBiasGradientIsZero) {
+  const GptConfig cfg{2, 2, 8, 13, 6};
+  const std::int64_t B = 3, T = 6, C = cfg.dim;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<float, Host> gpt(ctx, cfg, 5);
+  (void)fw::test::randomize_parameters(ctx, gpt, 31, 0.3);
+  const auto res = step(ctx, gpt, random_batch(B, T, cfg.vocab, 9));
+  int layers = 0;
+  for (const auto& [name, g] : res.grads) {
+    if (!name.ends_with("attn.c_attn.bias")) continue;
+    ASSERT_EQ(static_cast<std::int64_t>(g.size()), 3 * C) << name;
+    double qv = 0.0, key = 0.0;
+    for (std::int64_t i = 0; i < 3 * C; ++i) {
+      const double v = std::abs(g[static_cast<std::size_t>(i)]);
+      if (i >= C && i < 2 * C) {
+        key = std::max(key, v);
+      } else {
+        qv = std::max(qv, v);
+      }
+    }
+    std::printf("%s: largest key-bias gradient %.3g, largest query/value %.3g\n", name.c_str(), key,
+                qv);
+    EXPECT_GT(qv, 1e-4) << name;
+    EXPECT_LE(key, 1e-6 * qv) << name;
+    ++layers;
+  }
+  EXPECT_EQ(layers, cfg.layers);
+}

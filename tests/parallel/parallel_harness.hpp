@@ -31,8 +31,7 @@ inline fw::models::GptConfig tiny_gpt(bool checkpoint = false) {
   c.checkpoint = checkpoint;
   return c;
 }
-inline constexpr std::int64_t kBatch =
-    24;  // divides by 1, 2, 3, 4, 8 ranks (x 1 or 2 micro-batches at <= 4)
+inline constexpr std::int64_t kBatch = 24;  // divides by 1, 2, 3, 4, 8 ranks (x 3 at 1, 2, 4)
 inline constexpr std::int64_t kSeq = 5;
 inline constexpr std::uint64_t kSeed = 20261129;
 
@@ -46,13 +45,13 @@ inline fw::AdamW adamw() {
   return fw::AdamW(c);
 }
 
-/// The global batch of step `step`: random tokens, the same for every mesh.
-inline fw::TokenBatch batch(int step) {
+/// The global batch of step `step` (`sequences` rows): random tokens, the same for every mesh.
+inline fw::TokenBatch batch(int step, std::int64_t sequences = kBatch) {
   std::mt19937 rng(1000u + static_cast<unsigned>(step));
   std::uniform_int_distribution<int> tok(0, tiny_gpt().vocab - 1);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(kBatch * (kSeq + 1)));
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(sequences * (kSeq + 1)));
   for (auto& t : rows) t = tok(rng);
-  return fw::TokenBatch::from_rows(rows, kBatch, kSeq);
+  return fw::TokenBatch::from_rows(rows, sequences, kSeq);
 }
 
 struct RunConfig {
@@ -64,13 +63,15 @@ struct RunConfig {
   std::int64_t bucket_bytes = 512;  // several buckets for this model
   bool overlap = true;
   fw::LossScalerConfig scaler{};
-  int measure_step = 1;  // the step whose communication is counted
+  int measure_step = 1;         // the step whose communication is counted
+  std::int64_t batch = kBatch;  // global sequences per step
 };
 
 struct RankResult {
   std::array<std::size_t, 4> state_bytes{};  // weights, grads, master_weights, optimizer_state
-  double step_bytes = 0;                     // ring bytes sent in group "dp" in measure_step
-  std::size_t peak_weights = 0;              // accountant peak of MemTag::weights while training
+  double step_bytes = 0;         // modelled ring bytes sent in group "dp" in measure_step
+  std::uint64_t step_moved = 0;  // bytes LocalWorld measured moving in "dp" in measure_step
+  std::size_t peak_weights = 0;  // accountant peak of MemTag::weights while training
   std::int64_t gathered_peak = 0;
   std::int64_t max_unit_bytes = 0;  // largest gathered set of one unit (stage 3)
   std::int64_t shard_elements = 0;
@@ -110,7 +111,7 @@ RunResult run_single(const RunConfig& rc) {
       opts, ctx, model, adamw());
   RunResult r;
   r.ranks.resize(1);
-  for (int s = 0; s < rc.steps; ++s) r.losses.push_back(t.step(batch(s).view()));
+  for (int s = 0; s < rc.steps; ++s) r.losses.push_back(t.step(batch(s, rc.batch).view()));
   r.ranks[0].skipped = t.loss_scaler().skipped_steps();
   r.params = model_params(model);
   model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.names.push_back(p.name); });
@@ -139,10 +140,16 @@ RunResult run_stage(const RunConfig& rc) {
     t.strategy().reset_gathered_peak();
     RankResult rr;
     for (int s = 0; s < rc.steps; ++s) {
-      if (s == rc.measure_step) dp.counters().reset();
-      rr.losses.push_back(t.step(batch(s).view()));
+      if (s == rc.measure_step) {
+        dp.counters().reset();
+        dp.inner().reset_traffic();
+      }
+      rr.losses.push_back(t.step(batch(s, rc.batch).view()));
       rr.min_clip_coef = std::min(rr.min_clip_coef, t.last_report().clip_coef);
-      if (s == rc.measure_step) rr.step_bytes = dp.counters().modelled_bytes_sent("dp");
+      if (s == rc.measure_step) {
+        rr.step_bytes = dp.counters().modelled_bytes_sent("dp");
+        rr.step_moved = dp.inner().traffic().total();
+      }
     }
     auto& m = w.memory();
     rr.state_bytes = {m.current(fw::MemTag::weights), m.current(fw::MemTag::grads),

@@ -1,5 +1,5 @@
 // ShardedStrategy<0|1|2|3> on LocalWorlds of 1, 2, 3, 4 and 8 ranks against the one-rank run:
-// the mesh-independence, determinism, memory and communication laws of DESIGN.md §4.
+// the mesh-independence, determinism, memory and communication laws of docs/design.md §3.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,7 +15,8 @@ using h8::RunResult;
 
 // fp32, 20 steps: summation order differs from one rank (gradients are summed over ranks, the
 // global norm over shards), so results agree to rounding, amplified a little by Adam: 1e-5
-// relative per step (DESIGN.md law 1), per tensor in the L2 norm for the parameters.
+// relative per step (docs/design.md, mesh independence), per tensor in the L2 norm for the
+// parameters.
 constexpr double kFp32Tol = 1e-5;
 
 void expect_close(const RunResult& got, const RunResult& ref, double tol, const std::string& what) {
@@ -30,13 +31,14 @@ void expect_close(const RunResult& got, const RunResult& ref, double tol, const 
     auto a = got.params[i];
     auto b = ref.params[i];
     if (ref.names[i].ends_with("attn.c_attn.bias")) {
-      // The key bias [C, 2C) has an exactly zero gradient (softmax ignores a constant added to
-      // every score of a row), so its "gradient" is rounding noise that Adam scales to steps of
-      // about lr: it is checked against that bound, the query and value biases at `tol`.
-      for (std::size_t k = C; k < 2 * C; ++k) {
-        EXPECT_LE(std::abs(a[k] - b[k]), 2.0 * h8::adamw().config().lr * ref.losses.size())
-            << what << " " << ref.names[i] << "[" << k << "]";
-      }
+      // The key bias [C, 2C) has an exactly zero true gradient (softmax ignores a constant added
+      // to every score of a row), so both runs feed rounding noise to Adam, which normalises it
+      // into steps of about lr in either direction. No bound on the parameter separates a right
+      // key bias from a wrong one there (Adam moves any parameter by at most ~lr per step), so
+      // those C elements are left out here and their gradient is checked directly instead
+      // (tests/layers/gpt_test.cpp, Gpt.KeyBiasGradientIsZero); the query and value biases
+      // around them are compared at `tol`.
+      ASSERT_EQ(a.size(), 3 * C) << ref.names[i];
       a.erase(a.begin() + static_cast<std::ptrdiff_t>(C),
               a.begin() + static_cast<std::ptrdiff_t>(2 * C));
       b.erase(b.begin() + static_cast<std::ptrdiff_t>(C),
@@ -233,13 +235,25 @@ TEST(ParallelShardedMemory, Stage3PeakGatheredIsShardPlusTwoUnits) {
   }
 }
 
-// ---- communication: bytes per step from the counting decorator ----------------------------------
+// ---- communication: bytes per step, measured by LocalWorld and modelled by Counting -------------
 
-TEST(ParallelShardedComm, BytesPerStepEqualTheFormula) {
+/// Elements of slice r when LocalWorld's all_reduce splits `count` over `n` owners: count/n, one
+/// more for the first count % n ranks (docs/comm.md).
+std::int64_t owned(std::int64_t count, int n, int r) { return count / n + (r < count % n ? 1 : 0); }
+
+// The communication law per ZeRO stage, for 2, 3, 4 and 8 ranks and 1 or 2 micro-batches (48
+// sequences: every case splits evenly). Two figures per rank and step: the bytes LocalWorld
+// measured moving between ranks in its copy loops, which must equal what its algorithm moves
+// (all_reduce: slice r in from and out to N−1 peers; reduce_scatter and all_gather: N−1 blocks in),
+// and the decorator's modelled ring bytes, which must equal the ZeRO paper's formula. Summed over
+// the ranks the two agree: N × modelled = Σ measured.
+TEST(ParallelShardedComm, MeasuredAndModelledBytesPerStepEqualTheFormula) {
   const auto units = unit_elements();
   std::int64_t psi = 0;
   for (auto u : units) psi += u;
-  const double w = sizeof(float);
+  const std::int64_t w = sizeof(float);
+  const std::int64_t scalar = sizeof(double);  // the loss and Σg² are all-reduced as doubles
+  int cases = 0;
   for (int n : {2, 3, 4, 8}) {
     const double ring = 2.0 * (n - 1) / n;  // all-reduce bus factor (nccl-tests)
     const std::int64_t shard = ceil_div(psi, n);
@@ -251,37 +265,60 @@ TEST(ParallelShardedComm, BytesPerStepEqualTheFormula) {
     const std::int64_t gathered =
         2 * unit_shard + ceil_div(units.front(), n) - ceil_div(units.back(), n);
     for (int m : {1, 2}) {
+      // modelled: the ring convention, per rank
       const double loss = 8 * ring;  // the loss: one double all-reduced
       const double norm = 8 * ring;  // Σg² of the shards: one double (stages 1-3)
-      const double expect[4] = {
-          psi * w * ring + loss,
+      const double modelled[4] = {
+          static_cast<double>(psi * w) * ring + loss,
           2.0 * shard * w * (n - 1) + loss + norm,
           (m + 1.0) * shard * w * (n - 1) + loss + norm,
-          m * (gathered + unit_shard) * w * (n - 1) + loss + norm,
+          static_cast<double>(m * (gathered + unit_shard) * w * (n - 1)) + loss + norm,
       };
       for (int stage = 0; stage < 4; ++stage) {
-        if (h8::kBatch % (n * m) != 0) continue;
         RunConfig rc;
         rc.stage = stage;
         rc.ranks = n;
         rc.steps = 2;
         rc.micro_batches = m;
-        rc.bucket_bytes = 0;
+        rc.bucket_bytes = 0;  // one bucket: one gradient all_reduce in stage 0
+        rc.batch = 48;
+        ASSERT_EQ(rc.batch % (n * m), 0);
         const RunResult r = h8::run<float>(rc);
-        for (const auto& rr : r.ranks) {
+        const std::string what = "stage " + std::to_string(stage) + " ranks " + std::to_string(n) +
+                                 " micro-batches " + std::to_string(m);
+        std::uint64_t measured_sum = 0;
+        for (int q = 0; q < n; ++q) {
+          const auto& rr = r.ranks[static_cast<std::size_t>(q)];
+          // measured: what LocalWorld's loops move for this rank (scalars: slice 0 is rank 0's)
+          const std::int64_t scalars = (stage == 0 ? 1 : 2) * 2 * (n - 1) * owned(1, n, q) * scalar;
+          const std::int64_t measured[4] = {
+              2 * (n - 1) * owned(psi, n, q) * w + scalars,
+              2 * shard * w * (n - 1) + scalars,
+              (m + 1) * shard * w * (n - 1) + scalars,
+              m * (gathered + unit_shard) * w * (n - 1) + scalars,
+          };
+          EXPECT_EQ(rr.step_moved, static_cast<std::uint64_t>(measured[stage]))
+              << what << " rank " << q;
           // doubles: the decorator sums per-call ring bytes; exact but for 2(N-1)/N rounding
-          EXPECT_NEAR(rr.step_bytes, expect[stage], 1e-9 * expect[stage])
-              << "stage " << stage << " ranks " << n << " micro-batches " << m;
+          EXPECT_NEAR(rr.step_bytes, modelled[stage], 1e-9 * modelled[stage])
+              << what << " rank " << q;
+          measured_sum += rr.step_moved;
         }
+        EXPECT_NEAR(static_cast<double>(measured_sum), n * modelled[stage],
+                    1e-9 * n * modelled[stage])
+            << what;
+        ++cases;
       }
     }
     // the ZeRO paper's ratio, stage 3 / stage 0 = 1.5 on the parameters, plus the tie term
-    const double s0 = psi * w * ring;
-    const double s3 = (gathered + unit_shard) * w * (n - 1);
-    const double tie = (ceil_div(units.front(), n) - ceil_div(units.back(), n)) * w * (n - 1);
-    const double pad = 3.0 * (unit_shard * n - psi) * w * (n - 1) / n;
+    const double s0 = static_cast<double>(psi * w) * ring;
+    const double s3 = static_cast<double>((gathered + unit_shard) * w * (n - 1));
+    const double tie =
+        static_cast<double>((ceil_div(units.front(), n) - ceil_div(units.back(), n)) * w * (n - 1));
+    const double pad = 3.0 * static_cast<double>((unit_shard * n - psi) * w * (n - 1)) / n;
     EXPECT_NEAR((s3 - tie - pad) / s0, 1.5, 1e-12) << "ranks " << n;
   }
+  EXPECT_EQ(cases, 4 * 2 * 4);  // every (ranks, micro-batches, stage) named above ran
 }
 
 }  // namespace

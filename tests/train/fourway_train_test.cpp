@@ -103,20 +103,17 @@ TEST(FourwayTrain, EveryStepMatchesPyTorchAdamWOnGoldenFiles) {
     EXPECT_EQ(got.shape, want.shape) << got.name;
     const auto a = f.read<float>(got);
     const auto b = e.read<float>(want);
-    // The key bias (c_attn.bias[C, 2C)) has an exactly zero gradient (softmax ignores a shift
-    // shared by all keys), so both runs feed rounding noise to Adam, whose normalised step is
-    // then O(lr) in either direction: it is only bounded by steps * lr. Everything else moves
-    // by about lr = 1e-2 per step; 1e-5 is a thousandth of one step.
+    // Everything moves by about lr = 1e-2 per step; 1e-5 is a thousandth of one step. The key
+    // bias (c_attn.bias[C, 2C)) is left out: its true gradient is exactly zero (softmax ignores a
+    // shift shared by all keys), so both runs feed rounding noise to Adam, whose normalised step
+    // is then O(lr) in either direction, and no bound on it could fail. Its gradient is checked
+    // directly (Gpt.KeyBiasGradientIsZero in tests/layers/gpt_test.cpp).
     const bool c_attn_bias = got.name.find("attn.c_attn.bias") != std::string::npos;
     const std::size_t C = 32;
     double worst = 0.0;
     for (std::size_t i = 0; i < a.size(); ++i) {
-      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-      if (c_attn_bias && i >= C && i < 2 * C) {
-        EXPECT_LE(d, 8 * 1e-2 * 1.01) << got.name << "[" << i << "]";
-      } else {
-        worst = std::max(worst, d);
-      }
+      if (c_attn_bias && i >= C && i < 2 * C) continue;
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
     }
     EXPECT_LT(worst, 1e-5) << got.name;
     ++compared;
