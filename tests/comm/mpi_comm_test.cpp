@@ -44,17 +44,24 @@ TYPED_TEST(MpiOps, EveryOpMatchesReference) {
 }
 
 TEST(Mpi, AsyncOperationsOverlapAndComplete) {
+  // Three operations in flight at once, on buffers that do not overlap: an in-place all_reduce
+  // writes a while it runs, so the all_gather reads its own copy c, never a.
   fw::MpiComm world(MPI_COMM_WORLD, opts(60000));
   const int n = world.size();
-  std::vector<float> a(1000, 1.0f), b(1000, 2.0f), g(1000 * n);
+  const int r = world.rank();
+  std::vector<float> a(1000, 1.0f), b(1000, 2.0f), c(1000, static_cast<float>(r)), g(1000 * n);
   fw::Work wa = world.all_reduce_async(a.data(), a.data(), 1000, fw::ReduceOp::sum);
   fw::Work wb = world.all_reduce_async(b.data(), b.data(), 1000, fw::ReduceOp::avg);
-  fw::Work wg = world.all_gather_async(a.data(), g.data(), 1000);  // reads a: issued after wa? no:
-  wg.wait();  // MPI allows concurrent reads of a; a is only written by wa, waited below
+  fw::Work wg = world.all_gather_async(c.data(), g.data(), 1000);
+  wg.wait();
   wb.wait();
   wa.wait();
   EXPECT_EQ(a[999], static_cast<float>(n));
   EXPECT_EQ(b[0], 2.0f);
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(g[static_cast<std::size_t>(q) * 1000], static_cast<float>(q)) << q;
+    EXPECT_EQ(g[static_cast<std::size_t>(q) * 1000 + 999], static_cast<float>(q)) << q;
+  }
   EXPECT_TRUE(wa.test());
 }
 
@@ -132,8 +139,10 @@ TEST(Mpi, MeshGroupsOverMpi) {
   EXPECT_EQ(tp[0], first);
   EXPECT_EQ(tp[1], first + 1);
   EXPECT_EQ(groups.dp().size(), n / 2);
-  EXPECT_DOUBLE_EQ(
-      counted.counters().get(std::string(groups.tp().name()), fw::CommOp::all_gather).modelled_bytes, 4.0);
+  EXPECT_DOUBLE_EQ(counted.counters()
+                       .get(std::string(groups.tp().name()), fw::CommOp::all_gather)
+                       .modelled_bytes,
+                   4.0);
 }
 
 TEST(Mpi, LaunchRunsOnEveryProcess) {

@@ -2,6 +2,7 @@
 // all-reduced but never what: every bucket size gives bitwise the same training run.
 #include <gtest/gtest.h>
 
+#include <span>
 #include <type_traits>
 
 #include "fourway/train/sharded_strategy.hpp"
@@ -40,18 +41,43 @@ TEST(ParallelDataParallel, BucketSizeNeverChangesTheResult) {
   }
 }
 
-TEST(ParallelDataParallel, ReplicasStayIdentical) {
-  // DataParallel keeps full replicas: after training, every rank's weights are the same bits.
+/// Every rank's weights after 4 DataParallel steps on 4 LocalWorld ranks. With `isolated`, each
+/// rank is alone in its group and trains only its share of every batch, as ranks that skip their
+/// collectives would.
+std::vector<std::vector<std::vector<float>>> replicas(bool isolated) {
   using S = fw::DataParallelStrategy<Model, P, fw::Host, Comm>;
-  std::vector<std::vector<std::vector<float>>> per_rank(4);
-  fw::launch<fw::LocalWorld>(4, [&](fw::World<fw::LocalWorld>& w) {
-    Comm dp = w.comm().split(0, w.rank(), "dp");
+  constexpr int n = 4;
+  std::vector<std::vector<std::vector<float>>> per_rank(n);
+  fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
+    Comm dp = w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp");
     Model model(w.ctx(), h8::tiny_gpt(), h8::kSeed);
     fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, dp, h8::adamw(), fw::ShardedOptions{});
-    for (int s = 0; s < 4; ++s) t.step(h8::batch(s).view());
+    for (int s = 0; s < 4; ++s) {
+      const fw::TokenBatch b = h8::batch(s);
+      if (!isolated) {
+        t.step(b.view());
+        continue;
+      }
+      const std::int64_t rows = b.B / n;
+      const auto at = static_cast<std::size_t>(w.rank() * rows * b.T);
+      const auto len = static_cast<std::size_t>(rows * b.T);
+      t.step(fw::Batch{std::span<const std::int32_t>(b.inputs).subspan(at, len),
+                       std::span<const std::int32_t>(b.targets).subspan(at, len), rows, b.T});
+    }
     per_rank[static_cast<std::size_t>(w.rank())] = h8::model_params(model);
   });
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(per_rank[static_cast<std::size_t>(r)], per_rank[0]);
+  return per_rank;
+}
+
+TEST(ParallelDataParallel, ReplicasStayIdenticalAndDivergeWithoutTheirCollectives) {
+  // DataParallel keeps full replicas: after training, every rank's weights are the same bits.
+  const auto together = replicas(false);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(together[static_cast<std::size_t>(r)], together[0]) << r;
+  // The control: the same check fails when the ranks skip their collectives, so the equality
+  // above is the all-reduce's doing and not something every run would show.
+  const auto alone = replicas(true);
+  for (int r = 1; r < 4; ++r) EXPECT_NE(alone[static_cast<std::size_t>(r)], alone[0]) << r;
+  EXPECT_NE(alone[0], together[0]);
 }
 
 }  // namespace
