@@ -6,8 +6,17 @@
 #       Compiled by nvcc whenever CUDA is enabled (so CI proves it compiles); labelled gpu.
 #       Device tests must `GTEST_SKIP() << "no CUDA device"` without a GPU; the executable then
 #       exits 77 and ctest reports it as skipped (a failing test is still reported as failed).
-#   fourway_add_mpi_test(NAME n SOURCES a.cpp NP 2 4 [LIBS ...])
-#       Runs the executable under mpirun -np N for each N (oversubscribed, allowed as root).
+#   fourway_add_mpi_test(NAME n SOURCES a.cpp NP 2 4 [LIBS ...] [RC code EXPECT regex])
+#       Runs the executable under mpirun -np N for each N (oversubscribed, allowed as root);
+#       with RC, through check_program.cmake (exit status and output). Without MPI, each
+#       n_npN is a placeholder that ctest reports as Skipped (label mpi_unavailable).
+#   fourway_add_program_test(NAME n COMMAND exe args... RC code EXPECT regex [LOSS_FALLS]
+#                            [LABELS ...] [TIMEOUT s] [ENVIRONMENT ...])
+#       Runs a program (a target name or a path) through tests/support/check_program.cmake: the
+#       test passes only when the exit status is RC (a number or `nonzero`) and stdout+stderr
+#       match EXPECT (which cannot hold a ';': match it with '.'); LOSS_FALLS also asks the
+#       last "loss X" printed to be below the first.
+#       (PASS_REGULAR_EXPRESSION alone would ignore the exit status.)
 #   fourway_add_compile_fail_test(NAME n SOURCE f.cpp EXPECT "fourway: ..." [DEFINES ...])
 #       Passes when compiling SOURCE fails with a diagnostic containing EXPECT, and the same
 #       file compiles with -DFOURWAY_COMPILE_FAIL_CONTROL (so the failure is the one pinned).
@@ -54,12 +63,43 @@ function(fourway_add_cuda_test)
   # A failing test exits 1 and is reported as failed, never masked by the skips.
   add_test(NAME ${A_NAME} COMMAND ${A_NAME})
   set_tests_properties(${A_NAME} PROPERTIES LABELS gpu TIMEOUT ${A_TIMEOUT} SKIP_RETURN_CODE 77)
+  set_property(GLOBAL APPEND PROPERTY FOURWAY_GPU_TESTS ${A_NAME})
+endfunction()
+
+# Every mpirun test is recorded (global property FOURWAY_MPI_TESTS) for the configure summary
+# and for .ci/run, which fails when fewer ran. Without MPI each is still registered, labelled
+# mpi_unavailable, and reports Skipped with the reason, so nothing vanishes silently.
+function(fourway_add_mpi_placeholder name)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E echo
+           "fourway: SKIPPED: ${name} needs MPI (Open MPI's libopenmpi-dev and openmpi-bin); reconfigure once it is installed")
+  set_tests_properties(${name} PROPERTIES LABELS mpi_unavailable
+                       SKIP_REGULAR_EXPRESSION "fourway: SKIPPED: ")
+  set_property(GLOBAL APPEND PROPERTY FOURWAY_MPI_SKIPPED ${name})
+endfunction()
+
+# The command line that runs N processes of a program (oversubscribed, allowed as root).
+function(fourway_mpirun out np)
+  set(${out} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --allow-run-as-root
+      --bind-to none ${MPIEXEC_PREFLAGS} PARENT_SCOPE)
+endfunction()
+
+# Labels, timeout, CPU count and environment of an mpirun test, and its record.
+function(fourway_mpi_test_properties name np timeout)
+  set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${timeout} PROCESSORS ${np}
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader,tcp")
+  set_property(GLOBAL APPEND PROPERTY FOURWAY_MPI_TESTS ${name})
 endfunction()
 
 function(fourway_add_mpi_test)
-  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;NP" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TIMEOUT;RC;EXPECT" "SOURCES;LIBS;NP" ${ARGN})
+  if(A_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "fourway_add_mpi_test(${A_NAME}): unexpected '${A_UNPARSED_ARGUMENTS}'"
+                        " (a ';' in EXPECT splits it: match it with '.')")
+  endif()
   if(NOT TARGET fourway::mpi OR NOT MPIEXEC_EXECUTABLE)
-    message(STATUS "fourway: MPI (or mpiexec) not found, skipping MPI test ${A_NAME}")
+    foreach(np IN LISTS A_NP)
+      fourway_add_mpi_placeholder(${A_NAME}_np${np})
+    endforeach()
     return()
   endif()
   if(NOT A_TIMEOUT)
@@ -69,12 +109,44 @@ function(fourway_add_mpi_test)
   target_link_libraries(${A_NAME} PRIVATE fourway::mpi fourway_project_options GTest::gtest
                         ${A_LIBS})
   foreach(np IN LISTS A_NP)
-    add_test(NAME ${A_NAME}_np${np}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
-              --allow-run-as-root --bind-to none ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${A_NAME}>)
-    set_tests_properties(${A_NAME}_np${np} PROPERTIES LABELS mpi TIMEOUT ${A_TIMEOUT}
-      PROCESSORS ${np} ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader,tcp")
+    fourway_mpirun(run ${np})
+    if(DEFINED A_RC)  # a program expected to end with status RC and print EXPECT
+      list(POP_FRONT run exe)
+      list(APPEND run $<TARGET_FILE:${A_NAME}>)
+      add_test(NAME ${A_NAME}_np${np}
+        COMMAND ${CMAKE_COMMAND} "-DEXE=${exe}" "-DARGS=${run}" "-DRC=${A_RC}"
+                "-DEXPECT=${A_EXPECT}" -P ${PROJECT_SOURCE_DIR}/tests/support/check_program.cmake)
+    else()
+      add_test(NAME ${A_NAME}_np${np} COMMAND ${run} $<TARGET_FILE:${A_NAME}>)
+    endif()
+    fourway_mpi_test_properties(${A_NAME}_np${np} ${np} ${A_TIMEOUT})
   endforeach()
+endfunction()
+
+function(fourway_add_program_test)
+  cmake_parse_arguments(A "LOSS_FALLS" "NAME;RC;EXPECT;TIMEOUT" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
+  if(NOT A_LABELS)
+    set(A_LABELS cpu)
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  if(A_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "fourway_add_program_test(${A_NAME}): unexpected '${A_UNPARSED_ARGUMENTS}'"
+                        " (a ';' in EXPECT splits it: match it with '.')")
+  endif()
+  list(POP_FRONT A_COMMAND exe)
+  if(NOT exe MATCHES "[/$]")  # a target name (perhaps defined later, in examples/)
+    set(exe $<TARGET_FILE:${exe}>)
+  endif()
+  add_test(NAME ${A_NAME}
+    COMMAND ${CMAKE_COMMAND} "-DEXE=${exe}" "-DARGS=${A_COMMAND}" "-DRC=${A_RC}"
+            "-DEXPECT=${A_EXPECT}" "-DLOSS_FALLS=${A_LOSS_FALLS}"
+            -P ${PROJECT_SOURCE_DIR}/tests/support/check_program.cmake)
+  set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
+  if(A_ENVIRONMENT)
+    set_tests_properties(${A_NAME} PROPERTIES ENVIRONMENT "${A_ENVIRONMENT}")
+  endif()
 endfunction()
 
 function(fourway_add_compile_fail_test)
@@ -85,4 +157,28 @@ function(fourway_add_compile_fail_test)
             "-DEXPECT=${A_EXPECT}" "-DDEFINES=${A_DEFINES}"
             -P ${PROJECT_SOURCE_DIR}/cmake/CompileFail.cmake)
   set_tests_properties(${A_NAME} PROPERTIES LABELS "cpu;compile_fail" TIMEOUT 120)
+endfunction()
+
+# The configure summary of the test groups (called once tests/ is read), also written to
+# <build>/fourway_test_groups.txt as `mpi_tests=N` lines that .ci/run reads.
+function(fourway_test_groups_summary)
+  get_property(mpi GLOBAL PROPERTY FOURWAY_MPI_TESTS)
+  get_property(mpi_skipped GLOBAL PROPERTY FOURWAY_MPI_SKIPPED)
+  get_property(gpu GLOBAL PROPERTY FOURWAY_GPU_TESTS)
+  list(LENGTH mpi n_mpi)
+  list(LENGTH mpi_skipped n_skipped)
+  list(LENGTH gpu n_gpu)
+  if(n_mpi GREATER 0)
+    set(mpi_line "mpi ON (${n_mpi} mpirun tests, label mpi)")
+  else()
+    set(mpi_line "mpi OFF (MPI not found: ${n_skipped} tests report Skipped, label mpi_unavailable)")
+  endif()
+  if(n_gpu GREATER 0)
+    set(gpu_line "gpu compiled (${n_gpu} tests, label gpu; Skipped without a device)")
+  else()
+    set(gpu_line "gpu OFF (no CUDA compiler)")
+  endif()
+  message(STATUS "fourway test groups: cpu ON; ${mpi_line}; ${gpu_line}")
+  file(WRITE ${PROJECT_BINARY_DIR}/fourway_test_groups.txt
+       "mpi_tests=${n_mpi}\nmpi_skipped=${n_skipped}\ngpu_tests=${n_gpu}\n")
 endfunction()

@@ -40,7 +40,8 @@ TEST(PlanCommunication, AlphaBetaTime) {
   EXPECT_DOUBLE_EQ(fp::p2p_seconds(1e6, l), 2e-6 + 1e6 / 100e9);
 }
 
-// DESIGN.md law 4 / ZeRO §7: DP moves 2Ψ(N−1)/N, ZeRO-1/2 the same, ZeRO-3 1.5× that.
+// docs/design.md, the communication law / ZeRO §7: DP moves 2Ψ(N−1)/N, ZeRO-1/2 the same,
+// ZeRO-3 1.5× that.
 TEST(PlanCommunication, ZeroStageVolumes) {
   const fp::Link l{100.0, 0.0};
   const std::int64_t psi = 1'000'000 * 8;  // divisible by 8

@@ -46,9 +46,9 @@ TEST(PlanModelState, SeventyBillionParametersIsAboutOnePointOneTerabytes) {
   EXPECT_NEAR(static_cast<double>(b.total()) / 1e12, 1.1, 0.05);
 }
 
-// DESIGN.md law 3 with padding, for random group sizes and counts that do not divide:
-// 16Ψ -> 4Ψ' + 12Ψ'/N -> 2Ψ' + 14Ψ'/N -> 16Ψ'/N in bf16 with Ψ'/N := ceil(Ψ/N), Ψ' := N·ceil(Ψ/N)
-// (stage 0 shards nothing and pads nothing).
+// docs/design.md, the memory law with padding, for random group sizes and counts that do not
+// divide: 16Ψ -> 4Ψ' + 12Ψ'/N -> 2Ψ' + 14Ψ'/N -> 16Ψ'/N in bf16 with Ψ'/N := ceil(Ψ/N), Ψ' :=
+// N·ceil(Ψ/N) (stage 0 shards nothing and pads nothing).
 TEST(PlanModelState, ZeroLawWithFlatPaddingForRandomCounts) {
   std::mt19937_64 gen(8);
   for (int trial = 0; trial < 200; ++trial) {

@@ -1,6 +1,6 @@
 // The planner against the runtime: model-state bytes equal the memory accountant's exactly, and
 // fourway's activation model matches the measured peak of MemTag::activations (within 10%, the
-// contract of DESIGN.md law 3; today it is byte for byte, and the test says so).
+// contract of docs/design.md, the memory law; today it is byte for byte, and the test says so).
 #include <gtest/gtest.h>
 
 #include <cstdint>

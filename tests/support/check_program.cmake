@@ -1,0 +1,35 @@
+# Runs a program the way a user would and checks both what it says and how it exits:
+#   cmake -DEXE=prog "-DARGS=a;b" -DRC=0 "-DEXPECT=regex" [-DLOSS_FALLS=ON] -P check_program.cmake
+# Fails unless EXE exits with status RC (a number, or `nonzero`) and its stdout+stderr match the
+# regular expression EXPECT. With LOSS_FALLS, the stdout must also hold at least two numbers after
+# "loss " and the last must be below the first (the run learned something).
+execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                TIMEOUT 280)
+get_filename_component(name "${EXE}" NAME)
+set(shown "${name} ${ARGS}\nstdout:\n${out}\nstderr:\n${err}")
+if(RC STREQUAL "nonzero")
+  if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
+    message(FATAL_ERROR "exit status ${rc}, expected a failure status: ${shown}")
+  endif()
+elseif(NOT "${rc}" STREQUAL "${RC}")
+  message(FATAL_ERROR "exit status ${rc}, expected ${RC}: ${shown}")
+endif()
+if(NOT "${out}${err}" MATCHES "${EXPECT}")
+  message(FATAL_ERROR "output does not match '${EXPECT}': ${shown}")
+endif()
+if(LOSS_FALLS)
+  string(REGEX MATCHALL "loss +[0-9]+\\.[0-9]+" losses "${out}")
+  list(LENGTH losses n)
+  if(n LESS 2)
+    message(FATAL_ERROR "LOSS_FALLS: found ${n} losses in stdout, need 2 or more: ${shown}")
+  endif()
+  list(GET losses 0 first)
+  list(GET losses -1 last)
+  string(REGEX REPLACE "loss +" "" first "${first}")
+  string(REGEX REPLACE "loss +" "" last "${last}")
+  if(NOT last LESS first)
+    message(FATAL_ERROR "the loss did not fall: first ${first}, last ${last}: ${shown}")
+  endif()
+  message(STATUS "loss fell: ${first} -> ${last} over ${n} reports")
+endif()
+message(STATUS "ok: exit ${rc}, output matches '${EXPECT}'")
