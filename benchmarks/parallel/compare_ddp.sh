@@ -43,7 +43,7 @@ fourway() {  # fourway <name> <flags...>: prints "<name> <ms> <bytes/rank/step>"
     --steps $((steps + warmup)) --lr 1e-4 --beta2 0.95 --weight-decay 0.1 --grad-clip 1.0 \
     --log-json "$tmp/$name.jsonl" --quiet "$@" > /dev/null
   local bytes
-  bytes=$(tail -1 "$tmp/$name.jsonl" | grep -o '"comm_bytes_per_rank":[0-9.]*' | cut -d: -f2)
+  bytes=$(tail -1 "$tmp/$name.jsonl" | grep -o '"comm_modelled_bytes_per_rank":[0-9.]*' | cut -d: -f2)
   echo "$name $(median_ms "$tmp/$name.jsonl") ${bytes:--}"
 }
 

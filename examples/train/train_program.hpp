@@ -13,12 +13,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -280,6 +282,23 @@ int rank_device(fw::World<W>& w) {
   }
 }
 
+/// The negative control of tests/parallel/mpi_train_matches_local.cmake, never for training:
+/// with FOURWAY_TRAIN_SKIP_COLLECTIVES=1 in the environment every rank is alone in its group and
+/// trains on its share of each batch, making no collective with its peers.
+inline bool skip_collectives() {
+  const char* v = std::getenv("FOURWAY_TRAIN_SKIP_COLLECTIVES");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+/// Rank r's share (B/n rows) of the global batch `b`, what the Trainer would give it.
+inline fw::Batch batch_share(const fw::SequenceBatch& b, int r, int n) {
+  const std::int64_t rows = b.B / n;
+  const auto at = static_cast<std::size_t>(r * rows * b.T);
+  const auto len = static_cast<std::size_t>(rows * b.T);
+  return fw::Batch{std::span<const std::int32_t>(b.inputs).subspan(at, len),
+                   std::span<const std::int32_t>(b.targets).subspan(at, len), rows, b.T};
+}
+
 /// Trains on the ranks of world kind W with ShardedStrategy<Stage> (0 = DataParallel). Every rank
 /// builds the model and reads the data; the Trainer gives each its share of the global batch.
 template <class Target, class T, int Stage, class W>
@@ -297,7 +316,8 @@ void train_ranks(const Options& o) {
                                " ranks; fourway-train has no tensor or pipeline axis yet, so "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
-    Comm dp(w.comm().split(0, w.rank(), "dp"));
+    const bool isolated = skip_collectives();
+    Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
     std::optional<fw::SafetensorsFile> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
@@ -356,8 +376,17 @@ void train_ranks(const Options& o) {
       const fw::SequenceBatch b = loader.next();
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       dp.counters().reset();
-      const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
-      const double bytes = dp.counters().modelled_bytes_sent("dp");
+      if constexpr (std::is_same_v<W, fw::LocalWorld>) dp.inner().reset_traffic();
+      const float loss = trainer.step(isolated ? batch_share(b, w.rank(), n)
+                                               : fw::Batch{b.inputs, b.targets, b.B, b.T});
+      // modelled: ring bytes of the calls made; payload: what the calls were handed; measured
+      // (LocalWorld only): the bytes its copy loops moved between ranks
+      const double modelled = dp.counters().modelled_bytes_sent("dp");
+      const auto payload = static_cast<unsigned long long>(dp.counters().payload_sent("dp"));
+      long long measured = -1;
+      if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+        measured = static_cast<long long>(dp.inner().traffic().total());
+      }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       fw::StepRecord r;
@@ -373,16 +402,30 @@ void train_ranks(const Options& o) {
         std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
         if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
         std::string line = fw::step_json(r, mems);
-        char extra[96];
-        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f",
-                      n, Stage, bytes);
+        char extra[192];
+        std::snprintf(extra, sizeof extra,
+                      ",\"ranks\":%d,\"zero\":%d,\"comm_modelled_bytes_per_rank\":%.0f,"
+                      "\"comm_payload_bytes_per_rank\":%llu",
+                      n, Stage, modelled, payload);
         line.insert(line.size() - 1, extra);
+        if (measured >= 0) {
+          line.insert(line.size() - 1,
+                      ",\"comm_measured_bytes_per_rank\":" + std::to_string(measured));
+        }
         log << line << '\n';
         log.flush();
       }
       if (!o.quiet) {
         progress.update(r);
-        if (!progress.interactive()) std::printf("  comm %.0f B sent per rank\n", bytes);
+        if (!progress.interactive()) {
+          if (measured >= 0) {
+            std::printf("  comm %lld B moved per rank (measured), %.0f B modelled (ring)\n",
+                        measured, modelled);
+          } else {
+            std::printf("  comm %llu B handed to %s per rank, %.0f B modelled (ring)\n", payload,
+                        o.backend.c_str(), modelled);
+          }
+        }
       }
       if (step == 1) first_loss = loss;
       last_loss = loss;
