@@ -1,4 +1,4 @@
-# The include ladder of DESIGN.md §2: a header under include/fourway/ includes only headers of its
+# The include ladder of docs/design.md §1: a header under include/fourway/ includes only headers of its
 # own rung or of lower rungs.
 #   config → core → backend → comm → mesh → schedule → layers → parallel → optim → train → plan
 # backend/host and backend/cuda are the one rung `backend`; the GPT (`fw::models`) lives in

@@ -6,7 +6,7 @@
 //! steps; reduce-scatter and all-gather send n(N−1)/N in N−1 steps; time = steps·α + sent/β.
 //! A group whose ranks share a node runs at NVLink speed, any other at InfiniBand speed (its ring
 //! crosses a node boundary, and that link is the bottleneck). Ranks are laid out as Megatron does
-//! (DESIGN.md): tensor-parallel innermost, then pipeline, data-parallel outermost.
+//! (docs/design.md): tensor-parallel innermost, then pipeline, data-parallel outermost.
 //!
 //! Per-step volumes (Rajbhandari et al. 2020 §7 for ZeRO; Shoeybi et al. 2019 and Korthikanti et
 //! al. 2022 §4.2.2 for tensor and sequence parallelism; Narayanan et al. 2021 for pipelines):

@@ -4,7 +4,7 @@
 //! Every kernel computes in fp32 and touches 16-bit memory only through `load` / `store`
 //! (round to nearest even, like the host conversions). Reductions never use floating-point
 //! atomics: each sum has one fixed order, so a kernel gives bitwise the same result run after
-//! run (the determinism law in DESIGN.md).
+//! run (the determinism law in docs/design.md).
 #pragma once
 
 #include <cuda_bf16.h>
