@@ -1,4 +1,6 @@
-//! CUDA token + position embedding, twin of `host/embedding.hpp`.
+//! CUDA token + position embedding, twin of `host/embedding.hpp`. The checked forward
+//! (`TokenGuard`) bounds-checks the ids on the device and records the first bad position in a
+//! device flag, which `Embedding` reads once per backward.
 //!
 //! Backward is deterministic with no atomics: `dwpe[t]` sums its B rows in order; for `dwte`
 //! the token ids are copied to the host and bucketed by token with the host's own
@@ -31,6 +33,31 @@ void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tok
                                    detail::load(wpe + t * C + c));
       },
       "embedding_forward");
+}
+
+/// embedding_forward with the ids checked on the device (TokenGuard, host/embedding.hpp): a bad
+/// id reads nothing, its row is zero, and the smallest bad position is recorded with atomicMin.
+template <floating_dtype E>
+void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens, const E* wte,
+                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C,
+                       TokenGuard guard) {
+  const std::int64_t V = guard.vocab;
+  auto* first_bad = reinterpret_cast<long long*>(guard.first_bad);
+  detail::for_each(
+      ctx, B * T * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t bt = i / C;
+        const std::int64_t c = i % C;
+        const std::int64_t t = bt % T;
+        const std::int64_t id = tokens[bt];
+        if (id < 0 || id >= V) {
+          detail::store(out + i, 0.0f);
+          if (c == 0) atomicMin(first_bad, static_cast<long long>(bt));
+          return;
+        }
+        detail::store(out + i, detail::load(wte + id * C + c) + detail::load(wpe + t * C + c));
+      },
+      "embedding_forward (checked)");
 }
 
 /// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t].
