@@ -254,14 +254,13 @@ TEST(DeviceComm, SplitAndSetStreamNeverDestroyTheCallersStream) {
 
 TEST(DeviceComm, LocalWorldRefusesDeviceBuffersWithoutAStream) {
   if (no_gpu()) GTEST_SKIP() << "no CUDA device";
-  EXPECT_THROW(fw::launch<fw::LocalWorld>(2,
-                                          [](fw::World<fw::LocalWorld>& w) {
-                                            fw::Context<fw::Cuda> ctx(w.memory(), 0);
-                                            fw::Tensor<float, fw::Cuda> t({8}, fw::MemTag::workspace,
-                                                                          w.memory());
-                                            w.comm().all_reduce(t.data(), t.data(), 8,
-                                                                fw::ReduceOp::sum);
-                                          }),
+  EXPECT_THROW(fw::launch<fw::LocalWorld>(
+                   2,
+                   [](fw::World<fw::LocalWorld>& w) {
+                     fw::Context<fw::Cuda> ctx(w.memory(), 0);
+                     fw::Tensor<float, fw::Cuda> t({8}, fw::MemTag::workspace, w.memory());
+                     w.comm().all_reduce(t.data(), t.data(), 8, fw::ReduceOp::sum);
+                   }),
                fw::ConfigError);
 }
 

@@ -56,8 +56,9 @@ double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
 }
 
 template <class T>
-void gpu_matches_host(double loss_rel, double grad_rel_l2, const GptConfig& cfg = {2, 4, 64, 96, 32},
-                      std::int64_t Bn = 3, std::int64_t Tn = 29) {
+void gpu_matches_host(double loss_rel, double grad_rel_l2,
+                      const GptConfig& cfg = {2, 4, 64, 96, 32}, std::int64_t Bn = 3,
+                      std::int64_t Tn = 29) {
   std::vector<std::int32_t> tok, tgt;
   for (std::int64_t i = 0; i < Bn * Tn; ++i) {
     tok.push_back(static_cast<std::int32_t>((i * 37 + 5) % cfg.vocab));
@@ -80,11 +81,12 @@ void gpu_matches_host(double loss_rel, double grad_rel_l2, const GptConfig& cfg 
     if (e > worst) worst = e, worst_name = h.names[i];
   }
   // one line scripts/device-check.sh copies into its table
-  std::printf("FIGURE gpt-step %s L%d C%d NH%d V%d B%lld T%lld: loss host %.6f cuda %.6f "
-              "(rel %.1e), worst grad rel-L2 %.1e (%s)\n",
-              fw::dtype_name(fw::dtype_v<T>).data(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab,
-              static_cast<long long>(Bn), static_cast<long long>(Tn), h.loss, d.loss,
-              std::abs(d.loss - h.loss) / h.loss, worst, worst_name.c_str());
+  std::printf(
+      "FIGURE gpt-step %s L%d C%d NH%d V%d B%lld T%lld: loss host %.6f cuda %.6f "
+      "(rel %.1e), worst grad rel-L2 %.1e (%s)\n",
+      fw::dtype_name(fw::dtype_v<T>).data(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab,
+      static_cast<long long>(Bn), static_cast<long long>(Tn), h.loss, d.loss,
+      std::abs(d.loss - h.loss) / h.loss, worst, worst_name.c_str());
   EXPECT_EQ(dm.current(fw::MemTag::activations), 0u);
 }
 }  // namespace

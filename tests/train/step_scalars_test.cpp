@@ -142,12 +142,14 @@ void check_stage(int ranks, float reference) {
       dp.calls.clear();
       const float loss = t.step(batch(step).view());
       std::lock_guard lock(mu);
-      ASSERT_EQ(dp.calls.size(), 1u) << "stage " << Stage << " step " << step
-                                     << ": one packed scalar all-reduce per step";
+      ASSERT_EQ(dp.calls.size(), 1u)
+          << "stage " << Stage << " step " << step << ": one packed scalar all-reduce per step";
       EXPECT_EQ(dp.calls[0].count, Stage == 0 ? 1 : 2) << "loss (+ Σg² from stage 1)";
       EXPECT_EQ(dp.calls[0].send, packed) << "the strategy's buffer, not a host double";
       EXPECT_EQ(dp.calls[0].recv, packed);
-      if (step == 0) EXPECT_NEAR(loss, reference, 1e-6 * std::abs(reference)) << Stage;
+      if (step == 0) {
+        EXPECT_NEAR(loss, reference, 1e-6 * std::abs(reference)) << Stage;
+      }
     }
     // the buffer is the backend's memory, counted like every other communication buffer
     EXPECT_GE(w.memory().current(fw::MemTag::comm_buffers),

@@ -911,8 +911,8 @@ class LocalComm {
   /// Refuses device memory while no stream is set: the legacy stream is unordered with the
   /// context's non-blocking one.
   void require_stream(CommOp op) const {
-    check<ConfigError>(s_->stream != nullptr, "fourway: ", comm_op_name(op), " on device memory in ",
-                       g().header(), " refused on rank ", s_->rank,
+    check<ConfigError>(s_->stream != nullptr, "fourway: ", comm_op_name(op),
+                       " on device memory in ", g().header(), " refused on rank ", s_->rank,
                        ": no stream is set, so it would run unordered with the kernels that "
                        "write the buffers; call comm.set_stream(ctx.stream()) with the rank's "
                        "Context<Cuda> first");

@@ -318,7 +318,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
     auto* one = reinterpret_cast<std::int32_t*>(s_->scratch + detail::NcclShared::barrier_word);
-    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream.get()), what, start);
+    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream.get()), what,
+               start);
     Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr)).wait();
   }
 
@@ -331,8 +332,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::shared_ptr<void> keep;
     if (widen<T>(op)) {
       void* w = nullptr;
-      keep =
-          detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float), s_->stream.get(), &w);
+      keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float),
+                                    s_->stream.get(), &w);
       auto* f = static_cast<float*>(w);
       detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream.get());
       s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
@@ -540,7 +541,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   template <class T>
   void finish_avg(T* recv, std::int64_t count) {
     if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-      detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size), s_->stream.get());
+      detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size),
+                                s_->stream.get());
     } else {
       detail::device_divide<T>(recv, count, s_->size, s_->stream.get());
     }
@@ -572,8 +574,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                                count, static_cast<std::int64_t>(reduce), root};
     std::int64_t* mine_dev = s_->scratch + detail::NcclShared::my_call;
     std::int64_t* all_dev = s_->scratch + detail::NcclShared::all_calls;
-    cuda::check_cuda(cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream.get()),
-                     "cudaMemcpyAsync");
+    cuda::check_cuda(
+        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream.get()),
+        "cudaMemcpyAsync");
     s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream.get()),
                what + " (debug check)", start);
     Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();

@@ -66,8 +66,7 @@ class Embedding {
       }
       checked_ = tokens.view();
       Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
-                                wpe_.weight.data(), Bn, Tn, C_,
-                                TokenGuard{V_, first_bad_.data()});
+                                wpe_.weight.data(), Bn, Tn, C_, TokenGuard{V_, first_bad_.data()});
     }
     return s.y.view();
   }
@@ -119,8 +118,8 @@ class Embedding {
   std::int64_t V_;
   std::int64_t max_seq_;
   std::int64_t C_;
-  Parameter<T, B> wte_;  // (V, C)
-  Parameter<T, B> wpe_;  // (max_seq, C)
+  Parameter<T, B> wte_;                // (V, C)
+  Parameter<T, B> wpe_;                // (max_seq, C)
   Tensor<std::int64_t, B> first_bad_;  // device backends: () the TokenGuard flag
   Tensor<std::int32_t, B> checked_;    // view of the ids of the last checked forward
 };

@@ -3,10 +3,10 @@
 //! one all-reduce.
 //!
 //! Scalars live on the host (the loss comes back from the model, Σg² from a reduction kernel),
-//! but a communicator moves the backend's memory: NCCL refuses host pointers (comm/buffer_kind.hpp).
-//! So the values are packed into a small buffer of the backend (`comm_buffers` in the rank's
-//! accountant), all-reduced there, and copied back: one collective per step however many scalars,
-//! instead of one host-memory all-reduce per scalar.
+//! but a communicator moves the backend's memory: NCCL refuses host pointers
+//! (comm/buffer_kind.hpp). So the values are packed into a small buffer of the backend
+//! (`comm_buffers` in the rank's accountant), all-reduced there, and copied back: one collective
+//! per step however many scalars, instead of one host-memory all-reduce per scalar.
 //!
 //!   host: [loss, Σg²] --from_host--> buffer (B) --all_reduce SUM--> buffer --to_host--> host
 #pragma once

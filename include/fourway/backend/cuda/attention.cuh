@@ -4,7 +4,8 @@
 //!
 //! `att (B, NH, T, T)` holds the probabilities (zero above the diagonal) and is the scores
 //! buffer first: the QKᵀ GEMM writes the *scaled* scores (alpha = 1/√hs), so fp16 scores do not
-//! overflow where the scaled ones are in range; backward writes `dqkv` (`=`) and uses `datt` as dP, then dS.
+//! overflow where the scaled ones are in range; backward writes `dqkv` (`=`) and uses `datt` as dP,
+//! then dS.
 // fourway-requires: cuda
 #pragma once
 
