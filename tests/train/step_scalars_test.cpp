@@ -9,14 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
-#include <random>
 #include <utility>
 #include <vector>
 
-#include "fourway/comm/local_world.hpp"
-#include "fourway/layers/gpt.hpp"
-#include "fourway/train/sharded_strategy.hpp"
-#include "fourway/train/trainer.hpp"
+#include "parallel/parallel_harness.hpp"
 
 namespace fw = fourway;
 
@@ -96,36 +92,15 @@ class Recording {
 };
 static_assert(fw::communicator<Recording>);
 
-fw::models::GptConfig tiny() {
-  fw::models::GptConfig c;
-  c.layers = 2;
-  c.heads = 2;
-  c.dim = 12;
-  c.vocab = 37;
-  c.max_seq = 9;
-  return c;
-}
-constexpr std::int64_t kB = 8;
-constexpr std::int64_t kT = 5;
-constexpr std::uint64_t kSeed = 11;
-
-fw::TokenBatch batch(int step) {
-  std::mt19937 rng(500u + static_cast<unsigned>(step));
-  std::uniform_int_distribution<int> tok(0, tiny().vocab - 1);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(kB * (kT + 1)));
-  for (auto& t : rows) t = tok(rng);
-  return fw::TokenBatch::from_rows(rows, kB, kT);
-}
-
 /// The first step's loss on one rank (the reference for the group's loss).
 float single_rank_loss() {
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
   using Model = fw::models::Gpt<float, fw::Host>;
-  Model model(ctx, tiny(), kSeed);
+  Model model(ctx, h8::tiny_gpt(), h8::kSeed);
   fw::Trainer<fw::SingleRank<Model, fw::Precision<float>, fw::Host>> t(fw::TrainerOptions{}, ctx,
                                                                        model, fw::AdamW{});
-  return t.step(batch(0).view());
+  return t.step(h8::batch(0).view());
 }
 
 template <int Stage>
@@ -135,12 +110,12 @@ void check_stage(int ranks, float reference) {
   std::mutex mu;
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
     Recording dp(w.comm().split(0, w.rank(), "dp"));
-    Model model(w.ctx(), tiny(), kSeed);
+    Model model(w.ctx(), h8::tiny_gpt(), h8::kSeed);
     fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW{});
     const double* packed = t.strategy().step_scalars().data();
     for (int step = 0; step < 3; ++step) {
       dp.calls.clear();
-      const float loss = t.step(batch(step).view());
+      const float loss = t.step(h8::batch(step).view());
       std::lock_guard lock(mu);
       ASSERT_EQ(dp.calls.size(), 1u)
           << "stage " << Stage << " step " << step << ": one packed scalar all-reduce per step";

@@ -64,7 +64,6 @@ class Embedding {
         first_bad_ = Tensor<std::int64_t, B>(Shape{1}, MemTag::workspace, ctx.memory());
         Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
       }
-      checked_ = tokens.view();
       Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
                                 wpe_.weight.data(), Bn, Tn, C_, TokenGuard{V_, first_bad_.data()});
     }
@@ -72,9 +71,9 @@ class Embedding {
   }
 
   /// Device backends: reads the bounds flag of the forwards since the last check (8 bytes, one
-  /// synchronisation) and throws ShapeError naming the first bad id; resets the flag. Host: the
-  /// forward already checked.
-  void check_tokens(const Context<B>& ctx) {
+  /// synchronisation) and throws ShapeError naming the first bad id of the forward `s` stashed;
+  /// resets the flag. Host: the forward already checked.
+  void check_tokens(const Context<B>& ctx, const Stash& s) const {
     if constexpr (B::on_device) {
       if (first_bad_.empty()) return;
       std::int64_t at = TokenGuard::none;
@@ -82,12 +81,12 @@ class Embedding {
       if (at == TokenGuard::none) return;
       Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
       std::int32_t id = 0;
-      if (at < checked_.numel()) Ops<B>::to_host(ctx, &id, checked_.data() + at, 1);
+      if (at < s.tokens.numel()) Ops<B>::to_host(ctx, &id, s.tokens.data() + at, 1);
       throw ShapeError(detail::cat("fourway: token id ", id, " at position ", at,
                                    " is outside the vocabulary [0, ", V_,
                                    ") (found by the embedding kernel on the device)"));
     } else {
-      (void)ctx;
+      (void)ctx, (void)s;
     }
   }
 
@@ -95,7 +94,7 @@ class Embedding {
     check<ShapeError>(dy.numel() == s.tokens.numel() * C_, "fourway: Embedding backward without ",
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
-    check_tokens(ctx);
+    check_tokens(ctx, s);
     Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(), s.tokens.data(),
                                s.tokens.shape()[0], s.tokens.shape()[1], C_);
     s = Stash{};
@@ -118,10 +117,10 @@ class Embedding {
   std::int64_t V_;
   std::int64_t max_seq_;
   std::int64_t C_;
-  Parameter<T, B> wte_;                // (V, C)
-  Parameter<T, B> wpe_;                // (max_seq, C)
-  Tensor<std::int64_t, B> first_bad_;  // device backends: () the TokenGuard flag
-  Tensor<std::int32_t, B> checked_;    // view of the ids of the last checked forward
+  Parameter<T, B> wte_;  // (V, C)
+  Parameter<T, B> wpe_;  // (max_seq, C)
+  // device backends: (1) the TokenGuard flag; written by the (const) forward's kernel
+  mutable Tensor<std::int64_t, B> first_bad_;
 };
 
 static_assert(layer<Embedding<float, Host>>);
