@@ -106,9 +106,9 @@ plan=(
   "build|170|every gpu-labelled test's executable + fourway-train + fourway-train-cuda, -j $jobs"
   "gpu-tests|55|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
   "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
-  "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test --gtest_filter=*LocalWorld*"
-  "racecheck-kernels|25|compute-sanitizer --tool racecheck backend_kernels_cuda_test"
-  "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test --gtest_filter=*LocalWorld*"
+  "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
+  "racecheck-kernels|25|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32)"
+  "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|50|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16"
   "train-tp|0|2-rank tensor parallelism on LocalWorld: NOT RUN, fourway-train has no TP yet"
@@ -252,16 +252,23 @@ if [ "$built" -eq 1 ]; then
   fi
   kernels=$(exe backend_kernels_cuda_test)
   comm=$(exe comm_cuda_test)
+  # LocalWorld under the sanitizers: the fp32 instance of the typed test (1-8 ranks) and the
+  # bitwise and refusal tests. racecheck (shared-memory hazards, independent of the element type)
+  # runs the fp32 instances of the kernel tests; memcheck runs all three types.
+  localworld='DeviceComm/0.LocalWorld*:DeviceComm.*LocalWorld*'
   for tool in memcheck racecheck; do
+    kernel_filter='*'
+    [ "$tool" = racecheck ] && kernel_filter='CudaKernels/0.*'
     if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$kernels" ]; then
-      step "$tool-kernels" compute-sanitizer --tool "$tool" --error-exitcode 1 "$kernels"
+      step "$tool-kernels" compute-sanitizer --tool "$tool" --error-exitcode 1 "$kernels" \
+        --gtest_filter="$kernel_filter"
       note "$tool-kernels" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-kernels.log" | tail -1)"
     else
       skip "$tool-kernels" "compute-sanitizer or backend_kernels_cuda_test missing"
     fi
     if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$comm" ]; then
       step "$tool-localworld" compute-sanitizer --tool "$tool" --error-exitcode 1 "$comm" \
-        --gtest_filter='*LocalWorld*'
+        --gtest_filter="$localworld"
       note "$tool-localworld" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-localworld.log" | tail -1)"
     else
       skip "$tool-localworld" "compute-sanitizer or comm_cuda_test (needs NCCL) missing"

@@ -131,3 +131,30 @@ TEST(GptCuda, CheckpointingAndRerunsAreBitwiseEqual) {
   for (std::size_t i = 0; i < x.grads.size(); ++i)
     EXPECT_TRUE(x.grads[i] == y.grads[i]) << x.names[i];
 }
+
+// A token id outside the vocabulary on the device: the embedding kernel reads nothing for it and
+// flags it; the layer's backward reads the flag (once) and names the first bad id and position.
+TEST(EmbeddingCuda, BadTokenIdsAreNamedByTheBackward) {
+  FOURWAY_REQUIRE_GPU();
+  fw::MemoryAccountant dm;
+  fw::Context<Cuda> ctx(dm, 0);
+  fw::Embedding<float, Cuda> emb(ctx, 5, 4, 3, 1);
+  const std::vector<std::int32_t> ids = {1, 7, 2, -1};
+  fw::Tensor<std::int32_t, Cuda> t({1, 4}, fw::MemTag::workspace, dm);
+  fw::Ops<Cuda>::from_host(ctx, t.data(), ids.data(), 4);
+  fw::Embedding<float, Cuda>::Stash s;
+  const auto y = emb.forward(ctx, t, s);
+  const std::vector<double> out = fw::test::download(ctx, y);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(out[3 + c], 0.0) << "the bad id's row reads nothing";
+  fw::Tensor<float, Cuda> dy({1, 4, 3}, fw::MemTag::workspace, dm);
+  fw::Ops<Cuda>::fill(ctx, dy.data(), 12, 1.0f);
+  try {
+    (void)emb.backward(ctx, dy, s);
+    ADD_FAILURE() << "a bad token id went unnoticed";
+  } catch (const fw::ShapeError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("token id 7 at position 1 is outside the vocabulary [0, 5)"),
+        std::string::npos)
+        << e.what();
+  }
+}
