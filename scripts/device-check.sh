@@ -102,12 +102,12 @@ fi
 # name|limit seconds|what
 plan=(
   "kit-build|40|GoogleTest from $kit/googletest into $build-kit"
-  "configure|35|cmake --preset cuda -G Ninja (benchmarks off, NCCL from the Python wheel if any)"
-  "build|170|every gpu-labelled test's executable + fourway-train + fourway-train-cuda, -j $jobs"
-  "gpu-tests|55|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
+  "configure|60|cmake --preset cuda -G Ninja (benchmarks off, NCCL from the Python wheel if any)"
+  "build|160|every gpu-labelled test's executable + fourway-train + fourway-train-cuda, -j $jobs"
+  "gpu-tests|50|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
   "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
   "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
-  "racecheck-kernels|25|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32)"
+  "racecheck-kernels|20|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|50|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16"
