@@ -1,161 +1,317 @@
 #!/usr/bin/env bash
-# The GPU check in one command, for a machine with an NVIDIA GPU (written for an H200, sm_90):
-#   1. configure the `cuda` preset (Release, sm_90, CUDA required),
-#   2. build what the GPU checks need (every gpu-labelled test and every bench_*_gpu),
-#   3. run `ctest -L gpu` (a GPU test that reports Skipped here is counted as a problem),
-#   4. compare fourway-train-cuda's losses with the host fourway-train's on the same flags
-#      (examples/train/cuda_vs_host.sh: 1 rank, and a 4-rank LocalWorld ZeRO-3 on one GPU),
-#   5. run every bench_*_gpu executable briefly (JSON figures in build/cuda/device-check/),
-#   6. print a summary table. Exits non-zero if any step failed or timed out.
-# Every step runs under `timeout`; the whole run stays within DEVICE_CHECK_BUDGET seconds (360).
-# Usage: scripts/device-check.sh        (env: JOBS, DEVICE_CHECK_BUDGET, BENCH_MIN_TIME)
+# The GPU check in one call, for a machine with an NVIDIA GPU (written for one H200, sm_90, 16
+# cores, CUDA 13, CMake, ninja and Python with PyTorch's NCCL wheel — but no GoogleTest, no Google
+# Benchmark, no MPI and no network). It ends with one table: every step ok / FAILED / TIMEOUT /
+# NOT RUN, its seconds, and the figures.
+#
+#   kit-build            GoogleTest from the device kit (.device-kit/, carried with the run)
+#   configure            the `cuda` preset, Ninja, benchmarks off, NCCL from the Python wheel
+#   build                only what the checks need: every gpu-labelled test's executable,
+#                        fourway-train and fourway-train-cuda
+#   gpu-tests            ctest -L gpu (a gpu test that reports Skipped on a GPU machine fails)
+#   memcheck-*           compute-sanitizer --tool memcheck on the kernel and LocalWorld-on-GPU tests
+#   racecheck-*          compute-sanitizer --tool racecheck on the same
+#   gpt-step             one GPT step GPU vs host: small shapes, and GPT-2 124M's width, heads and
+#                        vocabulary at T = 1024 with 2 layers (fp32)
+#   train-cuda-vs-host   fourway-train-cuda vs fourway-train: 1 rank; 4-rank ZeRO-3 on LocalWorld on
+#                        one GPU (fp32, bf16) (examples/train/cuda_vs_host.sh)
+#   train-tp             2-rank tensor parallelism: NOT RUN (fourway-train has no TP yet)
+#
+# Every step runs under `timeout` with its own limit, cut to what is left of the total budget
+# (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN.
+#
+# Usage:
+#   scripts/device-check.sh --prepare [SRC]  here (a machine with the kit sources): copy the kit
+#                                            from SRC (default ../shared/device-kit beside the
+#                                            checkout) into .device-kit/ (git-ignored)
+#   scripts/device-check.sh --dry-run        parse, check the kit, print the plan; no GPU needed
+#   scripts/device-check.sh                  on the GPU machine, with .device-kit carried along
+# Options: --kit DIR (default .device-kit), --build DIR (default build/cuda), --budget S, --jobs N.
+# Exit: 0 all ok; 1 a step failed, timed out or was not run; 2 bad arguments or no kit.
+# With $OUT set (the device tool's output folder) the logs and the table are copied there.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-root=$(pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+mode=run
+kit=${FOURWAY_DEVICE_KIT:-$root/.device-kit}
 build=$root/build/cuda
+budget=${DEVICE_CHECK_BUDGET:-480}
 jobs=${JOBS:-$(nproc)}
-budget=${DEVICE_CHECK_BUDGET:-360}
-bench_min_time=${BENCH_MIN_TIME:-0.05}
+prepare_src=$root/../shared/device-kit
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() {
+  echo "device-check: $*" >&2
+  exit 2
+}
+number() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a whole number, got '$2'"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) mode=dry ;;
+    --prepare)
+      mode=prepare
+      if [ $# -gt 1 ] && [ "${2#--}" = "$2" ]; then
+        prepare_src=$2
+        shift
+      fi
+      ;;
+    --kit) [ $# -gt 1 ] || die "--kit needs a folder"; kit=$2; shift ;;
+    --build) [ $# -gt 1 ] || die "--build needs a folder"; build=$2; shift ;;
+    --budget) [ $# -gt 1 ] || die "--budget needs seconds"; number --budget "$2"; budget=$2; shift ;;
+    --jobs) [ $# -gt 1 ] || die "--jobs needs a number"; number --jobs "$2"; jobs=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (try --help)" ;;
+  esac
+  shift
+done
+case "$kit" in /*) ;; *) kit=$(pwd)/$kit ;; esac
+case "$build" in /*) ;; *) build=$(pwd)/$build ;; esac
+
+# ---- the device kit -----------------------------------------------------------------------------
+# What the GPU machine lacks, as sources: GoogleTest (required; Google Benchmark is not needed,
+# the benchmarks are not built here).
+kit_files=(googletest/CMakeLists.txt googletest/googletest/include/gtest/gtest.h
+           googletest/googletest/src/gtest-all.cc)
+
+if [ "$mode" = prepare ]; then
+  for f in "${kit_files[@]}"; do
+    [ -f "$prepare_src/$f" ] || die "cannot prepare the kit: $prepare_src/$f is missing (pass the \
+device-kit folder: scripts/device-check.sh --prepare SRC)"
+  done
+  rm -rf "$kit"
+  mkdir -p "$kit"
+  cp -R "$prepare_src/googletest" "$kit/googletest"
+  [ -f "$prepare_src/README.md" ] && cp "$prepare_src/README.md" "$kit/README.md"
+  echo "prepared from $(cd "$prepare_src" && pwd) on $(date -u +%FT%TZ)" > "$kit/PREPARED"
+  echo "device-check: kit prepared in $kit ($(du -sh "$kit" | cut -f1)); send it with the run" \
+       "(device tool: carry [\"${kit#"$root"/}\"])"
+  exit 0
+fi
+
+missing=()
+for f in "${kit_files[@]}"; do [ -f "$kit/$f" ] || missing+=("$f"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "device-check: the device kit is missing or incomplete at $kit (missing: ${missing[*]})." >&2
+  echo "  Prepare it on a machine that has the kit sources: scripts/device-check.sh --prepare" \
+       "[SRC] (SRC defaults to ../shared/device-kit beside the checkout), then send .device-kit" \
+       "with the run (device tool: carry [\".device-kit\"]). See docs/building.md." >&2
+  exit 2
+fi
+
+# ---- the plan -----------------------------------------------------------------------------------
+# name|limit seconds|what
+plan=(
+  "kit-build|40|GoogleTest from $kit/googletest into $build-kit"
+  "configure|60|cmake --preset cuda -G Ninja (benchmarks off, NCCL from the Python wheel if any)"
+  "build|160|every gpu-labelled test's executable + fourway-train + fourway-train-cuda, -j $jobs"
+  "gpu-tests|50|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
+  "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
+  "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
+  "racecheck-kernels|20|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32)"
+  "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
+  "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
+  "train-cuda-vs-host|50|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16"
+  "train-tp|0|2-rank tensor parallelism on LocalWorld: NOT RUN, fourway-train has no TP yet"
+)
+
+echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
+printf '   %-22s %5s  %s\n' step limit what
+for p in "${plan[@]}"; do
+  IFS='|' read -r n l w <<< "$p"
+  printf '   %-22s %5s  %s\n' "$n" "${l}s" "$w"
+done
+if [ "$mode" = dry ]; then
+  for tool in nvidia-smi nvcc compute-sanitizer cmake ninja python3; do
+    if command -v "$tool" >/dev/null 2>&1; then s=found; else s="not found here"; fi
+    printf '   tool %-18s %s\n' "$tool" "$s"
+  done
+  echo "device-check: dry run ok (kit present, ${#plan[@]} steps planned)"
+  exit 0
+fi
+
+# ---- running steps ------------------------------------------------------------------------------
+logdir=$build/device-check
+mkdir -p "$logdir"
+rm -f "$logdir"/*.log
 t0=$(date +%s)
 rows=()
 failed=0
-
-remaining() { echo $((budget - ($(date +%s) - t0))); }
-# run_step NAME LIMIT_S CMD...: runs CMD under timeout (the smaller of LIMIT_S and what is left
-# of the budget), logs to $logdir/NAME.log, records a row; returns CMD's status.
-run_step() {
-  local name=$1 limit=$2
-  shift 2
-  local left
-  left=$(remaining)
-  if [ "$left" -lt "$limit" ]; then limit=$left; fi
-  if [ "$limit" -le 5 ]; then
-    rows+=("$name|NOT RUN|0|budget of ${budget}s spent")
+limit_of() {
+  local p n l w
+  for p in "${plan[@]}"; do
+    IFS='|' read -r n l w <<< "$p"
+    [ "$n" = "$1" ] && { echo "$l"; return; }
+  done
+  echo 60
+}
+row() { rows+=("$1|$2|$3|$4"); }
+# step NAME CMD...: runs CMD under timeout (its limit, or what is left of the budget), logs to
+# $logdir/NAME.log, adds a row; returns CMD's status (124 for a step the budget cannot start).
+step() {
+  local name=$1 limit
+  shift
+  limit=$(limit_of "$name")
+  local left=$((budget - ($(date +%s) - t0)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    row "$name" "NOT RUN" 0 "budget of ${budget}s spent"
     failed=1
     return 124
   fi
+  echo "== $name (limit ${limit}s)"
   local s rc
   s=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$logdir/$name.log" 2>&1
+  timeout --kill-after=5 "$limit" "$@" > "$logdir/$name.log" 2>&1
   rc=$?
   local dt=$(($(date +%s) - s))
   if [ $rc -eq 0 ]; then
-    rows+=("$name|ok|$dt|")
+    row "$name" ok "$dt" ""
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    rows+=("$name|TIMEOUT|$dt|limit ${limit}s, log $logdir/$name.log")
+    row "$name" TIMEOUT "$dt" "limit ${limit}s; log $name.log"
     failed=1
   else
-    rows+=("$name|FAILED ($rc)|$dt|log $logdir/$name.log")
+    row "$name" FAILED "$dt" "exit $rc; log $name.log"
     failed=1
+    tail -15 "$logdir/$name.log"
   fi
   return $rc
 }
+skip() {  # skip NAME WHY: a step that cannot run because an earlier one failed
+  row "$1" "NOT RUN" 0 "$2"
+  failed=1
+}
+note() {  # note NAME TEXT: appends TEXT to NAME's row
+  local i
+  for i in "${!rows[@]}"; do
+    IFS='|' read -r n st dt nt <<< "${rows[$i]}"
+    [ "$n" = "$1" ] && rows[$i]="$n|$st|$dt|${nt:+$nt; }$2"
+  done
+}
 
-logdir=$build/device-check
-mkdir -p "$logdir"
-rm -f "$logdir"/*.log "$logdir"/*.json
-
-echo "== device-check: $(date -u +%FT%TZ), $(nproc) cores, budget ${budget}s"
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-else
-  echo "nvidia-smi not found"
-fi
+echo "== $(date -u +%FT%TZ), $(nproc) cores"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
 nvcc --version 2>/dev/null | tail -1
 
-echo "== configure (cmake --preset cuda)"
-if ! run_step configure 90 cmake --preset cuda; then
-  tail -30 "$logdir/configure.log"
-fi
-
-targets=()
-if [ "$failed" -eq 0 ]; then
-  # The targets behind gpu-labelled tests (a test is named after its executable, MPI ones with an
-  # _npN suffix) and every bench_*_gpu target. If none is found, everything is built.
-  mapfile -t all_targets < <(cmake --build "$build" --target help 2>/dev/null |
-    sed -n 's/^\.\.\. \([A-Za-z0-9_.+-]*\).*/\1/p' | sort -u)
-  mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
-    sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u)
-  for t in "${gpu_tests[@]}"; do
-    printf '%s\n' "${all_targets[@]}" | grep -qx "$t" && targets+=("$t")
-  done
-  for t in "${all_targets[@]}"; do
-    [[ "$t" =~ ^bench_.*_gpu$ ]] && targets+=("$t")
-  done
-  for t in fourway-train fourway-train-cuda; do  # step 4
-    printf '%s\n' "${all_targets[@]}" | grep -qx "$t" && targets+=("$t")
-  done
-  echo "== build (${#targets[@]} targets, -j $jobs)"
-  if [ ${#targets[@]} -gt 0 ]; then
-    run_step build 210 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+# NCCL: the toolkit's, else the one in Python's nvidia wheels (libnccl.so.2 has no unversioned name
+# there, so the library is passed by path).
+nccl_args=()
+if [ ! -f "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include/nccl.h" ]; then
+  sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+  nccl_h=$(find $sp -maxdepth 5 -path '*nvidia*' -name nccl.h 2>/dev/null | head -1)
+  nccl_so=$(find $sp -maxdepth 5 -path '*nvidia*' -name 'libnccl.so*' 2>/dev/null | head -1)
+  if [ -n "$nccl_h" ] && [ -n "$nccl_so" ]; then
+    nccl_args=(-DFOURWAY_NCCL_INCLUDE_DIR="$(dirname "$nccl_h")" -DFOURWAY_NCCL_LIBRARY="$nccl_so")
+    export LD_LIBRARY_PATH=$(dirname "$nccl_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "NCCL from the Python wheel: $nccl_so"
   else
-    run_step build 210 cmake --build "$build" -j "$jobs"
+    echo "NCCL not found (no nccl.h beside nvcc, none in Python's nvidia wheels)"
   fi
-  [ $? -ne 0 ] && grep -E "error|Error" "$logdir/build.log" | head -30
 fi
 
-tests_note=""
+prefix=$build-kit
+if [ -f "$prefix/lib/cmake/GTest/GTestConfig.cmake" ] || [ -f "$prefix/lib64/cmake/GTest/GTestConfig.cmake" ]; then
+  row kit-build ok 0 "already built in $prefix"
+else
+  step kit-build bash -c "cmake -S '$kit/googletest' -B '$build-kit-build' -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX='$prefix' -DBUILD_GMOCK=OFF && \
+    cmake --build '$build-kit-build' -j $jobs && cmake --install '$build-kit-build'"
+fi
+
 if [ "$failed" -eq 0 ]; then
-  echo "== ctest -L gpu"
-  # train_fourway_train_cuda_vs_host is step 4, run once there with a row per case
-  run_step gpu-tests 120 ctest --test-dir "$build" -L gpu --output-on-failure -j 2 --timeout 100 \
-    -E '^train_fourway_train_cuda_vs_host$'
-  grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|\(Timeout\)|Not Run" \
-    "$logdir/gpu-tests.log" || true
-  tests_note=$(grep -E "tests passed" "$logdir/gpu-tests.log" | tail -1)
+  step configure cmake --preset cuda -G Ninja -B "$build" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DFOURWAY_BUILD_BENCHMARKS=OFF "${nccl_args[@]}"
+else
+  skip configure "kit-build failed"
+fi
+
+if [ "$failed" -eq 0 ]; then
+  mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
+    sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sort -u)
+  targets=(fourway-train fourway-train-cuda)
+  for t in "${gpu_tests[@]}"; do
+    ninja -C "$build" -t query "$t" >/dev/null 2>&1 && targets+=("$t")
+  done
+  step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+  note build "${#targets[@]} targets"
+  ctest --test-dir "$build" -N -R '^comm_cuda_test$' 2>/dev/null | grep -q comm_cuda_test ||
+    note build "no NCCL: comm_cuda_test not built"
+else
+  skip build "configure failed"
+fi
+
+exe() { find "$build/tests" -type f -perm -u+x -name "$1" | head -1; }
+built=$([ "$failed" -eq 0 ] && echo 1 || echo 0)
+if [ "$built" -eq 1 ]; then
+  step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure -j 4 --timeout 50 \
+    -E '^(layers_cuda_test|train_fourway_train_cuda_vs_host)$'
+  note gpu-tests "$(grep -E 'tests passed' "$logdir/gpu-tests.log" | tail -1)"
   nskip=$(grep -c "(Skipped)" "$logdir/gpu-tests.log" || true)
   if [ "${nskip:-0}" -gt 0 ]; then
-    rows+=("gpu-tests skipped|PROBLEM|0|$nskip gpu tests skipped on a GPU machine")
+    note gpu-tests "$nskip SKIPPED on a GPU machine"
     failed=1
   fi
-fi
-
-train_host=$build/examples/train/fourway-train
-train_cuda=$build/examples/train/fourway-train-cuda
-if [ -x "$train_host" ] && [ -x "$train_cuda" ]; then
-  echo "== fourway-train-cuda vs fourway-train (examples/train/cuda_vs_host.sh)"
-  rm -rf "$logdir/train-cuda-vs-host"
-  run_step train-cuda-vs-host 60 examples/train/cuda_vs_host.sh "$train_host" "$train_cuda" \
-    "$logdir/train-cuda-vs-host"
-  while IFS= read -r line; do
-    case "$line" in
-      PASS\ *|FAIL\ *)
-        case_name=${line#* }
-        rows+=("  ${case_name%%:*}|${line%% *}|0|${line#*: }")
-        ;;
-    esac
-  done < "$logdir/train-cuda-vs-host.log"
-  grep -E "^(PASS|FAIL|SKIP)" "$logdir/train-cuda-vs-host.log" || tail -5 "$logdir/train-cuda-vs-host.log"
-else
-  rows+=("train-cuda-vs-host|NOT RUN|0|fourway-train or fourway-train-cuda not built")
-  failed=1
-fi
-
-bench_rows=()
-if [ -d "$build" ]; then
-  mapfile -t bench_exes < <(find "$build" -type f -perm -u+x -name 'bench_*_gpu' | sort)
-  if [ ${#bench_exes[@]} -gt 0 ]; then
-    echo "== benchmarks (${#bench_exes[@]}, --benchmark_min_time=$bench_min_time)"
+  kernels=$(exe backend_kernels_cuda_test)
+  comm=$(exe comm_cuda_test)
+  # LocalWorld under the sanitizers: the fp32 instance of the typed test (1-8 ranks) and the
+  # bitwise and refusal tests. racecheck (shared-memory hazards, independent of the element type)
+  # runs the fp32 instances of the kernel tests; memcheck runs all three types.
+  localworld='DeviceComm/0.LocalWorld*:DeviceComm.*LocalWorld*'
+  for tool in memcheck racecheck; do
+    kernel_filter='*'
+    [ "$tool" = racecheck ] && kernel_filter='CudaKernels/0.*'
+    if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$kernels" ]; then
+      step "$tool-kernels" compute-sanitizer --tool "$tool" --error-exitcode 1 "$kernels" \
+        --gtest_filter="$kernel_filter"
+      note "$tool-kernels" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-kernels.log" | tail -1)"
+    else
+      skip "$tool-kernels" "compute-sanitizer or backend_kernels_cuda_test missing"
+    fi
+    if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$comm" ]; then
+      step "$tool-localworld" compute-sanitizer --tool "$tool" --error-exitcode 1 "$comm" \
+        --gtest_filter="$localworld"
+      note "$tool-localworld" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-localworld.log" | tail -1)"
+    else
+      skip "$tool-localworld" "compute-sanitizer or comm_cuda_test (needs NCCL) missing"
+    fi
+  done
+  gpt=$(exe layers_cuda_test)
+  if [ -n "$gpt" ]; then
+    step gpt-step "$gpt" --gtest_filter='GptCuda.*MatchesHost'
+    while IFS= read -r f; do note gpt-step "${f#FIGURE gpt-step }"; done \
+      < <(grep '^FIGURE gpt-step' "$logdir/gpt-step.log")
+  else
+    skip gpt-step "layers_cuda_test not built"
   fi
-  for exe in "${bench_exes[@]}"; do
-    name=$(basename "$exe")
-    run_step "$name" 60 "$exe" --benchmark_min_time="$bench_min_time" \
-      --benchmark_out="$logdir/$name.json" --benchmark_out_format=json
-    sed -n '/^-----/,$p' "$logdir/$name.log" | head -40
+  train_host=$build/examples/train/fourway-train
+  train_cuda=$build/examples/train/fourway-train-cuda
+  if [ -x "$train_host" ] && [ -x "$train_cuda" ]; then
+    step train-cuda-vs-host "$root/examples/train/cuda_vs_host.sh" "$train_host" "$train_cuda" \
+      "$logdir/train-cuda-vs-host"
+    while IFS= read -r line; do note train-cuda-vs-host "$line"; done \
+      < <(grep -E '^(PASS|FAIL|SKIP)' "$logdir/train-cuda-vs-host.log")
+  else
+    skip train-cuda-vs-host "fourway-train or fourway-train-cuda not built"
+  fi
+else
+  for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
+           gpt-step train-cuda-vs-host; do
+    skip "$n" "build failed"
   done
 fi
+row train-tp "NOT RUN" 0 "2-rank TP: fourway-train has no tensor parallelism yet (not a failure)"
 
-echo
-echo "== device-check summary ($(($(date +%s) - t0)) s of ${budget} s)"
-printf '%-34s %-14s %6s  %s\n' "step" "status" "sec" "note"
-for r in "${rows[@]}"; do
-  IFS='|' read -r n st dt note <<< "$r"
-  [ "$n" = "gpu-tests" ] && [ -n "$tests_note" ] && note="$tests_note ${note}"
-  printf '%-34s %-14s %6s  %s\n' "$n" "$st" "$dt" "$note"
-done
-if [ "$failed" -eq 0 ]; then
-  echo "device-check: PASSED"
-else
-  echo "device-check: FAILED"
+{
+  echo
+  echo "== device-check summary: $(($(date +%s) - t0)) s of ${budget} s, $(date -u +%FT%TZ)"
+  printf '| %-20s | %-8s | %5s | %s\n' step status sec "figures / notes"
+  printf '| %-20s | %-8s | %5s | %s\n' --- --- --- ---
+  for r in "${rows[@]}"; do
+    IFS='|' read -r n st dt nt <<< "$r"
+    printf '| %-20s | %-8s | %5s | %s\n' "$n" "$st" "$dt" "$nt"
+  done
+  if [ "$failed" -eq 0 ]; then echo "device-check: PASSED"; else echo "device-check: FAILED"; fi
+} | tee "$logdir/summary.txt"
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp -R "$logdir" "$OUT/device-check" 2>/dev/null || true
 fi
 exit "$failed"

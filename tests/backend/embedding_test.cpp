@@ -76,3 +76,26 @@ TEST(HostEmbedding, NegativeTokenIsAShapeError) {
                                             tokens.data(), 1, 2, 4),
                fw::ShapeError);
 }
+
+// The checked forward (TokenGuard, the device path's bounds check; host twin): ids outside
+// [0, V) give zero rows and the smallest bad position is recorded, the good rows are unchanged.
+TEST(HostEmbeddingGuard, RecordsTheFirstBadPositionAndZeroesItsRows) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t B = 2, T = 3, C = 2, V = 4;
+  const std::vector<float> wte = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> wpe = {10, 20, 30, 40, 50, 60};
+  const std::vector<std::int32_t> tokens = {0, 3, 9, 1, -1, 2};
+  std::vector<float> out(static_cast<std::size_t>(B * T * C), -1.0f);
+  std::int64_t first_bad = fw::TokenGuard::none;
+  fw::host::embedding_forward(ctx, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                              fw::TokenGuard{V, &first_bad});
+  EXPECT_EQ(first_bad, 2);
+  const std::vector<float> expect = {11, 22, 37, 48, 0, 0, 13, 24, 0, 0, 55, 66};
+  EXPECT_EQ(out, expect);
+  std::int64_t clean = fw::TokenGuard::none;
+  const std::vector<std::int32_t> good = {0, 1, 2, 3, 0, 1};
+  fw::host::embedding_forward(ctx, out.data(), good.data(), wte.data(), wpe.data(), B, T, C,
+                              fw::TokenGuard{V, &clean});
+  EXPECT_EQ(clean, fw::TokenGuard::none);
+}

@@ -371,6 +371,34 @@ TYPED_TEST(CudaKernels, EmbeddingMatchesHost) {
   }
 }
 
+// Token ids outside the vocabulary: the device kernel reads nothing for them, writes zero rows
+// and records the first bad position, exactly as the host twin of the checked forward.
+TYPED_TEST(CudaKernels, CheckedEmbeddingFlagsTheFirstBadIdLikeTheHost) {
+  FW_REQUIRE_GPU();
+  using E = TypeParam;
+  Env e;
+  const std::int64_t B = 3, T = 5, C = 7, V = 11;
+  const auto wte = ft::random_typed<E>(static_cast<std::size_t>(V * C), 901);
+  const auto wpe = ft::random_typed<E>(static_cast<std::size_t>(T * C), 902);
+  auto tok = random_ids(static_cast<std::size_t>(B * T), V, 903);
+  tok[12] = static_cast<std::int32_t>(V);  // later bad ids must not win
+  tok[6] = -3;
+  tok[9] = 1 << 30;
+  std::vector<E> out(static_cast<std::size_t>(B * T * C));
+  Dev<E> d_wte(e, wte), d_wpe(e, wpe), d_out(e, out);
+  Dev<std::int32_t> d_tok(e, tok);
+  std::vector<std::int64_t> flag{fw::TokenGuard::none};
+  Dev<std::int64_t> d_flag(e, flag);
+  fw::cuda::embedding_forward(e.dev, d_out.p(), d_tok.p(), d_wte.p(), d_wpe.p(), B, T, C,
+                              fw::TokenGuard{V, d_flag.p()});
+  std::int64_t host_flag = fw::TokenGuard::none;
+  fw::host::embedding_forward(e.host, out.data(), tok.data(), wte.data(), wpe.data(), B, T, C,
+                              fw::TokenGuard{V, &host_flag});
+  EXPECT_EQ(host_flag, 6);
+  EXPECT_EQ(d_flag.get(e, 1)[0], 6);
+  expect_match(d_out.get(e, out.size()), out, 0.0, "checked embedding_forward");
+}
+
 TYPED_TEST(CudaKernels, AdamWMatchesHost) {
   FW_REQUIRE_GPU();
   using T = TypeParam;

@@ -3,6 +3,7 @@
 // tests. Skips without a GPU; scripts/device-check.sh runs it on one.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "collective_checks.hpp"
@@ -162,9 +163,12 @@ TYPED_TEST(DeviceComm, OneRankNcclMatchesReference) {
   fw::CommOptions o;
   o.deadline = std::chrono::seconds(60);
   o.debug = true;
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);  // declared first: outlives the communicators borrowing it
   auto nccl = fw::NcclComm::single(0, o);
+  nccl.set_stream(ctx.stream());
   {
-    DeviceAdapter<fw::NcclComm> dev(nccl, nccl.stream());
+    DeviceAdapter<fw::NcclComm> dev(nccl, ctx.stream());
     // NCCL pairs a send to self with its recv only inside one group: point-to-point is left out.
     comm_test::check_every_op<TypeParam>(dev, 99u, /*point_to_point=*/false);
   }
@@ -198,4 +202,75 @@ TEST(DeviceComm, DeviceLocalWorldIsBitwiseTheHostOne) {
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(0, std::memcmp(host_out[r].data(), dev_out[r].data(), count * sizeof(float))) << r;
   }
+}
+
+// The defects a first GPU run would hit (issue 16): host pointers, unordered streams, streams
+// destroyed twice.
+TEST(DeviceComm, NcclRefusesHostBuffersAndUnboundStreams) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  fw::Tensor<float, fw::Cuda> dev({4}, fw::MemTag::workspace, mem);
+  auto nccl = fw::NcclComm::single(0);
+  EXPECT_FALSE(nccl.stream_bound());
+  // no stream bound: NCCL's reads would be unordered with the kernels on ctx's stream
+  EXPECT_THROW(nccl.all_reduce(dev.data(), dev.data(), 4, fw::ReduceOp::sum), fw::ConfigError);
+  nccl.barrier();  // internal work runs on the communicator's own stream
+  nccl.set_stream(ctx.stream());
+  EXPECT_TRUE(nccl.stream_bound());
+  double host = 1.0;
+  try {
+    nccl.all_reduce(&host, &host, 1, fw::ReduceOp::sum);
+    ADD_FAILURE() << "a host pointer reached NCCL";
+  } catch (const fw::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("pageable host memory"), std::string::npos) << e.what();
+  }
+  nccl.all_reduce(dev.data(), dev.data(), 4, fw::ReduceOp::sum);  // device memory: fine
+  ctx.synchronize();
+}
+
+TEST(DeviceComm, SplitAndSetStreamNeverDestroyTheCallersStream) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  {
+    auto nccl = fw::NcclComm::single(0);
+    nccl.set_stream(ctx.stream());
+    auto child = nccl.split(0, 0, "child");
+    EXPECT_TRUE(child.stream_bound());
+    EXPECT_EQ(child.stream(), ctx.stream());
+    auto unbound_parent = fw::NcclComm::single(0);
+    auto own_child = unbound_parent.split(0, 0, "own");
+    EXPECT_FALSE(own_child.stream_bound());
+    EXPECT_NE(own_child.stream(), unbound_parent.stream());  // each owns its own
+    child.barrier();
+  }
+  // both communicators are gone; the context's stream must still be a valid stream
+  EXPECT_EQ(cudaStreamQuery(ctx.stream()), cudaSuccess);
+  fw::Tensor<float, fw::Cuda> t({4}, fw::MemTag::workspace, mem);
+  fw::cuda::fill(ctx, t.data(), 4, 1.0f);
+  ctx.synchronize();
+}
+
+TEST(DeviceComm, LocalWorldRefusesDeviceBuffersWithoutAStream) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  EXPECT_THROW(fw::launch<fw::LocalWorld>(
+                   2,
+                   [](fw::World<fw::LocalWorld>& w) {
+                     fw::Context<fw::Cuda> ctx(w.memory(), 0);
+                     fw::Tensor<float, fw::Cuda> t({8}, fw::MemTag::workspace, w.memory());
+                     w.comm().all_reduce(t.data(), t.data(), 8, fw::ReduceOp::sum);
+                   }),
+               fw::ConfigError);
+}
+
+TEST(DeviceContext, CublasNeverReducesIn16BitsNorUsesTf32) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  cublasMath_t mode{};
+  ASSERT_EQ(cublasGetMathMode(ctx.cublas(), &mode), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(static_cast<unsigned>(mode) & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, 0u);
+  EXPECT_EQ(static_cast<unsigned>(mode) & CUBLAS_TF32_TENSOR_OP_MATH, 0u);
+  EXPECT_EQ(mem.device(), 0);  // tensors of this rank go to GPU 0 whatever is current
 }

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <new>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fourway/backend/host/backend.hpp"
 
@@ -147,4 +151,40 @@ TEST(Tensor, ResetFreesNow) {
   EXPECT_TRUE(t.empty());
   t.reset();  // twice is harmless
   EXPECT_EQ(acct.total_current(), 0u);
+}
+
+namespace {
+// A device-like backend that records the device each allocation was asked for.
+struct DeviceRecorder {
+  static constexpr std::string_view name = "recorder";
+  static constexpr bool on_device = true;
+  static inline std::vector<int> asked;
+  static void* allocate(std::size_t bytes) { return allocate(bytes, -2); }
+  static void* allocate(std::size_t bytes, int device) {
+    asked.push_back(device);
+    return ::operator new(bytes);
+  }
+  static void deallocate(void* p) noexcept { ::operator delete(p); }
+};
+}  // namespace
+
+// Cuda::allocate used to take the calling thread's current device; tensors now pass the device
+// their rank's accountant is bound to (Context<Cuda> binds it), so a thread that switched
+// devices, or never set one, still allocates on the rank's GPU.
+TEST(Tensor, DeviceTensorsAllocateOnTheAccountantsDevice) {
+  DeviceRecorder::asked.clear();
+  fw::MemoryAccountant m(3);
+  { fw::Tensor<float, DeviceRecorder> unbound({4}, fw::MemTag::weights, m); }
+  m.bind_device(1);
+  { fw::Tensor<float, DeviceRecorder> bound({4}, fw::MemTag::weights, m); }
+  EXPECT_EQ(DeviceRecorder::asked, (std::vector<int>{-1, 1}));
+  m.bind_device(1);  // the same GPU again is fine
+  try {
+    m.bind_device(0);
+    FAIL() << "a rank's accountant moved to another GPU";
+  } catch (const fw::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 already serves GPU 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(m.device(), 1);
 }

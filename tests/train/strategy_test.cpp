@@ -136,7 +136,10 @@ TEST(SingleRank, BeginStepZeroesGradients) {
   }
   EXPECT_EQ(strategy.dp_rank(), 0);
   EXPECT_EQ(strategy.dp_size(), 1);
-  EXPECT_EQ(strategy.sum_over_data_parallel(2.5), 2.5);
+  // one rank: the group's loss sum is this rank's, passed through skipped and applied steps
+  EXPECT_EQ(strategy.finish_step({.lr = 0.0f, .loss_sum = 2.5}).loss_sum, 2.5);
+  EXPECT_EQ(strategy.finish_step({.lr = 0.0f, .check_finite = true, .loss_sum = 3.5}).loss_sum,
+            3.5);
 }
 
 }  // namespace

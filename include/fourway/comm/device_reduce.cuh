@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "fourway/backend/cuda/backend.cuh"
+#include "fourway/comm/buffer_kind.hpp"
 #include "fourway/comm/communicator.hpp"
 
 namespace fourway::detail {
@@ -28,16 +29,24 @@ struct DeviceBuffers {
   int ndst;
 };
 
-/// True when `p` is device (or managed) memory, false for host memory and null.
-inline bool is_device_pointer(const void* p) {
-  if (p == nullptr) return false;
+/// What `p` points to, as CUDA sees it (memory CUDA does not know is pageable host memory).
+inline BufferKind cuda_buffer_kind(const void* p) {
+  if (p == nullptr) return BufferKind::null;
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return BufferKind::host;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  switch (attr.type) {
+    case cudaMemoryTypeDevice: return BufferKind::device;
+    case cudaMemoryTypeManaged: return BufferKind::managed;
+    case cudaMemoryTypeHost: return BufferKind::pinned_host;
+    default: return BufferKind::host;
+  }
 }
+
+/// True when `p` is device (or managed) memory, false for host memory and null.
+inline bool is_device_pointer(const void* p) { return nccl_accepts(cuda_buffer_kind(p)); }
 
 /// The device holding `p` (-1 if not device memory).
 inline int device_of_pointer(const void* p) {

@@ -63,6 +63,7 @@
 
 #if defined(FOURWAY_CUDA_COMPILATION)
 #include "fourway/comm/device_reduce.cuh"
+#include "fourway/comm/peer_access.hpp"
 #endif
 
 namespace fourway {
@@ -426,7 +427,8 @@ class LocalComm {
     for (auto& c : s_->moved_out) c.store(0, std::memory_order_relaxed);
   }
   /// The CUDA stream (a `cudaStream_t`) this rank's device-memory operations are ordered on;
-  /// set it to the rank's `Context<Cuda>::stream()`. Host memory ignores it.
+  /// set it to the rank's `Context<Cuda>::stream()` (borrowed, never destroyed here). Device
+  /// buffers are refused with ConfigError while none is set. Host memory ignores it.
   void set_stream(void* stream) { s_->stream = stream; }
   [[nodiscard]] void* stream() const { return s_->stream; }
 
@@ -930,10 +932,7 @@ class LocalComm {
     }
 #if defined(FOURWAY_CUDA_COMPILATION)
     const bool device = detail::is_device_pointer(buf) || (count == 0 && m.event != nullptr);
-    if (m.event != nullptr && (!device || !context.empty())) {
-      (void)cudaFree(m.device_data);
-      (void)cudaEventDestroy(static_cast<cudaEvent_t>(m.event));
-    }
+    if (m.event != nullptr && (!device || !context.empty())) drop_device_message(m);
     if (context.empty() && device != (m.event != nullptr)) {
       std::lock_guard lock(group.world->mu);
       throw CommMismatch(detail::cat("fourway: CommMismatch in ", what(), ": the matching send #",
@@ -971,6 +970,39 @@ class LocalComm {
 
   cudaStream_t cuda_stream() const { return static_cast<cudaStream_t>(s_->stream); }
 
+  /// Refuses device memory while no stream is set: the legacy stream is unordered with the
+  /// context's non-blocking one.
+  void require_stream(CommOp op) const {
+    check<ConfigError>(s_->stream != nullptr, "fourway: ", comm_op_name(op),
+                       " on device memory in ", g().header(), " refused on rank ", s_->rank,
+                       ": no stream is set, so it would run unordered with the kernels that "
+                       "write the buffers; call comm.set_stream(ctx.stream()) with the rank's "
+                       "Context<Cuda> first");
+  }
+
+  /// Enables peer access to every GPU holding a peer's buffer (kernels read them directly), or
+  /// throws DeviceError naming the GPUs when that is impossible.
+  void enable_peer_access(const detail::LocalSlot& me) const {
+    const int mine = detail::device_of_pointer(me.send != nullptr ? me.send : me.recv);
+    if (mine < 0) return;
+    std::vector<int> devices;
+    for (const auto& o : g().slots[me.seq % 2]) {
+      devices.push_back(detail::device_of_pointer(o.send != nullptr ? o.send : o.recv));
+    }
+    const auto can = [](int from, int to) {
+      int ok = 0;
+      return cudaDeviceCanAccessPeer(&ok, from, to) == cudaSuccess && ok != 0;
+    };
+    for (int d : peer_access_plan(mine, devices, can, g().header())) {
+      const cudaError_t st = cudaDeviceEnablePeerAccess(d, 0);  // from the current device, `mine`
+      if (st == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        cuda::check_cuda(st, "cudaDeviceEnablePeerAccess");
+      }
+    }
+  }
+
   /// Makes the GPU holding `p` current for this thread (CUDA's current device is per thread).
   static void use_device_of(const void* p) {
     const int device = detail::device_of_pointer(p);
@@ -992,6 +1024,7 @@ class LocalComm {
                        "supports groups of up to ",
                        detail::max_device_ranks, " ranks, ", g().header(), " has ", size());
     me.device = true;
+    require_stream(me.op);
     use_device_of(me.send != nullptr ? me.send : me.recv);  // async work runs on another thread
     const auto parity = (s_->seq + 1) % 2;
     cudaEvent_t ready = rank_event(s_->events.ready[parity]);
@@ -999,6 +1032,7 @@ class LocalComm {
     me.done_event = rank_event(s_->events.done[parity]);
     cuda::check_cuda(cudaEventRecord(ready, cuda_stream()), "cudaEventRecord");
     me = enter(me);
+    if (me.op == CommOp::all_reduce || me.op == CommOp::reduce_scatter) enable_peer_access(me);
     const auto& slots = g().slots[me.seq % 2];
     for (int q = 0; q < size(); ++q) {
       if (q == s_->rank) continue;
@@ -1100,6 +1134,7 @@ class LocalComm {
   template <class T>
   void device_stage(detail::LocalMessage& m, const T* buf, std::int64_t count) {
     const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    require_stream(CommOp::send);
     use_device_of(buf);
     if (bytes > 0) {
       cuda::check_cuda(cudaMallocAsync(&m.device_data, bytes, cuda_stream()),
@@ -1114,9 +1149,26 @@ class LocalComm {
     m.event = e;
   }
 
+  /// Frees a staged device message that will not be received (its memory came from
+  /// cudaMallocAsync, so it goes back with cudaFreeAsync once the sender's copy is done).
+  static void drop_device_message(detail::LocalMessage& m) {
+    (void)cudaEventSynchronize(static_cast<cudaEvent_t>(m.event));
+    if (m.device_data != nullptr) {
+      use_device_of(m.device_data);
+      (void)cudaFreeAsync(m.device_data, nullptr);
+      m.device_data = nullptr;
+    }
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(m.event));
+    m.event = nullptr;
+  }
+
   template <class T>
   void device_unstage(detail::LocalMessage& m, T* buf, std::int64_t count) {
     const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    if (s_->stream == nullptr) {
+      drop_device_message(m);
+      require_stream(CommOp::recv);
+    }
     auto e = static_cast<cudaEvent_t>(m.event);
     use_device_of(buf);
     cuda::check_cuda(cudaStreamWaitEvent(cuda_stream(), e, 0), "cudaStreamWaitEvent");

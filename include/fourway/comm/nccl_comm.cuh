@@ -21,6 +21,16 @@
 //!
 //! Bootstrap: `NcclComm(id, rank, size, device)` with an id from `nccl_unique_id()` shared out of
 //! band (`nccl_mpi.cuh` broadcasts it over MPI), or `NcclComm::single(device)` for one rank.
+//!
+//! Streams and buffers (what a first multi-GPU run would otherwise trip over):
+//!   - a communicator starts on a stream of its own (owned, `cuda::Stream`) that only its internal
+//!     work uses (barrier, split, debug checks). Collectives and point-to-point on the caller's
+//!     buffers are refused with ConfigError until `set_stream(ctx.stream())` binds the stream that
+//!     produces and consumes those buffers, so NCCL's reads are ordered after the kernels that
+//!     wrote them. The bound stream is borrowed: never destroyed here. A communicator from
+//!     `split` borrows its parent's bound stream, or owns a new one when the parent has none.
+//!   - every buffer must be device (or managed) memory: host pointers are refused with a
+//!     CommError before NCCL sees them (comm/buffer_kind.hpp).
 // fourway-requires: nccl
 #pragma once
 
@@ -83,9 +93,14 @@ struct NcclShared {
   int rank = 0;
   int size = 1;
   int device = 0;
-  cudaStream_t stream = nullptr;
-  bool owns_stream = false;
-  std::int64_t* scratch = nullptr;  // device: 8 + 8*size int64 for barriers and debug checks
+  cuda::Stream stream;              // owned until set_stream binds the caller's (borrowed)
+  std::int64_t* scratch = nullptr;  // device, scratch_words(size) int64 (layout below)
+  // scratch layout, in int64 words; the slots never overlap
+  static constexpr std::int64_t barrier_word = 0;  // barrier's all-reduced int32
+  static constexpr std::int64_t p2p_header = 1;    // [1, 4): the header a debug recv receives
+  static constexpr std::int64_t my_call = 8;       // [8, 13): this rank's call, debug check
+  static constexpr std::int64_t all_calls = 16;    // [16, 16 + 5·size): every rank's call
+  static constexpr std::int64_t scratch_words(int n) { return all_calls + 5 * n; }
   bool aborted = false;
   std::string abort_reason;
 
@@ -110,7 +125,6 @@ struct NcclShared {
       }
     }
     if (scratch != nullptr) (void)cudaFree(scratch);
-    if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 
   [[nodiscard]] std::string header() const {
@@ -161,7 +175,7 @@ class NcclWork final : public Work::State {
            std::shared_ptr<void> keep)
       : s_(std::move(s)), what_(std::move(what)), start_(start), keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda::check_cuda(cudaEventRecord(event_, s_->stream), "cudaEventRecord");
+    cuda::check_cuda(cudaEventRecord(event_, s_->stream.get()), "cudaEventRecord");
   }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -283,16 +297,29 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   [[nodiscard]] int device() const { return s_->device; }
   [[nodiscard]] const CommOptions& options() const { return s_->options; }
   [[nodiscard]] ncclComm_t native() const { return s_->comm; }
-  [[nodiscard]] cudaStream_t stream() const { return s_->stream; }
-  /// Orders this communicator's work on `stream` (e.g. the rank's Context<Cuda>::stream()).
-  void set_stream(cudaStream_t stream) { s_->stream = stream; }
+  /// The stream this communicator's work runs on (its own until `set_stream`).
+  [[nodiscard]] cudaStream_t stream() const { return s_->stream.get(); }
+  /// Whether `set_stream` bound a caller's stream (collectives on buffers need one).
+  [[nodiscard]] bool stream_bound() const { return !s_->stream.owns(); }
+  /// Runs this communicator's work on `stream` (the rank's Context<Cuda>::stream()), borrowed:
+  /// the caller keeps it alive while the communicator is used. The own stream is destroyed.
+  void set_stream(cudaStream_t stream) {
+    check<ConfigError>(stream != nullptr, "fourway: set_stream on ", s_->header(),
+                       " got a null stream; pass the rank's Context<Cuda>::stream()");
+    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    if (s_->stream.owns()) {
+      cuda::check_cuda(cudaStreamSynchronize(s_->stream.get()), "cudaStreamSynchronize");
+    }
+    s_->stream = cuda::Stream::borrowed(stream);
+  }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
 
   void barrier() {
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
-    auto* one = reinterpret_cast<std::int32_t*>(s_->scratch);
-    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream), what, start);
+    auto* one = reinterpret_cast<std::int32_t*>(s_->scratch + detail::NcclShared::barrier_word);
+    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream.get()), what,
+               start);
     Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr)).wait();
   }
 
@@ -300,22 +327,24 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_reduce, count, op, 0);
+    user_buffer(what, send, count, "send");
+    user_buffer(what, recv, count, "recv");
     std::shared_ptr<void> keep;
     if (widen<T>(op)) {
       void* w = nullptr;
-      keep =
-          detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float), s_->stream, &w);
+      keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float),
+                                    s_->stream.get(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream);
+      detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream.get());
       s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               s_->comm, s_->stream),
+                               s_->comm, s_->stream.get()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream);
+          s_->stream.get());
     } else {
       s_->settle(ncclAllReduce(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                               detail::nccl_op(op), s_->comm, s_->stream),
+                               detail::nccl_op(op), s_->comm, s_->stream.get()),
                  what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -327,23 +356,25 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::reduce_scatter, count, op, 0);
     const std::int64_t total = count * s_->size;
+    user_buffer(what, send, total, "send");
+    user_buffer(what, recv, count, "recv");
     std::shared_ptr<void> keep;
     if (widen<T>(op)) {
       void* w = nullptr;
       keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float),
-                                    s_->stream, &w);
+                                    s_->stream.get(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream);
+      detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream.get());
       s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32,
-                                   ncclSum, s_->comm, s_->stream),
+                                   ncclSum, s_->comm, s_->stream.get()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream);
+          s_->stream.get());
     } else {
       s_->settle(
           ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                            detail::nccl_op(op), s_->comm, s_->stream),
+                            detail::nccl_op(op), s_->comm, s_->stream.get()),
           what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -354,8 +385,10 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   Work all_gather_async(const T* send, T* recv, std::int64_t count) {
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
+    user_buffer(what, send, count, "send");
+    user_buffer(what, recv, count * s_->size, "recv");
     s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             s_->comm, s_->stream),
+                             s_->comm, s_->stream.get()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -366,8 +399,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                        " got root ", root, "; valid ranks are 0..", s_->size - 1);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::broadcast, count, ReduceOp::sum, root);
+    user_buffer(what, buf, count, "broadcast");
     s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             root, s_->comm, s_->stream),
+                             root, s_->comm, s_->stream.get()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -380,20 +414,22 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
         detail::cat("send #", ++sends_, " (", dtype_name(dtype_v<T>), ", count ", count,
                     ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag);
     s_->check_usable(what);
+    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    user_buffer(what, buf, count, "send");
     std::shared_ptr<void> keep;
     s_->settle(ncclGroupStart(), what, start);
     if (s_->options.debug) {
       void* h = nullptr;
-      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream, &h);
+      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream.get(), &h);
       const std::int64_t header[3] = {tag, count, static_cast<std::int64_t>(dtype_v<T>)};
       cuda::check_cuda(
-          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream),
+          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream.get()),
           "cudaMemcpyAsync (p2p header)");
-      cuda::check_cuda(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
-      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream);
+      cuda::check_cuda(cudaStreamSynchronize(s_->stream.get()), "cudaStreamSynchronize");
+      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream.get());
     }
     (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
-                   s_->stream);
+                   s_->stream.get());
     s_->settle(ncclGroupEnd(), what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
   }
@@ -406,9 +442,11 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
         detail::cat("recv #", ++recvs_, " (", dtype_name(dtype_v<T>), ", count ", count,
                     ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
     s_->check_usable(what);
+    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    user_buffer(what, buf, count, "recv");
     if (s_->options.debug) {
-      std::int64_t* h = s_->scratch + 4;
-      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream), what, start);
+      std::int64_t* h = s_->scratch + detail::NcclShared::p2p_header;
+      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream.get()), what, start);
       Work(std::make_shared<detail::NcclWork>(s_, what + " (header)", start, nullptr)).wait();
       std::int64_t header[3];
       cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost),
@@ -424,7 +462,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
       }
     }
     s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer,
-                        s_->comm, s_->stream),
+                        s_->comm, s_->stream.get()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -456,7 +494,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     c.init_shared(s_->options, name.empty() ? detail::cat(s_->name, "/", color) : std::move(name),
                   s_->nccl, r, n, s_->device);
     c.s_->comm = out;
-    c.s_->stream = s_->stream;
+    if (stream_bound()) c.s_->stream = s_->stream.borrow();  // else: the child's own, from init
     return c;
   }
 
@@ -472,17 +510,26 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->rank = rank;
     s_->size = size;
     s_->device = device;
-    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    cuda::check_cuda(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking),
-                     "cudaStreamCreate");
-    s_->owns_stream = true;
+    s_->stream = cuda::make_stream(device);
     void* p = nullptr;
-    cuda::check_cuda(cudaMalloc(&p, static_cast<std::size_t>(8 + 8 * size) * sizeof(std::int64_t)),
+    const auto words = detail::NcclShared::scratch_words(size);
+    cuda::check_cuda(cudaMalloc(&p, static_cast<std::size_t>(words) * sizeof(std::int64_t)),
                      "cudaMalloc");
     s_->scratch = static_cast<std::int64_t*>(p);
-    const std::int32_t one = 1;
-    cuda::check_cuda(cudaMemcpy(s_->scratch, &one, sizeof(one), cudaMemcpyHostToDevice),
-                     "cudaMemcpy");
+    cuda::check_cuda(
+        cudaMemset(s_->scratch, 0, static_cast<std::size_t>(words) * sizeof(std::int64_t)),
+        "cudaMemset");
+  }
+
+  /// Refuses a caller's buffer NCCL cannot use (host memory) or cannot order (no bound stream).
+  template <class T>
+  void user_buffer(const std::string& what, const T* p, std::int64_t count,
+                   std::string_view role) const {
+    check<ConfigError>(stream_bound(), "fourway: ", what, " in ", s_->header(),
+                       " refused: no stream is bound, so NCCL would read the buffers unordered "
+                       "with the kernels that write them; call set_stream(ctx.stream()) with the "
+                       "rank's Context<Cuda> first");
+    require_nccl_buffer(detail::cuda_buffer_kind(p), count, role, what);
   }
 
   template <class T>
@@ -494,9 +541,10 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   template <class T>
   void finish_avg(T* recv, std::int64_t count) {
     if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-      detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size), s_->stream);
+      detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size),
+                                s_->stream.get());
     } else {
-      detail::device_divide<T>(recv, count, s_->size, s_->stream);
+      detail::device_divide<T>(recv, count, s_->size, s_->stream.get());
     }
   }
 
@@ -524,11 +572,12 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     const auto start = detail::NcclClock::now();
     const std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype),
                                count, static_cast<std::int64_t>(reduce), root};
-    std::int64_t* mine_dev = s_->scratch + 1;  // [1, 6)
-    std::int64_t* all_dev = s_->scratch + 8;   // [8, 8 + 8*size): 5 used per rank, stride 8
-    cuda::check_cuda(cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream),
-                     "cudaMemcpyAsync");
-    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream),
+    std::int64_t* mine_dev = s_->scratch + detail::NcclShared::my_call;
+    std::int64_t* all_dev = s_->scratch + detail::NcclShared::all_calls;
+    cuda::check_cuda(
+        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream.get()),
+        "cudaMemcpyAsync");
+    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream.get()),
                what + " (debug check)", start);
     Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();
     std::vector<std::int64_t> all(static_cast<std::size_t>(5 * s_->size));

@@ -69,6 +69,20 @@ class MemoryAccountant {
   }
 
   [[nodiscard]] int rank() const { return rank_; }
+  /// The GPU this rank's device tensors are allocated on, whatever device is current in the
+  /// allocating thread; -1 until a `Context<Cuda>` binds one. A rank computes on one GPU, so
+  /// binding another device than the bound one throws ConfigError.
+  void bind_device(int device) {
+    std::lock_guard lock(mu_);
+    check<ConfigError>(device_ < 0 || device_ == device, "fourway: the memory accountant of rank ",
+                       rank_, " already serves GPU ", device_, " and is now asked for GPU ", device,
+                       "; give each GPU's context its own rank (and accountant)");
+    device_ = device;
+  }
+  [[nodiscard]] int device() const {
+    std::lock_guard lock(mu_);
+    return device_;
+  }
   [[nodiscard]] std::size_t current(MemTag t) const {
     std::lock_guard lock(mu_);
     return current_[static_cast<std::size_t>(t)];
@@ -137,6 +151,7 @@ class MemoryAccountant {
 
  private:
   int rank_;
+  int device_ = -1;
   mutable std::mutex mu_;
   std::array<std::size_t, mem_tag_count> current_{};
   std::array<std::size_t, mem_tag_count> peak_{};

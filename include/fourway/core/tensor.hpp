@@ -22,6 +22,8 @@
 namespace fourway {
 
 /// A memory backend: `Host` or `Cuda`. Allocation is raw; the accountant is the tensor's job.
+/// A device backend may also offer `allocate(bytes, device)`, which the tensor calls with the
+/// device its accountant is bound to (`MemoryAccountant::device()`).
 template <class B>
 concept backend = requires(std::size_t n, void* p) {
   { B::allocate(n) } -> std::same_as<void*>;
@@ -54,7 +56,7 @@ class Tensor {
   Tensor(Shape shape, MemTag tag, MemoryAccountant& memory)
       : shape_(shape), memory_(&memory), tag_(tag), owning_(true) {
     const std::size_t n = bytes();
-    if (n > 0) data_ = static_cast<T*>(B::allocate(n));
+    if (n > 0) data_ = static_cast<T*>(allocate(n, memory.device()));
     memory.on_alloc(tag, n);
   }
 
@@ -109,6 +111,14 @@ class Tensor {
   void reset() { release(); }
 
  private:
+  static void* allocate(std::size_t n, int device) {
+    if constexpr (requires { B::allocate(n, device); }) {
+      return B::allocate(n, device);
+    } else {
+      (void)device;
+      return B::allocate(n);
+    }
+  }
   /// Gives owned memory back and leaves the tensor empty.
   void release() noexcept {
     if (owning_) {

@@ -5,6 +5,12 @@
 //! gradients of `wte` (V, C) and `wpe` (max_seq, C) and returns an empty tensor (ids have no
 //! gradient). In the GPT, `wte` is also the language-model head (tied), so its gradient is
 //! complete only after both the head's and this layer's backward.
+//!
+//! Token ids are checked against the vocabulary: on the host before the kernel runs; on a device
+//! backend by the kernel itself (`TokenGuard`: a bad id reads nothing and the first bad position
+//! is recorded in a device flag), and the flag is read once per backward — where the backward
+//! synchronises anyway — or by `check_tokens`, and turned into a ShapeError naming the first
+//! bad id and its position.
 #pragma once
 
 #include <cstdint>
@@ -44,23 +50,51 @@ class Embedding {
     check<ConfigError>(Tn <= max_seq_, "fourway: sequence length T=", Tn,
                        " exceeds max_seq=", max_seq_,
                        "; shorten the sequences or build the model with max_seq >= ", Tn);
+    s.tokens = tokens.view();
+    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
     if constexpr (!B::on_device) {
       for (std::int64_t i = 0; i < tokens.numel(); ++i) {
         check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
                           " at position ", i, " is outside the vocabulary [0, ", V_, ")");
       }
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
+                                wpe_.weight.data(), Bn, Tn, C_);
+    } else {
+      if (first_bad_.empty()) {
+        first_bad_ = Tensor<std::int64_t, B>(Shape{1}, MemTag::workspace, ctx.memory());
+        Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
+      }
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
+                                wpe_.weight.data(), Bn, Tn, C_, TokenGuard{V_, first_bad_.data()});
     }
-    s.tokens = tokens.view();
-    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
-    Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
-                              wpe_.weight.data(), Bn, Tn, C_);
     return s.y.view();
+  }
+
+  /// Device backends: reads the bounds flag of the forwards since the last check (8 bytes, one
+  /// synchronisation) and throws ShapeError naming the first bad id of the forward `s` stashed;
+  /// resets the flag. Host: the forward already checked.
+  void check_tokens(const Context<B>& ctx, const Stash& s) const {
+    if constexpr (B::on_device) {
+      if (first_bad_.empty()) return;
+      std::int64_t at = TokenGuard::none;
+      Ops<B>::to_host(ctx, &at, first_bad_.data(), 1);
+      if (at == TokenGuard::none) return;
+      Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
+      std::int32_t id = 0;
+      if (at < s.tokens.numel()) Ops<B>::to_host(ctx, &id, s.tokens.data() + at, 1);
+      throw ShapeError(detail::cat("fourway: token id ", id, " at position ", at,
+                                   " is outside the vocabulary [0, ", V_,
+                                   ") (found by the embedding kernel on the device)"));
+    } else {
+      (void)ctx, (void)s;
+    }
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     check<ShapeError>(dy.numel() == s.tokens.numel() * C_, "fourway: Embedding backward without ",
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
+    check_tokens(ctx, s);
     Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(), s.tokens.data(),
                                s.tokens.shape()[0], s.tokens.shape()[1], C_);
     s = Stash{};
@@ -85,6 +119,8 @@ class Embedding {
   std::int64_t C_;
   Parameter<T, B> wte_;  // (V, C)
   Parameter<T, B> wpe_;  // (max_seq, C)
+  // device backends: (1) the TokenGuard flag; written by the (const) forward's kernel
+  mutable Tensor<std::int64_t, B> first_bad_;
 };
 
 static_assert(layer<Embedding<float, Host>>);

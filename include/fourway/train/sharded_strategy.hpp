@@ -19,8 +19,10 @@
 //! `GradientReducer` (bucket collectives fired from `post_backward`), `UnitGatherer` (stage 3
 //! gathers, prefetch, release), all issuing into one `WorkQueue` — with the optimizer: it owns the
 //! working weights (full, or the shard under stage 3) and the fp32 masters and moments of the
-//! rank's shard. Every collective is waited on before the optimizer. fp16: the overflow check is
-//! `!isfinite(global Σg²)` after the Σg² all-reduce, so every rank sees the same verdict and
+//! rank's shard. Every collective is waited on before the optimizer. The step's scalars — the
+//! loss sum and (stages 1-3) the Σg² of the rank's shard — are summed in one packed all-reduce on
+//! the backend's memory (`StepScalars`, parallel/step_scalars.hpp), never through host pointers.
+//! fp16: the overflow check is `!isfinite(global Σg²)`, so every rank sees the same verdict and
 //! skips together; the global norm (and clipping) comes from the same sum.
 //!
 //! The strategy keeps pointers to the context, the model and the communicator (which must outlive
@@ -31,6 +33,7 @@
 //! and parameter name); they are not broadcast. See docs/parallel.md.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -49,6 +52,7 @@
 #include "fourway/parallel/flat_layout.hpp"
 #include "fourway/parallel/gradient_reducer.hpp"
 #include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/step_scalars.hpp"
 #include "fourway/parallel/unit_gatherer.hpp"
 #include "fourway/parallel/work_queue.hpp"
 #include "fourway/train/strategy.hpp"
@@ -106,7 +110,8 @@ class ShardedStrategy {
         state_(ctx, state_segments()),
         weights_(place_weights()),
         reducer_(ctx, comm, params_, queue_, options.overlap),
-        gatherer_(ctx, comm, params_, queue_, Stage == 3 ? weights_.data() : nullptr) {
+        gatherer_(ctx, comm, params_, queue_, Stage == 3 ? weights_.data() : nullptr),
+        scalars_(ctx) {
     for (int s = 0; s < params_.segment_count(); ++s) {
       params_.bind_weights(s, Stage <= 2 ? weights_.data() + layout().segment(s).offset : nullptr);
     }
@@ -130,17 +135,14 @@ class ShardedStrategy {
     reducer_.end_micro_batch();
     if constexpr (Stage == 3) gatherer_.release_all();
   }
-  [[nodiscard]] double sum_over_data_parallel(double x) {
-    comm_->all_reduce(&x, &x, 1, ReduceOp::sum);
-    return x;
-  }
-
   StepReport finish_step(const StepControl& c) {
     reducer_.before_step();
     queue_.wait_all();
     double ss = 0.0;
-    if constexpr (Stage == 0) {
+    StepReport r;
+    if constexpr (Stage == 0) {  // every rank holds the same reduced gradients: Σg² is local
       ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
+      r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
     } else {
       if constexpr (Stage == 1) {
         for (int s = 0; s < layout().segment_count(); ++s) {
@@ -150,9 +152,10 @@ class ShardedStrategy {
       } else {
         ss = ops::sum_squares(*ctx_, reducer_.shard(), layout().shard());
       }
-      comm_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
+      const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
+      r.loss_sum = sums[0];
+      ss = sums[1];
     }
-    StepReport r;
     r.found_inf = c.check_finite && !std::isfinite(ss);
     std::vector<SegmentBinding<T>> bindings;
     bindings.reserve(tiles_.size());
@@ -181,6 +184,8 @@ class ShardedStrategy {
   }
   /// Peak bytes of gathered (full) parameter segments held at once since the last reset (stage 3).
   [[nodiscard]] std::int64_t gathered_peak_bytes() const { return gatherer_.peak_bytes(); }
+  /// The packed buffer the step's scalars are all-reduced in (backend memory).
+  [[nodiscard]] const StepScalars<B>& step_scalars() const { return scalars_; }
   void reset_gathered_peak() { gatherer_.reset_peak(); }
 
   /// Every parameter's full value in fp32, in `visit_parameters` order. A collective under
@@ -375,6 +380,7 @@ class ShardedStrategy {
   WorkQueue queue_;
   GradientReducer<Stage, T, B, Comm> reducer_;
   UnitGatherer<T, B, Comm> gatherer_;
+  StepScalars<B> scalars_;
   Hooks hooks_{};
 };
 

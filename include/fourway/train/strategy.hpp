@@ -11,14 +11,14 @@
 //!     loss_i = model.forward(..., hooks())            hooks(): pre/post_forward(unit), ...
 //!     model.backward(..., dloss, hooks())             (FSDP gathers, DP bucket all-reduce)
 //!                                                   end_micro_batch(i, n)
-//!   loss = sum_over_data_parallel(Σ loss_i·rows_i) / global rows
-//!   report = finish_step(StepControl{lr, loss_scale, check_finite})
-//!                                                     reduce grads; agree on inf/NaN over all
-//!                                                     ranks; global norm = sqrt(all-reduced Σg²)
+//!   report = finish_step(StepControl{lr, loss_scale, check_finite, Σ loss_i·rows_i})
+//!                                                     reduce grads; sum the loss and Σg² over
+//!                                                     the ranks (one packed all-reduce); agree
+//!                                                     on inf/NaN; global norm = sqrt(Σg²)
 //!                                                     / loss_scale; skip, or clip + AdamW on the
 //!                                                     fp32 masters it owns; refresh the working
 //!                                                     weights (all-gather under ZeRO)
-//!   loss_scaler.update(report.found_inf)
+//!   loss = report.loss_sum / global rows;  loss_scaler.update(report.found_inf)
 //!
 //! Gradient weighting (the invariant that makes the mathematics independent of the mesh): the
 //! trainer gives every micro-batch's backward the factor `loss_scale * rows_mb / rows_global`, so
@@ -58,6 +58,7 @@ struct StepControl {
   float lr = 0.0f;            // learning rate of this iteration (from the schedule)
   float loss_scale = 1.0f;    // the factor the loss was multiplied by (1 unless fp16)
   bool check_finite = false;  // look for inf/NaN gradients and skip the step if any (fp16)
+  double loss_sum = 0.0;      // this rank's Σ loss_i·rows_i over its micro-batches
 };
 
 /// What the strategy tells the Trainer after a step; identical on every rank.
@@ -66,11 +67,12 @@ struct StepReport {
   bool skipped = false;    // no update was applied: optimizer state and weights unchanged
   double grad_norm = 0.0;  // global L2 norm of the (unscaled) gradients, before clipping
   float clip_coef = 1.0f;  // the factor clipping applied (1 when not clipping)
+  double loss_sum = 0.0;   // StepControl::loss_sum summed over the data-parallel group
 };
 
 /// What a Trainer needs from a strategy (see the picture at the top of this file).
 template <class S>
-concept training_strategy = requires(S& s, const S& cs, const StepControl& c, int i, double x) {
+concept training_strategy = requires(S& s, const S& cs, const StepControl& c, int i) {
   typename S::model_type;
   typename S::precision_type;
   typename S::backend_type;
@@ -84,7 +86,6 @@ concept training_strategy = requires(S& s, const S& cs, const StepControl& c, in
   s.begin_step();
   s.begin_micro_batch(i, i);
   s.end_micro_batch(i, i);
-  { s.sum_over_data_parallel(x) } -> std::same_as<double>;
   { s.finish_step(c) } -> std::same_as<StepReport>;
 };
 
@@ -146,10 +147,9 @@ class SingleRank {
   void begin_step() { zero_grad(*ctx_, *model_); }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
-  [[nodiscard]] double sum_over_data_parallel(double x) { return x; }
-
   StepReport finish_step(const StepControl& c) {
     StepReport r;
+    r.loss_sum = c.loss_sum;
     double ss = 0.0;
     std::vector<SegmentBinding<param_type>> bindings;
     model_->visit_parameters([&](auto& p) {

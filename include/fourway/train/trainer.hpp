@@ -153,13 +153,12 @@ class Trainer {
       local_sum += static_cast<double>(loss) * static_cast<double>(b);
       strategy_.end_micro_batch(i, M);
     }
-    const double total = strategy_.sum_over_data_parallel(local_sum);
     const StepControl control{strategy_.optimizer().lr_at(iteration_), loss_scale,
-                              precision_type::loss_scaling};
+                              precision_type::loss_scaling, local_sum};
     report_ = strategy_.finish_step(control);
     scaler_.update(report_.found_inf);
     ++iteration_;
-    return static_cast<float>(total / static_cast<double>(batch.B));
+    return static_cast<float>(report_.loss_sum / static_cast<double>(batch.B));
   }
 
   [[nodiscard]] S& strategy() { return strategy_; }

@@ -3,7 +3,9 @@
 //! (the heads of one batch are `hs` columns apart in `qkv`) and warp-per-row causal softmax.
 //!
 //! `att (B, NH, T, T)` holds the probabilities (zero above the diagonal) and is the scores
-//! buffer first; backward writes `dqkv` (`=`) and uses `datt` as dP, then dS.
+//! buffer first: the QKᵀ GEMM writes the *scaled* scores (alpha = 1/√hs), so fp16 scores do not
+//! overflow where the scaled ones are in range; backward writes `dqkv` (`=`) and uses `datt` as dP,
+//! then dS.
 // fourway-requires: cuda
 #pragma once
 
@@ -26,10 +28,10 @@ void attention_forward(const Context<Cuda>& ctx, E* out, E* att, const E* qkv, s
   for (std::int64_t b = 0; b < B; ++b) {
     const E* q = qkv + b * T * 3 * C;
     E* p = att + b * NH * T * T;
-    gemm_strided_batched(ctx, Trans::none, Trans::transpose, T, T, hs, 1.0f, q, 3 * C, hs, q + C,
+    gemm_strided_batched(ctx, Trans::none, Trans::transpose, T, T, hs, scale, q, 3 * C, hs, q + C,
                          3 * C, hs, 0.0f, p, T, T * T, NH);
   }
-  detail::softmax_rows(ctx, att, att, B * NH * T, T, scale, T);
+  detail::softmax_rows(ctx, att, att, B * NH * T, T, 1.0f, T);
   for (std::int64_t b = 0; b < B; ++b) {
     gemm_strided_batched(ctx, Trans::none, Trans::none, T, hs, T, 1.0f, att + b * NH * T * T, T,
                          T * T, qkv + b * T * 3 * C + 2 * C, 3 * C, hs, 0.0f, out + b * T * C, C,

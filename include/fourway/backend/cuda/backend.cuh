@@ -2,7 +2,12 @@
 //! stream, cuBLAS handle). Several ranks may share one GPU, each with its own stream.
 //!
 //! All work a context issues goes to its stream; `synchronize()` waits for it. Host<->device
-//! copies are ordered on the same stream.
+//! copies are ordered on the same stream. Memory goes to the context's device whatever device is
+//! current in the allocating thread: the context binds its device to the rank's accountant and
+//! tensors allocate with `Cuda::allocate(bytes, device)`. cuBLAS never reduces in 16 bits
+//! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`) and never uses TF32 (default math mode,
+//! compute type 32F in gemm.cuh). Streams are `cuda::Stream` handles: owned or borrowed
+//! (core/handle.hpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -14,6 +19,7 @@
 #include <string_view>
 
 #include "fourway/core/error.hpp"
+#include "fourway/core/handle.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
 
@@ -42,19 +48,49 @@ inline int device_count() {
   }
   return n;
 }
+
+struct StreamTraits {
+  using native_type = cudaStream_t;
+  static void destroy(cudaStream_t s) noexcept { (void)cudaStreamDestroy(s); }
+};
+/// A CUDA stream, owned (destroyed with the handle) or borrowed (core/handle.hpp).
+using Stream = Handle<StreamTraits>;
+
+/// A new non-blocking stream on `device` (made current for the calling thread), owned.
+inline Stream make_stream(int device) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return Stream::owning(s);
+}
+
+/// The math mode every context's cuBLAS handle runs in: no TF32 (CUBLAS_DEFAULT_MATH) and no
+/// reduced-precision (16-bit) reductions inside 16-bit GEMMs.
+inline constexpr cublasMath_t cublas_math_mode = static_cast<cublasMath_t>(
+    CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }  // namespace cuda
 
 struct Cuda {
   static constexpr std::string_view name = "cuda";
   static constexpr bool on_device = true;
 
-  static void* allocate(std::size_t bytes) {
+  /// `bytes` on the calling thread's current device.
+  static void* allocate(std::size_t bytes) { return allocate(bytes, -1); }
+  /// `bytes` on `device` (the current device when negative); the thread's current device is left
+  /// as it was.
+  static void* allocate(std::size_t bytes, int device) {
+    int current = -1;
+    if (device >= 0) {
+      cuda::check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+      if (current != device) cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    }
     void* p = nullptr;
     const cudaError_t st = cudaMalloc(&p, bytes);
+    if (device >= 0 && current != device) (void)cudaSetDevice(current);
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
-      throw OutOfMemory(
-          detail::cat("fourway: cudaMalloc of ", bytes, " B failed: ", cudaGetErrorString(st)));
+      throw OutOfMemory(detail::cat("fourway: cudaMalloc of ", bytes, " B on GPU ", device,
+                                    " failed: ", cudaGetErrorString(st)));
     }
     return p;
   }
@@ -72,32 +108,31 @@ struct Context<Cuda> {
                        " asks for CUDA device ", device, " but ", visible,
                        " devices are visible; use a device in [0, ", visible,
                        ") or check CUDA_VISIBLE_DEVICES");
-    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                     "cudaStreamCreate");
+    m.bind_device(device);
+    stream_ = cuda::make_stream(device);
     cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
-    cuda::check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+    cuda::check_cublas(cublasSetStream(cublas_, stream_.get()), "cublasSetStream");
+    cuda::check_cublas(cublasSetMathMode(cublas_, cuda::cublas_math_mode), "cublasSetMathMode");
   }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ~Context() {
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
   [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
   [[nodiscard]] int device() const { return device_; }
-  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  [[nodiscard]] cudaStream_t stream() const { return stream_.get(); }
   [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   void synchronize() const {
-    cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
   }
 
  private:
   MemoryAccountant* memory_;
   int device_;
-  cudaStream_t stream_ = nullptr;
+  cuda::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
 };
 

@@ -1,4 +1,6 @@
-//! CUDA token + position embedding, twin of `host/embedding.hpp`.
+//! CUDA token + position embedding, twin of `host/embedding.hpp`. The checked forward
+//! (`TokenGuard`) bounds-checks the ids on the device and records the first bad position in a
+//! device flag, which `Embedding` reads once per backward.
 //!
 //! Backward is deterministic with no atomics: `dwpe[t]` sums its B rows in order; for `dwte`
 //! the token ids are copied to the host and bucketed by token with the host's own
@@ -17,20 +19,38 @@
 
 namespace fourway::cuda {
 
-/// out (B, T, C) = wte[tokens[b, t]] + wpe[t].
+/// out (B, T, C) = wte[tokens[b, t]] + wpe[t], with the ids checked on the device (TokenGuard,
+/// host/embedding.hpp): a bad id reads nothing, its row is zero, and the smallest bad position is
+/// recorded with atomicMin (when `guard.first_bad` is set).
 template <floating_dtype E>
 void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens, const E* wte,
-                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
+                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C,
+                       TokenGuard guard) {
+  const std::int64_t V = guard.vocab;
+  auto* first_bad = reinterpret_cast<long long*>(guard.first_bad);
   detail::for_each(
       ctx, B * T * C,
       [=] __device__(std::int64_t i) {
         const std::int64_t bt = i / C;
         const std::int64_t c = i % C;
         const std::int64_t t = bt % T;
-        detail::store(out + i, detail::load(wte + static_cast<std::int64_t>(tokens[bt]) * C + c) +
-                                   detail::load(wpe + t * C + c));
+        const std::int64_t id = tokens[bt];
+        if (id < 0 || id >= V) {
+          detail::store(out + i, 0.0f);
+          if (c == 0 && first_bad != nullptr) atomicMin(first_bad, static_cast<long long>(bt));
+          return;
+        }
+        detail::store(out + i, detail::load(wte + id * C + c) + detail::load(wpe + t * C + c));
       },
       "embedding_forward");
+}
+
+/// out (B, T, C) = wte[tokens[b, t]] + wpe[t]; an id outside [0, 2^63) (a negative one) reads
+/// nothing and gives a zero row.
+template <floating_dtype E>
+void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens, const E* wte,
+                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
+  embedding_forward(ctx, out, tokens, wte, wpe, B, T, C, TokenGuard{TokenGuard::none, nullptr});
 }
 
 /// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t].

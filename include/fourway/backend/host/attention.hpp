@@ -3,8 +3,10 @@
 //! Layout (GPT-2, llm.c): `qkv (B, T, 3C)` holds q, k, v side by side, head h owning columns
 //! `[h*hs, (h+1)*hs)` of each third (`hs = C / NH`); `att (B, NH, T, T)` keeps the softmax
 //! probabilities for the backward, with zeros above the diagonal; `out (B, T, C)` has the heads
-//! side by side again. Scores use the scale `1/sqrt(hs)`. Per (batch, head) the work is GEMMs
-//! (host::gemm) plus a row softmax, so it runs at GEMM speed; `att` doubles as the scores
+//! side by side again. Scores use the scale `1/sqrt(hs)`, applied as the QKᵀ GEMM's alpha (in
+//! fp32, before the scores are rounded to E), so 16-bit scores are the scaled ones: unscaled fp16
+//! scores overflow 65504 at |q|·|k| that the scaled ones never reach. Per (batch, head) the work is
+//! GEMMs (host::gemm) plus a row softmax, so it runs at GEMM speed; `att` doubles as the scores
 //! buffer, so 16-bit types round the scores once before the softmax (as llm.c does).
 //!
 //! Backward writes `dqkv` (`=`); `datt` is scratch of `att`'s size that ends holding dS, the
@@ -43,10 +45,10 @@ void attention_forward(const Context<Host>& ctx, E* out, E* att, const E* qkv, s
       const E* kh = q + C + h * hs;
       const E* vh = q + 2 * C + h * hs;
       E* p = att + (b * NH + h) * T * T;
-      gemm(ctx, Trans::none, Trans::transpose, T, T, hs, 1.0f, qh, 3 * C, kh, 3 * C, 0.0f, p, T);
+      gemm(ctx, Trans::none, Trans::transpose, T, T, hs, scale, qh, 3 * C, kh, 3 * C, 0.0f, p, T);
       for (std::int64_t t = 0; t < T; ++t) {
         E* row = p + t * T;
-        detail::softmax_row(row, row, t + 1, scale);
+        detail::softmax_row(row, row, t + 1, 1.0f);
         for (std::int64_t j = t + 1; j < T; ++j) row[j] = convert<E>(0.0f);
       }
       gemm(ctx, Trans::none, Trans::none, T, hs, T, 1.0f, p, T, vh, 3 * C, 0.0f,

@@ -7,7 +7,9 @@
 //! frequent token, and the CUDA twin can follow the same order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
@@ -61,6 +63,38 @@ void embedding_forward(const Context<Host>& /*ctx*/, E* out, const std::int32_t*
       for (std::int64_t c = 0; c < C; ++c) {
         o[c] = convert<E>(convert<float>(w[c]) + convert<float>(p[c]));
       }
+    }
+  }
+}
+
+}  // namespace fourway::host
+
+namespace fourway {
+/// Bounds check of token ids done by the embedding kernel itself (the device path of
+/// `Embedding`, which cannot look at the ids on the host): ids outside [0, vocab) read nothing,
+/// give a zero row, and `*first_bad` (backend memory, initialised to `none`) is lowered to the
+/// smallest position holding one. The caller reads the flag once and names that id.
+struct TokenGuard {
+  static constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  std::int64_t vocab = 0;
+  std::int64_t* first_bad = nullptr;
+};
+}  // namespace fourway
+
+namespace fourway::host {
+
+/// embedding_forward with the ids checked as the CUDA kernel does (see TokenGuard).
+template <floating_dtype E>
+void embedding_forward(const Context<Host>& ctx, E* out, const std::int32_t* tokens, const E* wte,
+                       const E* wpe, std::int64_t B, std::int64_t T, std::int64_t C,
+                       TokenGuard guard) {
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    const std::int32_t id = tokens[i];
+    if (id >= 0 && id < guard.vocab) {
+      embedding_forward(ctx, out + i * C, tokens + i, wte, wpe + (i % T) * C, 1, 1, C);
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) out[i * C + c] = convert<E>(0.0f);
+      *guard.first_bad = std::min(*guard.first_bad, i);
     }
   }
 }
