@@ -289,8 +289,10 @@ TEST(ParallelShardedComm, MeasuredAndModelledBytesPerStepEqualTheFormula) {
         std::uint64_t measured_sum = 0;
         for (int q = 0; q < n; ++q) {
           const auto& rr = r.ranks[static_cast<std::size_t>(q)];
-          // measured: what LocalWorld's loops move for this rank (scalars: slice 0 is rank 0's)
-          const std::int64_t scalars = (stage == 0 ? 1 : 2) * 2 * (n - 1) * owned(1, n, q) * scalar;
+          // measured: what LocalWorld's loops move for this rank. The step's scalars are one
+          // packed all-reduce (parallel/step_scalars.hpp): [loss] at stage 0, [loss, Σg²] at
+          // stages 1-3, sliced over the ranks like any all-reduce (slice 0 is rank 0's).
+          const std::int64_t scalars = 2 * (n - 1) * owned(stage == 0 ? 1 : 2, n, q) * scalar;
           const std::int64_t measured[4] = {
               2 * (n - 1) * owned(psi, n, q) * w + scalars,
               2 * shard * w * (n - 1) + scalars,
