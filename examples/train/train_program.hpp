@@ -5,6 +5,8 @@
 //   static constexpr const char* program;               the name in --help and in errors
 //   static void check_device();                         throws DeviceError when there is no GPU
 //   static fw::Context<backend> context(MemoryAccountant&, int device);
+//   static std::size_t default_memory_cap(int device);  per-rank cap without --memory-cap-gb
+//                                                       (0: none; CUDA: the device's free bytes)
 //   template <class Fn> static void launch_processes(const Options&, Fn fn);
 //       --backend mpi|nccl: calls fn.template operator()<W>() with the world kind it runs, or
 //       throws ConfigError saying why this build cannot.
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -70,6 +73,7 @@ struct Options {
   std::string save;
   bool quiet = false;
   bool memory_report = false;
+  float memory_cap_gb = 0.0f;  // per rank, 1 GB = 1e9 B; 0: the target's default
   // data parallelism (docs/parallel.md)
   int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
   std::string backend = "local";
@@ -110,7 +114,11 @@ inline fw::ArgParser make_parser(Options& o, const char* program) {
                   "recompute each block's activations in backward")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
-      .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
+      .add_switch("memory-report", &o.memory_report,
+                  "print every rank's per-tag memory table (whole-run peaks) at the end")
+      .add("memory-cap-gb", &o.memory_cap_gb, "GB",
+           "per-rank memory cap (1e9 B): past it an allocation fails with OutOfMemory "
+           "(0: none on the host, the GPU's free memory on CUDA)")
       .add("ranks", &o.ranks, "N",
            "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
       .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
@@ -136,6 +144,42 @@ inline void check_output_dir(const char* flag, const std::string& file) {
   fw::check<fw::ConfigError>(std::filesystem::is_directory(dir, ec), "fourway: --", flag,
                              " cannot create ", file, ": directory ", dir.string(),
                              " does not exist");
+}
+
+/// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
+template <class Target>
+std::size_t memory_cap(const Options& o, int device) {
+  fw::check<fw::ConfigError>(o.memory_cap_gb >= 0.0f, "fourway: --memory-cap-gb must be >= 0, got ",
+                             o.memory_cap_gb);
+  if (o.memory_cap_gb > 0.0f) {
+    return static_cast<std::size_t>(std::llround(static_cast<double>(o.memory_cap_gb) * 1e9));
+  }
+  return Target::default_memory_cap(device);
+}
+
+/// Every rank's memory counters, on every rank (a collective over `w`; the world communicator,
+/// so the data-parallel byte counters do not see it). NCCL moves device memory: the words go
+/// through a small counted workspace there.
+template <class B, class W>
+std::vector<fw::MemorySnapshot> gather_memory(fw::World<W>& w, const fw::Context<B>& ctx) {
+  constexpr int k = fw::MemorySnapshot::words;
+  const auto mine = w.memory().snapshot().to_words();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(k * w.size()));
+  if constexpr (B::on_device && !std::is_same_v<W, fw::LocalWorld>) {
+    fw::Tensor<std::int64_t, B> buf(fw::Shape{k * (w.size() + 1)}, fw::MemTag::workspace,
+                                    w.memory());
+    fw::Ops<B>::from_host(ctx, buf.data(), mine.data(), k);
+    w.comm().all_gather(buf.data(), buf.data() + k, k);
+    fw::Ops<B>::to_host(ctx, all.data(), buf.data() + k, k * w.size());
+  } else {
+    (void)ctx;
+    w.comm().all_gather(mine.data(), all.data(), k);
+  }
+  std::vector<fw::MemorySnapshot> out;
+  for (int r = 0; r < w.size(); ++r) {
+    out.push_back(fw::MemorySnapshot::from_words(all.data() + static_cast<std::size_t>(r * k)));
+  }
+  return out;
 }
 
 /// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
@@ -203,6 +247,7 @@ int train(const Options& o) {
   check_output_dir("log-json", o.log_json);
   fw::MemoryAccountant memory(0);
   fw::Context<B> ctx = Target::context(memory, 0);
+  memory.set_limit(memory_cap<Target>(o, 0));
 
   std::optional<fw::SafetensorsFile> ckpt;
   fw::models::GptConfig cfg = model_config(o, ckpt, true);
@@ -259,11 +304,11 @@ int train(const Options& o) {
   }
   progress.finish();
   std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
-  if (o.memory_report) std::printf("%s", memory.table().c_str());
   if (!o.save.empty()) {
     fw::save_gpt2(ctx, model, o.save);
     std::printf("saved %s\n", o.save.c_str());
   }
+  if (o.memory_report) std::printf("%s", memory.table().c_str());  // peaks of the whole run
   return 0;
 }
 
@@ -297,6 +342,7 @@ void train_ranks(const Options& o) {
                                " ranks; fourway-train has no tensor or pipeline axis yet, so "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    w.memory().set_limit(memory_cap<Target>(o, rank_device(w)));
     Comm dp(w.comm().split(0, w.rank(), "dp"));
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
     std::optional<fw::SafetensorsFile> ckpt;
@@ -368,10 +414,17 @@ void train_ranks(const Options& o) {
       r.tokens_per_s = tokens_per_step / (ms / 1000.0);
       r.lr = lr;
       r.skipped = trainer.last_report().skipped;
+      std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
+      if (!o.log_json.empty()) {
+        if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+          w.comm().barrier();  // every rank has finished the step (uncounted)
+          for (const auto* m : memories) mems.push_back(m->snapshot());
+        } else {
+          mems = gather_memory(w, ctx);
+        }
+      }
       if (!lead) continue;
       if (log.is_open()) {
-        std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
-        if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
         std::string line = fw::step_json(r, mems);
         char extra[96];
         std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"zero\":%d,\"comm_bytes_per_rank\":%.0f",
@@ -390,13 +443,24 @@ void train_ranks(const Options& o) {
     if (lead) {
       progress.finish();
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
-      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
       trainer.strategy().with_gathered_parameters([&] {
         if (lead) fw::save_gpt2(ctx, model, o.save);
       });
       if (lead) std::printf("saved %s\n", o.save.c_str());
+    }
+    if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
+      std::vector<fw::MemorySnapshot> mems;
+      if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+        w.comm().barrier();
+        for (const auto* m : memories) mems.push_back(m->snapshot());
+      } else {
+        mems = gather_memory(w, ctx);
+      }
+      if (lead) {
+        for (const auto& m : mems) std::printf("%s", m.table().c_str());
+      }
     }
     dp.barrier();  // no rank leaves (and tears down its communicator) while others still log
   });

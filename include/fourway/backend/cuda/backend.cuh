@@ -42,6 +42,14 @@ inline int device_count() {
   }
   return n;
 }
+/// Free bytes on `device` now (cudaMemGetInfo): the default per-rank memory cap of the programs,
+/// so running out is fourway's OutOfMemory with the per-tag table, not a bare cudaMalloc error.
+inline std::size_t free_memory(int device) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  std::size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
 }  // namespace cuda
 
 struct Cuda {
