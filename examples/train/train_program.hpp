@@ -372,7 +372,11 @@ void train_ranks(const Options& o) {
     fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, dp, make_adamw(o), so);
     std::string loaded;
     if (ckpt) {  // positioned reads of the elements this rank owns, converted on the way
+      const auto t0 = std::chrono::steady_clock::now();
       fw::load_gpt2_sharded(trainer.strategy(), *ckpt);
+      w.comm().barrier();  // every rank has its weights
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (lead) std::printf("loaded %s in %.3f s on %d ranks\n", o.init_from.c_str(), s, n);
       loaded = fw::detail::cat("  read ", ckpt->bytes_read(), " B of ", o.init_from, " (",
                                std::filesystem::file_size(o.init_from), " B)\n");
       ckpt.reset();
@@ -466,11 +470,14 @@ void train_ranks(const Options& o) {
       const fw::FlagGather flags = [&](std::int64_t mine) {
         return all_gather_words(w, ctx, &mine, 1);
       };
+      const auto t0 = std::chrono::steady_clock::now();
       const std::uint64_t wrote =
           fw::save_gpt2_sharded(trainer.strategy(), w.rank(), flags, o.save);
-      if (lead)
-        std::printf("saved %s (rank 0 wrote %llu B of it)\n", o.save.c_str(),
-                    static_cast<unsigned long long>(wrote));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (lead) {
+        std::printf("saved %s in %.3f s on %d ranks (rank 0 wrote %llu B of it)\n", o.save.c_str(),
+                    s, n, static_cast<unsigned long long>(wrote));
+      }
     }
     if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
       std::vector<fw::MemorySnapshot> mems;
