@@ -21,6 +21,8 @@ struct HostTarget {
   static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/) {
     return fw::Context<fw::Host>(m);
   }
+  /// The host has no default cap: only --memory-cap-gb sets one.
+  static std::size_t default_memory_cap(int /*device*/) { return 0; }
   template <class Fn>
   static void launch_processes(const fourway_train::Options& o, Fn fn) {
     if (o.backend == "mpi") {

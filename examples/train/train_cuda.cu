@@ -3,6 +3,7 @@
 //   fourway-train-cuda --ranks 4 --zero 3          LocalWorld: 4 ranks as threads on GPU 0
 //   mpirun -np 8 fourway-train-cuda --backend nccl --zero 3
 //                                                  one process per GPU (node-local rank)
+// Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
 #include "fourway/backend/cuda/backend.cuh"
 #include "train_program.hpp"
@@ -25,6 +26,8 @@ struct CudaTarget {
   static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device) {
     return fw::Context<fw::Cuda>(m, device);
   }
+  /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
+  static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }
   template <class Fn>
   static void launch_processes(const fourway_train::Options& o, Fn fn) {
     if (o.backend == "nccl") {

@@ -5,6 +5,8 @@
 //   static constexpr const char* program;               the name in --help and in errors
 //   static void check_device();                         throws DeviceError when there is no GPU
 //   static fw::Context<backend> context(MemoryAccountant&, int device);
+//   static std::size_t default_memory_cap(int device);  per-rank cap without --memory-cap-gb
+//                                                       (0: none; CUDA: the device's free bytes)
 //   template <class Fn> static void launch_processes(const Options&, Fn fn);
 //       --backend mpi|nccl: calls fn.template operator()<W>() with the world kind it runs, or
 //       throws ConfigError saying why this build cannot.
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +41,7 @@
 #include "fourway/train/log.hpp"
 #include "fourway/train/progress.hpp"
 #include "fourway/train/safetensors.hpp"
+#include "fourway/train/sharded_io.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
@@ -72,6 +76,7 @@ struct Options {
   std::string save;
   bool quiet = false;
   bool memory_report = false;
+  double memory_cap_gb = 0.0;  // per rank, 1 GB = 1e9 B; 0: the target's default
   // data parallelism (docs/parallel.md)
   int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
   std::string backend = "local";
@@ -112,7 +117,11 @@ inline fw::ArgParser make_parser(Options& o, const char* program) {
                   "recompute each block's activations in backward")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
-      .add_switch("memory-report", &o.memory_report, "print the per-tag memory table at the end")
+      .add_switch("memory-report", &o.memory_report,
+                  "print every rank's per-tag memory table (whole-run peaks) at the end")
+      .add("memory-cap-gb", &o.memory_cap_gb, "GB",
+           "per-rank memory cap (1e9 B): past it an allocation fails with OutOfMemory "
+           "(0: none on the host, the GPU's free memory on CUDA)")
       .add("ranks", &o.ranks, "N",
            "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
       .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
@@ -140,13 +149,58 @@ inline void check_output_dir(const char* flag, const std::string& file) {
                              " does not exist");
 }
 
+/// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
+template <class Target>
+std::size_t memory_cap(const Options& o, int device) {
+  fw::check<fw::ConfigError>(o.memory_cap_gb >= 0.0, "fourway: --memory-cap-gb must be >= 0, got ",
+                             o.memory_cap_gb);
+  if (o.memory_cap_gb > 0.0) {
+    return static_cast<std::size_t>(std::llround(o.memory_cap_gb * 1e9));
+  }
+  return Target::default_memory_cap(device);
+}
+
+/// `k` integers of every rank, on every rank (a collective over the world communicator, so the
+/// data-parallel byte counters do not see it). NCCL moves device memory: the words go through a
+/// small counted workspace there.
+template <class B, class W>
+std::vector<std::int64_t> all_gather_words(fw::World<W>& w, const fw::Context<B>& ctx,
+                                           const std::int64_t* mine, int k) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(k * w.size()));
+  if constexpr (B::on_device && !std::is_same_v<W, fw::LocalWorld>) {
+    fw::Tensor<std::int64_t, B> buf(fw::Shape{k * (w.size() + 1)}, fw::MemTag::workspace,
+                                    w.memory());
+    fw::Ops<B>::from_host(ctx, buf.data(), mine, k);
+    w.comm().all_gather(buf.data(), buf.data() + k, k);
+    fw::Ops<B>::to_host(ctx, all.data(), buf.data() + k, k * w.size());
+  } else {
+    (void)ctx;
+    w.comm().all_gather(mine, all.data(), k);
+  }
+  return all;
+}
+
+/// Every rank's memory counters, on every rank.
+template <class B, class W>
+std::vector<fw::MemorySnapshot> gather_memory(fw::World<W>& w, const fw::Context<B>& ctx) {
+  constexpr int k = fw::MemorySnapshot::words;
+  const auto mine = w.memory().snapshot().to_words();
+  const std::vector<std::int64_t> all = all_gather_words(w, ctx, mine.data(), k);
+  std::vector<fw::MemorySnapshot> out;
+  for (int r = 0; r < w.size(); ++r) {
+    out.push_back(fw::MemorySnapshot::from_words(all.data() + static_cast<std::size_t>(r * k)));
+  }
+  return out;
+}
+
 /// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
+/// (The checkpoint is opened for positioned reads: only its header is read here.)
 inline fw::models::GptConfig model_config(const Options& o,
-                                          std::optional<fw::SafetensorsFile>& ckpt, bool print) {
+                                          std::optional<fw::SafetensorsReader>& ckpt, bool print) {
   // ---- the model: from a checkpoint or random ------------------------------------------------
   fw::models::GptConfig cfg;
   if (!o.init_from.empty()) {
-    ckpt = fw::SafetensorsFile::read(o.init_from);
+    ckpt = fw::SafetensorsReader::open(o.init_from);
     const auto info = fw::inspect_gpt2(*ckpt);
     cfg = info.config(o.heads);
     if (print) {
@@ -205,15 +259,21 @@ int train(const Options& o) {
   check_output_dir("log-json", o.log_json);
   fw::MemoryAccountant memory(0);
   fw::Context<B> ctx = Target::context(memory, 0);
+  memory.set_limit(memory_cap<Target>(o, 0));
 
-  std::optional<fw::SafetensorsFile> ckpt;
+  std::optional<fw::SafetensorsReader> ckpt;
   fw::models::GptConfig cfg = model_config(o, ckpt, true);
   // the data is checked against the batch and vocabulary before the model is allocated
   const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
   fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
-  fw::models::Gpt<T, B> model(ctx, cfg, o.seed);
+  using Model = fw::models::Gpt<T, B>;
+  // deferred: the strategy allocates and initialises (no second copy of the model at start-up)
+  Model model = ckpt ? Model(ctx, cfg, o.seed) : Model::deferred(ctx, cfg, o.seed);
   if (ckpt) {
     fw::load_gpt2(ctx, *ckpt, model);
+    std::printf("  read %llu B of %s (%llu B)\n",
+                static_cast<unsigned long long>(ckpt->bytes_read()), o.init_from.c_str(),
+                static_cast<unsigned long long>(std::filesystem::file_size(o.init_from)));
     ckpt.reset();
   }
 
@@ -226,7 +286,6 @@ int train(const Options& o) {
 
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
-  using Model = fw::models::Gpt<T, B>;
   fw::Trainer<fw::SingleRank<Model, P, B>> trainer(fw::TrainerOptions{}, ctx, model, make_adamw(o));
 
   fw::JsonLog log;
@@ -261,11 +320,11 @@ int train(const Options& o) {
   }
   progress.finish();
   std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
-  if (o.memory_report) std::printf("%s", memory.table().c_str());
   if (!o.save.empty()) {
     fw::save_gpt2(ctx, model, o.save);
     std::printf("saved %s\n", o.save.c_str());
   }
+  if (o.memory_report) std::printf("%s", memory.table().c_str());  // peaks of the whole run
   return 0;
 }
 
@@ -316,16 +375,14 @@ void train_ranks(const Options& o) {
                                " ranks; fourway-train has no tensor or pipeline axis yet, so "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    w.memory().set_limit(memory_cap<Target>(o, rank_device(w)));
     const bool isolated = skip_collectives();
     Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
-    std::optional<fw::SafetensorsFile> ckpt;
+    std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
-    Model model(ctx, cfg, o.seed);
-    if (ckpt) {
-      fw::load_gpt2(ctx, *ckpt, model);
-      ckpt.reset();
-    }
+    // described, not allocated: the strategy materialises (and loads) only what this rank owns
+    Model model = Model::deferred(ctx, cfg, o.seed);
     const std::int64_t psi = model.num_parameters();
     const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
@@ -333,6 +390,17 @@ void train_ranks(const Options& o) {
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
     so.overlap = !o.no_overlap;
     fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, dp, make_adamw(o), so);
+    std::string loaded;
+    if (ckpt) {  // positioned reads of the elements this rank owns, converted on the way
+      const auto t0 = std::chrono::steady_clock::now();
+      fw::load_gpt2_sharded(trainer.strategy(), *ckpt);
+      w.comm().barrier();  // every rank has its weights
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (lead) std::printf("loaded %s in %.3f s on %d ranks\n", o.init_from.c_str(), s, n);
+      loaded = fw::detail::cat("  read ", ckpt->bytes_read(), " B of ", o.init_from, " (",
+                               std::filesystem::file_size(o.init_from), " B)\n");
+      ckpt.reset();
+    }
     if constexpr (std::is_same_v<W, fw::LocalWorld>) {
       std::lock_guard lock(mu);
       if (memories.empty()) memories.assign(static_cast<std::size_t>(n), nullptr);
@@ -355,10 +423,10 @@ void train_ranks(const Options& o) {
     for (int q = 0; q < n; ++q) {
       dp.barrier();
       if (q != w.rank()) continue;
-      std::printf("%s\n  model states %zu B (one rank alone: %zu B, %.2fx)\n%s",
+      std::printf("%s\n  model states %zu B (one rank alone: %zu B, %.2fx)\n%s%s",
                   trainer.strategy().describe().c_str(), state(w.memory()), alone,
                   static_cast<double>(alone) / static_cast<double>(state(w.memory())),
-                  w.memory().table().c_str());
+                  loaded.c_str(), w.memory().table().c_str());
       std::fflush(stdout);
     }
     dp.barrier();
@@ -397,10 +465,17 @@ void train_ranks(const Options& o) {
       r.tokens_per_s = tokens_per_step / (ms / 1000.0);
       r.lr = lr;
       r.skipped = trainer.last_report().skipped;
+      std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
+      if (!o.log_json.empty()) {
+        if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+          w.comm().barrier();  // every rank has finished the step (uncounted)
+          for (const auto* m : memories) mems.push_back(m->snapshot());
+        } else {
+          mems = gather_memory(w, ctx);
+        }
+      }
       if (!lead) continue;
       if (log.is_open()) {
-        std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
-        if constexpr (std::is_same_v<W, fw::LocalWorld>) mems = memories;
         std::string line = fw::step_json(r, mems);
         char extra[192];
         std::snprintf(extra, sizeof extra,
@@ -433,13 +508,31 @@ void train_ranks(const Options& o) {
     if (lead) {
       progress.finish();
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
-      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
-    if (!o.save.empty()) {
-      trainer.strategy().with_gathered_parameters([&] {
-        if (lead) fw::save_gpt2(ctx, model, o.save);
-      });
-      if (lead) std::printf("saved %s\n", o.save.c_str());
+    if (!o.save.empty()) {  // every rank writes its own elements into one file; nothing gathered
+      const fw::FlagGather flags = [&](std::int64_t mine) {
+        return all_gather_words(w, ctx, &mine, 1);
+      };
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::uint64_t wrote =
+          fw::save_gpt2_sharded(trainer.strategy(), w.rank(), flags, o.save);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (lead) {
+        std::printf("saved %s in %.3f s on %d ranks (rank 0 wrote %llu B of it)\n", o.save.c_str(),
+                    s, n, static_cast<unsigned long long>(wrote));
+      }
+    }
+    if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
+      std::vector<fw::MemorySnapshot> mems;
+      if constexpr (std::is_same_v<W, fw::LocalWorld>) {
+        w.comm().barrier();
+        for (const auto* m : memories) mems.push_back(m->snapshot());
+      } else {
+        mems = gather_memory(w, ctx);
+      }
+      if (lead) {
+        for (const auto& m : mems) std::printf("%s", m.table().c_str());
+      }
     }
     dp.barrier();  // no rank leaves (and tears down its communicator) while others still log
   });

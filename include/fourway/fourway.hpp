@@ -73,6 +73,7 @@
 #include "fourway/train/log.hpp"
 #include "fourway/train/progress.hpp"
 #include "fourway/train/safetensors.hpp"
+#include "fourway/train/sharded_io.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -320,4 +321,58 @@ TEST(MemoryAccountant, OneAccountantSharedByThreadsStaysExact) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(m.allocations(), 20000u);
   EXPECT_EQ(m.total_current(), 4u * 2500u * 3u);
+}
+
+TEST(MemoryAccountant, ACapRefusesTheAllocationThatCrossesItNamingEveryNumber) {
+  fw::MemoryAccountant m(6);
+  m.set_limit(1000);
+  ASSERT_EQ(m.limit(), std::optional<std::size_t>(1000));
+  m.on_alloc(fw::MemTag::weights, 600);
+  m.on_alloc(fw::MemTag::grads, 300);
+  try {
+    m.on_alloc(fw::MemTag::optimizer_state, 101);
+    FAIL() << "expected fw::OutOfMemory";
+  } catch (const fw::OutOfMemory& e) {
+    const std::string what = e.what();
+    for (const char* part : {"rank 6", "101 B of optimizer_state", "1001 B", "cap of 1000 B",
+                             "900 B in use", "weights 600", "grads 300", "--memory-cap-gb"}) {
+      EXPECT_NE(what.find(part), std::string::npos) << part << " missing from: " << what;
+    }
+  }
+  EXPECT_EQ(m.total_current(), 900u);  // a refused allocation counts nothing
+  EXPECT_EQ(m.current(fw::MemTag::optimizer_state), 0u);
+  m.on_alloc(fw::MemTag::optimizer_state, 100);  // exactly the cap fits
+  EXPECT_EQ(m.total_peak(), 1000u);
+  m.set_limit(0);
+  EXPECT_FALSE(m.limit().has_value());
+  m.on_alloc(fw::MemTag::workspace, 5000);
+  EXPECT_EQ(m.total_current(), 6000u);
+}
+
+TEST(MemoryAccountant, ATensorPastTheCapIsNeverAllocated) {
+  fw::MemoryAccountant m(2);
+  m.set_limit(100);
+  using F = fw::Tensor<float, fw::Host>;
+  F a({20}, fw::MemTag::weights, m);  // 80 B
+  EXPECT_THROW(F({6}, fw::MemTag::activations, m), fw::OutOfMemory);
+  EXPECT_EQ(m.total_current(), 80u);
+  EXPECT_EQ(m.allocations(), 1u);
+  a.reset();
+  F b({25}, fw::MemTag::activations, m);  // 100 B fits once a is gone
+  EXPECT_EQ(m.total_peak(), 100u);
+}
+
+TEST(MemoryAccountant, SnapshotsTravelAsWordsAndPrintLikeTheAccountant) {
+  fw::MemoryAccountant m(3);
+  m.set_limit(1 << 20);
+  m.on_alloc(fw::MemTag::grads, 77);
+  m.on_alloc(fw::MemTag::comm_buffers, 5);
+  m.on_free(fw::MemTag::comm_buffers, 5);
+  const fw::MemorySnapshot s = m.snapshot();
+  const auto words = s.to_words();
+  const fw::MemorySnapshot back = fw::MemorySnapshot::from_words(words.data());
+  EXPECT_EQ(back.json(), m.json());
+  EXPECT_EQ(back.table(), m.table());
+  EXPECT_NE(m.json().find("\"limit\":1048576"), std::string::npos) << m.json();
+  EXPECT_NE(m.json().find("\"comm_buffers\":5"), std::string::npos) << m.json();
 }

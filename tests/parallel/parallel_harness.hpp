@@ -65,13 +65,16 @@ struct RunConfig {
   fw::LossScalerConfig scaler{};
   int measure_step = 1;         // the step whose communication is counted
   std::int64_t batch = kBatch;  // global sequences per step
+  bool deferred = true;         // build the model with Gpt::deferred (the strategy materialises it)
 };
 
 struct RankResult {
   std::array<std::size_t, 4> state_bytes{};  // weights, grads, master_weights, optimizer_state
   double step_bytes = 0;         // modelled ring bytes sent in group "dp" in measure_step
   std::uint64_t step_moved = 0;  // bytes LocalWorld measured moving in "dp" in measure_step
-  std::size_t peak_weights = 0;  // accountant peak of MemTag::weights while training
+  std::size_t peak_weights = 0;  // accountant peak of MemTag::weights, whole run (construction on)
+  std::array<std::size_t, fw::mem_tag_count> peak{};  // every tag's peak, whole run
+  std::size_t total_peak = 0;                         // the accountant's whole-run peak
   std::int64_t gathered_peak = 0;
   std::int64_t max_unit_bytes = 0;  // largest gathered set of one unit (stage 3)
   std::int64_t shard_elements = 0;
@@ -128,7 +131,8 @@ RunResult run_stage(const RunConfig& rc) {
   std::mutex mu;
   fw::launch<fw::LocalWorld>(rc.ranks, [&](fw::World<fw::LocalWorld>& w) {
     Comm dp(w.comm().split(0, w.rank(), "dp"));
-    Model model(w.ctx(), tiny_gpt(rc.checkpoint), kSeed);
+    Model model = rc.deferred ? Model::deferred(w.ctx(), tiny_gpt(rc.checkpoint), kSeed)
+                              : Model(w.ctx(), tiny_gpt(rc.checkpoint), kSeed);
     fw::TrainerOptions opts;
     opts.micro_batches = rc.micro_batches;
     opts.loss_scaler = rc.scaler;
@@ -136,9 +140,7 @@ RunResult run_stage(const RunConfig& rc) {
     so.bucket_bytes = rc.bucket_bytes;
     so.overlap = rc.overlap;
     fw::Trainer<S> t(opts, w.ctx(), model, dp, adamw(), so);
-    w.memory().reset_peak();
-    t.strategy().reset_gathered_peak();
-    RankResult rr;
+    RankResult rr;  // peaks from the start of the run: construction, every step
     for (int s = 0; s < rc.steps; ++s) {
       if (s == rc.measure_step) {
         dp.counters().reset();
@@ -156,6 +158,10 @@ RunResult run_stage(const RunConfig& rc) {
                       m.current(fw::MemTag::master_weights),
                       m.current(fw::MemTag::optimizer_state)};
     rr.peak_weights = m.peak(fw::MemTag::weights);
+    for (int tag = 0; tag < fw::mem_tag_count; ++tag) {
+      rr.peak[static_cast<std::size_t>(tag)] = m.peak(static_cast<fw::MemTag>(tag));
+    }
+    rr.total_peak = m.total_peak();
     rr.gathered_peak = t.strategy().gathered_peak_bytes();
     rr.shard_elements = t.strategy().layout().shard();
     rr.skipped = t.loss_scaler().skipped_steps();

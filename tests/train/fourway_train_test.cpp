@@ -272,3 +272,89 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
     EXPECT_NE(r.err.find("fourway-train: "), std::string::npos) << r.err;
   }
 }
+
+// ---- models that do not fit: a per-rank cap, deferred construction, sharded load and save ----
+
+TEST(FourwayTrain, ModelsThatDoNotFitTrainUnderZero3AndACap) {
+  // Ψ = V·C + T·C + L·(12C² + 13C) + 2C for V 1024, T 32, C 128, L 4; the cap is a third of the
+  // unsharded bf16 states 16Ψ, so one rank could never hold them.
+  const std::int64_t C = 128, V = 1024, T = 32, L = 4;
+  const std::int64_t psi = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const std::int64_t cap = 16 * psi / 3;
+  std::ostringstream gb;
+  gb.precision(12);
+  gb << static_cast<double>(cap) / 1e9;
+  const auto log = scratch("cap.jsonl");
+  const std::string model =
+      "--layers 4 --dim 128 --heads 4 --vocab 1024 --seq 32 --batch 8 --steps 2 --precision bf16 "
+      "--ranks 8 --quiet --memory-report --memory-cap-gb " +
+      gb.str() + " --log-json '" + log.string() + "'";
+  const ProgramRun ok = run(model + " --zero 3");
+  ASSERT_EQ(ok.status, 0) << ok.err << ok.out;
+  const auto lines = lines_of(slurp(log));
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& l : lines) {  // every rank's memory, each under the cap, peaks from the start
+    std::size_t at = 0;
+    int ranks = 0;
+    while ((at = l.find("\"total_peak\":", at)) != std::string::npos) {
+      const double peak = std::strtod(l.c_str() + at + 13, nullptr);
+      EXPECT_LE(peak, static_cast<double>(cap));
+      EXPECT_GT(peak, static_cast<double>(16 * psi / 8));  // more than the states at rest
+      ++ranks;
+      ++at;
+    }
+    EXPECT_EQ(ranks, 8) << l;
+    EXPECT_NE(l.find("\"limit\":" + std::to_string(cap)), std::string::npos) << l;
+  }
+  std::size_t tables = 0;
+  for (std::size_t at = 0; (at = ok.out.find("memory of rank", at)) != std::string::npos; ++at) {
+    ++tables;
+  }
+  EXPECT_GE(tables, 16u) << "at start-up and in the report, every rank's table";
+  // DataParallel with the same cap stops at construction with fourway's OutOfMemory
+  const ProgramRun oom = run(model + " --zero 0");
+  EXPECT_EQ(oom.status, 1) << oom.out;
+  const std::vector<std::string> parts = {
+      "fourway-train: fourway: out of memory on rank ", "B of optimizer_state",
+      "past its cap of " + std::to_string(cap) + " B", "B in use: weights"};
+  for (const auto& part : parts) {
+    EXPECT_NE(oom.err.find(part), std::string::npos) << part << "\nstderr: " << oom.err;
+  }
+  EXPECT_EQ(oom.out.find("loss"), std::string::npos) << "it must fail before any step";
+}
+
+TEST(FourwayTrain, EightRanksReadTheirShareAndSaveTheOneRankFile) {
+  const auto a = scratch("share_a.safetensors"), b = scratch("share_b.safetensors");
+  const auto data = " --data '" + tokens.string() + "' --seq 8 --batch 8 --quiet";
+  ProgramRun r = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 2 --seed 5 --save '" +
+                     a.string() + "'" + data);  // one rank, the one-process writer
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto file = fw::SafetensorsFile::read(a);
+  const std::uint64_t size = std::filesystem::file_size(a);
+  const std::uint64_t header = file.data_offset();
+  const std::uint64_t data_bytes = size - header;
+  for (int zero = 0; zero <= 3; ++zero) {
+    for (int ranks : {1, 8}) {
+      SCOPED_TRACE(::testing::Message() << "--zero " << zero << " --ranks " << ranks);
+      std::filesystem::remove(b);
+      r = run("--init-from '" + a.string() + "' --heads 6 --steps 0 --zero " +
+              std::to_string(zero) + " --ranks " + std::to_string(ranks) + " --save '" +
+              b.string() + "'" + data);
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(slurp(a), slurp(b)) << "load -> save reproduces the file byte for byte";
+      // every rank says how many bytes it read from the file
+      int seen = 0;
+      for (std::size_t at = 0; (at = r.out.find("  read ", at)) != std::string::npos; ++at) {
+        const double got = std::strtod(r.out.c_str() + at + 7, nullptr);
+        if (zero == 0 || ranks == 1) {
+          EXPECT_EQ(got, static_cast<double>(size));  // a replica reads all of it, once
+        } else {
+          // its 1/8 of the tensor data (rounded up per segment: at most 64 segments here) + header
+          EXPECT_LE(got, static_cast<double>(header + data_bytes / 8 + 64 * 4)) << r.out;
+        }
+        ++seen;
+      }
+      EXPECT_EQ(seen, ranks) << r.out;
+    }
+  }
+}

@@ -4,6 +4,11 @@
 //! no process-global counter). It keeps current and peak bytes per tag and in total; the peak of
 //! the total is the high-water mark of the sum, not the sum of per-tag peaks. Views allocate
 //! nothing and are never counted.
+//!
+//! An optional limit (`set_limit`) caps the rank's total: an allocation that would take the total
+//! past it throws `OutOfMemory` naming the rank, the tag, the bytes asked for, the bytes in use per
+//! tag and the cap, and changes nothing. `MemorySnapshot` is a copy of the counters that can be
+//! sent between processes (16 + 1 integers) and printed like the accountant itself.
 #pragma once
 
 #include <array>
@@ -11,9 +16,11 @@
 #include <cstdint>
 #include <iomanip>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fourway/core/error.hpp"
 
@@ -43,15 +50,96 @@ constexpr std::string_view mem_tag_name(MemTag t) {
   return "?";
 }
 
+/// The accountant's counters at one moment: what the JSON log and the report print, and what
+/// ranks in other processes send each other (`to_words` / `from_words`).
+struct MemorySnapshot {
+  int rank = 0;
+  std::array<std::size_t, mem_tag_count> current{};
+  std::array<std::size_t, mem_tag_count> peak{};
+  std::size_t total_current = 0;
+  std::size_t total_peak = 0;
+  std::size_t limit = 0;  // 0: none
+
+  static constexpr int words = 2 * mem_tag_count + 4;
+  [[nodiscard]] std::array<std::int64_t, words> to_words() const {
+    std::array<std::int64_t, words> w{};
+    w[0] = rank;
+    for (int i = 0; i < mem_tag_count; ++i) {
+      w[static_cast<std::size_t>(1 + i)] = static_cast<std::int64_t>(current[i]);
+      w[static_cast<std::size_t>(1 + mem_tag_count + i)] = static_cast<std::int64_t>(peak[i]);
+    }
+    w[words - 3] = static_cast<std::int64_t>(total_current);
+    w[words - 2] = static_cast<std::int64_t>(total_peak);
+    w[words - 1] = static_cast<std::int64_t>(limit);
+    return w;
+  }
+  static MemorySnapshot from_words(const std::int64_t* w) {
+    MemorySnapshot s;
+    s.rank = static_cast<int>(w[0]);
+    for (int i = 0; i < mem_tag_count; ++i) {
+      s.current[i] = static_cast<std::size_t>(w[1 + i]);
+      s.peak[i] = static_cast<std::size_t>(w[1 + mem_tag_count + i]);
+    }
+    s.total_current = static_cast<std::size_t>(w[words - 3]);
+    s.total_peak = static_cast<std::size_t>(w[words - 2]);
+    s.limit = static_cast<std::size_t>(w[words - 1]);
+    return s;
+  }
+
+  /// A fixed-width table: one row per tag, current and peak, bytes and MiB.
+  [[nodiscard]] std::string table() const {
+    std::ostringstream os;
+    os << "memory of rank " << rank;
+    if (limit > 0) os << " (cap " << limit << " B)";
+    os << "\n";
+    os << std::left << std::setw(17) << "tag" << std::right << std::setw(16) << "current B"
+       << std::setw(16) << "peak B" << std::setw(12) << "peak MiB"
+       << "\n";
+    auto row = [&](std::string_view name, std::size_t cur, std::size_t pk) {
+      os << std::left << std::setw(17) << name << std::right << std::setw(16) << cur
+         << std::setw(16) << pk << std::setw(12) << std::fixed << std::setprecision(2)
+         << static_cast<double>(pk) / (1024.0 * 1024.0) << "\n";
+    };
+    for (int i = 0; i < mem_tag_count; ++i) {
+      row(mem_tag_name(static_cast<MemTag>(i)), current[i], peak[i]);
+    }
+    row("total", total_current, total_peak);
+    return os.str();
+  }
+
+  /// `{"rank":0,"current":{"weights":..,...},"peak":{...},"total_current":..,"total_peak":..}`
+  /// (and `"limit":..` when a cap is set).
+  [[nodiscard]] std::string json() const {
+    std::ostringstream os;
+    auto obj = [&](const std::array<std::size_t, mem_tag_count>& v) {
+      os << "{";
+      for (int i = 0; i < mem_tag_count; ++i) {
+        os << (i ? "," : "") << "\"" << mem_tag_name(static_cast<MemTag>(i)) << "\":" << v[i];
+      }
+      os << "}";
+    };
+    os << "{\"rank\":" << rank << ",\"current\":";
+    obj(current);
+    os << ",\"peak\":";
+    obj(peak);
+    os << ",\"total_current\":" << total_current << ",\"total_peak\":" << total_peak;
+    if (limit > 0) os << ",\"limit\":" << limit;
+    os << "}";
+    return os.str();
+  }
+};
+
 class MemoryAccountant {
  public:
   explicit MemoryAccountant(int rank = 0) : rank_(rank) {}
   MemoryAccountant(const MemoryAccountant&) = delete;
   MemoryAccountant& operator=(const MemoryAccountant&) = delete;
 
+  /// Counts `bytes` under `tag`; throws `OutOfMemory` (and counts nothing) past the limit.
   void on_alloc(MemTag tag, std::size_t bytes) {
     std::lock_guard lock(mu_);
     const auto i = static_cast<std::size_t>(tag);
+    if (limit_ && total_current_ + bytes > *limit_) throw_out_of_memory(tag, bytes);
     current_[i] += bytes;
     if (current_[i] > peak_[i]) peak_[i] = current_[i];
     total_current_ += bytes;
@@ -83,6 +171,15 @@ class MemoryAccountant {
     std::lock_guard lock(mu_);
     return device_;
   }
+  /// Caps the rank's total bytes at `bytes` (0 removes the cap). Bytes already counted stay.
+  void set_limit(std::size_t bytes) {
+    std::lock_guard lock(mu_);
+    limit_ = bytes > 0 ? std::optional<std::size_t>(bytes) : std::nullopt;
+  }
+  [[nodiscard]] std::optional<std::size_t> limit() const {
+    std::lock_guard lock(mu_);
+    return limit_;
+  }
   [[nodiscard]] std::size_t current(MemTag t) const {
     std::lock_guard lock(mu_);
     return current_[static_cast<std::size_t>(t)];
@@ -110,49 +207,33 @@ class MemoryAccountant {
     total_peak_ = total_current_;
   }
 
+  [[nodiscard]] MemorySnapshot snapshot() const {
+    std::lock_guard lock(mu_);
+    return MemorySnapshot{rank_, current_, peak_, total_current_, total_peak_, limit_.value_or(0)};
+  }
   /// A fixed-width table: one row per tag, current and peak, bytes and MiB.
-  [[nodiscard]] std::string table() const {
-    std::lock_guard lock(mu_);
-    std::ostringstream os;
-    os << "memory of rank " << rank_ << "\n";
-    os << std::left << std::setw(17) << "tag" << std::right << std::setw(16) << "current B"
-       << std::setw(16) << "peak B" << std::setw(12) << "peak MiB"
-       << "\n";
-    auto row = [&](std::string_view name, std::size_t cur, std::size_t pk) {
-      os << std::left << std::setw(17) << name << std::right << std::setw(16) << cur
-         << std::setw(16) << pk << std::setw(12) << std::fixed << std::setprecision(2)
-         << static_cast<double>(pk) / (1024.0 * 1024.0) << "\n";
-    };
-    for (int i = 0; i < mem_tag_count; ++i) {
-      row(mem_tag_name(static_cast<MemTag>(i)), current_[i], peak_[i]);
-    }
-    row("total", total_current_, total_peak_);
-    return os.str();
-  }
-
+  [[nodiscard]] std::string table() const { return snapshot().table(); }
   /// `{"rank":0,"current":{"weights":..,...},"peak":{...},"total_current":..,"total_peak":..}`
-  [[nodiscard]] std::string json() const {
-    std::lock_guard lock(mu_);
-    std::ostringstream os;
-    auto obj = [&](const std::array<std::size_t, mem_tag_count>& v) {
-      os << "{";
-      for (int i = 0; i < mem_tag_count; ++i) {
-        os << (i ? "," : "") << "\"" << mem_tag_name(static_cast<MemTag>(i)) << "\":" << v[i];
-      }
-      os << "}";
-    };
-    os << "{\"rank\":" << rank_ << ",\"current\":";
-    obj(current_);
-    os << ",\"peak\":";
-    obj(peak_);
-    os << ",\"total_current\":" << total_current_ << ",\"total_peak\":" << total_peak_ << "}";
-    return os.str();
-  }
+  [[nodiscard]] std::string json() const { return snapshot().json(); }
 
  private:
+  [[noreturn]] void throw_out_of_memory(MemTag tag, std::size_t bytes) const {
+    std::ostringstream os;
+    os << "fourway: out of memory on rank " << rank_ << ": allocating " << bytes << " B of "
+       << mem_tag_name(tag) << " would take the rank to " << total_current_ + bytes
+       << " B, past its cap of " << *limit_ << " B (" << total_current_ << " B in use:";
+    for (int t = 0; t < mem_tag_count; ++t) {
+      os << (t ? ", " : " ") << mem_tag_name(static_cast<MemTag>(t)) << " " << current_[t];
+    }
+    os << "); raise the cap (--memory-cap-gb), shard more (--zero 3, more ranks), or lower the "
+          "batch or the model";
+    throw OutOfMemory(os.str());
+  }
+
   int rank_;
   int device_ = -1;
   mutable std::mutex mu_;
+  std::optional<std::size_t> limit_;
   std::array<std::size_t, mem_tag_count> current_{};
   std::array<std::size_t, mem_tag_count> peak_{};
   std::size_t total_current_ = 0;

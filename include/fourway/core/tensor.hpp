@@ -52,12 +52,20 @@ class Tensor {
 
   Tensor() = default;
 
-  /// Allocates an uninitialised tensor of `shape`, counted under `tag` in `memory`.
-  Tensor(Shape shape, MemTag tag, MemoryAccountant& memory)
-      : shape_(shape), memory_(&memory), tag_(tag), owning_(true) {
+  /// Allocates an uninitialised tensor of `shape`, counted under `tag` in `memory`. The bytes
+  /// are counted first, so a rank's memory cap refuses them (`OutOfMemory`) before the backend
+  /// is asked.
+  Tensor(Shape shape, MemTag tag, MemoryAccountant& memory) : shape_(shape), tag_(tag) {
     const std::size_t n = bytes();
-    if (n > 0) data_ = static_cast<T*>(allocate(n, memory.device()));
     memory.on_alloc(tag, n);
+    try {
+      if (n > 0) data_ = static_cast<T*>(allocate(n, memory.device()));
+    } catch (...) {
+      memory.on_free(tag, n);
+      throw;
+    }
+    memory_ = &memory;
+    owning_ = true;
   }
 
   /// A non-owning view of `shape` at `data`.

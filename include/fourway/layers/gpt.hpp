@@ -79,7 +79,8 @@ class Gpt {
   };
 
   /// Builds and initialises the model as GPT-2 / nanoGPT do (normal std 0.02, c_proj weights
-  /// 0.02/sqrt(2·layers), biases 0, LayerNorm gains 1); values depend only on (seed, name).
+  /// 0.02/sqrt(2·layers), biases 0, LayerNorm gains 1); element i of a parameter depends only on
+  /// (seed, name, i).
   Gpt(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0)
       : cfg_((cfg.validate(), cfg)),
         embedding_(ctx, cfg.vocab, cfg.max_seq, cfg.dim, seed),
@@ -89,6 +90,14 @@ class Gpt {
     for (int i = 0; i < cfg.layers; ++i) {
       blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init));
     }
+  }
+
+  /// The same model described but not allocated (deferred construction, layers/parameter.hpp):
+  /// names, shapes, decay flags and init rules, no storage. A strategy materialises what its rank
+  /// owns; SingleRank materialises everything.
+  static Gpt deferred(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0) {
+    const DeferredInit scope;
+    return Gpt(ctx, cfg, seed);
   }
 
   [[nodiscard]] const GptConfig& config() const { return cfg_; }

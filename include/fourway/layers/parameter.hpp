@@ -4,10 +4,18 @@
 //! Invariant: layers read `weight.data()` and `grad.data()` at every call and never keep the
 //! pointers, so a parallel wrapper may rebind either to a view into a flat, sharded or gathered
 //! buffer (ZeRO-3 frees the layer's own storage this way). Gradients accumulate (`+=`).
-//! Initial values depend only on (seed, parameter name), never on construction order or rank:
-//! every mesh that builds the same model starts from the same numbers.
+//! Initial values are a pure function of (seed, parameter name, element index) — a counter-based
+//! generator, no stream state — so any slice of any parameter can be computed on its own: a rank
+//! that owns elements [a, b) of a parameter computes exactly those, and every mesh starts from
+//! bitwise the same weights as one rank.
+//!
+//! Deferred construction: while a `DeferredInit` is alive on a thread, parameters built on that
+//! thread get a shape, a name, a decay flag and an init rule but no storage (weight and grad are
+//! views of nothing). A strategy then materialises only what its rank owns
+//! (`write_initial_values`); `materialize` gives one parameter its own storage (the one-rank case).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -24,24 +32,58 @@
 
 namespace fourway {
 
+/// How a parameter's initial values are made (recorded by `init_normal` / `init_constant`).
+struct InitRule {
+  enum class Kind : std::uint8_t { none, normal, constant };
+  Kind kind = Kind::none;  // none: the values are whatever was written (e.g. loaded)
+  std::uint64_t seed = 0;
+  float std = 0.0f;    // normal(0, std)
+  float value = 0.0f;  // constant
+};
+
+namespace detail {
+inline int& deferred_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+}  // namespace detail
+
+/// While alive, parameters constructed on this thread allocate nothing (see the file comment).
+class DeferredInit {
+ public:
+  DeferredInit() { ++detail::deferred_depth(); }
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+  ~DeferredInit() { --detail::deferred_depth(); }
+  [[nodiscard]] static bool active() { return detail::deferred_depth() > 0; }
+};
+
 template <class T, backend B>
 struct Parameter {
   std::string name;  // Hugging Face GPT-2 names in the GPT: "h.0.attn.c_attn.weight"
   Tensor<T, B> weight;
   Tensor<T, B> grad;   // same shape as weight
   bool decay = false;  // weight decay applies (2-D tensors: matrices and embeddings)
+  InitRule init;
 
   Parameter() = default;
-  /// Allocates weight (MemTag::weights) and a zeroed gradient (MemTag::grads) of `shape`.
+  /// Allocates weight (MemTag::weights) and a zeroed gradient (MemTag::grads) of `shape`, or,
+  /// under a `DeferredInit`, nothing: weight and grad are views of `shape` at no memory.
   Parameter(const Context<B>& ctx, std::string param_name, Shape shape)
-      : name(std::move(param_name)),
-        weight(shape, MemTag::weights, ctx.memory()),
-        grad(shape, MemTag::grads, ctx.memory()),
-        decay(shape.rank() == 2) {
+      : name(std::move(param_name)), decay(shape.rank() == 2) {
+    if (DeferredInit::active()) {
+      weight = Tensor<T, B>::view_of(nullptr, shape);
+      grad = Tensor<T, B>::view_of(nullptr, shape);
+      return;
+    }
+    weight = Tensor<T, B>(shape, MemTag::weights, ctx.memory());
+    grad = Tensor<T, B>(shape, MemTag::grads, ctx.memory());
     Ops<B>::fill(ctx, grad.data(), grad.numel(), convert<T>(0.0f));
   }
 
   [[nodiscard]] std::int64_t numel() const { return weight.numel(); }
+  /// Described but holding no values (deferred construction, or rebound to nothing).
+  [[nodiscard]] bool deferred() const { return weight.data() == nullptr && numel() > 0; }
 };
 
 /// Sets every gradient of `model` (anything with `visit_parameters`) to zero.
@@ -66,60 +108,97 @@ struct Init {
 };
 
 namespace detail {
-/// SplitMix64 (Steele, Lea & Flood 2014): a counter-based stream, one per parameter name.
-class InitStream {
- public:
-  InitStream(std::uint64_t seed, std::string_view name) : state_(seed ^ 0x9e3779b97f4a7c15ull) {
-    for (char c : name) state_ = (state_ ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  }
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in (0, 1), 53 bits.
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
-  /// Standard normal by Box-Muller, in double so the result is the same on every platform.
-  double normal() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double r = std::sqrt(-2.0 * std::log(uniform()));
-    const double a = 6.283185307179586 * uniform();
-    spare_ = r * std::sin(a);
-    has_spare_ = true;
-    return r * std::cos(a);
-  }
-
- private:
-  std::uint64_t state_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
-};
-
-template <class T, class B>
-void upload(const Context<B>& ctx, Tensor<T, B>& dst, const std::vector<float>& values) {
-  std::vector<T> conv(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) conv[i] = convert<T>(values[i]);
-  Ops<B>::from_host(ctx, dst.data(), conv.data(), dst.numel());
+/// The SplitMix64 finaliser (Steele, Lea & Flood 2014) as a counter-based generator: the k-th
+/// number of the stream `key` is mix(key + (k+1)·golden), computed without the k-1 before it.
+constexpr std::uint64_t splitmix(std::uint64_t key, std::uint64_t k) {
+  std::uint64_t z = key + (k + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/// The stream of one parameter: the seed mixed with the name (FNV-1a style).
+constexpr std::uint64_t init_key(std::uint64_t seed, std::string_view name) {
+  std::uint64_t h = seed ^ 0x9e3779b97f4a7c15ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+/// Uniform in (0, 1), 53 bits.
+constexpr double init_uniform(std::uint64_t key, std::uint64_t k) {
+  return (static_cast<double>(splitmix(key, k) >> 11) + 0.5) * 0x1.0p-53;
+}
+/// Element i of normal(0, 1): Box-Muller on numbers 2i and 2i+1 of the stream, in double so the
+/// result is the same on every platform.
+inline double init_normal_at(std::uint64_t key, std::int64_t i) {
+  const auto k = static_cast<std::uint64_t>(i) * 2;
+  return std::sqrt(-2.0 * std::log(init_uniform(key, k))) *
+         std::cos(6.283185307179586 * init_uniform(key, k + 1));
 }
 }  // namespace detail
 
-/// weight = normal(0, std) from the stream of (seed, p.name).
+/// Elements [first, first + count) of `p`'s initial values, written to `dst` (device memory of
+/// B) through a bounded host buffer. The values depend only on (rule, name, element index).
 template <class T, class B>
-void init_normal(const Context<B>& ctx, Parameter<T, B>& p, std::uint64_t seed, float std) {
-  detail::InitStream rng(seed, p.name);
-  std::vector<float> v(static_cast<std::size_t>(p.numel()));
-  for (auto& x : v) x = static_cast<float>(std * rng.normal());
-  detail::upload(ctx, p.weight, v);
+void write_init_rule(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, std::int64_t first,
+                     std::int64_t count) {
+  check<ShapeError>(first >= 0 && count >= 0 && first + count <= p.numel(), "fourway: elements [",
+                    first, ", ", first + count, ") of parameter ", p.name, " of ", p.numel());
+  if (p.init.kind == InitRule::Kind::constant) {
+    Ops<B>::fill(ctx, dst, count, convert<T>(p.init.value));
+    return;
+  }
+  check<ConfigError>(p.init.kind == InitRule::Kind::normal, "fourway: parameter ", p.name,
+                     " holds no values and has no init rule; initialise it (init_normal, "
+                     "init_constant) or load it before a strategy places it");
+  const std::uint64_t key = detail::init_key(p.init.seed, p.name);
+  constexpr std::int64_t chunk = 1 << 14;
+  std::vector<T> host(static_cast<std::size_t>(std::min(count, chunk)));
+  for (std::int64_t at = 0; at < count; at += chunk) {
+    const std::int64_t n = std::min(chunk, count - at);
+    for (std::int64_t i = 0; i < n; ++i) {
+      host[static_cast<std::size_t>(i)] =
+          convert<T>(static_cast<float>(p.init.std * detail::init_normal_at(key, first + at + i)));
+    }
+    Ops<B>::from_host(ctx, dst + at, host.data(), n);
+  }
 }
 
-/// weight = value everywhere.
+/// Elements [first, first + count) of `p` as a strategy places them: copied from its storage
+/// when it has values, else computed from its init rule (deferred construction).
+template <class T, class B>
+void write_initial_values(const Context<B>& ctx, const Parameter<T, B>& p, T* dst,
+                          std::int64_t first, std::int64_t count) {
+  if (p.deferred()) {
+    write_init_rule(ctx, p, dst, first, count);
+  } else if (count > 0) {
+    Ops<B>::copy(ctx, dst, p.weight.data() + first, count);
+  }
+}
+
+/// Gives a deferred parameter its own weight (from its init rule) and a zeroed gradient.
+template <class T, class B>
+void materialize(const Context<B>& ctx, Parameter<T, B>& p) {
+  if (!p.deferred()) return;
+  Tensor<T, B> w(p.weight.shape(), MemTag::weights, ctx.memory());
+  write_init_rule(ctx, p, w.data(), 0, p.numel());
+  Tensor<T, B> g(p.weight.shape(), MemTag::grads, ctx.memory());
+  Ops<B>::fill(ctx, g.data(), g.numel(), convert<T>(0.0f));
+  p.weight = std::move(w);
+  p.grad = std::move(g);
+}
+
+/// weight = normal(0, std), element i from (seed, p.name, i); recorded as p's init rule (and
+/// only recorded for a deferred parameter).
+template <class T, class B>
+void init_normal(const Context<B>& ctx, Parameter<T, B>& p, std::uint64_t seed, float std) {
+  p.init = InitRule{InitRule::Kind::normal, seed, std, 0.0f};
+  if (!p.deferred()) write_init_rule(ctx, p, p.weight.data(), 0, p.numel());
+}
+
+/// weight = value everywhere (recorded as p's init rule).
 template <class T, class B>
 void init_constant(const Context<B>& ctx, Parameter<T, B>& p, float value) {
-  Ops<B>::fill(ctx, p.weight.data(), p.numel(), convert<T>(value));
+  p.init = InitRule{InitRule::Kind::constant, 0, 0.0f, value};
+  if (!p.deferred()) write_init_rule(ctx, p, p.weight.data(), 0, p.numel());
 }
 
 }  // namespace fourway

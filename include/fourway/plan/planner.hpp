@@ -11,6 +11,13 @@
 //! ZeRO-2 its reduce-scatters behind every backward, ZeRO-3 everything behind forward and
 //! backward, and the parameter all-gather after a ZeRO-1/2 optimizer step is never hidden.
 //!
+//! Memory per rank is the peak of the whole run, not of the step alone: `total()` is the largest
+//! of construction, checkpoint load, every training step and checkpoint save. With fourway's
+//! runtime the three phases outside the step hold the model states and nothing else — deferred
+//! construction materialises only the rank's share, `--init-from` reads only the rank's byte
+//! ranges and `--save` writes them in place through bounded host buffers, gathering nothing
+//! (docs/memory.md) — so the step decides; the planner says so rather than assuming it.
+//!
 //! The recommendation follows the seed's honest order: among the meshes whose estimated step is
 //! within `prefer_within` of the fastest, the one with the fewest of {tensor, pipeline}
 //! parallelism wins — mixed precision, ZeRO/FSDP and checkpointing come first.
@@ -96,13 +103,24 @@ struct StagePlan {
   double activations = 0;        // stored activations of all in-flight micro-batches
   double recompute_working = 0;  // one layer rebuilt during backward
   double zero3_gathered = 0;     // ZeRO-3: two gathered units + one unit's full gradients
+  double zero2_buckets = 0;      // ZeRO-2 (fourway): full gradients of the head's buckets
+  // Peaks of the phases outside a step (modelled): construction, checkpoint load and save.
+  double construct_peak = 0;
+  double load_peak = 0;
+  double save_peak = 0;
   double seconds_per_micro_batch = 0;
   Traffic tensor_parallel;  // per step
   Traffic pipeline;         // per step
   DataParallelTraffic data_parallel;
 
+  /// The peak of one training step.
+  [[nodiscard]] double step_peak() const {
+    return static_cast<double>(states.total()) + activations + recompute_working + zero3_gathered +
+           zero2_buckets;
+  }
+  /// The peak of the whole run: construction, load, every step, save.
   [[nodiscard]] double total() const {
-    return static_cast<double>(states.total()) + activations + recompute_working + zero3_gathered;
+    return std::max({step_peak(), construct_peak, load_peak, save_peak});
   }
   [[nodiscard]] double comm_bytes() const {
     return tensor_parallel.bytes + pipeline.bytes + data_parallel.bytes();
@@ -221,6 +239,8 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         own ? fourway_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
                                         o.optimizer)
             : model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+    // deferred construction, positioned reads and in-place writes: the states and nothing more
+    sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
     const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
     sp.data_parallel = data_parallel_traffic(s.zero >= 1 ? padded : sp.params, s.precision, s.zero,
                                              s.dp, s.micro_batches, dp_link);
@@ -253,6 +273,15 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.activations = static_cast<double>(fourway_activation_bytes(g, false));
           sp.recompute_working = 0;
         }
+      }
+      if (own && s.zero == 2) {
+        // The buckets the head's backward adds to (ln_f's, the first in backward order, and
+        // wte's, the last) hold full gradients from the start of backward, when the activations
+        // peak, until their reduce-scatter.
+        const auto segs = fourway_segments(a, 2, o.bucket_bytes, s.precision);
+        std::int64_t full = ceil_div(segs.front(), s.dp) * s.dp;
+        if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
+        sp.zero2_buckets = static_cast<double>(full * w);
       }
       if (s.zero == 3 && s.dp > 1) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;

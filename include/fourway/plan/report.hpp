@@ -88,8 +88,11 @@ inline std::string table(const Plan& p) {
     if (s.recompute != Recompute::none)
       row("recomputation working set (1 layer)", w.recompute_working);
     if (s.zero == 3 && s.dp > 1) row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
+    if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
   }
-  row("total", w.total());
+  row("step peak", w.step_peak());
+  row("construction / load / save peak", std::max({w.construct_peak, w.load_peak, w.save_peak}));
+  row("total (whole run)", w.total());
   os << "  " << std::string(82, '-') << "\n";
   row("GPU memory", p.memory_bytes);
   row("usable (" + fixed(p.options.headroom * 100, 0) + "% kept free)", p.usable_bytes());
@@ -159,6 +162,11 @@ inline std::string json(const Plan& p) {
        << ",\"activations\":" << json_number(st.activations)
        << ",\"recompute_working\":" << json_number(st.recompute_working)
        << ",\"zero3_gathered\":" << json_number(st.zero3_gathered)
+       << ",\"zero2_buckets\":" << json_number(st.zero2_buckets)
+       << ",\"construct_peak\":" << json_number(st.construct_peak)
+       << ",\"load_peak\":" << json_number(st.load_peak)
+       << ",\"save_peak\":" << json_number(st.save_peak)
+       << ",\"step_peak\":" << json_number(st.step_peak())
        << ",\"total\":" << json_number(st.total())
        << ",\"traffic_bytes\":{\"data_parallel\":" << json_number(st.data_parallel.bytes())
        << ",\"tensor_parallel\":" << json_number(st.tensor_parallel.bytes)

@@ -15,6 +15,7 @@
 //! F32, F16, BF16 (and F64) convert to the model's element type on load.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,7 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/train/safetensors.hpp"
+#include "fourway/train/sharded_io.hpp"
 
 namespace fourway {
 
@@ -107,9 +109,11 @@ inline bool is_gpt2_buffer(std::string_view rest) {
 }
 }  // namespace detail
 
-/// Infers layers, width, vocabulary and context from the shapes in `f` and checks that every
-/// GPT-2 tensor is present with the shape those imply. Throws `CheckpointError` otherwise.
-inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
+/// Infers layers, width, vocabulary and context from the shapes in `f` (a `SafetensorsFile` or a
+/// `SafetensorsReader`) and checks that every GPT-2 tensor is present with the shape those imply.
+/// Throws `CheckpointError` otherwise.
+template <class File>
+Gpt2FileInfo inspect_gpt2(const File& f) {
   Gpt2FileInfo info;
   const auto& src = f.source();
   if (f.find("wte.weight") == nullptr && f.find("transformer.wte.weight") != nullptr) {
@@ -160,11 +164,7 @@ inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
     if (detail::is_gpt2_buffer(rest)) {
       info.ignored.push_back(e.name);
     } else if (e.name == "lm_head.weight") {
-      const auto a = f.bytes(e);
-      const auto b = f.bytes(*wte);
-      check<CheckpointError>(e.dtype == wte->dtype && a.size() == b.size() &&
-                                 std::memcmp(a.data(), b.data(), a.size()) == 0,
-                             "fourway: ", src,
+      check<CheckpointError>(f.same_bytes(e, *wte), "fourway: ", src,
                              ": lm_head.weight differs from wte.weight; "
                              "fourway's GPT-2 ties the head to wte and cannot load an untied head");
       info.ignored.push_back(e.name);
@@ -181,6 +181,27 @@ inline Gpt2FileInfo inspect_gpt2(const SafetensorsFile& f) {
   }
   return info;
 }
+
+/// `read(p, first, count, out)`: elements [first, first + count) of parameter `p` from the GPT-2
+/// file behind `f` (checked by `inspect_gpt2`: `info`), converted to p's element type, into the
+/// host buffer `out`. What a strategy's `load_weights` asks for, range by range.
+inline auto gpt2_element_reader(const SafetensorsReader& f, const Gpt2FileInfo& info) {
+  return
+      [&f, prefix = info.prefix](const auto& p, std::int64_t first, std::int64_t count, auto* out) {
+        const auto* e = f.find(prefix + p.name);
+        check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", prefix,
+                               p.name, " that the model needs");
+        std::vector<std::int64_t> want;
+        for (int i = 0; i < p.weight.shape().rank(); ++i) want.push_back(p.weight.shape()[i]);
+        check<CheckpointError>(e->shape == want, "fourway: ", f.source(), ": tensor ", e->name,
+                               " has shape ", e->shape_str(), " but the model's ", p.name, " is ",
+                               p.weight.shape().str());
+        f.read_elements(*e, first, count, out);
+      };
+}
+
+/// The metadata Hugging Face writes in a GPT-2 file.
+inline std::map<std::string, std::string> gpt2_metadata() { return {{"format", "pt"}}; }
 
 /// Copies every parameter of `model` (HF names via `visit_parameters`) from `f`, converting to
 /// the model's element type. The model must have the shape `inspect_gpt2(f)` reports.
@@ -209,11 +230,31 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
                          " parameters, the GPT-2 in ", f.source(), " has ", expected);
 }
 
+/// Copies every parameter of `model` (which has its storage) from the file behind `f`, reading
+/// each tensor with positioned reads through a bounded buffer (no whole-file buffer).
+template <class Model, class B>
+void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model) {
+  const Gpt2FileInfo info = inspect_gpt2(f);
+  const auto read = gpt2_element_reader(f, info);
+  model.visit_parameters([&](auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
+    check<CheckpointError>(!p.deferred(), "fourway: load_gpt2 into a deferred parameter ", p.name,
+                           "; let the strategy load it (load_weights)");
+    constexpr std::int64_t chunk = 1 << 16;
+    std::vector<T> host(static_cast<std::size_t>(std::min(chunk, p.numel())));
+    for (std::int64_t at = 0; at < p.numel(); at += chunk) {
+      const std::int64_t n = std::min(chunk, p.numel() - at);
+      read(p, at, n, host.data());
+      Ops<B>::from_host(ctx, p.weight.data() + at, host.data(), n);
+    }
+  });
+}
+
 /// Adds every parameter of `model` to `w` under its HF name, in the model's element type
 /// (F32, BF16 or F16), with metadata `format: pt` as HF writes it.
 template <class Model, class B>
 void add_gpt2_tensors(const Context<B>& ctx, Model& model, SafetensorsWriter& w) {
-  w.set_metadata("format", "pt");
+  for (const auto& [k, v] : gpt2_metadata()) w.set_metadata(k, v);
   model.visit_parameters([&](auto& p) {
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
     std::vector<T> host(static_cast<std::size_t>(p.weight.numel()));
@@ -224,12 +265,53 @@ void add_gpt2_tensors(const Context<B>& ctx, Model& model, SafetensorsWriter& w)
   });
 }
 
+/// The tensors of `model`'s GPT-2 file (HF names, the model's element type, visit order), for
+/// `write_safetensors_collective`, with HF's metadata.
+template <class Model>
+std::vector<CollectiveTensor> gpt2_collective_tensors(Model& model) {
+  std::vector<CollectiveTensor> out;
+  model.visit_parameters([&](auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
+    CollectiveTensor t{p.name, st_dtype_of<T>(), {}};
+    for (int i = 0; i < p.weight.shape().rank(); ++i) t.shape.push_back(p.weight.shape()[i]);
+    out.push_back(std::move(t));
+  });
+  return out;
+}
+
 /// Writes `model`'s weights as a GPT-2 safetensors file (HF names, no prefix).
 template <class Model, class B>
 void save_gpt2(const Context<B>& ctx, Model& model, const std::filesystem::path& path) {
   SafetensorsWriter w;
   add_gpt2_tensors(ctx, model, w);
   w.write(path);
+}
+
+/// Loads `f` into the weights a data-parallel strategy holds (`ShardedStrategy::load_weights`):
+/// each rank reads only the byte ranges of the elements it owns. A collective under ZeRO-1/2.
+template <class Strategy>
+void load_gpt2_sharded(Strategy& strategy, const SafetensorsReader& f) {
+  strategy.load_weights(gpt2_element_reader(f, inspect_gpt2(f)));
+}
+
+/// Saves the weights a data-parallel strategy holds as one GPT-2 file, byte-identical to
+/// `save_gpt2` of the same weights: each rank writes only the elements it owns
+/// (`write_owned_weights`, `write_safetensors_collective`); nothing is gathered. A collective of
+/// the group `flags` agree over. Returns the bytes this rank wrote.
+template <class Strategy>
+std::uint64_t save_gpt2_sharded(Strategy& strategy, int rank, const FlagGather& flags,
+                                const std::filesystem::path& path) {
+  using T = typename Strategy::param_type;
+  return write_safetensors_collective(
+      rank, flags, path, gpt2_metadata(), gpt2_collective_tensors(strategy.model()),
+      [&](PieceSink& sink) {
+        strategy.write_owned_weights([&](int param, std::int64_t first, const T* host,
+                                         std::int64_t count) {
+          sink.write(static_cast<std::size_t>(param), static_cast<std::uint64_t>(first) * sizeof(T),
+                     std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(host),
+                                                    static_cast<std::size_t>(count) * sizeof(T)));
+        });
+      });
 }
 
 }  // namespace fourway

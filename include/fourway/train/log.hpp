@@ -59,6 +59,15 @@ inline std::string step_json(const StepRecord& r,
   return s + "]}";
 }
 
+/// The same with snapshots (every rank's counters, gathered from other processes under MPI).
+inline std::string step_json(const StepRecord& r, const std::vector<MemorySnapshot>& ranks) {
+  std::vector<const MemoryAccountant*> none;
+  std::string s = step_json(r, none);
+  s.resize(s.size() - 2);  // "]}"
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + ranks[i].json();
+  return s + "]}";
+}
+
 /// Appends one line per step to a file (truncated when opened).
 class JsonLog {
  public:

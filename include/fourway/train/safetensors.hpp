@@ -441,19 +441,146 @@ class SafetensorsFile {
                                SafetensorsLimits limits = {}) {
     SafetensorsFile f;
     f.source_ = std::move(source);
-    const auto& src = f.source_;
-    check<CheckpointError>(bytes.size() >= 8, "fourway: ", src, ": ", bytes.size(),
-                           " B is too short for a safetensors file (8-byte header length missing)");
-    std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
-    check<CheckpointError>(n <= limits.max_header_bytes, "fourway: ", src, ": header length ", n,
-                           " B exceeds the cap of ", limits.max_header_bytes, " B");
-    check<CheckpointError>(n <= bytes.size() - 8, "fourway: ", src, ": header length ", n,
-                           " B exceeds the ", bytes.size() - 8, " B after the length field");
-    check<CheckpointError>(n >= 2, "fourway: ", src, ": header length ", n,
-                           " B cannot hold a JSON object");
+    const std::uint64_t n = header_length(bytes.data(), bytes.size(), f.source_, limits);
     const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8),
                                 static_cast<std::size_t>(n));
+    f.parse_header(text, bytes.size(), limits);
+    f.bytes_ = std::move(bytes);
+    return f;
+  }
+
+  /// The header of a file of `file_size` bytes alone (`header` = the JSON text after the length
+  /// field), with every check `parse` makes; the result has entries and no data (`bytes` throws).
+  static SafetensorsFile index(std::string_view header, std::uint64_t file_size, std::string source,
+                               SafetensorsLimits limits = {}) {
+    SafetensorsFile f;
+    f.source_ = std::move(source);
+    f.header_only_ = true;
+    f.parse_header(header, file_size, limits);
+    return f;
+  }
+
+  /// The header length from the first 8 bytes of a file of `file_size` bytes (`first` holds at
+  /// least min(8, file_size) of them), checked against the file and the limits.
+  static std::uint64_t header_length(const unsigned char* first, std::uint64_t file_size,
+                                     const std::string& src, const SafetensorsLimits& limits) {
+    check<CheckpointError>(file_size >= 8, "fourway: ", src, ": ", file_size,
+                           " B is too short for a safetensors file (8-byte header length missing)");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | first[static_cast<std::size_t>(i)];
+    check<CheckpointError>(n <= limits.max_header_bytes, "fourway: ", src, ": header length ", n,
+                           " B exceeds the cap of ", limits.max_header_bytes, " B");
+    check<CheckpointError>(n <= file_size - 8, "fourway: ", src, ": header length ", n,
+                           " B exceeds the ", file_size - 8, " B after the length field");
+    check<CheckpointError>(n >= 2, "fourway: ", src, ": header length ", n,
+                           " B cannot hold a JSON object");
+    return n;
+  }
+
+  /// Converts the F32, F16, BF16 or F64 values at `p` (`n` elements of `dtype`) into `out`;
+  /// `name` and `source` are for the message when the dtype does not convert.
+  template <floating_dtype T>
+  static void convert_values(StDtype dtype, const unsigned char* p, T* out, std::size_t n,
+                             std::string_view source, std::string_view name) {
+    switch (dtype) {
+      case StDtype::F32:
+        if constexpr (std::is_same_v<T, float>) {
+          if (n > 0) std::memcpy(out, p, n * 4);
+        } else {
+          for (std::size_t i = 0; i < n; ++i) {
+            float v;
+            std::memcpy(&v, p + 4 * i, 4);
+            out[i] = convert<T>(v);
+          }
+        }
+        return;
+      case StDtype::F16:
+      case StDtype::BF16: {
+        const bool is_half = dtype == StDtype::F16;
+        if ((is_half && std::is_same_v<T, fp16>) || (!is_half && std::is_same_v<T, bf16>)) {
+          if (n > 0) std::memcpy(out, p, n * 2);
+          return;
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          std::uint16_t b;
+          std::memcpy(&b, p + 2 * i, 2);
+          const float v = is_half ? detail::fp16_bits_to_float(b) : detail::bf16_bits_to_float(b);
+          out[i] = convert<T>(v);
+        }
+        return;
+      }
+      case StDtype::F64:
+        for (std::size_t i = 0; i < n; ++i) {
+          double v;
+          std::memcpy(&v, p + 8 * i, 8);
+          out[i] = convert<T>(static_cast<float>(v));
+        }
+        return;
+      default:
+        throw CheckpointError(detail::cat(
+            "fourway: ", source, ": tensor \"", name, "\" has dtype ", st_dtype_name(dtype),
+            "; only F32, F16, BF16 and F64 convert to ", dtype_name(dtype_of<T>::value)));
+    }
+  }
+
+  [[nodiscard]] const std::string& source() const { return source_; }
+  [[nodiscard]] const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Bytes before the data buffer (8 + header length).
+  [[nodiscard]] std::size_t data_offset() const { return data_offset_; }
+
+  [[nodiscard]] const SafetensorsEntry* find(std::string_view name) const {
+    for (const auto& e : entries_) {
+      if (e.name == name) return &e;
+    }
+    return nullptr;
+  }
+  [[nodiscard]] const SafetensorsEntry& at(std::string_view name) const {
+    const auto* e = find(name);
+    check<CheckpointError>(e != nullptr, "fourway: ", source_, ": no tensor named \"", name, "\"");
+    return *e;
+  }
+
+  /// The raw little-endian bytes of `e`.
+  [[nodiscard]] std::span<const unsigned char> bytes(const SafetensorsEntry& e) const {
+    check<CheckpointError>(!header_only_, "fourway: ", source_,
+                           ": only the header was read; read tensor bytes with a "
+                           "SafetensorsReader");
+    return {bytes_.data() + data_offset_ + e.begin, static_cast<std::size_t>(e.end - e.begin)};
+  }
+  /// Whether tensors `a` and `b` have the same dtype and bytes.
+  [[nodiscard]] bool same_bytes(const SafetensorsEntry& a, const SafetensorsEntry& b) const {
+    const auto x = bytes(a);
+    const auto y = bytes(b);
+    return a.dtype == b.dtype && x.size() == y.size() &&
+           (x.empty() || std::memcmp(x.data(), y.data(), x.size()) == 0);
+  }
+
+  /// Converts the F32, F16, BF16 or F64 tensor `e` into `out` (exactly `e.numel()` elements).
+  template <floating_dtype T>
+  void read_into(const SafetensorsEntry& e, std::span<T> out) const {
+    check<CheckpointError>(out.size() == static_cast<std::size_t>(e.numel()), "fourway: ", source_,
+                           ": tensor \"", e.name, "\" has ", e.numel(),
+                           " elements, the destination ", out.size());
+    convert_values(e.dtype, bytes(e).data(), out.data(), out.size(), source_, e.name);
+  }
+
+  /// The tensor as a vector of T (converted from F32/F16/BF16/F64).
+  template <floating_dtype T = float>
+  [[nodiscard]] std::vector<T> read(const SafetensorsEntry& e) const {
+    std::vector<T> v(static_cast<std::size_t>(e.numel()));
+    read_into(e, std::span<T>(v));
+    return v;
+  }
+
+ private:
+  /// Parses and validates the header `text` of a file of `file_size` bytes: every strict check
+  /// (fields, dtypes, shapes, offsets tiling the data buffer exactly).
+  void parse_header(std::string_view text, std::uint64_t file_size,
+                    const SafetensorsLimits& limits) {
+    SafetensorsFile& f = *this;
+    const auto& src = f.source_;
+    const std::uint64_t n = text.size();
     check<CheckpointError>(text.front() == '{', "fourway: ", src,
                            ": the header must start with '{'");
     check<CheckpointError>(detail::valid_utf8(text), "fourway: ", src,
@@ -551,7 +678,7 @@ class SafetensorsFile {
     }
 
     // The tensors must tile the data buffer: sorted by begin, each starts where the last ended.
-    const std::uint64_t buffer = bytes.size() - 8 - n;
+    const std::uint64_t buffer = file_size - 8 - n;
     std::vector<std::size_t> order(f.entries_.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -577,90 +704,11 @@ class SafetensorsFile {
                            " trailing bytes after the last tensor (data buffer is ", buffer,
                            " B, tensors cover ", at, " B)");
     f.data_offset_ = 8 + static_cast<std::size_t>(n);
-    f.bytes_ = std::move(bytes);
-    return f;
-  }
-
-  [[nodiscard]] const std::string& source() const { return source_; }
-  [[nodiscard]] const std::vector<SafetensorsEntry>& entries() const { return entries_; }
-  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
-
-  [[nodiscard]] const SafetensorsEntry* find(std::string_view name) const {
-    for (const auto& e : entries_) {
-      if (e.name == name) return &e;
-    }
-    return nullptr;
-  }
-  [[nodiscard]] const SafetensorsEntry& at(std::string_view name) const {
-    const auto* e = find(name);
-    check<CheckpointError>(e != nullptr, "fourway: ", source_, ": no tensor named \"", name, "\"");
-    return *e;
-  }
-
-  /// The raw little-endian bytes of `e`.
-  [[nodiscard]] std::span<const unsigned char> bytes(const SafetensorsEntry& e) const {
-    return {bytes_.data() + data_offset_ + e.begin, static_cast<std::size_t>(e.end - e.begin)};
-  }
-
-  /// Converts the F32, F16, BF16 or F64 tensor `e` into `out` (exactly `e.numel()` elements).
-  template <floating_dtype T>
-  void read_into(const SafetensorsEntry& e, std::span<T> out) const {
-    check<CheckpointError>(out.size() == static_cast<std::size_t>(e.numel()), "fourway: ", source_,
-                           ": tensor \"", e.name, "\" has ", e.numel(),
-                           " elements, the destination ", out.size());
-    const unsigned char* p = bytes(e).data();
-    const std::size_t n = out.size();
-    switch (e.dtype) {
-      case StDtype::F32:
-        if constexpr (std::is_same_v<T, float>) {
-          if (n > 0) std::memcpy(out.data(), p, n * 4);
-        } else {
-          for (std::size_t i = 0; i < n; ++i) {
-            float v;
-            std::memcpy(&v, p + 4 * i, 4);
-            out[i] = convert<T>(v);
-          }
-        }
-        return;
-      case StDtype::F16:
-      case StDtype::BF16: {
-        const bool is_half = e.dtype == StDtype::F16;
-        if ((is_half && std::is_same_v<T, fp16>) || (!is_half && std::is_same_v<T, bf16>)) {
-          if (n > 0) std::memcpy(out.data(), p, n * 2);
-          return;
-        }
-        for (std::size_t i = 0; i < n; ++i) {
-          std::uint16_t b;
-          std::memcpy(&b, p + 2 * i, 2);
-          const float v = is_half ? detail::fp16_bits_to_float(b) : detail::bf16_bits_to_float(b);
-          out[i] = convert<T>(v);
-        }
-        return;
-      }
-      case StDtype::F64:
-        for (std::size_t i = 0; i < n; ++i) {
-          double v;
-          std::memcpy(&v, p + 8 * i, 8);
-          out[i] = convert<T>(static_cast<float>(v));
-        }
-        return;
-      default:
-        throw CheckpointError(detail::cat(
-            "fourway: ", source_, ": tensor \"", e.name, "\" has dtype ", st_dtype_name(e.dtype),
-            "; only F32, F16, BF16 and F64 convert to ", dtype_name(dtype_of<T>::value)));
-    }
-  }
-
-  /// The tensor as a vector of T (converted from F32/F16/BF16/F64).
-  template <floating_dtype T = float>
-  [[nodiscard]] std::vector<T> read(const SafetensorsEntry& e) const {
-    std::vector<T> v(static_cast<std::size_t>(e.numel()));
-    read_into(e, std::span<T>(v));
-    return v;
   }
 
  private:
   std::string source_;
+  bool header_only_ = false;
   std::vector<unsigned char> bytes_;
   std::size_t data_offset_ = 0;
   std::vector<SafetensorsEntry> entries_;
@@ -703,14 +751,24 @@ class SafetensorsWriter {
                                        values.size() * sizeof(T)));
   }
 
-  /// The whole file as bytes.
-  [[nodiscard]] std::vector<unsigned char> serialize() const {
+  /// What the header says of one tensor.
+  struct HeaderEntry {
+    std::string_view name;
+    StDtype dtype;
+    std::span<const std::int64_t> shape;
+    std::uint64_t bytes = 0;
+  };
+
+  /// The header text (padded with spaces to a multiple of 8) of a file holding `tensors` in this
+  /// order with no gaps: the writer's, so a file assembled piece by piece is byte-identical.
+  static std::string header(const std::map<std::string, std::string>& metadata,
+                            std::span<const HeaderEntry> tensors) {
     std::string h = "{";
     bool first = true;
-    if (!metadata_.empty()) {
+    if (!metadata.empty()) {
       h += "\"__metadata__\":{";
       bool f2 = true;
-      for (const auto& [k, v] : metadata_) {
+      for (const auto& [k, v] : metadata) {
         if (!f2) h += ',';
         f2 = false;
         detail::json_escape(h, k);
@@ -721,7 +779,7 @@ class SafetensorsWriter {
       first = false;
     }
     std::uint64_t at = 0;
-    for (const auto& t : tensors_) {
+    for (const auto& t : tensors) {
       if (!first) h += ',';
       first = false;
       detail::json_escape(h, t.name);
@@ -732,12 +790,23 @@ class SafetensorsWriter {
         if (i) h += ',';
         h += std::to_string(t.shape[i]);
       }
-      h += "],\"data_offsets\":[" + std::to_string(at) + ',' + std::to_string(at + t.data.size()) +
-           "]}";
-      at += t.data.size();
+      h += "],\"data_offsets\":[" + std::to_string(at) + ',' + std::to_string(at + t.bytes) + "]}";
+      at += t.bytes;
     }
     h += '}';
     while (h.size() % 8 != 0) h += ' ';
+    return h;
+  }
+
+  /// The whole file as bytes.
+  [[nodiscard]] std::vector<unsigned char> serialize() const {
+    std::vector<HeaderEntry> entries;
+    std::uint64_t at = 0;
+    for (const auto& t : tensors_) {
+      entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
+      at += t.data.size();
+    }
+    const std::string h = header(metadata_, entries);
     std::vector<unsigned char> out;
     out.reserve(8 + h.size() + at);
     const std::uint64_t n = h.size();

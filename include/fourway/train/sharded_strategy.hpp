@@ -29,10 +29,13 @@
 //! it) and rebinds every parameter's `weight` and `grad` to views of its own buffers: the layers'
 //! storage is freed at construction. The model needs `units()`, `visit_parameters(f)` and
 //! `visit_unit_parameters(u, f)` (docs/contracts.md, FSDP units).
-//! Initial weights must be identical on every rank (fw::models::Gpt's init depends only on seed
-//! and parameter name); they are not broadcast. See docs/parallel.md.
+//! Initial weights must be identical on every rank (fw::models::Gpt's init depends only on seed,
+//! parameter name and element index); they are not broadcast. Built on a deferred model
+//! (`Gpt::deferred`), the strategy computes only the elements it places: under stage 3 the
+//! rank's shard, so no rank ever holds the whole model. See docs/memory.md.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -162,16 +165,67 @@ class ShardedStrategy {
     for (const auto& t : tiles_) bindings.push_back({weight_at(t), grad_at(t)});
     r = apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
     if constexpr (Stage == 1 || Stage == 2) {
-      if (!r.skipped) {
-        for (int s = 0; s < layout().segment_count(); ++s) {
-          const auto& seg = layout().segment(s);
-          queue_.push(comm_->all_gather_async(weights_.data() + layout().owned_begin(s, rank_),
-                                              weights_.data() + seg.offset, seg.shard));
-        }
-        queue_.wait_all();
-      }
+      if (!r.skipped) gather_working_weights();
     }
     return r;
+  }
+
+  // ---- loading and saving: each rank touches only what it owns --------------------------------
+
+  /// Overwrites the weights with values from `read(p, first, count, host)` (elements [first,
+  /// first + count) of parameter `p` into the host buffer `host`, at most 2^16 at a time) and
+  /// restarts the fp32 masters from them. Each rank asks only for the elements it owns (stage 0:
+  /// every element; it is a replica); stages 1-2 then all-gather the working weights, so it is a
+  /// collective there. Call it before the first step (the Adam moments are left as they are).
+  template <class Source>
+  void load_weights(Source&& read) {
+    queue_.wait_all();
+    const FlatLayout& l = layout();
+    constexpr std::int64_t chunk = 1 << 16;
+    std::vector<T> host;
+    for (const auto& t : tiles_) {
+      if (t.slot < 0) continue;
+      const auto& slot = l.slots()[t.slot];
+      const Parameter<T, B>& p = params_.parameter(slot.param);
+      host.resize(static_cast<std::size_t>(std::min(chunk, t.count)));
+      for (std::int64_t at = 0; at < t.count; at += chunk) {
+        const std::int64_t n = std::min(chunk, t.count - at);
+        read(p, t.flat_offset - slot.offset + at, n, host.data());
+        ops::from_host(*ctx_, weight_at(t) + at, host.data(), n);
+      }
+    }
+    for (std::size_t i = 0; i < tiles_.size(); ++i) {
+      state_.init_master(*ctx_, i, weight_at(tiles_[i]));
+    }
+    if constexpr (Stage == 1 || Stage == 2) gather_working_weights();
+  }
+
+  /// Hands every element this rank writes to a checkpoint to `put(param, first, host, count)`
+  /// (parameter index in `visit_parameters` order, its first element, a host buffer of `count`
+  /// elements, at most 2^16): the rank's own shard under stages 1-3, its 1/N of every parameter
+  /// under stage 0. Over all ranks, every element exactly once; nothing is gathered.
+  template <class Put>
+  void write_owned_weights(Put&& put) {
+    queue_.wait_all();
+    const FlatLayout& l = layout();
+    constexpr std::int64_t chunk = 1 << 16;
+    std::vector<T> host;
+    for (const auto& t : tiles_) {
+      if (t.slot < 0) continue;
+      const auto& slot = l.slots()[t.slot];
+      std::int64_t lo = 0, hi = t.count;
+      if constexpr (Stage == 0) {
+        const std::int64_t part = shard_numel(t.count, size_);
+        lo = std::min(t.count, rank_ * part);
+        hi = std::min(t.count, lo + part);
+      }
+      host.resize(static_cast<std::size_t>(std::min(chunk, std::max<std::int64_t>(hi - lo, 0))));
+      for (std::int64_t at = lo; at < hi; at += chunk) {
+        const std::int64_t n = std::min(chunk, hi - at);
+        ops::to_host(*ctx_, host.data(), weight_at(t) + at, n);
+        put(slot.param, t.flat_offset - slot.offset + at, host.data(), n);
+      }
+    }
   }
 
   // ---- inspection -----------------------------------------------------------------------------
@@ -301,23 +355,23 @@ class ShardedStrategy {
   }
 
   /// The working weights (stages 0-2: every weight, Ψ'; stage 3: the rank's shard, Ψ'/N),
-  /// copied from the model's own storage, and the fp32 masters initialised from them.
+  /// copied from the model's own storage or, for a deferred model, computed from the init rules
+  /// (only the rank's own elements under stage 3), and the fp32 masters initialised from them.
   Tensor<T, B> place_weights() {
     const FlatLayout& l = layout();
     Tensor<T, B> w(Shape{Stage <= 2 ? l.padded() : l.shard()}, MemTag::weights, ctx_->memory());
     ops::fill(*ctx_, w.data(), w.numel(), zero());
     if constexpr (Stage <= 2) {
       for (const auto& slot : l.slots()) {
-        ops::copy(*ctx_, w.data() + slot.offset, params_.parameter(slot.param).weight.data(),
-                  slot.numel);
+        write_initial_values(*ctx_, params_.parameter(slot.param), w.data() + slot.offset, 0,
+                             slot.numel);
       }
     } else {
       for (const auto& t : tiles_) {
         if (t.slot < 0) continue;
         const auto& slot = l.slots()[t.slot];
-        ops::copy(*ctx_, w.data() + t.shard_offset,
-                  params_.parameter(slot.param).weight.data() + (t.flat_offset - slot.offset),
-                  t.count);
+        write_initial_values(*ctx_, params_.parameter(slot.param), w.data() + t.shard_offset,
+                             t.flat_offset - slot.offset, t.count);
       }
     }
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
@@ -325,6 +379,16 @@ class ShardedStrategy {
                          w.data() + (Stage <= 2 ? tiles_[i].flat_offset : tiles_[i].shard_offset));
     }
     return w;
+  }
+
+  /// Stages 1-2: every rank's updated shard of the working weights to every rank.
+  void gather_working_weights() {
+    for (int s = 0; s < layout().segment_count(); ++s) {
+      const auto& seg = layout().segment(s);
+      queue_.push(comm_->all_gather_async(weights_.data() + layout().owned_begin(s, rank_),
+                                          weights_.data() + seg.offset, seg.shard));
+    }
+    queue_.wait_all();
   }
 
   T* weight_at(const Tile& t) const {

@@ -68,6 +68,15 @@ inline Stream make_stream(int device) {
 /// reduced-precision (16-bit) reductions inside 16-bit GEMMs.
 inline constexpr cublasMath_t cublas_math_mode = static_cast<cublasMath_t>(
     CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+
+/// Free bytes on `device` now (cudaMemGetInfo): the default per-rank memory cap of the programs,
+/// so running out is fourway's OutOfMemory with the per-tag table, not a bare cudaMalloc error.
+inline std::size_t free_memory(int device) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  std::size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
 }  // namespace cuda
 
 struct Cuda {
