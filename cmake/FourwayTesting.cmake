@@ -11,7 +11,7 @@
 #       with RC, through check_program.cmake (exit status and output). Without MPI, each
 #       n_npN is a placeholder that ctest reports as Skipped (label mpi_unavailable).
 #   fourway_add_program_test(NAME n COMMAND exe args... RC code EXPECT regex [LOSS_FALLS]
-#                            [LABELS ...] [TIMEOUT s] [ENVIRONMENT ...])
+#                            [LABELS ...] [TIMEOUT s])
 #       Runs a program (a target name or a path) through tests/support/check_program.cmake: the
 #       test passes only when the exit status is RC (a number or `nonzero`) and stdout+stderr
 #       match EXPECT (which cannot hold a ';': match it with '.'); LOSS_FALLS also asks the
@@ -26,14 +26,24 @@ find_package(GTest REQUIRED)
 
 set(FOURWAY_GTEST_SKIP_REGEX "\\[  SKIPPED \\]")
 
-function(fourway_add_test)
-  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+# In a function that parsed its arguments into A_*: label cpu and 300 s unless given, and no
+# argument left unparsed (a ';' inside a quoted EXPECT would split it: match it with '.').
+macro(_fourway_test_defaults fn)
   if(NOT A_LABELS)
     set(A_LABELS cpu)
   endif()
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
+  if(A_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "${fn}(${A_NAME}): unexpected '${A_UNPARSED_ARGUMENTS}'"
+                        " (a ';' in EXPECT splits it: match it with '.')")
+  endif()
+endmacro()
+
+function(fourway_add_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  _fourway_test_defaults(fourway_add_test)
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE fourway::fourway fourway_project_options
                         GTest::gtest GTest::gtest_main ${A_LIBS})
@@ -92,18 +102,12 @@ endfunction()
 
 function(fourway_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT;RC;EXPECT" "SOURCES;LIBS;NP" ${ARGN})
-  if(A_UNPARSED_ARGUMENTS)
-    message(FATAL_ERROR "fourway_add_mpi_test(${A_NAME}): unexpected '${A_UNPARSED_ARGUMENTS}'"
-                        " (a ';' in EXPECT splits it: match it with '.')")
-  endif()
+  _fourway_test_defaults(fourway_add_mpi_test)
   if(NOT TARGET fourway::mpi OR NOT MPIEXEC_EXECUTABLE)
     foreach(np IN LISTS A_NP)
       fourway_add_mpi_placeholder(${A_NAME}_np${np})
     endforeach()
     return()
-  endif()
-  if(NOT A_TIMEOUT)
-    set(A_TIMEOUT 300)
   endif()
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE fourway::mpi fourway_project_options GTest::gtest
@@ -124,17 +128,8 @@ function(fourway_add_mpi_test)
 endfunction()
 
 function(fourway_add_program_test)
-  cmake_parse_arguments(A "LOSS_FALLS" "NAME;RC;EXPECT;TIMEOUT" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
-  if(NOT A_LABELS)
-    set(A_LABELS cpu)
-  endif()
-  if(NOT A_TIMEOUT)
-    set(A_TIMEOUT 300)
-  endif()
-  if(A_UNPARSED_ARGUMENTS)
-    message(FATAL_ERROR "fourway_add_program_test(${A_NAME}): unexpected '${A_UNPARSED_ARGUMENTS}'"
-                        " (a ';' in EXPECT splits it: match it with '.')")
-  endif()
+  cmake_parse_arguments(A "LOSS_FALLS" "NAME;RC;EXPECT;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  _fourway_test_defaults(fourway_add_program_test)
   list(POP_FRONT A_COMMAND exe)
   if(NOT exe MATCHES "[/$]")  # a target name (perhaps defined later, in examples/)
     set(exe $<TARGET_FILE:${exe}>)
@@ -144,9 +139,6 @@ function(fourway_add_program_test)
             "-DEXPECT=${A_EXPECT}" "-DLOSS_FALLS=${A_LOSS_FALLS}"
             -P ${PROJECT_SOURCE_DIR}/tests/support/check_program.cmake)
   set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
-  if(A_ENVIRONMENT)
-    set_tests_properties(${A_NAME} PROPERTIES ENVIRONMENT "${A_ENVIRONMENT}")
-  endif()
 endfunction()
 
 function(fourway_add_compile_fail_test)
