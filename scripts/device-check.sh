@@ -256,24 +256,18 @@ if [ "$built" -eq 1 ]; then
   # bitwise and refusal tests. racecheck (shared-memory hazards, independent of the element type)
   # runs the fp32 instances of the kernel tests; memcheck runs all three types.
   localworld='DeviceComm/0.LocalWorld*:DeviceComm.*LocalWorld*'
-  for tool in memcheck racecheck; do
-    kernel_filter='*'
-    [ "$tool" = racecheck ] && kernel_filter='CudaKernels/0.*'
-    if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$kernels" ]; then
-      step "$tool-kernels" compute-sanitizer --tool "$tool" --error-exitcode 1 "$kernels" \
-        --gtest_filter="$kernel_filter"
-      note "$tool-kernels" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-kernels.log" | tail -1)"
-    else
-      skip "$tool-kernels" "compute-sanitizer or backend_kernels_cuda_test missing"
+  sanitize() {  # sanitize STEP TOOL EXE FILTER
+    if ! command -v compute-sanitizer >/dev/null 2>&1 || [ -z "$3" ]; then
+      skip "$1" "compute-sanitizer or the test executable missing (comm_cuda_test needs NCCL)"
+      return
     fi
-    if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "$comm" ]; then
-      step "$tool-localworld" compute-sanitizer --tool "$tool" --error-exitcode 1 "$comm" \
-        --gtest_filter="$localworld"
-      note "$tool-localworld" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$tool-localworld.log" | tail -1)"
-    else
-      skip "$tool-localworld" "compute-sanitizer or comm_cuda_test (needs NCCL) missing"
-    fi
-  done
+    step "$1" compute-sanitizer --tool "$2" --error-exitcode 1 "$3" --gtest_filter="$4"
+    note "$1" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logdir/$1.log" | tail -1)"
+  }
+  sanitize memcheck-kernels memcheck "$kernels" '*'
+  sanitize memcheck-localworld memcheck "$comm" "$localworld"
+  sanitize racecheck-kernels racecheck "$kernels" 'CudaKernels/0.*'
+  sanitize racecheck-localworld racecheck "$comm" "$localworld"
   gpt=$(exe layers_cuda_test)
   if [ -n "$gpt" ]; then
     step gpt-step "$gpt" --gtest_filter='GptCuda.*MatchesHost'
