@@ -1,6 +1,6 @@
 # Lint tests (labels cpu, lint): they read the source tree, build nothing, take seconds.
 #   lint.format  every C++/CUDA file under include/ tests/ examples/ benchmarks/ is formatted;
-#   lint.tidy    clang-tidy (.clang-tidy) over config, core and the host backend headers;
+#   lint.tidy    clang-tidy (.clang-tidy) over config, core, host backend and schedule headers;
 #   lint.capability_flags  no `#ifdef FOURWAY_HAS_*` (the flags are always defined, 0 or 1);
 #   lint.umbrella  fourway.hpp includes every .hpp, fourway.cuh every .cuh.
 # format and tidy report Skipped (exit 77) where the tool is not installed.

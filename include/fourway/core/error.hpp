@@ -74,6 +74,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// A pipeline schedule that cannot run: an invalid request, or a table that the checker refuses
+/// (a send without its recv, a deadlock, a micro-batch computed twice or never).
+class ScheduleError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 namespace detail {
 /// Builds a message from streamable pieces: `cat("world size ", n, " is not ", a, " x ", b)`.
 template <class... Ts>
