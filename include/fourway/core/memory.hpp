@@ -8,7 +8,7 @@
 //! An optional limit (`set_limit`) caps the rank's total: an allocation that would take the total
 //! past it throws `OutOfMemory` naming the rank, the tag, the bytes asked for, the bytes in use per
 //! tag and the cap, and changes nothing. `MemorySnapshot` is a copy of the counters that can be
-//! sent between processes (16 + 1 integers) and printed like the accountant itself.
+//! sent between processes (18 integers) and printed like the accountant itself.
 #pragma once
 
 #include <array>
@@ -64,9 +64,10 @@ struct MemorySnapshot {
   [[nodiscard]] std::array<std::int64_t, words> to_words() const {
     std::array<std::int64_t, words> w{};
     w[0] = rank;
-    for (int i = 0; i < mem_tag_count; ++i) {
-      w[static_cast<std::size_t>(1 + i)] = static_cast<std::int64_t>(current[i]);
-      w[static_cast<std::size_t>(1 + mem_tag_count + i)] = static_cast<std::int64_t>(peak[i]);
+    constexpr auto tags = static_cast<std::size_t>(mem_tag_count);
+    for (std::size_t i = 0; i < tags; ++i) {
+      w[1 + i] = static_cast<std::int64_t>(current[i]);
+      w[1 + tags + i] = static_cast<std::int64_t>(peak[i]);
     }
     w[words - 3] = static_cast<std::int64_t>(total_current);
     w[words - 2] = static_cast<std::int64_t>(total_peak);

@@ -182,21 +182,29 @@ Gpt2FileInfo inspect_gpt2(const File& f) {
   return info;
 }
 
+namespace detail {
+/// The entry of parameter `p` in `f` (name with `prefix`), checked to have p's shape.
+template <class File, class P>
+const SafetensorsEntry& gpt2_entry(const File& f, const std::string& prefix, const P& p) {
+  const auto* e = f.find(prefix + p.name);
+  check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", prefix, p.name,
+                         " that the model needs");
+  std::vector<std::int64_t> want;
+  for (int i = 0; i < p.weight.shape().rank(); ++i) want.push_back(p.weight.shape()[i]);
+  check<CheckpointError>(e->shape == want, "fourway: ", f.source(), ": tensor ", e->name,
+                         " has shape ", e->shape_str(), " but the model's ", p.name, " is ",
+                         p.weight.shape().str());
+  return *e;
+}
+}  // namespace detail
+
 /// `read(p, first, count, out)`: elements [first, first + count) of parameter `p` from the GPT-2
 /// file behind `f` (checked by `inspect_gpt2`: `info`), converted to p's element type, into the
 /// host buffer `out`. What a strategy's `load_weights` asks for, range by range.
 inline auto gpt2_element_reader(const SafetensorsReader& f, const Gpt2FileInfo& info) {
   return
       [&f, prefix = info.prefix](const auto& p, std::int64_t first, std::int64_t count, auto* out) {
-        const auto* e = f.find(prefix + p.name);
-        check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", prefix,
-                               p.name, " that the model needs");
-        std::vector<std::int64_t> want;
-        for (int i = 0; i < p.weight.shape().rank(); ++i) want.push_back(p.weight.shape()[i]);
-        check<CheckpointError>(e->shape == want, "fourway: ", f.source(), ": tensor ", e->name,
-                               " has shape ", e->shape_str(), " but the model's ", p.name, " is ",
-                               p.weight.shape().str());
-        f.read_elements(*e, first, count, out);
+        f.read_elements(detail::gpt2_entry(f, prefix, p), first, count, out);
       };
 }
 
@@ -211,16 +219,8 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
   std::size_t loaded = 0;
   model.visit_parameters([&](auto& p) {
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    const auto* e = f.find(info.prefix + p.name);
-    check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", info.prefix,
-                           p.name, " that the model needs");
-    std::vector<std::int64_t> want;
-    for (int i = 0; i < p.weight.shape().rank(); ++i) want.push_back(p.weight.shape()[i]);
-    check<CheckpointError>(e->shape == want, "fourway: ", f.source(), ": tensor ", e->name,
-                           " has shape ", e->shape_str(), " but the model's ", p.name, " is ",
-                           p.weight.shape().str());
     std::vector<T> host(static_cast<std::size_t>(p.weight.numel()));
-    f.read_into(*e, std::span<T>(host));
+    f.read_into(detail::gpt2_entry(f, info.prefix, p), std::span<T>(host));
     Ops<B>::from_host(ctx, p.weight.data(), host.data(), p.weight.numel());
     ++loaded;
   });

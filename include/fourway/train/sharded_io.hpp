@@ -245,9 +245,12 @@ std::uint64_t write_safetensors_collective(int rank, const FlagGather& flags,
                                            const std::vector<CollectiveTensor>& tensors,
                                            WriteMine&& write_mine) {
   std::vector<SafetensorsWriter::HeaderEntry> entries;
+  entries.reserve(tensors.size());
   for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes()});
   const std::string header = SafetensorsWriter::header(metadata, entries);
   std::vector<std::uint64_t> begins, sizes;
+  begins.reserve(tensors.size());
+  sizes.reserve(tensors.size());
   std::uint64_t at = 8 + header.size();
   for (const auto& t : tensors) {
     begins.push_back(at);

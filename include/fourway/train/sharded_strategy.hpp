@@ -180,20 +180,12 @@ class ShardedStrategy {
   template <class Source>
   void load_weights(Source&& read) {
     queue_.wait_all();
-    const FlatLayout& l = layout();
-    constexpr std::int64_t chunk = 1 << 16;
     std::vector<T> host;
-    for (const auto& t : tiles_) {
-      if (t.slot < 0) continue;
-      const auto& slot = l.slots()[t.slot];
-      const Parameter<T, B>& p = params_.parameter(slot.param);
-      host.resize(static_cast<std::size_t>(std::min(chunk, t.count)));
-      for (std::int64_t at = 0; at < t.count; at += chunk) {
-        const std::int64_t n = std::min(chunk, t.count - at);
-        read(p, t.flat_offset - slot.offset + at, n, host.data());
-        ops::from_host(*ctx_, weight_at(t) + at, host.data(), n);
-      }
-    }
+    for_each_owned_run(false, [&](const FlatSlot& slot, std::int64_t first, T* at, std::int64_t n) {
+      host.resize(static_cast<std::size_t>(n));
+      read(params_.parameter(slot.param), first, n, host.data());
+      ops::from_host(*ctx_, at, host.data(), n);
+    });
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
       state_.init_master(*ctx_, i, weight_at(tiles_[i]));
     }
@@ -207,25 +199,12 @@ class ShardedStrategy {
   template <class Put>
   void write_owned_weights(Put&& put) {
     queue_.wait_all();
-    const FlatLayout& l = layout();
-    constexpr std::int64_t chunk = 1 << 16;
     std::vector<T> host;
-    for (const auto& t : tiles_) {
-      if (t.slot < 0) continue;
-      const auto& slot = l.slots()[t.slot];
-      std::int64_t lo = 0, hi = t.count;
-      if constexpr (Stage == 0) {
-        const std::int64_t part = shard_numel(t.count, size_);
-        lo = std::min(t.count, rank_ * part);
-        hi = std::min(t.count, lo + part);
-      }
-      host.resize(static_cast<std::size_t>(std::min(chunk, std::max<std::int64_t>(hi - lo, 0))));
-      for (std::int64_t at = lo; at < hi; at += chunk) {
-        const std::int64_t n = std::min(chunk, hi - at);
-        ops::to_host(*ctx_, host.data(), weight_at(t) + at, n);
-        put(slot.param, t.flat_offset - slot.offset + at, host.data(), n);
-      }
-    }
+    for_each_owned_run(true, [&](const FlatSlot& slot, std::int64_t first, T* at, std::int64_t n) {
+      host.resize(static_cast<std::size_t>(n));
+      ops::to_host(*ctx_, host.data(), at, n);
+      put(slot.param, first, host.data(), n);
+    });
   }
 
   // ---- inspection -----------------------------------------------------------------------------
@@ -389,6 +368,29 @@ class ShardedStrategy {
                                           weights_.data() + seg.offset, seg.shard));
     }
     queue_.wait_all();
+  }
+
+  /// `f(slot, first, at, n)` for runs of at most 2^16 of the rank's parameter elements: element
+  /// `first` of parameter `slot.param` lives at `at` in the working weights. With `split`,
+  /// stage 0 (where every rank holds everything) visits only the rank's 1/N of each parameter.
+  template <class F>
+  void for_each_owned_run(bool split, F&& f) {
+    const FlatLayout& l = layout();
+    constexpr std::int64_t chunk = 1 << 16;
+    for (const auto& t : tiles_) {
+      if (t.slot < 0) continue;
+      const auto& slot = l.slots()[t.slot];
+      std::int64_t lo = 0, hi = t.count;
+      if (split && Stage == 0) {
+        const std::int64_t part = shard_numel(t.count, size_);
+        lo = std::min(t.count, rank_ * part);
+        hi = std::min(t.count, lo + part);
+      }
+      for (std::int64_t at = lo; at < hi; at += chunk) {
+        const std::int64_t n = std::min(chunk, hi - at);
+        f(slot, t.flat_offset - slot.offset + at, weight_at(t) + at, n);
+      }
+    }
   }
 
   T* weight_at(const Tile& t) const {

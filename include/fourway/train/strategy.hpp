@@ -130,7 +130,9 @@ class SingleRank {
           std::is_same_v<typename std::remove_cvref_t<decltype(p.weight)>::value_type, param_type>,
           "fourway: the model's parameters are not in Precision<T>::param_type; "
           "build the model with the element type of the precision policy");
-      materialize(ctx, p);  // a deferred model gets its storage here
+      if constexpr (requires { materialize(ctx, p); }) {
+        materialize(ctx, p);  // a deferred fw::Parameter gets its storage here
+      }
       state_.init_master(ctx, i++, p.weight.data());
     });
   }
