@@ -133,8 +133,11 @@ namespace detail {
   throw ScheduleError(fourway::detail::cat("fourway: schedule ", explain(q, p)));
 }
 
+/// The empty table a valid request names; throws `ScheduleError` saying what would work if the
+/// request names none.
 constexpr Table empty_table(std::string_view name, const Request& q, int chunks_per_rank,
                             Placement placement) {
+  if (const RequestProblem p = validate(q); p != RequestProblem::none) throw_invalid_request(q, p);
   Table t;
   t.name = name;
   t.ranks = q.ranks;
@@ -277,8 +280,6 @@ constexpr Table with_p2p(Table t, std::int64_t elements) {
 /// GPipe: every forward, then every backward (micro-batches in order both ways).
 constexpr Table gpipe(int ranks, int micro_batches, std::int64_t elements = 1) {
   const Request q{Kind::gpipe, ranks, micro_batches, 1, elements};
-  if (const RequestProblem p = validate(q); p != RequestProblem::none)
-    detail::throw_invalid_request(q, p);
   Table t = detail::empty_table("GPipe", q, 1, Placement::loop);
   for (int r = 0; r < ranks; ++r) {
     auto& out = t.actions[static_cast<std::size_t>(r)];
@@ -291,8 +292,6 @@ constexpr Table gpipe(int ranks, int micro_batches, std::int64_t elements = 1) {
 /// 1F1B (PipeDream-Flush): warm-up `ranks - r - 1` forwards, then one forward one backward.
 constexpr Table one_f_one_b(int ranks, int micro_batches, std::int64_t elements = 1) {
   const Request q{Kind::one_f_one_b, ranks, micro_batches, 1, elements};
-  if (const RequestProblem p = validate(q); p != RequestProblem::none)
-    detail::throw_invalid_request(q, p);
   Table t = detail::empty_table("1F1B", q, 1, Placement::loop);
   for (int r = 0; r < ranks; ++r) {
     detail::warmup_steady_drain(
@@ -307,8 +306,6 @@ constexpr Table one_f_one_b(int ranks, int micro_batches, std::int64_t elements 
 /// visit the local chunks in the reverse order (Megatron-LM's interleaved schedule).
 constexpr Table interleaved(int ranks, int micro_batches, int v, std::int64_t elements = 1) {
   const Request q{Kind::interleaved, ranks, micro_batches, v, elements};
-  if (const RequestProblem p = validate(q); p != RequestProblem::none)
-    detail::throw_invalid_request(q, p);
   Table t = detail::empty_table("interleaved 1F1B", q, v, Placement::loop);
   const int p = ranks;
   const int total = micro_batches * v;
@@ -329,8 +326,6 @@ constexpr Table interleaved(int ranks, int micro_batches, int v, std::int64_t el
 /// (p-1)(F+B-W) instead of 1F1B's (p-1)(F+B+W).
 constexpr Table zb_h1(int ranks, int micro_batches, std::int64_t elements = 1) {
   const Request q{Kind::zb_h1, ranks, micro_batches, 1, elements};
-  if (const RequestProblem p = validate(q); p != RequestProblem::none)
-    detail::throw_invalid_request(q, p);
   Table t = detail::empty_table("ZB-H1", q, 1, Placement::loop);
   const int m = micro_batches;
   for (int r = 0; r < ranks; ++r) {
@@ -351,8 +346,6 @@ constexpr Table zb_h1(int ranks, int micro_batches, std::int64_t elements = 1) {
 /// ZB-V: two chunks per rank in a V, B > F > W with at most 2 * ranks chunk-activations in flight.
 constexpr Table zb_v(int ranks, int micro_batches, std::int64_t elements = 1) {
   const Request q{Kind::zb_v, ranks, micro_batches, 2, elements};
-  if (const RequestProblem p = validate(q); p != RequestProblem::none)
-    detail::throw_invalid_request(q, p);
   Table t = detail::empty_table("ZB-V", q, 2, Placement::v_shape);
   detail::zero_bubble_order(t, 2 * ranks);
   return with_p2p(t, elements);
