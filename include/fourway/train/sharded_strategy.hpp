@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -63,6 +64,16 @@ struct ShardedOptions {
   /// Issue collectives during backward (and prefetch the next unit under stage 3). Off: every
   /// collective is issued and waited where its result is needed (for benchmarks).
   bool overlap = true;
+};
+
+/// A model split over a model-parallel group as well (tp::Gpt, parallel/tp/gpt.hpp): it says
+/// which of its parameters this rank counts in the global gradient norm (a replicated one on one
+/// rank of the group only) and sums the norm over that group; the strategy's communicator is
+/// then the data-parallel group.
+template <class M>
+concept model_parallel_model = requires(M& m, const M& cm, double& x, int i) {
+  { cm.counts_in_norm(i) } -> std::convertible_to<bool>;
+  m.sum_over_model_parallel(x);
 };
 
 template <int Stage, class Model, precision_policy P, backend B, class Comm>
@@ -139,7 +150,9 @@ class ShardedStrategy {
     reducer_.before_step();
     queue_.wait_all();
     double ss = 0.0;
-    if constexpr (Stage == 0) {
+    if constexpr (model_parallel_model<Model>) {
+      ss = model_parallel_sum_squares();
+    } else if constexpr (Stage == 0) {
       ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
     } else {
       if constexpr (Stage == 1) {
@@ -331,6 +344,19 @@ class ShardedStrategy {
     } else {
       return reducer_.shard() + t.shard_offset;
     }
+  }
+
+  /// Σg² over the parameters this rank counts (model_parallel_model), summed over the
+  /// data-parallel shards (stages 1-3) and the model-parallel group.
+  double model_parallel_sum_squares() {
+    double ss = 0.0;
+    for (const auto& t : tiles_) {
+      if (t.slot < 0 || !model_->counts_in_norm(layout().slots()[t.slot].param)) continue;
+      ss += ops::sum_squares(*ctx_, grad_at(t), t.count);
+    }
+    if constexpr (Stage != 0) comm_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
+    model_->sum_over_model_parallel(ss);
+    return ss;
   }
 
   // ---- hooks ----------------------------------------------------------------------------------
