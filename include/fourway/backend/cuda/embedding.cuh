@@ -83,11 +83,11 @@ void embedding_backward(const Context<Cuda>& ctx, E* dwte, E* dwpe, const E* dou
   ctx.synchronize();  // `dev` is freed on return; the kernel must be done with it
 }
 
-/// Vocabulary-parallel lookup, twin of `host::vocab_embedding_forward`.
+/// Vocabulary-parallel lookup, twin of `host::vocab_embed_forward`.
 template <floating_dtype E>
-void vocab_embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens,
-                             const E* wte_shard, std::int64_t rows, std::int64_t C,
-                             std::int64_t vocab_start, std::int64_t Vlocal) {
+void vocab_embed_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens,
+                         const E* wte_shard, std::int64_t rows, std::int64_t C,
+                         std::int64_t vocab_start, std::int64_t Vlocal) {
   detail::for_each(
       ctx, rows * C,
       [=] __device__(std::int64_t i) {
@@ -95,15 +95,15 @@ void vocab_embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_
         detail::store(out + i,
                       (t >= 0 && t < Vlocal) ? detail::load(wte_shard + t * C + i % C) : 0.0f);
       },
-      "vocab_embedding_forward");
+      "vocab_embed_forward");
 }
 
-/// Vocabulary-parallel scatter-add, twin of `host::vocab_embedding_backward` (same buckets, same
+/// Vocabulary-parallel scatter-add, twin of `host::vocab_embed_backward` (same buckets, same
 /// fp32 order; the ids are bucketed on the host as in `embedding_backward`).
 template <floating_dtype E>
-void vocab_embedding_backward(const Context<Cuda>& ctx, E* dwte_shard, const E* dout,
-                              const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
-                              std::int64_t vocab_start, std::int64_t Vlocal) {
+void vocab_embed_backward(const Context<Cuda>& ctx, E* dwte_shard, const E* dout,
+                          const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
+                          std::int64_t vocab_start, std::int64_t Vlocal) {
   if (rows <= 0 || C <= 0) return;
   std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(rows));
   to_host(ctx, host_tokens.data(), tokens, rows);
@@ -135,7 +135,7 @@ void vocab_embedding_backward(const Context<Cuda>& ctx, E* dwte_shard, const E* 
         E* w = dwte_shard + token_of[u] * C + c;
         detail::store(w, detail::load(w) + s);
       },
-      "vocab_embedding_backward");
+      "vocab_embed_backward");
   ctx.synchronize();
 }
 

@@ -114,9 +114,9 @@ void embedding_backward(const Context<Host>& /*ctx*/, E* dwte, E* dwpe, const E*
 /// token lies in this rank's shard [vocab_start, vocab_start + Vlocal), else 0; a SUM all-reduce
 /// over the shards gives the full lookup.
 template <floating_dtype E>
-void vocab_embedding_forward(const Context<Host>& /*ctx*/, E* out, const std::int32_t* tokens,
-                             const E* wte_shard, std::int64_t rows, std::int64_t C,
-                             std::int64_t vocab_start, std::int64_t Vlocal) {
+void vocab_embed_forward(const Context<Host>& /*ctx*/, E* out, const std::int32_t* tokens,
+                         const E* wte_shard, std::int64_t rows, std::int64_t C,
+                         std::int64_t vocab_start, std::int64_t Vlocal) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t t = tokens[r] - vocab_start;
     E* o = out + r * C;
@@ -132,9 +132,9 @@ void vocab_embedding_forward(const Context<Host>& /*ctx*/, E* out, const std::in
 /// skipped), in the order of `embedding_backward`: per token, fp32 sum in position order, added
 /// once.
 template <floating_dtype E>
-void vocab_embedding_backward(const Context<Host>& /*ctx*/, E* dwte_shard, const E* dout,
-                              const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
-                              std::int64_t vocab_start, std::int64_t Vlocal) {
+void vocab_embed_backward(const Context<Host>& /*ctx*/, E* dwte_shard, const E* dout,
+                          const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
+                          std::int64_t vocab_start, std::int64_t Vlocal) {
   const detail::TokenBuckets buckets =
       detail::bucket_vocab_shard(tokens, rows, vocab_start, Vlocal);
   std::vector<float> acc(static_cast<std::size_t>(C));

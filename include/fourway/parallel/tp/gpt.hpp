@@ -328,8 +328,8 @@ class Gpt {
     check_ids(tokens, "token");
     s.tokens = tokens.view();
     Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});
-    Ops<B>::vocab_embedding_forward(ctx, e.data(), tokens.data(), wte_.weight.data(), Bn * Tn, C,
-                                    vocab_start(), vocab_valid());
+    Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.weight.data(), Bn * Tn, C,
+                                vocab_start(), vocab_valid());
     if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.weight.data(), Bn, Tn * C);
     if (sp_) {
       s.emb = reduce_scatter_rows(ctx, *tp_, e, MemTag::activations);
@@ -347,8 +347,8 @@ class Gpt {
     Tensor<T, B> dyf =
         sp_ ? gather_rows(ctx, *tp_, dy, Shape{Bn, Tn, C}, MemTag::workspace) : dy.view();
     Ops<B>::bias_backward(ctx, wpe_.grad.data(), dyf.data(), Bn, Tn * C);
-    Ops<B>::vocab_embedding_backward(ctx, wte_.grad.data(), dyf.data(), s.tokens.data(), Bn * Tn, C,
-                                     vocab_start(), vocab_valid());
+    Ops<B>::vocab_embed_backward(ctx, wte_.grad.data(), dyf.data(), s.tokens.data(), Bn * Tn, C,
+                                 vocab_start(), vocab_valid());
   }
 
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
