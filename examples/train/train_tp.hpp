@@ -106,7 +106,8 @@ void train_tp_ranks(const Options& o) {
       r.skipped = trainer.last_report().skipped;
       if (!lead) continue;
       if (log.is_open()) {
-        std::string line = fw::step_json(r, {&w.memory()});
+        const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
+        std::string line = fw::step_json(r, mems);
         char extra[160];
         std::snprintf(extra, sizeof extra,
                       ",\"ranks\":%d,\"tp\":%d,\"zero\":%d,\"tp_bytes_per_rank\":%.0f,"

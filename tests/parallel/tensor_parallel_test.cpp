@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <string>
 
+#include "fourway/plan/architecture.hpp"
+#include "fourway/plan/communication.hpp"
+#include "fourway/plan/fourway_activation.hpp"
 #include "tp_harness.hpp"
 
 namespace {
@@ -174,6 +177,106 @@ TEST(TensorParallel, HeadsNotDivisibleIsATypedError) {
           << e.what();
     }
   });
+}
+
+// ---- what moves and what is held, against the planner's formulas (plan/) ----------------------
+
+TEST(TensorParallel, BytesPerStepEqualTheFormula) {
+  namespace fp = fw::plan;
+  const auto cfg = tph::config();
+  for (int dp : {1, 2}) {
+    for (int n : {2, 4}) {
+      for (bool sp : {false, true}) {
+        RunConfig rc;
+        rc.tp = n;
+        rc.dp = dp;
+        rc.steps = 2;
+        rc.sequence_parallel = sp;
+        const RunResult got = tph::run_tp<float>(rc);
+        const fp::ActivationShape x{double(tph::kSeq), double(tph::kBatch / dp), double(cfg.dim),
+                                    cfg.layers};
+        const double want =
+            fp::fourway_tensor_parallel_bytes(x, n, sp, fp::Precision::fp32, false, 1);
+        for (std::size_t r = 0; r < got.tp_bytes.size(); ++r) {
+          EXPECT_DOUBLE_EQ(got.tp_bytes[r], want) << describe(rc) << " rank " << r;
+          const auto& ops = got.tp_ops[r];
+          // sequence parallelism moves the activations as reduce-scatter + all-gather pairs
+          EXPECT_EQ(ops[1].calls, sp ? 2u * (2 * cfg.layers + 1) : 0u) << describe(rc);
+          EXPECT_EQ(ops[2].calls, sp ? 2u * (2 * cfg.layers + 1) : 0u) << describe(rc);
+        }
+        std::printf("%s: %.0f B per rank per step in the tp group (formula %.0f)\n",
+                    describe(rc).c_str(), got.tp_bytes[0], want);
+      }
+    }
+  }
+}
+
+TEST(TensorParallel, WeightBytesPerRankEqualThePlanner) {
+  namespace fp = fw::plan;
+  const auto cfg = tph::config();
+  const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+  for (int n : {1, 2, 4, 8}) {
+    RunConfig rc;
+    rc.tp = n;
+    rc.steps = 1;
+    const RunResult got = tph::run_tp<float>(rc);
+    // alignment 1: every rank holds ceil(V/t) vocabulary rows, the planner's fullest rank
+    const auto want = static_cast<std::size_t>(fp::stage_params(arch, n, 1, 0) * 4);
+    for (std::size_t r = 0; r < got.weight_bytes.size(); ++r) {
+      EXPECT_EQ(got.weight_bytes[r], want) << "tp " << n << " rank " << r;
+    }
+    // and the placement table says the same (padding included), for any alignment
+    for (int align : {1, 128}) {
+      std::int64_t local = 0;
+      for (const auto& p : fw::tp::gpt_placements(cfg, n, align)) local += p.local_numel(n);
+      const std::int64_t vp = fw::tp::padded_vocab(cfg.vocab, n, align);
+      EXPECT_EQ(local,
+                fp::stage_params(arch, n, 1, 0) + (vp / n - (cfg.vocab + n - 1) / n) * cfg.dim)
+          << "tp " << n << " align " << align;
+    }
+  }
+}
+
+TEST(TensorParallel, ActivationBytesEqualThePrediction) {
+  namespace fp = fw::plan;
+  const auto cfg = tph::config();
+  const auto b = tph::batch(0);
+  for (int n : {1, 2, 4}) {
+    for (bool sp : {false, true}) {
+      std::vector<std::int64_t> block(static_cast<std::size_t>(n));
+      fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
+        fw::tp::TpOptions to;
+        to.sequence_parallel = sp;
+        to.vocab_alignment = 1;
+        fw::tp::Gpt<float, fw::Host, fw::LocalComm> model(w.ctx(), cfg, w.comm(), tph::kSeed, to);
+        auto& mem = w.memory();
+        fw::Tensor<std::int32_t, fw::Host> tok(fw::Shape{b.B, b.T}, fw::MemTag::workspace, mem);
+        fw::Tensor<std::int32_t, fw::Host> tgt(fw::Shape{b.B, b.T}, fw::MemTag::workspace, mem);
+        std::copy(b.inputs.begin(), b.inputs.end(), tok.data());
+        std::copy(b.targets.begin(), b.targets.end(), tgt.data());
+        decltype(model)::Stash s;
+        const std::size_t before = mem.current(fw::MemTag::activations);
+        model.forward(w.ctx(), tok, tgt, s);
+        const auto kept = static_cast<std::int64_t>(mem.current(fw::MemTag::activations) - before);
+        const fp::GptActivationShape x{b.B, b.T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
+        const std::int64_t rows = model.placements().front().valid_rows(n, w.rank());
+        EXPECT_EQ(kept, fp::fourway_tp_activation_bytes(x, n, sp, rows))
+            << "tp " << n << (sp ? " sp" : "") << " rank " << w.rank();
+        model.backward(w.ctx(), s);
+        EXPECT_EQ(mem.current(fw::MemTag::activations), before);
+      });
+      const fp::GptActivationShape x{b.B, b.T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
+      std::printf("tp %d%s: %lld B per block per rank\n", n, sp ? " sp" : "",
+                  static_cast<long long>(fp::fourway_tp_block_activation_bytes(x, n, sp)));
+    }
+  }
+  // sequence parallelism divides the LayerNorm/residual region by tp
+  const fp::GptActivationShape x{tph::kBatch, tph::kSeq, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
+  const std::int64_t region = 6 * tph::kBatch * tph::kSeq * cfg.dim * 4;
+  EXPECT_EQ(fp::fourway_tp_block_activation_bytes(x, 4, false) -
+                fp::fourway_tp_block_activation_bytes(x, 4, true),
+            region - region / 4 - 2 * tph::kBatch * tph::kSeq * cfg.dim * 4 +
+                2 * (2 * tph::kBatch * tph::kSeq * 4) * 3 / 4);
 }
 
 }  // namespace

@@ -193,7 +193,7 @@ class Block {
   /// f (or ḡ under sequence parallelism) forward: the column split's input, (B, T, C).
   Tensor<T, B> column_input(const Context<B>& ctx, const Tensor<T, B>& l, Tensor<T, B>& kept,
                             const Shape& full) {
-    if (!sp_) return l.view(full);
+    if (!sp_ || n_ == 1) return l.view(full);
     kept = gather_rows(ctx, *tp_, l, full, MemTag::activations);
     return kept.view();
   }

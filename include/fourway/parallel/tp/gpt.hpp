@@ -357,8 +357,8 @@ class Gpt {
     const std::int64_t Vv = vocab_valid();
     check_ids(s.targets, "target");
     Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);
-    if (sp_) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
-    const T* h = sp_ ? s.h.data() : l.data();
+    if (sp_ && n_ > 1) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
+    const T* h = s.h.empty() ? l.data() : s.h.data();
     s.stats = detail::activation<float, B>(ctx, Shape{3, rows});
     float* maxes = s.stats.data();
     float* rest = maxes + rows;  // Σ exp | target logit
@@ -392,7 +392,7 @@ class Gpt {
     const std::int64_t rows = s.targets.numel();
     const std::int64_t C = cfg_.dim;
     const std::int64_t Vv = vocab_valid();
-    const T* h = sp_ ? s.h.data() : s.ln_f.y.data();
+    const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
     if (Vv > 0) {
       T* dlogits = s.logits.data();  // in place
