@@ -66,7 +66,8 @@ struct RunConfig {
   bool checkpoint = false;
   int alignment = 1;
   int steps = 20;
-  int measure_step = 1;  // the step whose communication is counted
+  int measure_step = 1;                    // the step whose communication is counted
+  fw::models::GptConfig model = config();  // (checkpoint is taken from `checkpoint`)
 };
 
 struct RunResult {
@@ -83,11 +84,12 @@ struct RunResult {
 };
 
 template <class T>
-RunResult run_single(int steps, bool checkpoint = false) {
+RunResult run_single(int steps, bool checkpoint = false, fw::models::GptConfig cfg = config()) {
   fw::MemoryAccountant mem(0);
   fw::Context<fw::Host> ctx(mem);
   using Model = fw::models::Gpt<T, fw::Host>;
-  Model model(ctx, config(checkpoint), kSeed);
+  cfg.checkpoint = checkpoint;
+  Model model(ctx, cfg, kSeed);
   fw::Trainer<fw::SingleRank<Model, fw::Precision<T>, fw::Host>> t(fw::TrainerOptions{}, ctx, model,
                                                                    adamw());
   RunResult r;
@@ -124,7 +126,9 @@ RunResult run_tp_stage(const RunConfig& rc) {
     fw::tp::TpOptions to;
     to.sequence_parallel = rc.sequence_parallel;
     to.vocab_alignment = rc.alignment;
-    Model model(w.ctx(), config(rc.checkpoint), groups.tp(), kSeed, to);
+    fw::models::GptConfig cfg = rc.model;
+    cfg.checkpoint = rc.checkpoint;
+    Model model(w.ctx(), cfg, groups.tp(), kSeed, to);
     fw::ShardedOptions so;
     so.bucket_bytes = 2048;
     fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, groups.dp(), adamw(), so);
