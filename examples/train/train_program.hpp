@@ -84,7 +84,13 @@ struct Options {
   int zero = 0;
   float bucket_mb = 25.0f;
   bool no_overlap = false;
-  [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
+  // tensor parallelism (docs/parallel-tp.md, train_tp.hpp)
+  int tp = 1;
+  bool sequence_parallel = false;
+  int vocab_align = 0;
+  [[nodiscard]] bool parallel() const {
+    return ranks > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
+  }
 };
 
 inline fw::ArgParser make_parser(Options& o, const char* program) {
@@ -131,6 +137,11 @@ inline fw::ArgParser make_parser(Options& o, const char* program) {
       .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
       .add_switch("no-overlap", &o.no_overlap,
                   "issue collectives after backward, no prefetch (to measure the overlap)")
+      .add("tp", &o.tp, "N", "tensor-parallel degree: groups of N consecutive ranks split layers")
+      .add_switch("sequence-parallel", &o.sequence_parallel,
+                  "with --tp: split LayerNorm/residual regions along the sequence")
+      .add("vocab-align", &o.vocab_align, "A",
+           "with --tp: pad the vocabulary to a multiple of tp*A (0: 128 on CUDA, 1 on host)")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -552,7 +563,11 @@ void train_stage(const Options& o) {
 }
 
 template <class Target, class T>
+int train_tp_parallel(const Options& o);  // train_tp.hpp
+
+template <class Target, class T>
 int train_parallel(const Options& o) {
+  if (o.tp != 1 || o.sequence_parallel) return train_tp_parallel<Target, T>(o);
   check_output_dir("save", o.save);
   check_output_dir("log-json", o.log_json);
   fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
@@ -619,3 +634,5 @@ int run_program(int argc, char** argv) {
 }
 
 }  // namespace fourway_train
+
+#include "train_tp.hpp"  // the --tp path, after everything it uses

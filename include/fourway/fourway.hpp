@@ -55,6 +55,10 @@
 #include "fourway/parallel/gradient_reducer.hpp"
 #include "fourway/parallel/parameter_layout.hpp"
 #include "fourway/parallel/step_scalars.hpp"
+#include "fourway/parallel/tp/block.hpp"
+#include "fourway/parallel/tp/conjugate.hpp"
+#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/unit_gatherer.hpp"
 #include "fourway/parallel/work_queue.hpp"
 #include "fourway/plan/activation.hpp"
@@ -81,7 +85,9 @@
 #include "fourway/train/sharded_io.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
+#include "fourway/train/tensor_parallel.hpp"
 #include "fourway/train/token_data.hpp"
+#include "fourway/train/tp_checkpoint.hpp"
 #include "fourway/train/trainer.hpp"
 
 #if FOURWAY_HAS_MPI
