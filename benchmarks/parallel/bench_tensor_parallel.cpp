@@ -60,7 +60,7 @@ void BM_TensorParallelStep(benchmark::State& state) {
         tpc.counters().reset();
         tpc.barrier();
         trainer.step(batch);
-        bytes = tpc.counters().bytes_sent("tp");
+        bytes = tpc.counters().modelled_bytes_sent("tp");
       }
       go = false;
       tpc.barrier();

@@ -92,8 +92,8 @@ void train_tp_ranks(const Options& o) {
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       world.counters().reset();
       const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
-      const double tp_bytes = world.counters().bytes_sent(tp_name);
-      const double dp_bytes = world.counters().bytes_sent(dp_name);
+      const double tp_bytes = world.counters().modelled_bytes_sent(tp_name);
+      const double dp_bytes = world.counters().modelled_bytes_sent(dp_name);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       fw::StepRecord r;
@@ -110,8 +110,8 @@ void train_tp_ranks(const Options& o) {
         std::string line = fw::step_json(r, mems);
         char extra[160];
         std::snprintf(extra, sizeof extra,
-                      ",\"ranks\":%d,\"tp\":%d,\"zero\":%d,\"tp_bytes_per_rank\":%.0f,"
-                      "\"dp_bytes_per_rank\":%.0f",
+                      ",\"ranks\":%d,\"tp\":%d,\"zero\":%d,\"tp_modelled_bytes_per_rank\":%.0f,"
+                      "\"dp_modelled_bytes_per_rank\":%.0f",
                       w.size(), mesh.tp(), Stage, tp_bytes, dp_bytes);
         line.insert(line.size() - 1, extra);
         log << line << '\n';
@@ -120,7 +120,7 @@ void train_tp_ranks(const Options& o) {
       if (!o.quiet) {
         progress.update(r);
         if (!progress.interactive()) {
-          std::printf("  comm %.0f B (tp) + %.0f B (dp) sent per rank\n", tp_bytes, dp_bytes);
+          std::printf("  comm %.0f B (tp) + %.0f B (dp) per rank, modelled (ring)\n", tp_bytes, dp_bytes);
         }
       }
       if (step == 1) first_loss = loss;

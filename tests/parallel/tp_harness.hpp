@@ -142,7 +142,7 @@ RunResult run_tp_stage(const RunConfig& rc) {
       losses.push_back(t.step(batch(s).view()));
       norms.push_back(t.last_report().grad_norm);
       if (s == rc.measure_step) {
-        bytes = all.counters().bytes_sent(tp_name);
+        bytes = all.counters().modelled_bytes_sent(tp_name);
         ops = {all.counters().get(tp_name, fw::CommOp::all_reduce),
                all.counters().get(tp_name, fw::CommOp::reduce_scatter),
                all.counters().get(tp_name, fw::CommOp::all_gather)};
