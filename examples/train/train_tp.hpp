@@ -120,7 +120,8 @@ void train_tp_ranks(const Options& o) {
       if (!o.quiet) {
         progress.update(r);
         if (!progress.interactive()) {
-          std::printf("  comm %.0f B (tp) + %.0f B (dp) per rank, modelled (ring)\n", tp_bytes, dp_bytes);
+          std::printf("  comm %.0f B (tp) + %.0f B (dp) per rank, modelled (ring)\n", tp_bytes,
+                      dp_bytes);
         }
       }
       if (step == 1) first_loss = loss;
