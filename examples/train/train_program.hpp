@@ -77,6 +77,12 @@ struct Options {
   int zero = 0;
   float bucket_mb = 25.0f;
   bool no_overlap = false;
+  // pipeline parallelism and micro-batches (docs/pipeline.md)
+  int pp = 1;
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 0;  // 0: 2 for interleaved and zb-v, else 1
+  std::string trace;
   [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
 };
 
@@ -120,6 +126,14 @@ inline fw::ArgParser make_parser(Options& o, const char* program) {
       .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
       .add_switch("no-overlap", &o.no_overlap,
                   "issue collectives after backward, no prefetch (to measure the overlap)")
+      .add("pp", &o.pp, "S", "pipeline stages (one rank each)")
+      .add("micro-batches", &o.micro_batches, "M",
+           "micro-batches per step (gradient accumulation; the pipeline's M)")
+      .add_choice("schedule", &o.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"},
+                  "pipeline schedule")
+      .add("virtual-stages", &o.virtual_stages, "V",
+           "model chunks per rank of the interleaved schedule (0: 2)")
+      .add("trace", &o.trace, "FILE", "write Chrome trace events of the pipeline to FILE")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -196,6 +210,13 @@ inline fw::AdamW make_adamw(const Options& o) {
                                                       o.min_lr < 0.0f ? o.lr : o.min_lr));
 }
 
+/// --micro-batches: gradient accumulation over M micro-batches per step.
+inline fw::TrainerOptions trainer_options(const Options& o) {
+  fw::TrainerOptions t;
+  t.micro_batches = o.micro_batches;
+  return t;
+}
+
 template <class Target, class T>
 int train(const Options& o) {
   using B = typename Target::backend;
@@ -225,7 +246,7 @@ int train(const Options& o) {
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
   using Model = fw::models::Gpt<T, B>;
-  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(fw::TrainerOptions{}, ctx, model, make_adamw(o));
+  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o), ctx, model, make_adamw(o));
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
@@ -312,7 +333,7 @@ void train_ranks(const Options& o) {
     fw::ShardedOptions so;
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
     so.overlap = !o.no_overlap;
-    fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, dp, make_adamw(o), so);
+    fw::Trainer<S> trainer(trainer_options(o), ctx, model, dp, make_adamw(o), so);
     if constexpr (std::is_same_v<W, fw::LocalWorld>) {
       std::lock_guard lock(mu);
       if (memories.empty()) memories.assign(static_cast<std::size_t>(n), nullptr);
@@ -443,6 +464,12 @@ int train_parallel(const Options& o) {
   return 0;
 }
 
+}  // namespace fourway_train
+
+#include "pipeline_program.hpp"  // NOLINT(misc-header-include-cycle): --pp, after the helpers
+
+namespace fourway_train {
+
 /// The whole program: parses the flags, trains, and turns every error into one line on stderr.
 template <class Target>
 int run_program(int argc, char** argv) {
@@ -463,6 +490,12 @@ int run_program(int argc, char** argv) {
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.pp > 1) {
+      if (o.precision == "bf16") return train_pipeline<Target, fw::bf16>(o);
+      if (o.precision == "fp16") return train_pipeline<Target, fw::fp16>(o);
+      return train_pipeline<Target, float>(o);
+    }
+    fw::check<fw::ConfigError>(o.pp == 1, "fourway: --pp must be >= 1, got ", o.pp);
     if (o.parallel()) {
       if (o.precision == "bf16") return train_parallel<Target, fw::bf16>(o);
       if (o.precision == "fp16") return train_parallel<Target, fw::fp16>(o);

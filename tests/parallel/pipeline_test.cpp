@@ -8,13 +8,17 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/mesh/groups.hpp"
+#include "fourway/mesh/mesh.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/schedule/generators.hpp"
@@ -40,6 +44,8 @@ struct Result {
   std::vector<float> losses;                         // rank 0's
   std::map<std::string, std::vector<float>> params;  // by name, gathered over ranks
   std::vector<std::size_t> peak_activations;         // [rank] accountant peak during training
+  std::vector<double> dp_bytes;                      // [rank] sent in its dp group, last step
+  std::vector<std::int64_t> held;                    // [rank] parameter elements it holds
 };
 
 template <class T>
@@ -76,6 +82,7 @@ struct PipeConfig {
   int steps = kSteps;
   std::vector<int> cuts;
   std::int64_t rows = h8::kBatch;  // the first `rows` of h8::batch's rows
+  int dp = 1;                      // > 1: replicas of the pipeline (Mesh pp x dp)
 };
 
 fw::Batch first_rows(const fw::TokenBatch& b, std::int64_t rows) {
@@ -91,11 +98,15 @@ std::string name_of(const PipeConfig& pc) {
 
 template <class T>
 Result run_pipeline(const PipeConfig& pc) {
-  using S = fw::PipelineStrategy<fw::Precision<T>, fw::Host, fw::LocalComm>;
+  using Comm = fw::Counting<fw::LocalComm>;
+  using S = fw::PipelineStrategy<fw::Precision<T>, fw::Host, Comm>;
+  const int world = pc.stages * pc.dp;
   Result r;
-  r.peak_activations.resize(static_cast<std::size_t>(pc.stages));
+  r.peak_activations.resize(static_cast<std::size_t>(world));
+  r.dp_bytes.resize(static_cast<std::size_t>(world));
+  r.held.resize(static_cast<std::size_t>(world));
   std::mutex mu;
-  fw::launch<fw::LocalWorld>(pc.stages, [&](fw::World<fw::LocalWorld>& w) {
+  fw::launch<fw::LocalWorld>(world, [&](fw::World<fw::LocalWorld>& w) {
     fw::PipelineOptions po;
     po.schedule = pc.kind;
     po.micro_batches = pc.micro_batches;
@@ -103,17 +114,34 @@ Result run_pipeline(const PipeConfig& pc) {
     po.cuts = pc.cuts;
     fw::TrainerOptions opts;
     opts.micro_batches = pc.micro_batches;
-    fw::Trainer<S> t(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), h8::kSeed, w.comm(), po,
-                     h8::adamw());
+    // the ranks as a mesh: stages x replicas, pp inner (rank = pp + S * dp)
+    const fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>, fw::DataParallel> mesh(
+        world, {.pp = pc.stages});
+    Comm all(w.comm().split(0, w.rank(), "world"));
+    fw::MeshGroups<Comm> groups(mesh, all);
+    std::optional<fw::Trainer<S>> t;
+    if (pc.dp == 1) {  // the one-replica constructor
+      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), h8::kSeed, groups.pp(), po,
+                h8::adamw());
+    } else {
+      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), h8::kSeed, groups.pp(), groups.dp(),
+                po, h8::adamw());
+    }
     w.memory().reset_peak();
     std::vector<float> losses;
-    for (int s = 0; s < pc.steps; ++s) losses.push_back(t.step(first_rows(h8::batch(s), pc.rows)));
+    for (int s = 0; s < pc.steps; ++s) {
+      all.counters().reset();
+      losses.push_back(t->step(first_rows(h8::batch(s), pc.rows)));
+    }
+    const auto ur = static_cast<std::size_t>(w.rank());
     std::lock_guard lock(mu);
     if (w.rank() == 0) r.losses = losses;
     EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses) << "every rank reports the same loss";
-    r.peak_activations[static_cast<std::size_t>(w.rank())] =
-        w.memory().peak(fw::MemTag::activations);
-    auto& st = t.strategy();
+    r.peak_activations[ur] = w.memory().peak(fw::MemTag::activations);
+    r.dp_bytes[ur] = all.counters().bytes_sent(std::string(groups.dp().name()));
+    auto& st = t->strategy();
+    st.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.held[ur] += p.numel(); });
+    if (mesh.coord_of(w.rank()).dp != 0) return;  // replica 0's parameters
     for (int c = 0; c < st.table().chunks(); ++c) {
       auto* chunk = st.chunk(c);
       if (chunk == nullptr) continue;
@@ -286,6 +314,24 @@ TEST(ParallelPipeline, CheckpointingMatchesAndOneFOneBBoundsActivations) {
     // p - r - 1 kept ones
     EXPECT_EQ(f8[r], f4[r]) << "rank " << r;
     EXPECT_EQ(f8[r], g1[r] + (1 - r) * kept) << "rank " << r;
+  }
+}
+
+// ---- replicas of the pipeline ----------------------------------------------------------------
+
+TEST(ParallelPipeline, TwoStagesTimesTwoReplicasMatchOneRank) {
+  for (Kind k : {Kind::one_f_one_b, Kind::zb_v}) {
+    PipeConfig pc;
+    pc.kind = k;
+    pc.dp = 2;
+    pc.micro_batches = 3;  // per replica: 2 x 3 micro-batches of 4 rows
+    const Result got = run_pipeline<float>(pc);
+    expect_close(got, run_one_rank<float>(gpt(5), kSteps, 6), kFp32Tol,
+                 fw::detail::cat("pp2 dp2 ", fw::schedule::kind_name(k)));
+    // DataParallel across the replicas of a stage: one all-reduce of the stage's gradients and
+    // one of the loss per step, each 2(D-1)/D of its payload (comm/counting.hpp), D = 2
+    for (std::size_t q = 0; q < got.held.size(); ++q)
+      EXPECT_DOUBLE_EQ(got.dp_bytes[q], static_cast<double>(got.held[q]) * 4 + 8) << "rank " << q;
   }
 }
 

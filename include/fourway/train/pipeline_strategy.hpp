@@ -17,8 +17,10 @@
 //!                  the rank's own parameters (both copies of `wte` take identical steps).
 //!
 //! The loss lives on the rank of the last chunk; `sum_over_data_parallel` sums over the pipeline
-//! group, so every rank returns the global-batch mean. Data parallelism across pipeline
-//! replicas is not part of this strategy (dp_size() = 1).
+//! group (and the replicas), so every rank returns the global-batch mean. With a `dp` group
+//! (S stages x D replicas) each replica trains on its share of the batch and the gradients are
+//! all-reduced (summed) over the replicas of each stage before the step: DataParallel across
+//! replicas. Σg² is then the same in every replica and is summed over the pipeline group only.
 #pragma once
 
 #include <cmath>
@@ -64,8 +66,21 @@ class PipelineStrategy {
 
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, nullptr, std::move(options), optimizer) {}
+
+  /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
+  /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
+  /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch.
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, &dp, std::move(options), optimizer) {}
+
+ private:
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm* dp, PipelineOptions options, AdamW optimizer)
       : ctx_(&ctx),
         pp_(&pp),
+        dp_(dp),
         options_(std::move(options)),
         optimizer_(optimizer),
         table_(make_table(pp.size(), 1)),
@@ -81,12 +96,14 @@ class PipelineStrategy {
     std::size_t i = 0;
     visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
   }
+
+ public:
   PipelineStrategy(const PipelineStrategy&) = delete;
   PipelineStrategy& operator=(const PipelineStrategy&) = delete;
 
   // ---- training_strategy --------------------------------------------------------------------
-  [[nodiscard]] int dp_rank() const { return 0; }
-  [[nodiscard]] int dp_size() const { return 1; }
+  [[nodiscard]] int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
+  [[nodiscard]] int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
   /// This rank's first chunk (the Trainer's model; all chunks: `chunk(c)`).
   [[nodiscard]] model_type& model() { return *first_chunk(); }
   [[nodiscard]] const Context<B>& context() const { return *ctx_; }
@@ -99,8 +116,10 @@ class PipelineStrategy {
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
+  /// Over every rank (the loss lives on the last stage of each replica).
   [[nodiscard]] double sum_over_data_parallel(double x) {
     pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    if (dp_ != nullptr) dp_->all_reduce(&x, &x, 1, ReduceOp::sum);
     return x;
   }
 
@@ -136,6 +155,11 @@ class PipelineStrategy {
   }
 
   StepReport finish_step(const StepControl& c) {
+    if (dp_ != nullptr && dp_->size() > 1) {
+      visit_parameters([&](Parameter<T, B>& p) {
+        dp_->all_reduce(p.grad.data(), p.grad.data(), p.grad.numel(), ReduceOp::sum);
+      });
+    }
     tie_embedding_gradients();
     double ss = 0.0;
     const Parameter<T, B>* skip = tied_copy();
@@ -252,6 +276,7 @@ class PipelineStrategy {
 
   const Context<B>* ctx_;
   Comm* pp_;
+  Comm* dp_;  // null: one replica
   PipelineOptions options_;
   AdamW optimizer_;
   schedule::Table table_;
