@@ -18,6 +18,8 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/mesh/groups.hpp"
+#include "fourway/mesh/mesh.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/schedule/simulate.hpp"
 #include "fourway/train/gpt2_checkpoint.hpp"
@@ -140,12 +142,20 @@ void train_pipeline_ranks(const Options& o) {
   fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
-    fw::check<fw::ConfigError>(n == o.pp, "fourway: --pp ", o.pp, " but there are ", n,
-                               " ranks; pipeline stages times data-parallel replicas is not "
-                               "built yet, so --ranks must equal --pp");
+    fw::check<fw::ConfigError>(n % o.pp == 0 && (o.dp == 0 || o.dp * o.pp == n), "fourway: --pp ",
+                               o.pp, " x --dp ", o.dp, " does not make the ", n,
+                               " ranks; give --ranks = --pp x --dp");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
-    Comm pp = w.comm().split(0, w.rank(), "pp");
-    if constexpr (B::on_device) pp.set_stream(ctx.stream());
+    // S stages x D replicas as a mesh: pp the inner axis (rank = stage + S * replica)
+    const fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>, fw::DataParallel> mesh(n, {.pp = o.pp});
+    fw::MeshGroups<Comm> groups(mesh, w.comm());
+    Comm& pp = groups.pp();
+    Comm& dp = groups.dp();
+    const bool replica0 = mesh.coord_of(w.rank()).dp == 0;
+    if constexpr (B::on_device) {
+      pp.set_stream(ctx.stream());
+      dp.set_stream(ctx.stream());
+    }
     std::optional<fw::SafetensorsFile> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
     fw::PipelineOptions po;
@@ -157,7 +167,7 @@ void train_pipeline_ranks(const Options& o) {
                                                                          : 1;
     fw::TrainerOptions to;
     to.micro_batches = o.micro_batches;
-    fw::Trainer<S> trainer(to, ctx, cfg, o.seed, pp, po, make_adamw(o));
+    fw::Trainer<S> trainer(to, ctx, cfg, o.seed, pp, dp, po, make_adamw(o));
     auto& st = trainer.strategy();
     if (ckpt) {
       for (int c = 0; c < st.table().chunks(); ++c)
@@ -170,9 +180,11 @@ void train_pipeline_ranks(const Options& o) {
       std::printf("data %s: %zu tokens; model: %d layers, %s, %s\n", data.source().c_str(),
                   data.size(), cfg.layers, o.precision.c_str(),
                   o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
-      std::printf("pipeline: %s over %d stages (%s), %d micro-batches of %d sequences, chunks %s\n",
-                  std::string(st.table().name).c_str(), n, o.backend.c_str(), o.micro_batches,
-                  o.batch / o.micro_batches, st.partition().describe().c_str());
+      std::printf(
+          "pipeline: %s over %d stages x %d replicas (%s), %d micro-batches of %d "
+          "sequences per replica, chunks %s\n",
+          std::string(st.table().name).c_str(), o.pp, n / o.pp, o.backend.c_str(), o.micro_batches,
+          o.batch / n * o.pp / o.micro_batches, st.partition().describe().c_str());
       std::printf("%s", fw::schedule::to_string(st.table()).c_str());
     }
     std::ofstream log;
@@ -253,7 +265,7 @@ void train_pipeline_ranks(const Options& o) {
       local = {busy, end, c.forward, c.backward > 0 ? c.backward : c.backward_input,
                c.backward_weight};
     }
-    std::vector<double> all(local.size() * static_cast<std::size_t>(n));
+    std::vector<double> all(local.size() * static_cast<std::size_t>(o.pp));
     pp.all_gather(local.data(), all.data(), static_cast<std::int64_t>(local.size()));
     if (lead) {
       progress.finish();
@@ -261,19 +273,19 @@ void train_pipeline_ranks(const Options& o) {
       double makespan = 0.0;
       fw::schedule::Costs costs;
       costs.forward = costs.backward_input = costs.backward_weight = 0.0;
-      for (int q = 0; q < n; ++q) {
+      for (int q = 0; q < o.pp; ++q) {
         const double* v = all.data() + static_cast<std::size_t>(q) * local.size();
         makespan = std::max(makespan, v[1]);
-        costs.forward += v[2] / n;
-        costs.backward_input += v[3] / n;
-        costs.backward_weight += v[4] / n;
+        costs.forward += v[2] / o.pp;
+        costs.backward_input += v[3] / o.pp;
+        costs.backward_weight += v[4] / o.pp;
       }
       const auto sim = fw::schedule::simulate(st.table(), costs);
       std::printf(
           "idle fraction per stage, last step (measured vs the schedule's simulation with "
           "the measured F %.3g ms, B %.3g ms, W %.3g ms):\n",
           costs.forward * 1e3, costs.backward_input * 1e3, costs.backward_weight * 1e3);
-      for (int q = 0; q < n; ++q) {
+      for (int q = 0; q < o.pp; ++q) {
         const double* v = all.data() + static_cast<std::size_t>(q) * local.size();
         std::printf("  stage %d: measured %.3f, predicted %.3f\n", q, 1.0 - v[0] / makespan,
                     sim.bubble(q));
@@ -281,10 +293,10 @@ void train_pipeline_ranks(const Options& o) {
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
-      save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
+      if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
       if (lead) std::printf("saved %s\n", o.save.c_str());
     }
-    pp.barrier();
+    w.comm().barrier();
   });
   if (!o.trace.empty() && !trace.empty()) {
     write_trace(o.trace, trace);
@@ -308,7 +320,7 @@ int train_pipeline(const Options& o) {
   (void)schedule_kind(o.schedule);
   if (o.backend == "local") {
     Options local = o;
-    local.ranks = o.ranks == 0 ? o.pp : o.ranks;
+    local.ranks = o.ranks == 0 ? o.pp * std::max(o.dp, 1) : o.ranks;
     train_pipeline_ranks<Target, T, fw::LocalWorld>(local);
     return 0;
   }

@@ -315,7 +315,7 @@ void train_ranks(const Options& o) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
-                               " ranks; fourway-train has no tensor or pipeline axis yet, so "
+                               " ranks; without --pp (and with no tensor axis yet) "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
     Comm dp(w.comm().split(0, w.rank(), "dp"));
