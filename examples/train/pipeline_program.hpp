@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fourway/comm/local_world.hpp"
@@ -299,8 +300,13 @@ void train_pipeline_ranks(const Options& o) {
     w.comm().barrier();
   });
   if (!o.trace.empty() && !trace.empty()) {
-    write_trace(o.trace, trace);
-    std::printf("trace %s: %zu events\n", o.trace.c_str(), trace.size());
+    // LocalWorld: every rank in one file; one process per rank (MPI): rank r > 0 writes
+    // FILE.rank<r>.json beside rank 0's FILE (concatenate the traceEvents arrays to merge)
+    std::string path = o.trace;
+    if (const int r = trace.front().rank; !std::is_same_v<W, fw::LocalWorld> && r > 0)
+      path += fw::detail::cat(".rank", r, ".json");
+    write_trace(path, trace);
+    std::printf("trace %s: %zu events\n", path.c_str(), trace.size());
   }
 }
 
