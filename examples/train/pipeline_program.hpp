@@ -226,17 +226,12 @@ void train_pipeline_ranks(const Options& o) {
         mine.push_back(
             {w.rank(), "optimizer step + reductions", "collective", run_end, us(t1) - run_end});
       }
-      fw::StepRecord r;
-      r.step = step;
-      r.loss = loss;
-      r.grad_norm = trainer.last_report().grad_norm;
-      r.step_ms = ms;
-      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-      r.lr = lr;
-      r.skipped = trainer.last_report().skipped;
+      const fw::StepRecord r =
+          step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
       if (!lead) continue;
       if (log.is_open()) {
-        std::string line = fw::step_json(r, {&w.memory()});
+        const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
+        std::string line = fw::step_json(r, mems);
         char extra[96];
         std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"pp\":%d,\"micro_batches\":%d", n, o.pp,
                       o.micro_batches);

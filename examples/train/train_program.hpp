@@ -290,6 +290,20 @@ int train(const Options& o) {
 
 // ---- data parallelism: --ranks --backend --dp --zero --bucket-mb --------------------------------
 
+/// One step's line of the progress display and the JSON log.
+inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& rep, double ms,
+                                  double tokens_per_step, float lr) {
+  fw::StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.grad_norm = rep.grad_norm;
+  r.step_ms = ms;
+  r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+  r.lr = lr;
+  r.skipped = rep.skipped;
+  return r;
+}
+
 /// The GPU a rank computes on: the one NcclWorld chose from the node-local rank; device 0 for
 /// LocalWorld (all ranks on one GPU, one stream each) and for the host.
 template <class W>
@@ -381,14 +395,8 @@ void train_ranks(const Options& o) {
       const double bytes = dp.counters().bytes_sent("dp");
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      fw::StepRecord r;
-      r.step = step;
-      r.loss = loss;
-      r.grad_norm = trainer.last_report().grad_norm;
-      r.step_ms = ms;
-      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-      r.lr = lr;
-      r.skipped = trainer.last_report().skipped;
+      const fw::StepRecord r =
+          step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
       if (!lead) continue;
       if (log.is_open()) {
         std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};

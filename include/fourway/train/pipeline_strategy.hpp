@@ -141,7 +141,7 @@ class PipelineStrategy {
           *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
     }
     std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
-    staged_.resize(static_cast<std::size_t>(2 * M));
+    staged_.resize(2 * static_cast<std::size_t>(M));
     for (int i = 0; i < M; ++i) {
       const auto off = static_cast<std::size_t>((first + i * b) * Tn);
       const auto n = static_cast<std::size_t>(b * Tn);

@@ -89,6 +89,19 @@ class Executor {
     }
   }
 
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+  /// Waits for the sends still in flight (after a failure: they fail fast), so that no
+  /// communicator thread reads a freed buffer.
+  ~Executor() {
+    for (auto& p : pending_) {
+      try {
+        p.wait();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the step already failed and reported why
+      }
+    }
+  }
+
   [[nodiscard]] const schedule::Table& table() const { return table_; }
   [[nodiscard]] const std::vector<ExecSpan>& spans() const { return spans_; }
 
@@ -278,22 +291,33 @@ class Executor {
       m.data_work = comm_->recv_async(buf.data(), buf.numel(), a.peer, tag);
       in.push_back(std::move(m));
     }
-    for (auto& m : in) {
-      m.header_work.wait();
-      std::exception_ptr data_error;  // the buffer stays alive until its recv is done either way
-      try {
-        m.data_work.wait();
-      } catch (...) {
-        data_error = std::current_exception();
+    try {
+      for (auto& m : in) {
+        m.header_work.wait();
+        std::exception_ptr data_error;  // the buffer stays alive until its recv is done either way
+        try {
+          m.data_work.wait();
+        } catch (...) {
+          data_error = std::current_exception();
+        }
+        const auto want = header_of(*m.a);
+        check<CommMismatch>(m.header == want, "fourway: pipeline rank ", comm_->rank(),
+                            " expected the ", describe_header(want), " from rank ", m.a->peer,
+                            " under tag ", schedule::message_tag(*m.a, C), " (",
+                            schedule::to_string(*m.a), ") but received the ",
+                            describe_header(m.header),
+                            ": messages were swapped or the ranks run different schedules");
+        if (data_error) std::rethrow_exception(data_error);
       }
-      const auto want = header_of(*m.a);
-      check<CommMismatch>(m.header == want, "fourway: pipeline rank ", comm_->rank(),
-                          " expected the ", describe_header(want), " from rank ", m.a->peer,
-                          " under tag ", schedule::message_tag(*m.a, C), " (",
-                          schedule::to_string(*m.a), ") but received the ",
-                          describe_header(m.header),
-                          ": messages were swapped or the ranks run different schedules");
-      if (data_error) std::rethrow_exception(data_error);
+    } catch (...) {
+      for (auto& m : in) {  // no recv may still write into a buffer once we unwind
+        try {
+          m.header_work.wait();
+          m.data_work.wait();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the first failure is rethrown below
+        }
+      }
+      throw;
     }
     // drop finished gradient sends early: their buffers are workspace
     for (auto it = pending_.begin(); it != pending_.end();) {

@@ -70,8 +70,14 @@ class Partition {
     };
     // best[c][l]: the smallest possible max cost of chunks 0..c-1 covering blocks [0, l)
     constexpr std::int64_t inf = std::numeric_limits<std::int64_t>::max();
-    const auto idx = [L](int c, int l) { return static_cast<std::size_t>(c * (L + 1) + l); };
-    std::vector<std::int64_t> best(static_cast<std::size_t>((chunks + 1) * (L + 1)), inf);
+    const std::size_t row = static_cast<std::size_t>(L) + 1;
+    const auto idx = [row](int c, int l) {
+      const auto uc = static_cast<std::size_t>(c);
+      const auto ul = static_cast<std::size_t>(l);
+      return uc * row + ul;
+    };
+    std::vector<std::int64_t> best(
+        static_cast<std::size_t>(chunks + 1) * static_cast<std::size_t>(L + 1), inf);
     std::vector<int> from(best.size(), -1);
     best[idx(0, 0)] = 0;
     for (int c = 1; c <= chunks; ++c) {
