@@ -189,10 +189,7 @@ void train_pipeline_ranks(const Options& o) {
       std::printf("%s", fw::schedule::to_string(st.table()).c_str());
     }
     std::ofstream log;
-    if (lead && !o.log_json.empty()) {
-      log.open(o.log_json, std::ios::trunc);
-      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
-    }
+    if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;

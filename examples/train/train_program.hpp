@@ -217,6 +217,27 @@ inline fw::TrainerOptions trainer_options(const Options& o) {
   return t;
 }
 
+/// One step's line of the progress display and the JSON log.
+inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& rep, double ms,
+                                  double tokens_per_step, float lr) {
+  fw::StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.grad_norm = rep.grad_norm;
+  r.step_ms = ms;
+  r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+  r.lr = lr;
+  r.skipped = rep.skipped;
+  return r;
+}
+
+/// The JSON log of --log-json, opened (truncated) by the rank that writes it.
+inline std::ofstream open_log(const std::string& path) {
+  std::ofstream log(path, std::ios::trunc);
+  fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", path);
+  return log;
+}
+
 template <class Target, class T>
 int train(const Options& o) {
   using B = typename Target::backend;
@@ -265,14 +286,7 @@ int train(const Options& o) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-    fw::StepRecord r;
-    r.step = step;
-    r.loss = loss;
-    r.grad_norm = rep.grad_norm;
-    r.step_ms = ms;
-    r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-    r.lr = lr;
-    r.skipped = rep.skipped;
+    const fw::StepRecord r = step_record(step, loss, rep, ms, tokens_per_step, lr);
     log.write(r, {&memory});
     if (!o.quiet) progress.update(r);
     if (step == 1) first_loss = loss;
@@ -289,20 +303,6 @@ int train(const Options& o) {
 }
 
 // ---- data parallelism: --ranks --backend --dp --zero --bucket-mb --------------------------------
-
-/// One step's line of the progress display and the JSON log.
-inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& rep, double ms,
-                                  double tokens_per_step, float lr) {
-  fw::StepRecord r;
-  r.step = step;
-  r.loss = loss;
-  r.grad_norm = rep.grad_norm;
-  r.step_ms = ms;
-  r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-  r.lr = lr;
-  r.skipped = rep.skipped;
-  return r;
-}
 
 /// The GPU a rank computes on: the one NcclWorld chose from the node-local rank; device 0 for
 /// LocalWorld (all ranks on one GPU, one stream each) and for the host.
@@ -379,10 +379,7 @@ void train_ranks(const Options& o) {
     dp.barrier();
 
     std::ofstream log;
-    if (lead && !o.log_json.empty()) {
-      log.open(o.log_json, std::ios::trunc);
-      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
-    }
+    if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
