@@ -1,0 +1,293 @@
+//! `PipelineStrategy<Precision, B, Comm>`: a GPT cut into pipeline chunks over the ranks of one
+//! pipeline group, run by a schedule table (schedule/), as a training strategy
+//! (train/strategy.hpp).
+//!
+//!   construction   the schedule table for (kind, ranks, M, v) is made and checked (a bad request
+//!                  or table is a ScheduleError before any step); the model is cut into
+//!                  ranks·chunks_per_rank chunks (parallel/pp/partition.hpp) and this rank builds
+//!                  only its chunks (`models::GptPart`: values equal the whole model's);
+//!   step           the Trainer hands over the rank's rows; `run_micro_batches` cuts them into M
+//!                  micro-batches and runs the table (parallel/pp/executor.hpp): the micro-batch
+//!                  loop of the Trainer becomes the schedule's order;
+//!   finish_step    the tied embedding: the first chunk's `wte` (embedding) and the last chunk's
+//!                  copy (LM head) get the sum of both gradients (an all-reduce over the two ranks
+//!                  that hold them, or an add when one rank holds both, as in ZB-V), as Megatron
+//!                  does; Σg² counts `wte` once (the first chunk's) and is all-reduced over the
+//!                  pipeline group, so clipping and the fp16 skip agree everywhere; AdamW runs on
+//!                  the rank's own parameters (both copies of `wte` take identical steps).
+//!
+//! The loss lives on the rank of the last chunk; `sum_over_data_parallel` sums over the pipeline
+//! group (and the replicas), so every rank returns the global-batch mean. With a `dp` group
+//! (S stages x D replicas) each replica trains on its share of the batch and the gradients are
+//! all-reduced (summed) over the replicas of each stage before the step: DataParallel across
+//! replicas. Σg² is then the same in every replica and is summed over the pipeline group only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fourway/backend/ops.hpp"
+#include "fourway/comm/communicator.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/core/tensor.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/parallel/pp/executor.hpp"
+#include "fourway/parallel/pp/partition.hpp"
+#include "fourway/schedule/generators.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fourway {
+
+/// What the pipeline runs: the schedule, M micro-batches per step (equal to the Trainer's
+/// `micro_batches`), virtual stages for the interleaved schedule, and optional cut points.
+struct PipelineOptions {
+  schedule::Kind schedule = schedule::Kind::one_f_one_b;
+  int micro_batches = 1;
+  int virtual_stages = 1;  // interleaved: chunks per rank (ZB-V: 2 implied)
+  std::vector<int> cuts;   // first block of every chunk after the first; empty: balanced
+};
+
+template <precision_policy P, backend B, communicator Comm>
+class PipelineStrategy {
+ public:
+  using precision_type = P;
+  using backend_type = B;
+  using param_type = typename P::param_type;
+  using T = param_type;
+  using model_type = models::Gpt<T, B>;
+
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, nullptr, std::move(options), optimizer) {}
+
+  /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
+  /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
+  /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch.
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, &dp, std::move(options), optimizer) {}
+
+ private:
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm* dp, PipelineOptions options, AdamW optimizer)
+      : ctx_(&ctx),
+        pp_(&pp),
+        dp_(dp),
+        options_(std::move(options)),
+        optimizer_(optimizer),
+        table_(make_table(pp.size(), 1)),
+        partition_(options_.cuts.empty() ? pp::Partition::balanced(cfg, table_.chunks())
+                                         : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
+        chunks_(build_chunks(ctx, cfg, seed)),
+        tie_(make_tie_group()),
+        state_(ctx, segments()) {
+    check<ConfigError>(partition_.chunks() == table_.chunks(), "fourway: ", options_.cuts.size(),
+                       " cut points make ", partition_.chunks(), " chunks but the schedule '",
+                       table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
+                       table_.chunks() - 1, " cut points");
+    std::size_t i = 0;
+    visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
+  }
+
+ public:
+  PipelineStrategy(const PipelineStrategy&) = delete;
+  PipelineStrategy& operator=(const PipelineStrategy&) = delete;
+
+  // ---- training_strategy --------------------------------------------------------------------
+  [[nodiscard]] int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
+  [[nodiscard]] int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
+  /// This rank's first chunk (the Trainer's model; all chunks: `chunk(c)`).
+  [[nodiscard]] model_type& model() { return *first_chunk(); }
+  [[nodiscard]] const Context<B>& context() const { return *ctx_; }
+  [[nodiscard]] const AdamW& optimizer() const { return optimizer_; }
+  [[nodiscard]] NoHooks& hooks() { return hooks_; }
+
+  void begin_step() {
+    for (auto& c : chunks_)
+      if (c) zero_grad(*ctx_, *c);
+  }
+  void begin_micro_batch(int /*i*/, int /*n*/) {}
+  void end_micro_batch(int /*i*/, int /*n*/) {}
+  /// Over every rank (the loss lives on the last stage of each replica).
+  [[nodiscard]] double sum_over_data_parallel(double x) {
+    pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    if (dp_ != nullptr) dp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    return x;
+  }
+
+  /// The Trainer's micro-batch loop, in the schedule's order: rows [first, first + M·b) of the
+  /// global batch in M micro-batches of b rows. Returns Σ loss_i·b (non-zero on the last chunk's
+  /// rank only).
+  double run_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M,
+                           float grad_scale) {
+    check<ConfigError>(M == options_.micro_batches, "fourway: the pipeline schedule was built for ",
+                       options_.micro_batches, " micro-batches but the Trainer runs ", M,
+                       "; give both the same --micro-batches");
+    const std::int64_t Tn = batch.T;
+    const std::int64_t elements = b * Tn * first_chunk()->config().dim;
+    if (!executor_ || elements != elements_) {
+      elements_ = elements;
+      std::vector<model_type*> ptrs;
+      for (auto& c : chunks_) ptrs.push_back(c.get());
+      executor_ = std::make_unique<pp::Executor<T, B, Comm>>(
+          *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
+    }
+    std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
+    staged_.resize(2 * static_cast<std::size_t>(M));
+    for (int i = 0; i < M; ++i) {
+      const auto off = static_cast<std::size_t>((first + i * b) * Tn);
+      const auto n = static_cast<std::size_t>(b * Tn);
+      auto& mb = mbs[static_cast<std::size_t>(i)];
+      mb.tokens =
+          stage(staged_[static_cast<std::size_t>(2 * i)], batch.inputs.subspan(off, n), b, Tn);
+      mb.targets =
+          stage(staged_[static_cast<std::size_t>(2 * i + 1)], batch.targets.subspan(off, n), b, Tn);
+    }
+    return executor_->run(mbs, grad_scale);
+  }
+
+  StepReport finish_step(const StepControl& c) {
+    if (dp_ != nullptr && dp_->size() > 1) {
+      visit_parameters([&](Parameter<T, B>& p) {
+        dp_->all_reduce(p.grad.data(), p.grad.data(), p.grad.numel(), ReduceOp::sum);
+      });
+    }
+    tie_embedding_gradients();
+    double ss = 0.0;
+    const Parameter<T, B>* skip = tied_copy();
+    visit_parameters([&](Parameter<T, B>& p) {
+      if (&p != skip) ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+    });
+    pp_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
+    StepReport r;
+    r.found_inf = c.check_finite && !std::isfinite(ss);
+    std::vector<SegmentBinding<T>> bindings;
+    visit_parameters([&](Parameter<T, B>& p) {
+      bindings.push_back({p.weight.data(), p.grad.data()});
+    });
+    return apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+  }
+
+  // ---- inspection -----------------------------------------------------------------------------
+  [[nodiscard]] const schedule::Table& table() const { return table_; }
+  [[nodiscard]] const pp::Partition& partition() const { return partition_; }
+  [[nodiscard]] int pipeline_rank() const { return pp_->rank(); }
+  /// Chunk c's model part, or null when another rank holds it.
+  [[nodiscard]] model_type* chunk(int c) { return chunks_[static_cast<std::size_t>(c)].get(); }
+  /// The last step's timed actions (empty before the first step).
+  [[nodiscard]] std::vector<pp::ExecSpan> spans() const {
+    return executor_ ? executor_->spans() : std::vector<pp::ExecSpan>{};
+  }
+  /// Every parameter this rank holds, chunk by chunk in model order (the tied `wte` once per
+  /// chunk that holds it).
+  template <class F>
+  void visit_parameters(F&& f) {
+    for (auto& c : chunks_)
+      if (c) c->visit_parameters(f);
+  }
+
+ private:
+  schedule::Table make_table(int ranks, std::int64_t elements) const {
+    return schedule::make(schedule::Request{options_.schedule, ranks, options_.micro_batches,
+                                            options_.virtual_stages, elements});
+  }
+
+  std::vector<std::unique_ptr<model_type>> build_chunks(const Context<B>& ctx,
+                                                        const models::GptConfig& cfg,
+                                                        std::uint64_t seed) const {
+    std::vector<std::unique_ptr<model_type>> out(static_cast<std::size_t>(table_.chunks()));
+    for (int c = 0; c < table_.chunks(); ++c) {
+      if (table_.rank_of(c) == pp_->rank())
+        out[static_cast<std::size_t>(c)] =
+            std::make_unique<model_type>(ctx, cfg, seed, partition_.part(c));
+    }
+    return out;
+  }
+
+  model_type* first_chunk() const {
+    for (const auto& c : chunks_)
+      if (c) return c.get();
+    return nullptr;
+  }
+  model_type* last_chunk() const { return chunks_.back().get(); }
+
+  /// The two ranks holding wte (first and last chunk) form a group; others split off alone.
+  std::unique_ptr<Comm> make_tie_group() {
+    const int first = table_.rank_of(0);
+    const int last = table_.rank_of(table_.chunks() - 1);
+    const int me = pp_->rank();
+    const bool member = first != last && (me == first || me == last);
+    return std::make_unique<Comm>(pp_->split(member ? 0 : 1 + me, me == first ? 0 : 1));
+  }
+
+  /// The last chunk's copy of wte when it is a copy (the model has more than one chunk).
+  Parameter<T, B>* tied_copy() const {
+    model_type* last = last_chunk();
+    return last != nullptr && table_.chunks() > 1 ? &last->embedding().wte() : nullptr;
+  }
+
+  void tie_embedding_gradients() {
+    if (table_.chunks() == 1) return;
+    model_type* first = chunks_.front().get();
+    model_type* last = last_chunk();
+    if (first != nullptr && last != nullptr) {  // one rank holds both ends
+      auto& g0 = first->embedding().wte().grad;
+      auto& g1 = last->embedding().wte().grad;
+      Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), g0.numel());
+      Ops<B>::copy(*ctx_, g1.data(), g0.data(), g0.numel());
+    } else if (first != nullptr || last != nullptr) {
+      auto& g = (first != nullptr ? first : last)->embedding().wte().grad;
+      tie_->all_reduce(g.data(), g.data(), g.numel(), ReduceOp::sum);
+    }
+  }
+
+  std::vector<StateSegment> segments() {
+    std::vector<StateSegment> segs;
+    std::int64_t off = 0;
+    visit_parameters([&](Parameter<T, B>& p) {
+      segs.push_back(StateSegment{off, p.weight.numel(), p.decay});
+      off += p.weight.numel();
+    });
+    return segs;
+  }
+
+  /// A micro-batch's token ids as a (b, T) tensor: a view of the host batch on Host, a copy
+  /// into a reused buffer on a device.
+  Tensor<std::int32_t, B> stage(Tensor<std::int32_t, B>& buffer, std::span<const std::int32_t> src,
+                                std::int64_t b, std::int64_t Tn) const {
+    if constexpr (!B::on_device) {
+      (void)buffer;
+      return Tensor<std::int32_t, B>::view_of(const_cast<std::int32_t*>(src.data()), Shape{b, Tn});
+    } else {
+      if (buffer.numel() != b * Tn)
+        buffer = Tensor<std::int32_t, B>(Shape{b, Tn}, MemTag::activations, ctx_->memory());
+      Ops<B>::from_host(*ctx_, buffer.data(), src.data(), b * Tn);
+      return buffer.view(Shape{b, Tn});
+    }
+  }
+
+  const Context<B>* ctx_;
+  Comm* pp_;
+  Comm* dp_;  // null: one replica
+  PipelineOptions options_;
+  AdamW optimizer_;
+  schedule::Table table_;
+  pp::Partition partition_;
+  std::vector<std::unique_ptr<model_type>> chunks_;
+  std::unique_ptr<Comm> tie_;
+  MasterState<T, B> state_;
+  NoHooks hooks_;
+  std::vector<Tensor<std::int32_t, B>> staged_;
+  std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
+  std::int64_t elements_ = -1;  // message size the executor's table was made for
+};
+
+}  // namespace fourway
