@@ -138,7 +138,7 @@ Result run_pipeline(const PipeConfig& pc) {
     if (w.rank() == 0) r.losses = losses;
     EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses) << "every rank reports the same loss";
     r.peak_activations[ur] = w.memory().peak(fw::MemTag::activations);
-    r.dp_bytes[ur] = all.counters().bytes_sent(std::string(groups.dp().name()));
+    r.dp_bytes[ur] = all.counters().modelled_bytes_sent(std::string(groups.dp().name()));
     auto& st = t->strategy();
     st.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.held[ur] += p.numel(); });
     if (mesh.coord_of(w.rank()).dp != 0) return;  // replica 0's parameters

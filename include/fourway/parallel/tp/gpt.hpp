@@ -101,8 +101,11 @@ inline std::vector<Placement> gpt_placements(const models::GptConfig& cfg, int n
 inline std::vector<float> initial_values(const Placement& p, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(p.full_numel()), p.init.value);
   if (p.init.normal) {
-    ::fourway::detail::InitStream rng(seed, p.name);
-    for (auto& x : v) x = static_cast<float>(p.init.value * rng.normal());
+    const std::uint64_t key = ::fourway::detail::init_key(seed, p.name);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<float>(p.init.value *
+                                ::fourway::detail::init_normal_at(key, static_cast<std::int64_t>(i)));
+    }
   }
   return v;
 }
