@@ -157,7 +157,7 @@ void train_pipeline_ranks(const Options& o) {
       pp.set_stream(ctx.stream());
       dp.set_stream(ctx.stream());
     }
-    std::optional<fw::SafetensorsFile> ckpt;
+    std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
     fw::PipelineOptions po;
     po.schedule = schedule_kind(o.schedule);

@@ -46,7 +46,7 @@ void train_tp_ranks(const Options& o) {
         "fourway: --sequence-parallel splits the ", (o.batch / dp) * o.seq,
         " rows (batch/dp x seq) of each group over tp=", o.tp, " ranks; choose --batch and --seq ",
         "with batch/dp x seq divisible by ", o.tp);
-    std::optional<fw::SafetensorsFile> ckpt;
+    std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
     fw::tp::TpOptions to;
     to.sequence_parallel = o.sequence_parallel;

@@ -1,8 +1,8 @@
 //! Hugging Face GPT-2 files for a tensor-parallel model: the ordinary unsplit file, read and
 //! written through the placement table (parallel/tp/placement.hpp).
 //!
-//! Load: every rank converts from the file only the slices its table entry names (the file
-//! itself is parsed by `SafetensorsFile`, which reads it whole). Save: the slices are gathered
+//! Load: every rank reads from the file (positioned reads, `SafetensorsReader`) only the runs
+//! of elements its table entry names. Save: the slices are gathered
 //! over the tensor-parallel group (`tp::Gpt::gather_over_tp`, the vocabulary padding dropped) and
 //! one rank writes the file that `load_gpt2` of the one-rank model reads.
 #pragma once
@@ -14,6 +14,7 @@
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/train/gpt2_checkpoint.hpp"
 #include "fourway/train/safetensors.hpp"
+#include "fourway/train/sharded_io.hpp"
 
 namespace fourway {
 
@@ -25,20 +26,20 @@ inline std::vector<std::int64_t> hf_shape(const tp::Placement& p) {
 }  // namespace detail
 
 /// Sets every parameter of the tensor-parallel `model` to its slice of the tensor of the same
-/// name in `f` (the shapes `inspect_gpt2(f)` reports must be the model's).
+/// name in the file behind `f` (the shapes `inspect_gpt2(f)` reports must be the model's): only
+/// the runs of elements this rank holds are read, with positioned reads.
 template <class T, class B, class Comm>
-void load_gpt2_tp(const Context<B>& ctx, const SafetensorsFile& f, tp::Gpt<T, B, Comm>& model) {
+void load_gpt2_tp(const Context<B>& ctx, const SafetensorsReader& f, tp::Gpt<T, B, Comm>& model) {
   const Gpt2FileInfo info = inspect_gpt2(f);
-  model.load(ctx, [&](const tp::Placement& p) {
+  model.load_runs(ctx, [&](const tp::Placement& p, std::int64_t first, std::int64_t count,
+                           float* out) {
     const auto* e = f.find(info.prefix + p.name);
     check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", info.prefix,
                            p.name, " that the model needs");
     check<CheckpointError>(e->shape == detail::hf_shape(p), "fourway: ", f.source(), ": tensor ",
                            e->name, " has shape ", e->shape_str(), " but the model's ", p.name,
                            " is ", detail::shape_text(detail::hf_shape(p)));
-    std::vector<float> v(static_cast<std::size_t>(p.full_numel()));
-    f.read_into(*e, std::span<float>(v));
-    return v;
+    f.read_elements(*e, first, count, out);
   });
 }
 

@@ -97,17 +97,18 @@ inline std::vector<Placement> gpt_placements(const models::GptConfig& cfg, int n
   return t;
 }
 
-/// The full (unsplit) initial values of `p`, exactly as layers/parameter.hpp's init draws them.
-inline std::vector<float> initial_values(const Placement& p, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(p.full_numel()), p.init.value);
-  if (p.init.normal) {
-    const std::uint64_t key = ::fourway::detail::init_key(seed, p.name);
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      v[i] = static_cast<float>(p.init.value *
-                                ::fourway::detail::init_normal_at(key, static_cast<std::int64_t>(i)));
-    }
+/// Elements [first, first + count) of `p`'s full (unsplit) initial values, exactly as
+/// layers/parameter.hpp's counter-based init draws them for the one-rank model.
+inline void initial_values(const Placement& p, std::uint64_t seed, std::int64_t first,
+                           std::int64_t count, float* out) {
+  if (!p.init.normal) {
+    std::fill_n(out, count, p.init.value);
+    return;
   }
-  return v;
+  const std::uint64_t key = ::fourway::detail::init_key(seed, p.name);
+  for (std::int64_t i = 0; i < count; ++i) {
+    out[i] = static_cast<float>(p.init.value * ::fourway::detail::init_normal_at(key, first + i));
+  }
 }
 
 template <floating_dtype T, backend B, communicator Comm>
@@ -147,7 +148,9 @@ class Gpt {
     for (int i = 0; i < cfg.layers; ++i) {
       blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init, tp, sp_));
     }
-    load(ctx, [&](const Placement& p) { return initial_values(p, seed); });
+    load_runs(ctx, [&](const Placement& p, std::int64_t first, std::int64_t count, float* out) {
+      initial_values(p, seed, first, count, out);
+    });
   }
 
   [[nodiscard]] const models::GptConfig& config() const { return cfg_; }
@@ -242,29 +245,46 @@ class Gpt {
   }
 
   // ---- values -------------------------------------------------------------------------------
-  /// Sets every parameter to its slice of `full(placement)` (the unsplit tensor as float, in the
-  /// Hugging Face layout); padding rows are zero. Gradients are untouched.
-  template <class Full>
-  void load(const Context<B>& ctx, Full&& full) {
+  /// Sets every parameter to its slice of the unsplit tensors: `read(placement, first, count,
+  /// out)` writes elements [first, first + count) of the full tensor (Hugging Face layout, as
+  /// float) to `out`. Only the runs this rank holds are asked for; padding rows are zero.
+  /// Gradients are untouched.
+  template <class Read>
+  void load_runs(const Context<B>& ctx, Read&& read) {
     std::size_t i = 0;
+    std::vector<float> run;
     visit_parameters([&](Parameter<T, B>& p) {
       const Placement& pl = table_[i++];
-      const std::vector<float> values = full(pl);
-      check<ShapeError>(static_cast<std::int64_t>(values.size()) == pl.full_numel() &&
-                            p.numel() == pl.local_numel(n_),
-                        "fourway: tp::Gpt load of ", pl.name, ": got ", values.size(),
-                        " values for a tensor of ", pl.full_numel(), " (local ", p.numel(), ")");
-      check<ConfigError>(p.name == pl.name,
-                         "fourway: tp::Gpt placement table out of order: ", pl.name,
-                         " describes parameter ", p.name);
+      check<ConfigError>(p.name == pl.name && p.numel() == pl.local_numel(n_),
+                         "fourway: tp::Gpt placement table out of order: ", pl.name, " (local ",
+                         pl.local_numel(n_), ") describes parameter ", p.name, " (", p.numel(),
+                         ")");
       std::vector<T> local(static_cast<std::size_t>(p.numel()), convert<T>(0.0f));
       pl.for_each_run(n_, rank_, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+        run.resize(static_cast<std::size_t>(count));
+        read(pl, from, count, run.data());
         for (std::int64_t k = 0; k < count; ++k) {
-          local[static_cast<std::size_t>(to + k)] =
-              convert<T>(values[static_cast<std::size_t>(from + k)]);
+          local[static_cast<std::size_t>(to + k)] = convert<T>(run[static_cast<std::size_t>(k)]);
         }
       });
       Ops<B>::from_host(ctx, p.weight.data(), local.data(), p.numel());
+    });
+  }
+
+  /// Sets every parameter to its slice of `full(placement)` (the whole unsplit tensor as float).
+  template <class Full>
+  void load(const Context<B>& ctx, Full&& full) {
+    const Placement* held = nullptr;
+    std::vector<float> values;
+    load_runs(ctx, [&](const Placement& pl, std::int64_t first, std::int64_t count, float* out) {
+      if (held != &pl) {
+        values = full(pl);
+        check<ShapeError>(static_cast<std::int64_t>(values.size()) == pl.full_numel(),
+                          "fourway: tp::Gpt load of ", pl.name, ": got ", values.size(),
+                          " values for a tensor of ", pl.full_numel());
+        held = &pl;
+      }
+      std::copy_n(values.data() + first, count, out);
     });
   }
 
