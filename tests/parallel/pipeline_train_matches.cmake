@@ -38,7 +38,8 @@ foreach(schedule ${SCHEDULES})
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "--pp ${PP} --schedule ${schedule}: losses differ from the reference")
   endif()
-  execute_process(COMMAND ${WEIGHTS} ${w} ${ref_w} 1e-5 RESULT_VARIABLE rc OUTPUT_VARIABLE out
+  # the key third of c_attn.bias has a zero exact gradient: held to 2·lr·steps = 3e-3 absolute
+  execute_process(COMMAND ${WEIGHTS} ${w} ${ref_w} 1e-5 3e-3 RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   message(STATUS "${schedule} weights: ${out}${err}")
   if(NOT rc EQUAL 0)

@@ -16,13 +16,15 @@
 //!                  pipeline group, so clipping and the fp16 skip agree everywhere; AdamW runs on
 //!                  the rank's own parameters (both copies of `wte` take identical steps).
 //!
-//! The loss lives on the rank of the last chunk; `sum_over_data_parallel` sums over the pipeline
-//! group (and the replicas), so every rank returns the global-batch mean. With a `dp` group
+//! The loss lives on the rank of the last chunk; `finish_step` sums it over the pipeline group
+//! (packed with Σg² in one `StepScalars` all-reduce) and the replicas, so every rank returns the
+//! global-batch mean. With a `dp` group
 //! (S stages x D replicas) each replica trains on its share of the batch and the gradients are
 //! all-reduced (summed) over the replicas of each stage before the step: DataParallel across
 //! replicas. Σg² is then the same in every replica and is summed over the pipeline group only.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -40,6 +42,7 @@
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
+#include "fourway/parallel/step_scalars.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
@@ -88,7 +91,8 @@ class PipelineStrategy {
                                          : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
         chunks_(build_chunks(ctx, cfg, seed)),
         tie_(make_tie_group()),
-        state_(ctx, segments()) {
+        state_(ctx, segments()),
+        scalars_(ctx) {
     check<ConfigError>(partition_.chunks() == table_.chunks(), "fourway: ", options_.cuts.size(),
                        " cut points make ", partition_.chunks(), " chunks but the schedule '",
                        table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
@@ -116,13 +120,6 @@ class PipelineStrategy {
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
-  /// Over every rank (the loss lives on the last stage of each replica).
-  [[nodiscard]] double sum_over_data_parallel(double x) {
-    pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
-    if (dp_ != nullptr) dp_->all_reduce(&x, &x, 1, ReduceOp::sum);
-    return x;
-  }
-
   /// The Trainer's micro-batch loop, in the schedule's order: rows [first, first + M·b) of the
   /// global batch in M micro-batches of b rows. Returns Σ loss_i·b (non-zero on the last chunk's
   /// rank only).
@@ -166,8 +163,14 @@ class PipelineStrategy {
     visit_parameters([&](Parameter<T, B>& p) {
       if (&p != skip) ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
     });
-    pp_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
+    // one packed all-reduce over the pipeline: the loss (on the last stage) and every stage's
+    // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
+    const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
+    ss = sums[1];
     StepReport r;
+    r.loss_sum = sums[0];
+    if (dp_ != nullptr && dp_->size() > 1)
+      r.loss_sum = scalars_.sum(*dp_, std::array<double, 1>{r.loss_sum})[0];
     r.found_inf = c.check_finite && !std::isfinite(ss);
     std::vector<SegmentBinding<T>> bindings;
     visit_parameters([&](Parameter<T, B>& p) {
@@ -284,6 +287,7 @@ class PipelineStrategy {
   std::vector<std::unique_ptr<model_type>> chunks_;
   std::unique_ptr<Comm> tie_;
   MasterState<T, B> state_;
+  StepScalars<B> scalars_;
   NoHooks hooks_;
   std::vector<Tensor<std::int32_t, B>> staged_;
   std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
