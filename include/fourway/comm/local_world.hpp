@@ -590,7 +590,7 @@ class LocalComm {
     if (spin) {
       // A peer on its own core answers within microseconds: poll with a pause first, then give
       // the core away between polls (ranks may share cores), then block.
-      const int polls = world.poll_first ? 4096 : 0;
+      const int polls = world.poll_first ? 128 : 0;
       for (int i = 0; i < polls + 256; ++i) {
         if (ready()) return;
         if ((i & 63) == 0 && world.aborted.load(std::memory_order_relaxed)) break;
