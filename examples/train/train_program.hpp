@@ -575,17 +575,23 @@ void train_ranks(const Options& o) {
   });
 }
 
-template <class Target, class T, class W>
-void train_stage(const Options& o) {
+/// Calls `f.template operator()<Stage>()` with --zero as a compile-time stage.
+template <class F>
+void with_zero_stage(const Options& o, F&& f) {
   switch (o.zero) {
-    case 0: return train_ranks<Target, T, 0, W>(o);
-    case 1: return train_ranks<Target, T, 1, W>(o);
-    case 2: return train_ranks<Target, T, 2, W>(o);
-    case 3: return train_ranks<Target, T, 3, W>(o);
+    case 0: return f.template operator()<0>();
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
     default:
       throw fw::ConfigError(fw::detail::cat("fourway: --zero ", o.zero,
                                             " does not exist; use 0 (DataParallel), 1, 2 or 3"));
   }
+}
+
+template <class Target, class T, class W>
+void train_stage(const Options& o) {
+  with_zero_stage(o, [&]<int Stage>() { train_ranks<Target, T, Stage, W>(o); });
 }
 
 template <class Target, class T>

@@ -145,15 +145,7 @@ void train_tp_ranks(const Options& o) {
 
 template <class Target, class T, class W>
 void train_tp_stage(const Options& o) {
-  switch (o.zero) {
-    case 0: return train_tp_ranks<Target, T, 0, W>(o);
-    case 1: return train_tp_ranks<Target, T, 1, W>(o);
-    case 2: return train_tp_ranks<Target, T, 2, W>(o);
-    case 3: return train_tp_ranks<Target, T, 3, W>(o);
-    default:
-      throw fw::ConfigError(fw::detail::cat("fourway: --zero ", o.zero,
-                                            " does not exist; use 0 (DataParallel), 1, 2 or 3"));
-  }
+  with_zero_stage(o, [&]<int Stage>() { train_tp_ranks<Target, T, Stage, W>(o); });
 }
 
 template <class Target, class T>
