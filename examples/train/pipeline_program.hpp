@@ -79,7 +79,8 @@ void save_pipeline(const fw::Context<B>& ctx, S& strategy, Comm& pp,
 }
 
 /// Chrome trace event format (chrome://tracing, Perfetto): one track (tid) per rank, one complete
-/// event ("ph":"X", microseconds) per compute action, p2p group and optimizer step.
+/// event ("ph":"X", microseconds) per compute action, p2p group, collective of the step and the
+/// optimizer step.
 struct TraceEvent {
   int rank = 0;
   std::string name;
@@ -170,6 +171,7 @@ void train_pipeline_ranks(const Options& o) {
     to.micro_batches = o.micro_batches;
     fw::Trainer<S> trainer(to, ctx, cfg, o.seed, pp, dp, po, make_adamw(o));
     auto& st = trainer.strategy();
+    st.time_phases(!o.trace.empty());
     if (ckpt) {
       for (int c = 0; c < st.table().chunks(); ++c)
         if (auto* chunk = st.chunk(c)) fw::load_gpt2(ctx, *ckpt, *chunk, true);
@@ -209,7 +211,6 @@ void train_pipeline_ranks(const Options& o) {
         // the executor's spans are relative to its start, which is t0 plus the batch staging
         const auto spans = st.spans();
         const double run_start = us(t0);
-        double run_end = run_start;
         for (const auto& s : spans) {
           const bool compute = fw::schedule::is_compute(s.op);
           std::string name =
@@ -218,10 +219,12 @@ void train_pipeline_ranks(const Options& o) {
                                         s.chunk);
           mine.push_back({w.rank(), name, compute ? "compute" : "p2p", run_start + s.start * 1e6,
                           (s.end - s.start) * 1e6});
-          run_end = std::max(run_end, run_start + s.end * 1e6);
         }
-        mine.push_back(
-            {w.rank(), "optimizer step + reductions", "collective", run_end, us(t1) - run_end});
+        for (const auto& p : st.phases()) {
+          const bool comm = p.name.ends_with("all-reduce") || p.name == "tied embedding sum";
+          mine.push_back({w.rank(), p.name, comm ? "collective" : "step", us(p.start),
+                          us(p.end) - us(p.start)});
+        }
       }
       const fw::StepRecord r =
           step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);

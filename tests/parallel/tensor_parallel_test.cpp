@@ -3,12 +3,15 @@
 // losses, per-step global norms and the gathered final parameters within 1e-5 relative.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/communication.hpp"
 #include "fourway/plan/fourway_activation.hpp"
+#include "fourway/plan/planner.hpp"
 #include "tp_harness.hpp"
 
 namespace {
@@ -252,6 +255,76 @@ TEST(TensorParallel, WeightBytesPerRankEqualThePlanner) {
           << "tp " << n << " align " << align;
     }
   }
+}
+
+// `make_plan` with `--footprint fourway` for a tp (× dp, ± SP, ZeRO 0-3) mesh against what each
+// rank's accountant holds after real steps: model states byte for byte on every rank, the
+// activation peak of the fullest vocabulary shard, and the tp bytes Counting counted.
+template <class T>
+void expect_plan_equals_run(const RunConfig& rc) {
+  namespace fp = fw::plan;
+  const RunResult got = tph::run_tp<T>(rc);
+  const auto& cfg = rc.model;
+  const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+  fp::Strategy st;
+  st.dp = rc.dp;
+  st.tp = rc.tp;
+  st.zero = rc.stage;
+  st.micro_batch = tph::kBatch / rc.dp;
+  st.precision = std::is_same_v<T, float> ? fp::Precision::fp32 : fp::Precision::bf16;
+  st.recompute = fp::Recompute::none;
+  st.sequence_parallel = rc.sequence_parallel;
+  fp::Options o;
+  o.footprint = fp::Footprint::fourway;
+  o.bucket_bytes = 2048;  // the harness's ShardedOptions::bucket_bytes
+  o.vocab_alignment = rc.alignment;
+  const fp::Plan plan =
+      fp::make_plan(fp::Model{arch, 0}, fp::Cluster{fp::h100, rc.tp * rc.dp}, st, o);
+  const fp::StagePlan& p = plan.worst();
+  std::size_t peak = 0;
+  for (std::size_t r = 0; r < got.states.size(); ++r) {
+    const auto& s = got.states[r];
+    EXPECT_EQ(static_cast<std::int64_t>(s[0]), p.states.weights) << describe(rc) << " rank " << r;
+    EXPECT_EQ(static_cast<std::int64_t>(s[1]), p.states.grads) << describe(rc) << " rank " << r;
+    EXPECT_EQ(static_cast<std::int64_t>(s[2]), p.states.master_weights)
+        << describe(rc) << " rank " << r;
+    EXPECT_EQ(static_cast<std::int64_t>(s[3]), p.states.optimizer_state)
+        << describe(rc) << " rank " << r;
+    EXPECT_LE(static_cast<double>(got.activation_peak[r]), p.activations)
+        << describe(rc) << " rank " << r;
+    peak = std::max(peak, got.activation_peak[r]);
+    EXPECT_DOUBLE_EQ(got.tp_bytes[r], p.tensor_parallel.bytes) << describe(rc) << " rank " << r;
+  }
+  EXPECT_EQ(static_cast<double>(peak), p.activations + p.recompute_working) << describe(rc);
+}
+
+TEST(TensorParallel, FourwayFootprintOfThePlannerEqualsTheAccountant) {
+  RunConfig rc;
+  rc.model.max_seq = tph::kSeq;  // the planner's architecture trains at its context
+  rc.steps = 2;
+  for (int n : {2, 4}) {
+    for (bool sp : {false, true}) {
+      rc.tp = n;
+      rc.sequence_parallel = sp;
+      rc.dp = 1;
+      rc.stage = 0;
+      expect_plan_equals_run<float>(rc);
+      rc.dp = 2;
+      for (int stage : {0, 1, 2, 3}) {
+        rc.stage = stage;
+        expect_plan_equals_run<float>(rc);
+      }
+    }
+  }
+  // mixed precision (master weights) and a padded vocabulary (Vp = 512 for 301 over 2 ranks)
+  rc.tp = 2;
+  rc.dp = 2;
+  rc.stage = 2;
+  rc.alignment = 128;
+  expect_plan_equals_run<fw::bf16>(rc);
+  rc.stage = 3;
+  rc.sequence_parallel = false;
+  expect_plan_equals_run<float>(rc);
 }
 
 TEST(TensorParallel, ActivationBytesEqualThePrediction) {

@@ -80,6 +80,9 @@ struct RunResult {
   std::vector<std::array<fw::OpCount, 3>> tp_ops;  // every rank: all_reduce, reduce_scatter,
                                                    // all_gather in its tp group
   std::vector<std::size_t> weight_bytes;           // every rank: accountant MemTag::weights
+  std::vector<std::array<std::size_t, 4>> states;  // every rank after the last step: weights,
+                                                   // grads, master weights, optimizer state
+  std::vector<std::size_t> activation_peak;        // every rank: peak of MemTag::activations
   bool padding_zero = true;                        // wte's padding rows stayed zero on every rank
 };
 
@@ -118,6 +121,8 @@ RunResult run_tp_stage(const RunConfig& rc) {
   r.tp_bytes.resize(static_cast<std::size_t>(world));
   r.tp_ops.resize(static_cast<std::size_t>(world));
   r.weight_bytes.resize(static_cast<std::size_t>(world));
+  r.states.resize(static_cast<std::size_t>(world));
+  r.activation_peak.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(world, [&](fw::World<fw::LocalWorld>& w) {
     const TpMesh mesh(world, {.tp = rc.tp});
@@ -149,6 +154,11 @@ RunResult run_tp_stage(const RunConfig& rc) {
       }
     }
     const std::size_t wbytes = w.memory().current(fw::MemTag::weights);
+    const auto& m = w.memory();
+    const std::array<std::size_t, 4> states{
+        m.current(fw::MemTag::weights), m.current(fw::MemTag::grads),
+        m.current(fw::MemTag::master_weights), m.current(fw::MemTag::optimizer_state)};
+    const std::size_t act_peak = m.peak(fw::MemTag::activations);
     auto local = t.strategy().gather_full_parameters();
     bool pad_zero = true;
     {
@@ -165,6 +175,8 @@ RunResult run_tp_stage(const RunConfig& rc) {
     r.tp_bytes[i] = bytes;
     r.tp_ops[i] = ops;
     r.weight_bytes[i] = wbytes;
+    r.states[i] = states;
+    r.activation_peak[i] = act_peak;
     r.padding_zero = r.padding_zero && pad_zero;
     if (w.rank() == 0) {
       r.losses = losses;

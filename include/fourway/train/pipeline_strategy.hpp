@@ -22,9 +22,15 @@
 //! (S stages x D replicas) each replica trains on its share of the batch and the gradients are
 //! all-reduced (summed) over the replicas of each stage before the step: DataParallel across
 //! replicas. Σg² is then the same in every replica and is summed over the pipeline group only.
+//!
+//! With `time_phases(true)` `finish_step` times each of its parts (`phases()`, steady clock, the
+//! device synchronized at each boundary): the dp gradient all-reduce, the tied-embedding sum, the
+//! local Σg², the step scalars' all-reduce over the pipeline group (loss and Σg²), the loss's
+//! all-reduce over the replicas, and the optimizer step.
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -152,32 +158,54 @@ class PipelineStrategy {
   }
 
   StepReport finish_step(const StepControl& c) {
+    phases_.clear();
+    auto t = phase_start();
     if (dp_ != nullptr && dp_->size() > 1) {
       visit_parameters([&](Parameter<T, B>& p) {
         dp_->all_reduce(p.grad.data(), p.grad.data(), p.grad.numel(), ReduceOp::sum);
       });
+      t = phase_end("dp gradient all-reduce", t);
     }
+    const bool tied =
+        table_.chunks() > 1 && (chunks_.front() != nullptr || last_chunk() != nullptr);
     tie_embedding_gradients();
+    if (tied) t = phase_end("tied embedding sum", t);
     double ss = 0.0;
     const Parameter<T, B>* skip = tied_copy();
     visit_parameters([&](Parameter<T, B>& p) {
       if (&p != skip) ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
     });
+    t = phase_end("sum of squares", t);
     // one packed all-reduce over the pipeline: the loss (on the last stage) and every stage's
     // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
     const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
     ss = sums[1];
+    t = phase_end("step scalars all-reduce", t);
     StepReport r;
     r.loss_sum = sums[0];
-    if (dp_ != nullptr && dp_->size() > 1)
+    if (dp_ != nullptr && dp_->size() > 1) {
       r.loss_sum = scalars_.sum(*dp_, std::array<double, 1>{r.loss_sum})[0];
+      t = phase_end("replicas loss all-reduce", t);
+    }
     r.found_inf = c.check_finite && !std::isfinite(ss);
     std::vector<SegmentBinding<T>> bindings;
     visit_parameters([&](Parameter<T, B>& p) {
       bindings.push_back({p.weight.data(), p.grad.data()});
     });
-    return apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+    r = apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+    phase_end("optimizer step", t);
+    return r;
   }
+
+  /// A timed part of `finish_step`.
+  struct Phase {
+    std::string name;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  /// Time the parts of every `finish_step` from now on (off by default: no device syncs).
+  void time_phases(bool on) { time_phases_ = on; }
+  /// The last step's parts, in order (empty unless `time_phases(true)`).
+  [[nodiscard]] const std::vector<Phase>& phases() const { return phases_; }
 
   // ---- inspection -----------------------------------------------------------------------------
   [[nodiscard]] const schedule::Table& table() const { return table_; }
@@ -221,6 +249,19 @@ class PipelineStrategy {
     return nullptr;
   }
   model_type* last_chunk() const { return chunks_.back().get(); }
+
+  std::chrono::steady_clock::time_point phase_start() const {
+    if (time_phases_) ctx_->synchronize();
+    return std::chrono::steady_clock::now();
+  }
+  /// Records [start, now) as `name` when timing; returns now, the next part's start.
+  std::chrono::steady_clock::time_point phase_end(const char* name,
+                                                  std::chrono::steady_clock::time_point start) {
+    if (!time_phases_) return start;
+    const auto now = phase_start();
+    phases_.push_back(Phase{name, start, now});
+    return now;
+  }
 
   /// The two ranks holding wte (first and last chunk) form a group; others split off alone.
   std::unique_ptr<Comm> make_tie_group() {
@@ -292,6 +333,8 @@ class PipelineStrategy {
   std::vector<Tensor<std::int32_t, B>> staged_;
   std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
   std::int64_t elements_ = -1;  // message size the executor's table was made for
+  bool time_phases_ = false;
+  std::vector<Phase> phases_;
 };
 
 }  // namespace fourway
