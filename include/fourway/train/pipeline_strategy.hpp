@@ -116,7 +116,8 @@ class PipelineStrategy {
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
-  /// Over every rank (the loss lives on the last stage of each replica).
+  /// Over every rank (the loss lives on the last stage of each replica); finish_step reports
+  /// the step's loss sum through it.
   [[nodiscard]] double sum_over_data_parallel(double x) {
     pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
     if (dp_ != nullptr) dp_->all_reduce(&x, &x, 1, ReduceOp::sum);
@@ -168,6 +169,7 @@ class PipelineStrategy {
     });
     pp_->all_reduce(&ss, &ss, 1, ReduceOp::sum);
     StepReport r;
+    r.loss_sum = sum_over_data_parallel(c.loss_sum);
     r.found_inf = c.check_finite && !std::isfinite(ss);
     std::vector<SegmentBinding<T>> bindings;
     visit_parameters([&](Parameter<T, B>& p) {
