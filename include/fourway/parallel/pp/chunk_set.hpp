@@ -36,7 +36,10 @@ class ChunkSet {
       : chunks_(std::move(chunks)), pp_(&pp) {
     check<ConfigError>(!chunks_.empty(), "fourway: a pipeline rank with no chunk");
     visit_parameters([&](Parameter<T, B>& p) { counted_.push_back(&p != tied_copy); });
-    for (auto* c : chunks_) first_unit_.push_back(units_), units_ += c->units();
+    for (auto* c : chunks_) {
+      first_unit_.push_back(units_);
+      units_ += c->units();
+    }
   }
 
   [[nodiscard]] int units() const { return units_; }
