@@ -134,11 +134,11 @@ inline fw::schedule::Costs measured_costs(const std::vector<fw::pp::ExecSpan>& s
   return c;
 }
 
-template <class Target, class T, class W>
+template <class Target, class T, class W, int Zero>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = typename W::comm_type;
-  using S = fw::PipelineStrategy<fw::Precision<T>, B, Comm>;
+  using S = fw::PipelineStrategy<fw::Precision<T>, B, Comm, Zero>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)
   fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
@@ -177,6 +177,9 @@ void train_pipeline_ranks(const Options& o) {
         if (auto* chunk = st.chunk(c)) fw::load_gpt2(ctx, *ckpt, *chunk, true);
       ckpt.reset();
     }
+    if (lead && Zero > 0)
+      std::printf("ZeRO-%d across the %d replicas of each stage (docs/pipeline.md): %s\n", Zero,
+                  n / o.pp, st.sharded()->describe().c_str());
     const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     if (lead) {
@@ -221,7 +224,8 @@ void train_pipeline_ranks(const Options& o) {
                           (s.end - s.start) * 1e6});
         }
         for (const auto& p : st.phases()) {
-          const bool comm = p.name.ends_with("all-reduce") || p.name == "tied embedding sum";
+          const bool comm = p.name.ends_with("all-reduce") || p.name.ends_with("reduce-scatter") ||
+                            p.name == "tied embedding sum";
           mine.push_back({w.rank(), p.name, comm ? "collective" : "step", us(p.start),
                           us(p.end) - us(p.start)});
         }
@@ -289,7 +293,10 @@ void train_pipeline_ranks(const Options& o) {
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
-      if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
+      // ZeRO-3: every replica gathers its stage's weights over dp for the call
+      st.with_gathered_parameters([&] {
+        if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
+      });
       if (lead) std::printf("saved %s\n", o.save.c_str());
     }
     w.comm().barrier();
@@ -305,13 +312,28 @@ void train_pipeline_ranks(const Options& o) {
   }
 }
 
+/// `f.template operator()<Z>()` with the ZeRO stage Z = `zero` (0-3) as a constant.
+template <class F>
+void with_zero_stage(int zero, F&& f) {
+  switch (zero) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    default: f.template operator()<0>(); break;
+  }
+}
+
 template <class Target, class T>
 int train_pipeline(const Options& o) {
   check_output_dir("save", o.save);
   check_output_dir("log-json", o.log_json);
   check_output_dir("trace", o.trace);
-  fw::check<fw::ConfigError>(o.zero == 0, "fourway: --pp with --zero ", o.zero,
-                             " is not built yet; pipeline stages run without ZeRO (--zero 0)");
+  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
+                             " does not exist; use 0, 1, 2 or 3");
+  fw::check<fw::ConfigError>(o.zero == 0 || o.init_from.empty(), "fourway: --pp with --zero ",
+                             o.zero,
+                             " cannot --init-from yet (the stages load into unsharded "
+                             "weights); start from --zero 0 or drop --init-from");
   fw::check<fw::ConfigError>(o.micro_batches >= 1, "fourway: --micro-batches must be >= 1, got ",
                              o.micro_batches);
   fw::check<fw::ConfigError>(
@@ -322,10 +344,13 @@ int train_pipeline(const Options& o) {
   if (o.backend == "local") {
     Options local = o;
     local.ranks = o.ranks == 0 ? o.pp * std::max(o.dp, 1) : o.ranks;
-    train_pipeline_ranks<Target, T, fw::LocalWorld>(local);
+    with_zero_stage(o.zero,
+                    [&]<int Z>() { train_pipeline_ranks<Target, T, fw::LocalWorld, Z>(local); });
     return 0;
   }
-  Target::launch_processes(o, [&]<class W>() { train_pipeline_ranks<Target, T, W>(o); });
+  Target::launch_processes(o, [&]<class W>() {
+    with_zero_stage(o.zero, [&]<int Z>() { train_pipeline_ranks<Target, T, W, Z>(o); });
+  });
   return 0;
 }
 

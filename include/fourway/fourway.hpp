@@ -54,6 +54,7 @@
 #include "fourway/parallel/flat_layout.hpp"
 #include "fourway/parallel/gradient_reducer.hpp"
 #include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/parallel/step_scalars.hpp"

@@ -51,6 +51,9 @@ struct Result {
   std::vector<std::size_t> peak_activations;         // [rank] accountant peak during training
   std::vector<double> dp_bytes;                      // [rank] sent in its dp group, last step
   std::vector<std::int64_t> held;                    // [rank] parameter elements it holds
+  std::vector<std::int64_t> shard;                   // [rank] ZeRO: its expected shard (formula)
+  std::vector<std::size_t> optimizer_bytes;          // [rank] accountant: optimizer_state now
+  std::vector<std::int64_t> gathered_peak;           // [rank] ZeRO-3: bytes of gathered units
 };
 
 template <class T>
@@ -101,15 +104,38 @@ std::string name_of(const PipeConfig& pc) {
                          pc.checkpoint ? " ckpt" : "");
 }
 
-template <class T>
+/// Expected shard of a rank under ZeRO `zero` over `D` replicas, from the chunks' parameter sizes:
+/// one bucket of everything (ZeRO-1/2, the pipeline's bucket_bytes = 0) or one segment per unit
+/// (ZeRO-3), each padded to a multiple of D.
+template <class S>
+std::int64_t expected_shard(S& st, int zero, int D) {
+  const auto part = [D](std::int64_t n) { return (n + D - 1) / D; };
+  std::int64_t all = 0, per_unit = 0;
+  for (int c = 0; c < st.table().chunks(); ++c) {
+    auto* chunk = st.chunk(c);
+    if (chunk == nullptr) continue;
+    for (int u = 0; u < chunk->units(); ++u) {
+      std::int64_t n = 0;
+      chunk->visit_unit_parameters(u, [&](auto& p) { n += p.numel(); });
+      all += n;
+      per_unit += part(n);
+    }
+  }
+  return zero == 3 ? per_unit : part(all);
+}
+
+template <class T, int Zero = 0>
 Result run_pipeline(const PipeConfig& pc) {
   using Comm = fw::Counting<fw::LocalComm>;
-  using S = fw::PipelineStrategy<fw::Precision<T>, fw::Host, Comm>;
+  using S = fw::PipelineStrategy<fw::Precision<T>, fw::Host, Comm, Zero>;
   const int world = pc.stages * pc.dp;
   Result r;
   r.peak_activations.resize(static_cast<std::size_t>(world));
   r.dp_bytes.resize(static_cast<std::size_t>(world));
   r.held.resize(static_cast<std::size_t>(world));
+  r.shard.resize(static_cast<std::size_t>(world));
+  r.optimizer_bytes.resize(static_cast<std::size_t>(world));
+  r.gathered_peak.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(world, [&](fw::World<fw::LocalWorld>& w) {
     fw::PipelineOptions po;
@@ -139,26 +165,29 @@ Result run_pipeline(const PipeConfig& pc) {
       losses.push_back(t->step(first_rows(h8::batch(s), pc.rows)));
     }
     const auto ur = static_cast<std::size_t>(w.rank());
+    const double dp_bytes = all.counters().modelled_bytes_sent(std::string(groups.dp().name()));
+    auto& st = t->strategy();
+    std::map<std::string, std::vector<float>> mine;  // gathered first: ZeRO-3 gathers over dp
+    st.with_gathered_parameters([&] {
+      for (int c = 0; c < st.table().chunks(); ++c) {
+        auto* chunk = st.chunk(c);
+        if (chunk == nullptr) continue;
+        chunk->visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
+          mine[p.name == "wte.weight" && c != 0 ? "wte.weight (LM head copy)" : p.name] = values(p);
+        });
+      }
+    });
     std::lock_guard lock(mu);
     if (w.rank() == 0) r.losses = losses;
     EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses) << "every rank reports the same loss";
     r.peak_activations[ur] = w.memory().peak(fw::MemTag::activations);
-    r.dp_bytes[ur] = all.counters().modelled_bytes_sent(std::string(groups.dp().name()));
-    auto& st = t->strategy();
+    r.dp_bytes[ur] = dp_bytes;  // the last step's, before the gathering below
     st.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.held[ur] += p.numel(); });
+    r.shard[ur] = expected_shard(st, Zero, pc.dp);
+    r.optimizer_bytes[ur] = w.memory().current(fw::MemTag::optimizer_state);
+    if constexpr (Zero > 0) r.gathered_peak[ur] = st.sharded()->gathered_peak_bytes();
     if (mesh.coord_of(w.rank()).dp != 0) return;  // replica 0's parameters
-    for (int c = 0; c < st.table().chunks(); ++c) {
-      auto* chunk = st.chunk(c);
-      if (chunk == nullptr) continue;
-      chunk->visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
-        auto v = values(p);
-        if (p.name == "wte.weight" && c != 0) {
-          r.params["wte.weight (LM head copy)"] = v;
-          return;
-        }
-        r.params[p.name] = v;
-      });
-    }
+    for (auto& [name, v] : mine) r.params[name] = std::move(v);
   });
   return r;
 }
@@ -210,7 +239,7 @@ TEST(ParallelPipeline, EveryScheduleMatchesOneRankFp32) {
       {Kind::gpipe, 2, 1, 5, {1, 2, 6}},       {Kind::gpipe, 3, 1, 5, {2, 3, 8}},
       {Kind::gpipe, 4, 1, 8, {4, 8}},          {Kind::one_f_one_b, 2, 1, 5, {2, 4, 6}},
       {Kind::one_f_one_b, 3, 1, 5, {3, 4, 8}}, {Kind::one_f_one_b, 4, 1, 8, {4, 8}},
-      {Kind::interleaved, 2, 2, 5, {2, 4}},    {Kind::interleaved, 3, 2, 6, {3, 6}},
+      {Kind::interleaved, 2, 2, 5, {2, 4}},    {Kind::interleaved, 3, 2, 6, {6, 12}},
       {Kind::interleaved, 4, 2, 8, {4, 8}},    {Kind::zb_h1, 2, 1, 5, {2, 3, 6}},
       {Kind::zb_h1, 3, 1, 5, {3, 4, 8}},       {Kind::zb_h1, 4, 1, 8, {4, 8}},
       {Kind::zb_v, 2, 2, 5, {2, 3, 6}},        {Kind::zb_v, 3, 2, 8, {3, 4}},
@@ -221,7 +250,8 @@ TEST(ParallelPipeline, EveryScheduleMatchesOneRankFp32) {
   // last block's attention after 20 steps (one rank, m = 4 vs m = 1), above the 1e-5 law.
   // Against the same m the pipeline differs only in the tied embedding's and Σg²'s summation
   // order; with 8 layers and m = 6 that still moves h.7.attn.c_attn.weight by 1.05e-5 (every
-  // schedule alike), so the 8-layer cases use m = 8 (interleaved at p = 3: 6 layers, m = 6).
+  // schedule alike), so the 8-layer cases use m = 8 (interleaved at p = 3: 6 layers, m = 6 and
+  // 12; m = 3 gave 1.05e-5 on h.5.attn.c_attn.bias once the init became counter-based).
   std::map<std::pair<int, int>, Result> refs;
   for (const Case& c : cases) {
     for (int m : c.ms) {
@@ -338,6 +368,43 @@ TEST(ParallelPipeline, TwoStagesTimesTwoReplicasMatchOneRank) {
     for (std::size_t q = 0; q < got.held.size(); ++q)
       EXPECT_DOUBLE_EQ(got.dp_bytes[q], static_cast<double>(got.held[q]) * 4 + 8) << "rank " << q;
   }
+}
+
+// ---- ZeRO across the replicas of each stage ------------------------------------------------
+
+template <int Zero>
+void expect_zero_matches_one_rank(Kind kind, const Result& ref) {
+  PipeConfig pc;
+  pc.kind = kind;
+  pc.dp = 2;
+  pc.micro_batches = 3;  // per replica: 2 x 3 micro-batches of 4 rows, one rank runs 6
+  const Result got = run_pipeline<float, Zero>(pc);
+  const std::string what =
+      fw::detail::cat("pp2 dp2 ZeRO-", Zero, " ", fw::schedule::kind_name(kind));
+  expect_close(got, ref, kFp32Tol, what);
+  const double D = pc.dp;
+  for (std::size_t q = 0; q < got.held.size(); ++q) {
+    const auto shard = static_cast<double>(got.shard[q]);
+    // per step over dp: one reduce-scatter of the accumulated gradients and one all-gather of
+    // the weights (ZeRO-1/2: the updated shards after the step; ZeRO-3: every unit before the
+    // first micro-batch), (D-1)·shard·4 bytes each, plus the packed (loss, Σg²) all-reduce
+    EXPECT_DOUBLE_EQ(got.dp_bytes[q], 2 * (D - 1) * shard * 4 + 2 * (D - 1) / D * 16)
+        << what << " rank " << q;
+    // Adam's m and v (fp32) for the rank's shard only
+    EXPECT_EQ(got.optimizer_bytes[q], static_cast<std::size_t>(got.shard[q]) * 2 * 4)
+        << what << " rank " << q;
+    EXPECT_LT(got.shard[q], got.held[q]) << what << " rank " << q;
+    // ZeRO-3 gathers every unit once per step and holds them all through it: Ψ' weights
+    if (Zero == 3) EXPECT_EQ(got.gathered_peak[q], got.shard[q] * pc.dp * 4) << what;
+  }
+}
+
+TEST(ParallelPipeline, TwoStagesTimesTwoReplicasWithZeroMatchOneRank) {
+  const Result ref = run_one_rank<float>(gpt(5), kSteps, 6);
+  expect_zero_matches_one_rank<1>(Kind::one_f_one_b, ref);
+  expect_zero_matches_one_rank<2>(Kind::one_f_one_b, ref);
+  expect_zero_matches_one_rank<3>(Kind::one_f_one_b, ref);
+  expect_zero_matches_one_rank<3>(Kind::zb_v, ref);  // two chunks per rank, the tie on one rank
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------

@@ -27,6 +27,22 @@
 //! device synchronized at each boundary): the dp gradient all-reduce, the tied-embedding sum, the
 //! local Σg², the step scalars' all-reduce over the pipeline group (loss and Σg²), the loss's
 //! all-reduce over the replicas, and the optimizer step.
+//!
+//! `PipelineStrategy<P, B, Comm, Zero>` with Zero = 1, 2, 3 shards across the `dp` replicas
+//! instead: the rank's chunks, seen as one model (`pp::ChunkSet`), are handed to
+//! `ShardedStrategy<Zero, ...>` over `dp` (train/sharded_strategy.hpp), which owns their weights,
+//! gradients and the optimizer state of its shard. The micro-batch policy (docs/pipeline.md,
+//! "Pipelines with ZeRO"): gradients accumulate over the M micro-batches in full Ψ_r buffers and
+//! are reduce-scattered once, at the end of the step (every stage); ZeRO-3 all-gathers every unit
+//! of the rank's chunks once, at the start of the step, and frees them after the last backward.
+//! Per step and rank, over dp (Ψ'_r = the rank's parameters padded for D, s = sizeof(T)):
+//! ```
+//!   Zero  held during the step         held between steps        dp bytes (ring model)
+//!   1     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ', Adam Ψ'/D    RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
+//!   2     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ'/D, Adam Ψ'/D  RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
+//!   3     W Ψ', G Ψ', Adam Ψ'/D        W, G, Adam Ψ'/D          AG Ψ' + RS Ψ'  = 2(D-1)/D Ψ' s
+//! ```
+//! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes.
 #pragma once
 
 #include <array>
@@ -46,10 +62,12 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/parallel/step_scalars.hpp"
 #include "fourway/schedule/generators.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
 
@@ -64,14 +82,22 @@ struct PipelineOptions {
   std::vector<int> cuts;   // first block of every chunk after the first; empty: balanced
 };
 
-template <precision_policy P, backend B, communicator Comm>
+template <precision_policy P, backend B, communicator Comm, int Zero = 0>
 class PipelineStrategy {
+  static_assert(Zero >= 0 && Zero <= 3,
+                "fourway: PipelineStrategy<P, B, Comm, Zero> needs Zero 0 (DataParallel across the "
+                "replicas), 1, 2 or 3 (ZeRO across the replicas of each stage)");
+
  public:
   using precision_type = P;
   using backend_type = B;
   using param_type = typename P::param_type;
   using T = param_type;
   using model_type = models::Gpt<T, B>;
+  using chunk_set_type = pp::ChunkSet<T, B, Comm>;
+  /// The ZeRO strategy over `dp` that owns the rank's chunks when Zero >= 1.
+  using sharded_type = ShardedStrategy<(Zero > 0 ? Zero : 1), chunk_set_type, P, B, Comm>;
+  static constexpr int zero_stage = Zero;
 
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
@@ -79,7 +105,8 @@ class PipelineStrategy {
 
   /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
   /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
-  /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch.
+  /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch; with Zero >= 1 they
+  /// are reduce-scattered over `dp` once per step and the rank keeps 1/D of the optimizer state.
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
       : PipelineStrategy(ctx, cfg, seed, pp, &dp, std::move(options), optimizer) {}
@@ -97,14 +124,27 @@ class PipelineStrategy {
                                          : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
         chunks_(build_chunks(ctx, cfg, seed)),
         tie_(make_tie_group()),
-        state_(ctx, segments()),
+        state_(ctx, Zero == 0 ? segments() : std::vector<StateSegment>{}),
         scalars_(ctx) {
     check<ConfigError>(partition_.chunks() == table_.chunks(), "fourway: ", options_.cuts.size(),
                        " cut points make ", partition_.chunks(), " chunks but the schedule '",
                        table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
                        table_.chunks() - 1, " cut points");
-    std::size_t i = 0;
-    visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
+    if constexpr (Zero == 0) {
+      std::size_t i = 0;
+      visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
+    } else {
+      check<ConfigError>(dp_ != nullptr, "fourway: ZeRO-", Zero,
+                         " across pipeline replicas needs the dp group; use the constructor "
+                         "taking (pp, dp)");
+      std::vector<model_type*> mine;
+      for (auto& c : chunks_)
+        if (c) mine.push_back(c.get());
+      set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp);
+      // collectives are issued where the step needs them (see begin_step / finish_step)
+      sharded_ = std::make_unique<sharded_type>(
+          ctx, *set_, *dp_, optimizer, ShardedOptions{.bucket_bytes = 0, .overlap = false});
+    }
   }
 
  public:
@@ -121,8 +161,19 @@ class PipelineStrategy {
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
   void begin_step() {
-    for (auto& c : chunks_)
-      if (c) zero_grad(*ctx_, *c);
+    if constexpr (Zero == 0) {
+      for (auto& c : chunks_)
+        if (c) zero_grad(*ctx_, *c);
+    } else {
+      // the whole step is one accumulation window of the sharded strategy: pre_forward(0) opens
+      // it, pre_backward(u) of every unit binds zeroed full gradient buffers (ZeRO-2/3) and
+      // gathers the unit's weights (ZeRO-3), which stay until finish_step
+      sharded_->begin_step();
+      sharded_->begin_micro_batch(0, 1);
+      auto& h = sharded_->hooks();
+      h.pre_forward(0);
+      for (int u = 0; u < set_->units(); ++u) h.pre_backward(u);
+    }
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
@@ -160,6 +211,18 @@ class PipelineStrategy {
   StepReport finish_step(const StepControl& c) {
     phases_.clear();
     auto t = phase_start();
+    if constexpr (Zero > 0) {
+      tie_embedding_gradients();  // on the full, accumulated gradients
+      t = phase_end("tied embedding sum", t);
+      sharded_->end_micro_batch(0, 1);  // ZeRO-2/3: the reduce-scatter; ZeRO-3: weights freed
+      t = phase_end("dp gradient reduce-scatter", t);
+      StepControl over_pp = c;  // the loss lives on the last stage; the sharded step sums over dp
+      over_pp.loss_sum = scalars_.sum(*pp_, std::array<double, 1>{c.loss_sum})[0];
+      t = phase_end("step scalars all-reduce", t);
+      const StepReport r = sharded_->finish_step(over_pp);
+      phase_end("optimizer step", t);
+      return r;
+    }
     if (dp_ != nullptr && dp_->size() > 1) {
       visit_parameters([&](Parameter<T, B>& p) {
         dp_->all_reduce(p.grad.data(), p.grad.data(), p.grad.numel(), ReduceOp::sum);
@@ -217,6 +280,18 @@ class PipelineStrategy {
   [[nodiscard]] std::vector<pp::ExecSpan> spans() const {
     return executor_ ? executor_->spans() : std::vector<pp::ExecSpan>{};
   }
+  /// Runs `f()` with every parameter of the rank's chunks bound to its full value. ZeRO-3: a
+  /// collective over `dp` (each unit is gathered for the call); otherwise just `f()`.
+  template <class F>
+  void with_gathered_parameters(F&& f) {
+    if constexpr (Zero == 3) {
+      sharded_->with_gathered_parameters(f);
+    } else {
+      f();
+    }
+  }
+  /// Zero >= 1: the ZeRO strategy over `dp` (layout, shards, optimizer state); null otherwise.
+  [[nodiscard]] const sharded_type* sharded() const { return sharded_.get(); }
   /// Every parameter this rank holds, chunk by chunk in model order (the tied `wte` once per
   /// chunk that holds it).
   template <class F>
@@ -327,8 +402,10 @@ class PipelineStrategy {
   pp::Partition partition_;
   std::vector<std::unique_ptr<model_type>> chunks_;
   std::unique_ptr<Comm> tie_;
-  MasterState<T, B> state_;
+  MasterState<T, B> state_;  // Zero == 0 (Zero >= 1: the sharded strategy's)
   StepScalars<B> scalars_;
+  std::unique_ptr<chunk_set_type> set_;
+  std::unique_ptr<sharded_type> sharded_;
   NoHooks hooks_;
   std::vector<Tensor<std::int32_t, B>> staged_;
   std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
