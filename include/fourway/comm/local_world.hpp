@@ -666,11 +666,10 @@ class LocalComm {
     auto& group = g();
     me.seq = ++s_->seq;
     if (group.world->aborted.load()) throw_aborted(op_context(me));
-    {
-      std::lock_guard lock(group.world->mu);
-      group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
-      group.arrived[s_->rank].store(me.seq, std::memory_order_release);
-    }
+    // No lock: a peer reads this slot only after it sees `arrived` (release / acquire), and this
+    // slot parity is rewritten two collectives later, after every peer has left this one.
+    group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
+    group.arrived[s_->rank].store(me.seq, std::memory_order_release);
     group.world->notify();
     wait_for_all(group.arrived.get(), me, " (arrival)");
     verify(me);
