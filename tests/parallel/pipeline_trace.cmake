@@ -1,6 +1,7 @@
 # fourway-train --pp 2 --dp 2 --trace: the file is JSON, and every rank's trace has, per step,
 # its own span for each collective of finish_step (the dp gradient all-reduce, the tied-embedding
-# sum, the Σg² all-reduce), for the local Σg² and for the optimizer step: in that order, one
+# sum, the packed loss + Σg² all-reduce over the pipeline, the loss over the replicas), for the
+# local Σg² and for the optimizer step: in that order, one
 # after another in time, beside the schedule's compute spans.
 # Arguments: TRAIN, WORK.
 file(MAKE_DIRECTORY ${WORK})
@@ -64,8 +65,12 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 set(want "")
+list(LENGTH phases n_phases)
+math(EXPR last_phase "${n_phases} - 1")
 foreach(s RANGE 1 ${steps})
-  list(APPEND want 0 1 2 3 4)
+  foreach(k RANGE 0 ${last_phase})
+    list(APPEND want ${k})
+  endforeach()
 endforeach()
 foreach(rank 0 1 2 3)
   if(NOT "${seen_${rank}}" STREQUAL "${want}")
