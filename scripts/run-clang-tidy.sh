@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs clang-tidy (checks in .clang-tidy) over public headers, compiled as C++20 host code.
-# With no arguments: config, core, the host backend and the pipeline schedules.
+# With no arguments: config, core, the host backend, the pipeline schedules and executor.
 #   scripts/run-clang-tidy.sh                       # the default set
 #   scripts/run-clang-tidy.sh include/fourway/comm/communicator.hpp ...
 # Exits 77 (ctest: skipped) when clang-tidy is not installed, 1 on any finding.
@@ -15,7 +15,8 @@ if [ $# -gt 0 ]; then
   headers=("$@")
 else
   headers=(include/fourway/config.hpp include/fourway/core/*.hpp
-           include/fourway/backend/host/backend.hpp include/fourway/schedule/*.hpp)
+           include/fourway/backend/host/backend.hpp include/fourway/schedule/*.hpp
+           include/fourway/parallel/pp/*.hpp)
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

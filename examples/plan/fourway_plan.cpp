@@ -49,8 +49,9 @@ strategy:
   --sequence-parallel
   --optimizer-state-bytes N  per parameter besides the master copy (Adam: 8, so K = 12)
   --footprint published|fourway   published models (any mesh) or fourway's own runtime
-                             exactly (GPT-2, dp/ZeRO only; default published)
+                             exactly (GPT-2, dp/tp/sp/ZeRO, pp = 1; default published)
   --bucket-mb X              fourway's gradient bucket size, MiB (default 25)
+  --vocab-align A            fourway's tp vocabulary padding per rank (default 1; CUDA runs 128)
   --headroom F               fraction of GPU memory kept free (default 0.05)
   --overlap F                fraction of compute a data-parallel collective can hide behind (default 1)
 output:
@@ -168,6 +169,7 @@ Args parse(int argc, char** argv) {
                                                  "overlap",
                                                  "footprint",
                                                  "bucket-mb",
+                                                 "vocab-align",
                                                  "recommend",
                                                  "top",
                                                  "prefer-within",
@@ -322,6 +324,10 @@ fp::Options options_of(const Args& a) {
     const double mb = parse_double("--bucket-mb", a.at("bucket-mb"));
     if (mb < 0) bad("--bucket-mb must be >= 0");
     o.bucket_bytes = static_cast<std::int64_t>(mb * 1048576.0);
+  }
+  if (a.has("vocab-align")) {
+    o.vocab_alignment = static_cast<int>(parse_count("--vocab-align", a.at("vocab-align")));
+    if (o.vocab_alignment < 1) bad("--vocab-align must be >= 1");
   }
   if (a.has("optimizer-state-bytes")) {
     o.optimizer.state_bytes_per_param =

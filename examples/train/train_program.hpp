@@ -84,7 +84,19 @@ struct Options {
   int zero = 0;
   float bucket_mb = 25.0f;
   bool no_overlap = false;
-  [[nodiscard]] bool parallel() const { return ranks > 1 || backend != "local" || zero != 0; }
+  // tensor parallelism (docs/parallel-tp.md, train_tp.hpp)
+  int tp = 1;
+  bool sequence_parallel = false;
+  int vocab_align = 0;
+  // pipeline parallelism and micro-batches (docs/pipeline.md)
+  int pp = 1;
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 0;  // 0: 2 for interleaved and zb-v, else 1
+  std::string trace;
+  [[nodiscard]] bool parallel() const {
+    return ranks > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
+  }
 };
 
 inline fw::ArgParser make_parser(Options& o, const char* program) {
@@ -131,6 +143,19 @@ inline fw::ArgParser make_parser(Options& o, const char* program) {
       .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
       .add_switch("no-overlap", &o.no_overlap,
                   "issue collectives after backward, no prefetch (to measure the overlap)")
+      .add("tp", &o.tp, "N", "tensor-parallel degree: groups of N consecutive ranks split layers")
+      .add_switch("sequence-parallel", &o.sequence_parallel,
+                  "with --tp: split LayerNorm/residual regions along the sequence")
+      .add("vocab-align", &o.vocab_align, "A",
+           "with --tp: pad the vocabulary to a multiple of tp*A (0: 128 on CUDA, 1 on host)")
+      .add("pp", &o.pp, "S", "pipeline stages (one rank each)")
+      .add("micro-batches", &o.micro_batches, "M",
+           "micro-batches per step (gradient accumulation; the pipeline's M)")
+      .add_choice("schedule", &o.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"},
+                  "pipeline schedule")
+      .add("virtual-stages", &o.virtual_stages, "V",
+           "model chunks per rank of the interleaved schedule (0: 2)")
+      .add("trace", &o.trace, "FILE", "write Chrome trace events of the pipeline to FILE")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -252,6 +277,34 @@ inline fw::AdamW make_adamw(const Options& o) {
                                                       o.min_lr < 0.0f ? o.lr : o.min_lr));
 }
 
+/// --micro-batches: gradient accumulation over M micro-batches per step.
+inline fw::TrainerOptions trainer_options(const Options& o) {
+  fw::TrainerOptions t;
+  t.micro_batches = o.micro_batches;
+  return t;
+}
+
+/// One step's line of the progress display and the JSON log.
+inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& rep, double ms,
+                                  double tokens_per_step, float lr) {
+  fw::StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.grad_norm = rep.grad_norm;
+  r.step_ms = ms;
+  r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+  r.lr = lr;
+  r.skipped = rep.skipped;
+  return r;
+}
+
+/// The JSON log of --log-json, opened (truncated) by the rank that writes it.
+inline std::ofstream open_log(const std::string& path) {
+  std::ofstream log(path, std::ios::trunc);
+  fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", path);
+  return log;
+}
+
 template <class Target, class T>
 int train(const Options& o) {
   using B = typename Target::backend;
@@ -286,7 +339,7 @@ int train(const Options& o) {
 
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
-  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(fw::TrainerOptions{}, ctx, model, make_adamw(o));
+  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o), ctx, model, make_adamw(o));
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
@@ -305,14 +358,7 @@ int train(const Options& o) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-    fw::StepRecord r;
-    r.step = step;
-    r.loss = loss;
-    r.grad_norm = rep.grad_norm;
-    r.step_ms = ms;
-    r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-    r.lr = lr;
-    r.skipped = rep.skipped;
+    const fw::StepRecord r = step_record(step, loss, rep, ms, tokens_per_step, lr);
     log.write(r, {&memory});
     if (!o.quiet) progress.update(r);
     if (step == 1) first_loss = loss;
@@ -372,7 +418,7 @@ void train_ranks(const Options& o) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
-                               " ranks; fourway-train has no tensor or pipeline axis yet, so "
+                               " ranks; without --pp (and with no tensor axis yet) "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
     w.memory().set_limit(memory_cap<Target>(o, rank_device(w)));
@@ -389,7 +435,7 @@ void train_ranks(const Options& o) {
     fw::ShardedOptions so;
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
     so.overlap = !o.no_overlap;
-    fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, dp, make_adamw(o), so);
+    fw::Trainer<S> trainer(trainer_options(o), ctx, model, dp, make_adamw(o), so);
     std::string loaded;
     if (ckpt) {  // positioned reads of the elements this rank owns, converted on the way
       const auto t0 = std::chrono::steady_clock::now();
@@ -432,10 +478,7 @@ void train_ranks(const Options& o) {
     dp.barrier();
 
     std::ofstream log;
-    if (lead && !o.log_json.empty()) {
-      log.open(o.log_json, std::ios::trunc);
-      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
-    }
+    if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
@@ -457,14 +500,8 @@ void train_ranks(const Options& o) {
       }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      fw::StepRecord r;
-      r.step = step;
-      r.loss = loss;
-      r.grad_norm = trainer.last_report().grad_norm;
-      r.step_ms = ms;
-      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-      r.lr = lr;
-      r.skipped = trainer.last_report().skipped;
+      const fw::StepRecord r =
+          step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
       std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
       if (!o.log_json.empty()) {
         if constexpr (std::is_same_v<W, fw::LocalWorld>) {
@@ -538,21 +575,31 @@ void train_ranks(const Options& o) {
   });
 }
 
-template <class Target, class T, class W>
-void train_stage(const Options& o) {
+/// Calls `f.template operator()<Stage>()` with --zero as a compile-time stage.
+template <class F>
+void with_zero_stage(const Options& o, F&& f) {
   switch (o.zero) {
-    case 0: return train_ranks<Target, T, 0, W>(o);
-    case 1: return train_ranks<Target, T, 1, W>(o);
-    case 2: return train_ranks<Target, T, 2, W>(o);
-    case 3: return train_ranks<Target, T, 3, W>(o);
+    case 0: return f.template operator()<0>();
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
     default:
       throw fw::ConfigError(fw::detail::cat("fourway: --zero ", o.zero,
                                             " does not exist; use 0 (DataParallel), 1, 2 or 3"));
   }
 }
 
+template <class Target, class T, class W>
+void train_stage(const Options& o) {
+  with_zero_stage(o, [&]<int Stage>() { train_ranks<Target, T, Stage, W>(o); });
+}
+
+template <class Target, class T>
+int train_tp_parallel(const Options& o);  // train_tp.hpp
+
 template <class Target, class T>
 int train_parallel(const Options& o) {
+  if (o.tp != 1 || o.sequence_parallel) return train_tp_parallel<Target, T>(o);
   check_output_dir("save", o.save);
   check_output_dir("log-json", o.log_json);
   fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
@@ -579,6 +626,12 @@ int train_parallel(const Options& o) {
   return 0;
 }
 
+}  // namespace fourway_train
+
+#include "pipeline_program.hpp"  // NOLINT(misc-header-include-cycle): --pp, after the helpers
+
+namespace fourway_train {
+
 /// The whole program: parses the flags, trains, and turns every error into one line on stderr.
 template <class Target>
 int run_program(int argc, char** argv) {
@@ -599,6 +652,12 @@ int run_program(int argc, char** argv) {
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.pp > 1) {
+      if (o.precision == "bf16") return train_pipeline<Target, fw::bf16>(o);
+      if (o.precision == "fp16") return train_pipeline<Target, fw::fp16>(o);
+      return train_pipeline<Target, float>(o);
+    }
+    fw::check<fw::ConfigError>(o.pp == 1, "fourway: --pp must be >= 1, got ", o.pp);
     if (o.parallel()) {
       if (o.precision == "bf16") return train_parallel<Target, fw::bf16>(o);
       if (o.precision == "fp16") return train_parallel<Target, fw::fp16>(o);
@@ -619,3 +678,5 @@ int run_program(int argc, char** argv) {
 }
 
 }  // namespace fourway_train
+
+#include "train_tp.hpp"  // the --tp path, after everything it uses

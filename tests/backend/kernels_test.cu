@@ -399,6 +399,38 @@ TYPED_TEST(CudaKernels, CheckedEmbeddingFlagsTheFirstBadIdLikeTheHost) {
   expect_match(d_out.get(e, out.size()), out, 0.0, "checked embedding_forward");
 }
 
+// The vocabulary-parallel lookup and scatter-add (TP) on a shard [start, start + Vlocal) of the
+// vocabulary, including an empty shard: bitwise equal to the host (same buckets, same order).
+TYPED_TEST(CudaKernels, VocabEmbedMatchesHost) {
+  FW_REQUIRE_GPU();
+  using E = TypeParam;
+  Env e;
+  const std::int64_t shapes[][4] = {
+      {40, 24, 301, 0}, {40, 24, 301, 152}, {40, 24, 301, 304}, {64, 64, 1000, 990}};
+  std::uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], C = s[1], V = s[2], start = s[3];
+    const std::int64_t Vlocal = std::min<std::int64_t>(152, std::max<std::int64_t>(V - start, 0));
+    const auto wte = ft::random_typed<E>(
+        static_cast<std::size_t>(std::max<std::int64_t>(Vlocal, 1) * C), ++seed);
+    const auto tok = random_ids(static_cast<std::size_t>(rows), V, ++seed);
+    const auto dy = ft::random_typed<E>(static_cast<std::size_t>(rows * C), ++seed);
+    auto dwte = ft::random_typed<E>(wte.size(), ++seed);
+    std::vector<E> out(dy.size());
+    Dev<E> d_wte(e, wte), d_dy(e, dy), d_dwte(e, dwte), d_out(e, out);
+    Dev<std::int32_t> d_tok(e, tok);
+    fw::cuda::vocab_embed_forward(e.dev, d_out.p(), d_tok.p(), d_wte.p(), rows, C, start, Vlocal);
+    fw::host::vocab_embed_forward(e.host, out.data(), tok.data(), wte.data(), rows, C, start,
+                                  Vlocal);
+    expect_match(d_out.get(e, out.size()), out, 0.0, "vocab_embed_forward");
+    fw::cuda::vocab_embed_backward(e.dev, d_dwte.p(), d_dy.p(), d_tok.p(), rows, C, start, Vlocal);
+    fw::host::vocab_embed_backward(e.host, dwte.data(), dy.data(), tok.data(), rows, C, start,
+                                   Vlocal);
+    const auto got = d_dwte.get(e, dwte.size());
+    for (std::size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(got[i], dwte[i]) << "dwte at " << i;
+  }
+}
+
 TYPED_TEST(CudaKernels, AdamWMatchesHost) {
   FW_REQUIRE_GPU();
   using T = TypeParam;

@@ -35,9 +35,9 @@ inline constexpr std::int64_t kBatch = 24;  // divides by 1, 2, 3, 4, 8 ranks (x
 inline constexpr std::int64_t kSeq = 5;
 inline constexpr std::uint64_t kSeed = 20261129;
 
-inline fw::AdamW adamw() {
+inline fw::AdamW adamw(float lr = 1e-2f) {
   fw::AdamWConfig c;
-  c.lr = 1e-2f;
+  c.lr = lr;
   c.beta1 = 0.9f;
   c.beta2 = 0.95f;
   c.weight_decay = 0.1f;

@@ -66,7 +66,8 @@ TEST(PlanCommunication, ZeroStageVolumes) {
 }
 
 // Korthikanti et al. 2022 §4.2.2 / Shoeybi et al. 2019: two all-reduces of b·s·h forward and
-// two backward per layer; the loss adds three of b·s floats; the embedding one of b·s·h.
+// two backward per layer; the loss adds three of b·s floats; the embedding (forward) and the LM
+// head (its input's gradient, backward) one of b·s·h each.
 TEST(PlanCommunication, TensorParallelVolumes) {
   const fp::Link l{100.0, 0.0};
   const fp::ActivationShape x{1024, 2, 768, 6};
@@ -79,7 +80,7 @@ TEST(PlanCommunication, TensorParallelVolumes) {
   EXPECT_DOUBLE_EQ(full.bytes, 1.5 * mid.bytes);
   const auto ends =
       fp::tensor_parallel_traffic_per_micro_batch(x, 4, fp::Precision::bf16, false, true, true, l);
-  EXPECT_DOUBLE_EQ(ends.bytes, mid.bytes + 2 * act * 3 / 4 + 3 * 2 * (1024.0 * 2 * 4) * 3 / 4);
+  EXPECT_DOUBLE_EQ(ends.bytes, mid.bytes + 2 * 2 * act * 3 / 4 + 3 * 2 * (1024.0 * 2 * 4) * 3 / 4);
   EXPECT_EQ(
       fp::tensor_parallel_traffic_per_micro_batch(x, 1, fp::Precision::bf16, false, true, true, l)
           .bytes,

@@ -206,7 +206,33 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   EXPECT_TRUE(contains(error_of_with(fp::Model{fp::llama2_7b, 0}, cluster(1), fp::Strategy{}, o),
                        "use --footprint published"));
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(2), fp::Strategy{.pp = 2}, o),
-                       "tp = pp = 1, got tp=1 pp=2"));
+                       "(pp = 1, got pp=2)"));
+  // Tensor parallelism (5 heads over 5 ranks, vocabulary 97 padded to 100 with alignment 4 on
+  // 5 ranks: 20 rows each, 17 real on the last): tp::Gpt's slices and stash (the runtime
+  // comparison is tests/parallel/tensor_parallel_test.cpp).
+  fp::Strategy t{.dp = 1, .tp = 5, .zero = 0, .micro_batch = 2, .precision = fp::Precision::fp32};
+  t.sequence_parallel = true;
+  o.vocab_alignment = 4;
+  const auto tp = fp::make_plan(fp::Model{a, 0}, cluster(5), t, o);
+  const fp::TensorSplit split{5, 4};
+  EXPECT_EQ(fp::fourway_vocab_rows(a, split), 20);
+  EXPECT_EQ(tp.worst().params, fp::stage_params(a, 5, 1, 0));  // 97 rows: ceil(97/5) = 20 too
+  EXPECT_EQ(tp.worst().states,
+            fp::fourway_model_state_bytes(a, fp::Precision::fp32, 0, 1, 512, {}, split));
+  EXPECT_EQ(tp.worst().activations,
+            static_cast<double>(fp::fourway_tp_activation_bytes(x, 5, true, 20)));
+  t.recompute = fp::Recompute::full;
+  EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(5), t, o),
+                       "does not model checkpointed tensor-parallel blocks"));
+  o.vocab_alignment = 0;
+  t.recompute = fp::Recompute::none;
+  EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(5), t, o), "--vocab-align"));
+  // the search now includes tensor-parallel meshes under fourway's footprint
+  o.vocab_alignment = 1;
+  const auto rec = fp::recommend(fp::Model{a, 0}, cluster(5), fp::SearchSpace{}, o);
+  bool tp5 = false;
+  for (const auto& f : rec.fitting) tp5 = tp5 || f.strategy.tp == 5;
+  EXPECT_TRUE(tp5);
 }
 
 // ZeRO paper Figure 1 again, through the recommendation: with only a parameter count, the meshes

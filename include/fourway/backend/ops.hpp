@@ -46,6 +46,8 @@ struct Ops;
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, cross_entropy_backward) \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_forward)      \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_backward)     \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_forward)    \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_backward)   \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_strided_batched)   \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_forward)        \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_backward)       \

@@ -255,6 +255,23 @@ inline std::string describe_call(const CallDesc& c) {
   return os.str();
 }
 
+/// The fields in which call `s` differs from `ref` ("op", "count", ...); empty when they agree
+/// (no allocation then: the collectives' fast path checks every call with it).
+inline std::vector<std::string> differing_fields(const CallDesc& s, const CallDesc& ref) {
+  std::vector<std::string> fields;
+  if (s.op != ref.op) fields.emplace_back("op");
+  if (s.op == ref.op && s.op != CommOp::barrier && s.op != CommOp::split) {
+    if (s.dtype != ref.dtype) fields.emplace_back("dtype");
+    if (s.count != ref.count) fields.emplace_back("count");
+    if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) && s.reduce != ref.reduce) {
+      fields.emplace_back("reduce op");
+    }
+    if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
+    if (s.device != ref.device && s.count > 0 && ref.count > 0) fields.emplace_back("memory kind");
+  }
+  return fields;
+}
+
 /// Compares every rank's call with rank 0's; empty when all agree, else "rank 0 called ...;
 /// rank 2 called ... (count differ)". `who(q)` names rank q.
 template <class Who>
@@ -264,19 +281,7 @@ std::string mismatch_report(const std::vector<CallDesc>& calls, Who who) {
   bool bad = false;
   for (std::size_t q = 1; q < calls.size(); ++q) {
     const auto& s = calls[q];
-    std::vector<std::string> fields;
-    if (s.op != ref.op) fields.emplace_back("op");
-    if (s.op == ref.op && s.op != CommOp::barrier && s.op != CommOp::split) {
-      if (s.dtype != ref.dtype) fields.emplace_back("dtype");
-      if (s.count != ref.count) fields.emplace_back("count");
-      if ((s.op == CommOp::all_reduce || s.op == CommOp::reduce_scatter) &&
-          s.reduce != ref.reduce) {
-        fields.emplace_back("reduce op");
-      }
-      if (s.op == CommOp::broadcast && s.root != ref.root) fields.emplace_back("root");
-      if (s.device != ref.device && s.count > 0 && ref.count > 0)
-        fields.emplace_back("memory kind");
-    }
+    const std::vector<std::string> fields = differing_fields(s, ref);
     if (fields.empty()) continue;
     bad = true;
     diff << "; " << who(static_cast<int>(q)) << " called " << describe_call(s) << " (";

@@ -81,15 +81,27 @@ namespace detail {
 
 /// State shared by every group of one LocalWorld launch.
 struct LocalWorldState {
-  explicit LocalWorldState(int n) : exited(static_cast<std::size_t>(n), 0) {}
+  explicit LocalWorldState(int n)
+      : exited(static_cast<std::size_t>(n), 0),
+        poll_first(static_cast<unsigned>(n) <= std::thread::hardware_concurrency()) {}
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> aborted{false};
-  int failed_rank = -1;      // world rank whose function threw first (guarded by mu)
-  std::string failure;       // its message (guarded by mu)
-  std::vector<char> exited;  // world rank returned from its function (guarded by mu)
+  std::atomic<int> sleepers{0};  // threads inside the blocking part of a wait (see notify)
+  int failed_rank = -1;          // world rank whose function threw first (guarded by mu)
+  std::string failure;           // its message (guarded by mu)
+  std::vector<char> exited;      // world rank returned from its function (guarded by mu)
+  // Every rank has a core of its own: a waiter polls with a pause before it yields its core.
+  const bool poll_first;
 
+  /// Wakes the blocked waiters after a change of an atomic they wait on. A waiter counts itself
+  /// in `sleepers` (then a fence) before it takes the lock and checks; the change is made (then a
+  /// fence) before `sleepers` is read here. So either the waiter sees the change, or this sees
+  /// the waiter and takes the lock, which orders the notify after the waiter's check. With no
+  /// waiter (the common case of a collective whose peers are polling) it costs one load.
   void notify() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_relaxed) == 0) return;
     { std::lock_guard lock(mu); }
     cv.notify_all();
   }
@@ -290,6 +302,29 @@ void reduce_range(const T* const* src, int n, T* const* dst, int ndst, std::int6
       stream_copy(dst[d] + base, staged, len * static_cast<std::int64_t>(sizeof(T)));
   }
   if (streaming) stream_fence();
+}
+
+/// One pointer per rank of a group, on the stack up to 16 ranks (a collective allocates nothing
+/// then), on the heap above.
+template <class P>
+class RankPointers {
+ public:
+  explicit RankPointers(int n) : heap_(n > 16 ? static_cast<std::size_t>(n) : 0) {}
+  P* data() { return heap_.empty() ? local_.data() : heap_.data(); }
+  P& operator[](int q) { return data()[q]; }
+
+ private:
+  std::array<P, 16> local_{};
+  std::vector<P> heap_;
+};
+
+/// A hint to the core that this thread is polling (x86 `pause`, Arm `yield`).
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 /// [lo, hi) of slice `r` when `count` elements are split over `n` owners as evenly as possible.
@@ -553,12 +588,25 @@ class LocalComm {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + group.options.deadline;
     if (spin) {
-      for (int i = 0; i < 256; ++i) {
+      // A peer on its own core answers within microseconds: poll with a pause first, then give
+      // the core away between polls (ranks may share cores), then block.
+      const int polls = world.poll_first ? 128 : 0;
+      for (int i = 0; i < polls + 256; ++i) {
         if (ready()) return;
-        if (world.aborted.load(std::memory_order_relaxed)) break;
-        std::this_thread::yield();
+        if ((i & 63) == 0 && world.aborted.load(std::memory_order_relaxed)) break;
+        if (i < polls) {
+          detail::cpu_pause();
+        } else {
+          std::this_thread::yield();
+        }
       }
     }
+    world.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    struct Awake {
+      std::atomic<int>& n;
+      ~Awake() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } awake{world.sleepers};
     std::unique_lock lock(world.mu);
     for (;;) {
       if (ready()) return;
@@ -618,12 +666,11 @@ class LocalComm {
     auto& group = g();
     me.seq = ++s_->seq;
     if (group.world->aborted.load()) throw_aborted(op_context(me));
-    {
-      std::lock_guard lock(group.world->mu);
-      group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
-      group.arrived[s_->rank].store(me.seq, std::memory_order_release);
-    }
-    group.world->cv.notify_all();
+    // No lock: a peer reads this slot only after it sees `arrived` (release / acquire), and this
+    // slot parity is rewritten two collectives later, after every peer has left this one.
+    group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
+    group.arrived[s_->rank].store(me.seq, std::memory_order_release);
+    group.world->notify();
     wait_for_all(group.arrived.get(), me, " (arrival)");
     verify(me);
     return me;
@@ -661,6 +708,13 @@ class LocalComm {
   /// Every rank compares every slot with rank 0's and throws the same CommMismatch.
   void verify(const detail::LocalSlot& me) const {
     auto& group = g();
+    const auto& slots = group.slots[me.seq % 2];
+    const detail::CallDesc ref = detail::call_of(slots[0]);
+    bool agree = true;
+    for (std::size_t q = 1; q < slots.size() && agree; ++q) {
+      agree = detail::differing_fields(detail::call_of(slots[q]), ref).empty();
+    }
+    if (agree) return;
     std::vector<detail::CallDesc> calls;
     for (const auto& s : group.slots[me.seq % 2]) calls.push_back(detail::call_of(s));
     const std::string report = detail::mismatch_report(calls, [&](int q) { return group.who(q); });
@@ -714,12 +768,12 @@ class LocalComm {
     const auto me = enter(slot<T>(CommOp::all_reduce, count, send, recv, op));
     auto& group = g();
     const int n = group.size;
-    std::vector<const T*> src(static_cast<std::size_t>(n));
-    std::vector<T*> dst(static_cast<std::size_t>(n));
+    detail::RankPointers<const T*> src(n);
+    detail::RankPointers<T*> dst(n);
     for (int q = 0; q < n; ++q) {
       const auto& s = group.slots[me.seq % 2][static_cast<std::size_t>(q)];
-      src[static_cast<std::size_t>(q)] = static_cast<const T*>(s.send);
-      dst[static_cast<std::size_t>(q)] = static_cast<T*>(s.recv);
+      src[q] = static_cast<const T*>(s.send);
+      dst[q] = static_cast<T*>(s.recv);
     }
     const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
     detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op);
@@ -740,11 +794,10 @@ class LocalComm {
     const auto me = enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
     auto& group = g();
     const int n = group.size;
-    std::vector<const T*> src(static_cast<std::size_t>(n));
+    detail::RankPointers<const T*> src(n);
     for (int q = 0; q < n; ++q) {
-      src[static_cast<std::size_t>(q)] =
-          static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send) +
-          static_cast<std::int64_t>(s_->rank) * count;
+      src[q] = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send) +
+               static_cast<std::int64_t>(s_->rank) * count;
     }
     T* out = recv;
     detail::reduce_range<T>(src.data(), n, &out, 1, 0, count, op);

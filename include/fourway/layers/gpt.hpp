@@ -15,6 +15,11 @@
 //! Parameters carry Hugging Face GPT-2 names ("h.3.mlp.c_fc.weight"); matrices are stored
 //! (in, out) as HF's Conv1D. Gradients accumulate (`+=`) across backward calls until
 //! `zero_grad`. All activations of a micro-batch live in its `Stash`.
+//!
+//! A `GptPart` builds only some units (a pipeline chunk): blocks [first_block, end_block), the
+//! embedding (wte, wpe) and/or the head (ln_f, tied wte). Blocks keep their global index and
+//! names; `visit_parameters` visits only what the part holds (wte once if it holds either end);
+//! a part's FSDP units are its own units in model order. Unheld pieces are 1-row placeholders.
 #pragma once
 
 #include <concepts>
@@ -52,6 +57,14 @@ struct GptConfig {
 /// Hooks that do nothing (layers/layer.hpp): the single-rank case.
 using NoHooks = ::fourway::NoHooks;
 
+/// Which units a `Gpt` object holds; the default is the whole model.
+struct GptPart {
+  int first_block = 0;
+  int end_block = -1;     // one past the last block held; -1: through the last block
+  bool embedding = true;  // unit 0: wte, wpe
+  bool head = true;       // unit L+1: ln_f and the tied LM head (wte)
+};
+
 template <class H>
 concept gpt_hooks = requires(H& h, int u) {
   h.pre_forward(u);
@@ -80,14 +93,16 @@ class Gpt {
 
   /// Builds and initialises the model as GPT-2 / nanoGPT do (normal std 0.02, c_proj weights
   /// 0.02/sqrt(2·layers), biases 0, LayerNorm gains 1); element i of a parameter depends only on
-  /// (seed, name, i).
-  Gpt(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0)
+  /// (seed, name, i). With `part`, only those units (values as in the whole model).
+  Gpt(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0, GptPart part = {})
       : cfg_((cfg.validate(), cfg)),
-        embedding_(ctx, cfg.vocab, cfg.max_seq, cfg.dim, seed),
-        ln_f_(ctx, "ln_f", cfg.dim) {
+        part_(checked_part(cfg, part)),
+        embedding_(ctx, holds_wte() ? cfg.vocab : 1, part_.embedding ? cfg.max_seq : 1, cfg.dim,
+                   seed),
+        ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     const Init init = Init::gpt2(seed, cfg.layers);
-    blocks_.reserve(static_cast<std::size_t>(cfg.layers));
-    for (int i = 0; i < cfg.layers; ++i) {
+    blocks_.reserve(static_cast<std::size_t>(part_.end_block - part_.first_block));
+    for (int i = part_.first_block; i < part_.end_block; ++i) {
       blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init));
     }
   }
@@ -101,9 +116,18 @@ class Gpt {
   }
 
   [[nodiscard]] const GptConfig& config() const { return cfg_; }
+  [[nodiscard]] const GptPart& part() const { return part_; }
+  [[nodiscard]] bool whole() const {
+    return part_.embedding && part_.head && part_.first_block == 0 &&
+           part_.end_block == cfg_.layers;
+  }
+  /// Holds wte: as the embedding, as the tied head, or both.
+  [[nodiscard]] bool holds_wte() const { return part_.embedding || part_.head; }
   /// Switches activation checkpointing of the blocks (between steps, never inside one).
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
-  [[nodiscard]] int units() const { return cfg_.layers + 2; }
+  [[nodiscard]] int units() const {
+    return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
+  }
 
   /// Mean cross-entropy of predicting `targets` (B, T) from `tokens` (B, T); keeps what backward
   /// needs in `s`. Synchronises with the device to return the loss.
@@ -111,6 +135,8 @@ class Gpt {
   requires gpt_hooks<std::remove_cvref_t<Hooks>>
   float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
                 const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
+    check<ConfigError>(whole(), "fourway: Gpt::forward runs the whole model; this object holds a ",
+                       "part (a pipeline chunk): run its units one at a time");
     check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
                       targets.shape().str(), " must have the shape of tokens ",
                       tokens.shape().str());
@@ -162,8 +188,8 @@ class Gpt {
   Tensor<T, B> forward_block(const Context<B>& ctx, int i, const Tensor<T, B>& x, Stash& s) {
     check_block(i);
     if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
-    auto& b = blocks_[static_cast<std::size_t>(i)];
-    auto& bs = s.blocks[static_cast<std::size_t>(i)];
+    auto& b = blocks_[local_block(i)];
+    auto& bs = s.blocks[local_block(i)];
     return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
   }
   /// Unit L+1: ln_f, tied LM head and the mean cross-entropy of `targets` (B, T).
@@ -186,8 +212,8 @@ class Gpt {
     check_block(i);
     check<ShapeError>(s.blocks.size() == blocks_.size(), "fourway: Gpt block ", i,
                       " backward without its forward");
-    auto& b = blocks_[static_cast<std::size_t>(i)];
-    auto& bs = s.blocks[static_cast<std::size_t>(i)];
+    auto& b = blocks_[local_block(i)];
+    auto& bs = s.blocks[local_block(i)];
     return cfg_.checkpoint ? b.backward(ctx, dy, bs) : b.inner().backward(ctx, dy, bs.inner);
   }
   /// Unit 0 backward: adds to wte's and wpe's grads.
@@ -198,9 +224,10 @@ class Gpt {
   /// Every parameter once, in Hugging Face order: wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
   template <class F>
   void visit_parameters(F&& f) {
-    embedding_.visit_parameters(f);
+    if (holds_wte()) f(embedding_.wte());
+    if (part_.embedding) f(embedding_.wpe());
     for (auto& b : blocks_) b.visit_parameters(f);
-    ln_f_.visit_parameters(f);
+    if (part_.head) ln_f_.visit_parameters(f);
   }
 
   /// The parameters of FSDP unit `u` (0 embedding, 1..L blocks, L+1 = ln_f and the tied wte).
@@ -208,13 +235,14 @@ class Gpt {
   void visit_unit_parameters(int u, F&& f) {
     check<ConfigError>(u >= 0 && u < units(), "fourway: Gpt unit ", u, " does not exist; units ",
                        "are 0 .. ", units() - 1, " for ", cfg_.layers, " layers");
-    if (u == 0) {
+    const int first = part_.embedding ? 1 : 0;
+    if (part_.embedding && u == 0) {
       embedding_.visit_parameters(f);
-    } else if (u == head_unit()) {
+    } else if (part_.head && u == units() - 1) {
       ln_f_.visit_parameters(f);
       f(embedding_.wte());
     } else {
-      blocks_[static_cast<std::size_t>(u - 1)].visit_parameters(f);
+      blocks_[static_cast<std::size_t>(u - first)].visit_parameters(f);
     }
   }
 
@@ -225,7 +253,10 @@ class Gpt {
   }
 
   Embedding<T, B>& embedding() { return embedding_; }
-  Block& block(int i) { return blocks_.at(static_cast<std::size_t>(i)).inner(); }
+  Block& block(int i) {
+    check_block(i);
+    return blocks_[local_block(i)].inner();
+  }
   LayerNorm<T, B>& ln_f() { return ln_f_; }
 
  private:
@@ -233,6 +264,20 @@ class Gpt {
   void check_block(int i) const {
     check<ConfigError>(i >= 0 && i < cfg_.layers, "fourway: Gpt block ", i, " does not exist; ",
                        "blocks are 0 .. ", cfg_.layers - 1);
+    check<ConfigError>(i >= part_.first_block && i < part_.end_block, "fourway: Gpt block ", i,
+                       " is not in this part, which holds blocks ", part_.first_block, " .. ",
+                       part_.end_block - 1);
+  }
+  [[nodiscard]] std::size_t local_block(int i) const {
+    return static_cast<std::size_t>(i - part_.first_block);
+  }
+  static GptPart checked_part(const GptConfig& cfg, GptPart p) {
+    if (p.end_block < 0) p.end_block = cfg.layers;
+    check<ConfigError>(
+        0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= cfg.layers,
+        "fourway: GptPart blocks [", p.first_block, ", ", p.end_block,
+        ") are not a range of the model's ", cfg.layers, " blocks");
+    return p;
   }
 
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
@@ -273,7 +318,8 @@ class Gpt {
   }
 
   GptConfig cfg_;
-  Embedding<T, B> embedding_;
+  GptPart part_;
+  Embedding<T, B> embedding_;  // 1-row placeholders for what the part does not hold
   std::vector<Checkpointed<Block>> blocks_;
   LayerNorm<T, B> ln_f_;
 };

@@ -18,7 +18,8 @@
 //!   TP            per layer and micro-batch two all-reduces of b·s·h forward, two backward (one
 //!                 more forward under full recomputation: +2); sequence parallelism turns each into
 //!                 a reduce-scatter + all-gather of the same volume. The vocabulary-parallel
-//!                 embedding adds one all-reduce of b·s·h, the loss three of b·s floats.
+//!                 embedding adds one all-reduce of b·s·h (forward), the LM head one (the
+//!                 gradient of its input, backward), the loss three of b·s floats.
 //!   PP            per micro-batch and boundary one activation b·s·h forward, one gradient back
 //!                 (/t under sequence parallelism).
 //! Ψ here is the padded element count of the rank's flat buffer, times the working-precision size.
@@ -140,7 +141,8 @@ constexpr Traffic tensor_parallel_traffic_per_micro_batch(ActivationShape x, int
   if (tp <= 1) return t;
   const double act = x.s * x.b * x.h * static_cast<double>(working_bytes(p));
   const double per_layer = full_recompute ? 6.0 : 4.0;  // all-reduce equivalents
-  const double n_act = per_layer * static_cast<double>(x.layers) + (first ? 1.0 : 0.0);
+  const double n_act =
+      per_layer * static_cast<double>(x.layers) + (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0);
   t.bytes = n_act * ring_bytes_sent(Collective::all_reduce, act, tp);
   t.seconds = n_act * ring_seconds(Collective::all_reduce, act, tp, link);
   if (last) {  // max, sum of exponentials and target logit of every row, fp32
@@ -164,6 +166,31 @@ constexpr Traffic pipeline_traffic_per_micro_batch(ActivationShape x, int tp,
   t.bytes = sends * act;
   t.seconds = sends * p2p_seconds(act, link);
   return t;
+}
+
+/// The bytes one rank of fourway's tensor-parallel GPT (parallel/tp/gpt.hpp) sends in its
+/// tensor-parallel group in one step, counted as `Counting` counts them (comm/counting.hpp):
+/// per micro-batch 4L + 2 all-reduce equivalents of b·s·h (two per block each way, the
+/// embedding's forward and the LM head's input gradient; +2L when every block is recomputed),
+/// sequence parallel as all-gather + reduce-scatter pairs of the same volume plus one all-reduce of
+/// each LayerNorm's gain and bias gradients (2L + 1 of 2h values); the loss's all-reduces of
+/// b·s fp32 maxima and of b·s (Σ exp, target logit) pairs; and per step one all-reduce of the
+/// gradient norm's double.
+constexpr double fourway_tensor_parallel_bytes(ActivationShape x, int tp, bool sequence_parallel,
+                                               Precision p, bool recompute,
+                                               std::int64_t micro_batches) {
+  if (tp <= 1) return 0.0;
+  const double w = static_cast<double>(working_bytes(p));
+  const double act = x.s * x.b * x.h * w;
+  const auto layers = static_cast<double>(x.layers);
+  double per_mb = (4.0 + (recompute ? 2.0 : 0.0)) * layers + 2.0;
+  per_mb *= ring_bytes_sent(Collective::all_reduce, act, tp);
+  per_mb += ring_bytes_sent(Collective::all_reduce, 3.0 * x.s * x.b * 4.0, tp);
+  if (sequence_parallel) {
+    per_mb += (2.0 * layers + 1.0) * ring_bytes_sent(Collective::all_reduce, 2.0 * x.h * w, tp);
+  }
+  return per_mb * static_cast<double>(micro_batches) +
+         ring_bytes_sent(Collective::all_reduce, 8.0, tp);
 }
 
 }  // namespace fourway::plan

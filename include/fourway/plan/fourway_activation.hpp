@@ -69,4 +69,38 @@ constexpr std::int64_t fourway_activation_bytes(const GptActivationShape& x, boo
   return emb + x.layers * out + std::max(block, head);
 }
 
+/// Bytes one rank of a tensor-parallel group of `tp` keeps per `tp::Block` (parallel/tp/block.hpp)
+/// after forward. The split parts are /tp: c_attn.y 3, heads 1, c_fc.y 4, gelu.y 4 (·BTC) and the
+/// probabilities B·NH·T². The LayerNorm/residual region — ln_1.y, attention output, r, ln_2.y,
+/// MLP output, y (6·BTC) and the LayerNorm statistics — is whole on every rank, or /tp under
+/// sequence parallelism, which then keeps the gathered inputs of the two column splits (2·BTC)
+/// instead (Megatron-LM gathers them again in backward; fourway keeps them).
+constexpr std::int64_t fourway_tp_block_activation_bytes(const GptActivationShape& x, int tp,
+                                                         bool sequence_parallel) {
+  const std::int64_t w = working_bytes(x.precision);
+  const std::int64_t btc = x.batch * x.seq * x.dim;
+  const std::int64_t bt = x.batch * x.seq;
+  const std::int64_t split = (12 * btc + x.batch * x.heads * x.seq * x.seq) / tp * w;
+  if (!sequence_parallel || tp == 1) return split + 6 * btc * w + 2 * (2 * bt * 4);
+  return split + 6 * btc / tp * w + 2 * btc * w + 2 * (2 * bt / tp * 4);
+}
+
+/// Bytes one tensor-parallel rank keeps after the forward of one micro-batch (no checkpointing):
+/// the embedding's output (BTC, /tp under sequence parallelism), L blocks, and the head — ln_f
+/// (its output gathered again under sequence parallelism), the logits of the rank's
+/// `vocab_rows` real vocabulary rows, and three fp32 values per token (max, Σ exp, target logit).
+constexpr std::int64_t fourway_tp_activation_bytes(const GptActivationShape& x, int tp,
+                                                   bool sequence_parallel,
+                                                   std::int64_t vocab_rows) {
+  const std::int64_t w = working_bytes(x.precision);
+  const std::int64_t btc = x.batch * x.seq * x.dim;
+  const std::int64_t bt = x.batch * x.seq;
+  const bool sp = sequence_parallel && tp > 1;
+  const std::int64_t part = sp ? tp : 1;
+  const std::int64_t emb = btc / part * w;
+  const std::int64_t head =
+      btc / part * w + 2 * (bt / part) * 4 + (sp ? btc * w : 0) + bt * vocab_rows * w + 3 * bt * 4;
+  return emb + x.layers * fourway_tp_block_activation_bytes(x, tp, sequence_parallel) + head;
+}
+
 }  // namespace fourway::plan

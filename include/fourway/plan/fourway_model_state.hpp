@@ -18,40 +18,76 @@
 //! all-reduce of a double; and under stage 3 the tied head gathers unit 0 (the embedding, which
 //! owns `wte`) once more in forward, while the last forward unit stays gathered into backward —
 //! all-gathers of 2Ψ' + unit0' − head' per micro-batch instead of 2Ψ'.
+//!
+//! Under tensor parallelism (`TensorSplit`, parallel/tp/placement.hpp) the same layout holds each
+//! rank's slices: c_attn, c_fc and both c_proj weights /tp, their column biases /tp, LayerNorms,
+//! wpe and the row-split biases whole, and wte Vp/tp rows of the vocabulary padded to Vp (a
+//! multiple of tp·alignment); `TensorParallelStrategy` shards those slices over the dp group.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "fourway/parallel/flat_layout.hpp"
+#include "fourway/parallel/tp/placement.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/model_state.hpp"
 
 namespace fourway::plan {
 
-/// Element counts of a GPT-2's parameters in the order backward makes their gradients final.
-inline std::vector<std::int64_t> gpt2_backward_numels(const Architecture& a) {
-  validate(a);
+/// How fourway's GPT-2 is split over a tensor-parallel group: `tp` ranks, the vocabulary padded
+/// to a multiple of tp·`vocab_alignment` (`tp::TpOptions::vocab_alignment`: 1 on the host, 128 on
+/// CUDA by default).
+struct TensorSplit {
+  int tp = 1;
+  int vocab_alignment = 1;
+};
+
+/// Rows of wte one tensor-parallel rank holds (padding included): Vp/tp.
+inline std::int64_t fourway_vocab_rows(const Architecture& a, const TensorSplit& t) {
+  return tp::padded_vocab(a.vocab, t.tp, t.vocab_alignment) / t.tp;
+}
+
+/// Element counts of one tensor-parallel rank's GPT-2 parameters in the order backward makes
+/// their gradients final.
+inline std::vector<std::int64_t> gpt2_backward_numels(const Architecture& a,
+                                                      const TensorSplit& t = {}) {
+  validate(a, t.tp);
   detail::require(a.family == Family::gpt2, "fourway: fourway's runtime model is GPT-2; ", a.name,
                   " is not");
-  const std::int64_t h = a.hidden, f = a.ffn;
-  std::vector<std::int64_t> n = {h, h};  // ln_f bias, weight
+  const std::int64_t h = a.hidden, f = a.ffn, n = t.tp;
+  std::vector<std::int64_t> e = {h, h};  // ln_f bias, weight
   for (std::int64_t l = 0; l < a.layers; ++l) {
-    for (std::int64_t x : {h, f * h, f, h * f, h, h, h, h * h, 3 * h, h * 3 * h, h, h}) {
-      n.push_back(x);
+    for (std::int64_t x :
+         {h, f * h / n, f / n, h * f / n, h, h, h, h * h / n, 3 * h / n, h * 3 * h / n, h, h}) {
+      e.push_back(x);
     }
   }
-  n.push_back(a.seq * h);    // wpe
-  n.push_back(a.vocab * h);  // wte
-  return n;
+  e.push_back(a.seq * h);                            // wpe
+  e.push_back(fourway_vocab_rows(a, t) * a.hidden);  // wte
+  return e;
+}
+
+/// fourway's FSDP units of one tensor-parallel rank: the embedding (wte, wpe), each block, ln_f.
+inline std::vector<std::int64_t> fourway_units(const Architecture& a, const TensorSplit& t = {}) {
+  const std::vector<std::int64_t> e = gpt2_backward_numels(a, t);
+  std::vector<std::int64_t> u = {e[e.size() - 1] + e[e.size() - 2]};
+  for (std::int64_t l = 0; l < a.layers; ++l) {
+    std::int64_t block = 0;
+    for (std::size_t k = 0; k < 12; ++k) block += e[2 + static_cast<std::size_t>(l) * 12 + k];
+    u.push_back(block);
+  }
+  u.push_back(e[0] + e[1]);
+  return u;
 }
 
 /// The segments `ShardedStrategy<zero_stage>` pads to a multiple of the group size.
 inline std::vector<std::int64_t> fourway_segments(const Architecture& a, int zero_stage,
-                                                  std::int64_t bucket_bytes, Precision p) {
+                                                  std::int64_t bucket_bytes, Precision p,
+                                                  const TensorSplit& t = {}) {
   check_zero_stage(zero_stage);
-  if (zero_stage == 3) return fsdp_units(a);
-  const std::vector<std::int64_t> numels = gpt2_backward_numels(a);
+  if (zero_stage == 3) return fourway_units(a, t);
+  const std::vector<std::int64_t> numels = gpt2_backward_numels(a, t);
   std::vector<std::int64_t> segments;
   for (const auto& bucket : plan_buckets(numels, bucket_bytes, working_bytes(p))) {
     std::int64_t s = 0;
@@ -61,14 +97,23 @@ inline std::vector<std::int64_t> fourway_segments(const Architecture& a, int zer
   return segments;
 }
 
+/// Parameters one tensor-parallel rank holds (padding rows of wte included).
+inline std::int64_t fourway_rank_params(const Architecture& a, const TensorSplit& t = {}) {
+  std::int64_t n = 0;
+  for (std::int64_t x : gpt2_backward_numels(a, t)) n += x;
+  return n;
+}
+
 /// Model-state bytes of one rank of fourway's `ShardedStrategy<zero_stage>` over `dp` ranks with
-/// gradient buckets of `bucket_bytes` (`ShardedOptions::bucket_bytes`, 25 MiB by default).
+/// gradient buckets of `bucket_bytes` (`ShardedOptions::bucket_bytes`, 25 MiB by default), each
+/// rank holding the slices of tensor-parallel split `t` (`TensorParallelStrategy`).
 inline ModelStateBytes fourway_model_state_bytes(const Architecture& a, Precision p, int zero_stage,
                                                  int dp, std::int64_t bucket_bytes = 25LL << 20,
-                                                 Optimizer optimizer = Optimizer::adam()) {
-  const std::vector<std::int64_t> segments = fourway_segments(a, zero_stage, bucket_bytes, p);
-  return model_state_bytes(total_params(a), p, zero_stage, dp, Padding::per_unit(segments),
-                           optimizer);
+                                                 Optimizer optimizer = Optimizer::adam(),
+                                                 const TensorSplit& t = {}) {
+  const std::vector<std::int64_t> segments = fourway_segments(a, zero_stage, bucket_bytes, p, t);
+  return model_state_bytes(fourway_rank_params(a, t), p, zero_stage, dp,
+                           Padding::per_unit(segments), optimizer);
 }
 
 /// Ring bytes one rank sends in one step of `ShardedStrategy<zero_stage>` with `micro_batches`

@@ -86,6 +86,7 @@ enum class Footprint : std::uint8_t { published, fourway };
 struct Options {
   Footprint footprint = Footprint::published;
   std::int64_t bucket_bytes = 25LL << 20;  // fourway's gradient buckets (ShardedOptions)
+  int vocab_alignment = 1;  // fourway's tp vocabulary padding (tp::TpOptions; CUDA runs use 128)
   Optimizer optimizer = Optimizer::adam();
   double mfu = 0.4;                // achievable fraction of the dense peak
   double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
@@ -187,11 +188,16 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
       detail::require(model.arch->family == Family::gpt2, "fourway: --footprint fourway models ",
                       "fourway's GPT-2; ", model.arch->name,
                       " is not one (use --footprint published)");
-      detail::require(s.tp == 1 && s.pp == 1 && !s.sequence_parallel, "fourway: fourway's runtime ",
-                      "runs data parallelism and ZeRO today (tp = pp = 1, got tp=", s.tp,
-                      " pp=", s.pp, "); use --footprint published for tensor and pipeline meshes");
+      detail::require(s.pp == 1, "fourway: --footprint fourway models data, tensor and sequence ",
+                      "parallelism and ZeRO (pp = 1, got pp=", s.pp,
+                      "); use --footprint published for pipeline meshes");
       detail::require(s.recompute != Recompute::selective, "fourway: fourway checkpoints whole ",
                       "blocks; use --checkpoint-activations full or none with --footprint fourway");
+      detail::require(s.tp == 1 || s.recompute == Recompute::none, "fourway: --footprint fourway ",
+                      "does not model checkpointed tensor-parallel blocks (tp=", s.tp,
+                      "); use --checkpoint-activations none or --footprint published");
+      detail::require(o.vocab_alignment >= 1, "fourway: vocabulary alignment ", o.vocab_alignment,
+                      " must be >= 1 (--vocab-align A)");
       detail::require(o.bucket_bytes >= 0, "fourway: bucket size ", o.bucket_bytes,
                       " B must be >= 0");
     }
@@ -235,9 +241,11 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.params = ceil_div(model.params, static_cast<std::int64_t>(s.tp) * s.pp);
     }
     const bool own = o.footprint == Footprint::fourway;
+    const TensorSplit split{s.tp, o.vocab_alignment};
+    if (own) sp.params = fourway_rank_params(*model.arch, split);  // wte's padding rows included
     sp.states =
         own ? fourway_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
-                                        o.optimizer)
+                                        o.optimizer, split)
             : model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
     // deferred construction, positioned reads and in-place writes: the states and nothing more
     sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
@@ -264,7 +272,12 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                    a.vocab,       a.layers, s.precision};
         const std::int64_t head = fourway_head_activation_bytes(g);
         const std::int64_t block = fourway_block_activation_bytes(g);
-        if (s.recompute == Recompute::full) {
+        if (s.tp > 1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
+          const std::int64_t rows = std::min(fourway_vocab_rows(a, split), a.vocab);
+          sp.activations =
+              static_cast<double>(fourway_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
+          sp.recompute_working = 0;
+        } else if (s.recompute == Recompute::full) {
           const std::int64_t kept = fourway_embedding_activation_bytes(g) +
                                     a.layers * a.seq * a.hidden * s.micro_batch * w + head;
           sp.activations = static_cast<double>(kept);
@@ -278,7 +291,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         // The buckets the head's backward adds to (ln_f's, the first in backward order, and
         // wte's, the last) hold full gradients from the start of backward, when the activations
         // peak, until their reduce-scatter.
-        const auto segs = fourway_segments(a, 2, o.bucket_bytes, s.precision);
+        const auto segs = fourway_segments(a, 2, o.bucket_bytes, s.precision, split);
         std::int64_t full = ceil_div(segs.front(), s.dp) * s.dp;
         if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
         sp.zero2_buckets = static_cast<double>(full * w);
@@ -288,7 +301,9 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
         if (own) {  // fourway gathers padded units
-          for (std::int64_t u : fsdp_units(a)) unit = std::max(unit, ceil_div(u, s.dp) * s.dp);
+          for (std::int64_t u : fourway_units(a, split)) {
+            unit = std::max(unit, ceil_div(u, s.dp) * s.dp);
+          }
         }
         sp.zero3_gathered = 3.0 * static_cast<double>(unit * w);
       }
@@ -298,6 +313,11 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       const Traffic pp_mb = pipeline_traffic_per_micro_batch(xs, s.tp, s.sequence_parallel,
                                                              s.precision, s.pp, st, pp_link);
       sp.tensor_parallel = Traffic{tp_mb.bytes * m, tp_mb.seconds * m};
+      if (own) {  // what fourway's tp group sends, as Counting counts it (the same time model)
+        sp.tensor_parallel.bytes =
+            fourway_tensor_parallel_bytes(xs, s.tp, s.sequence_parallel, s.precision,
+                                          s.recompute == Recompute::full, s.micro_batches);
+      }
       sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};
       const double compute = stage_flops_per_token(a, s.tp, s.pp, st, s.recompute) *
                              static_cast<double>(s.micro_batch * a.seq) /
@@ -403,12 +423,13 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
       for (int zero = 0; zero <= 3; ++zero) {
         if (space.zero && *space.zero != zero) continue;
-        if (o.footprint == Footprint::fourway && (tp > 1 || pp > 1)) continue;
+        if (o.footprint == Footprint::fourway && pp > 1) continue;
         if (dp == 1 && zero > 0 && !space.zero) continue;  // nothing to shard over
         for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
           if (space.recompute && *space.recompute != r) continue;
           if (!model.arch && r != Recompute::none) continue;
           if (o.footprint == Footprint::fourway && r == Recompute::selective) continue;
+          if (o.footprint == Footprint::fourway && tp > 1 && r != Recompute::none) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
           Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
                      r,  sp};

@@ -231,12 +231,16 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
 }
 
 /// Copies every parameter of `model` (which has its storage) from the file behind `f`, reading
-/// each tensor with positioned reads through a bounded buffer (no whole-file buffer).
+/// each tensor with positioned reads through a bounded buffer (no whole-file buffer). With
+/// `part = true` the model may hold only some of the file's tensors (a pipeline chunk reads only
+/// its own); otherwise it must hold all of them.
 template <class Model, class B>
-void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model) {
+void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model, bool part = false) {
   const Gpt2FileInfo info = inspect_gpt2(f);
   const auto read = gpt2_element_reader(f, info);
+  std::size_t loaded = 0;
   model.visit_parameters([&](auto& p) {
+    ++loaded;
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
     check<CheckpointError>(!p.deferred(), "fourway: load_gpt2 into a deferred parameter ", p.name,
                            "; let the strategy load it (load_weights)");
@@ -248,6 +252,11 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model) 
       Ops<B>::from_host(ctx, p.weight.data() + at, host.data(), n);
     }
   });
+  const std::size_t expected =
+      gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context).size();
+  check<CheckpointError>(loaded == expected || (part && loaded < expected),
+                         "fourway: the model has ", loaded, " parameters, the GPT-2 in ",
+                         f.source(), " has ", expected);
 }
 
 /// Adds every parameter of `model` to `w` under its HF name, in the model's element type

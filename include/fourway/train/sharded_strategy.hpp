@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -70,6 +71,16 @@ struct ShardedOptions {
   /// Issue collectives during backward (and prefetch the next unit under stage 3). Off: every
   /// collective is issued and waited where its result is needed (for benchmarks).
   bool overlap = true;
+};
+
+/// A model split over a model-parallel group as well (tp::Gpt, parallel/tp/gpt.hpp): it says
+/// which of its parameters this rank counts in the global gradient norm (a replicated one on one
+/// rank of the group only) and sums the norm over that group; the strategy's communicator is
+/// then the data-parallel group.
+template <class M>
+concept model_parallel_model = requires(M& m, const M& cm, double& x, int i) {
+  { cm.counts_in_norm(i) } -> std::convertible_to<bool>;
+  m.sum_over_model_parallel(x);
 };
 
 template <int Stage, class Model, precision_policy P, backend B, class Comm>
@@ -143,7 +154,17 @@ class ShardedStrategy {
     queue_.wait_all();
     double ss = 0.0;
     StepReport r;
-    if constexpr (Stage == 0) {  // every rank holds the same reduced gradients: Σg² is local
+    if constexpr (model_parallel_model<Model>) {
+      ss = model_parallel_sum_squares();  // this rank's counted tiles only
+      if constexpr (Stage == 0) {         // replicas hold the same gradients: no Σg² over dp
+        r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
+      } else {
+        const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
+        r.loss_sum = sums[0];
+        ss = sums[1];
+      }
+      model_->sum_over_model_parallel(ss);
+    } else if constexpr (Stage == 0) {  // every rank holds the same reduced gradients: Σg² is local
       ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
       r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
     } else {
@@ -402,6 +423,18 @@ class ShardedStrategy {
     } else {
       return reducer_.shard() + t.shard_offset;
     }
+  }
+
+  /// Σg² over the tiles of the parameters this rank counts (model_parallel_model: a replicated
+  /// parameter on one tensor-parallel rank only); finish_step sums it over the data-parallel
+  /// shards (stages 1-3, with the loss in one packed all-reduce) and the model-parallel group.
+  double model_parallel_sum_squares() {
+    double ss = 0.0;
+    for (const auto& t : tiles_) {
+      if (t.slot < 0 || !model_->counts_in_norm(layout().slots()[t.slot].param)) continue;
+      ss += ops::sum_squares(*ctx_, grad_at(t), t.count);
+    }
+    return ss;
   }
 
   // ---- hooks ----------------------------------------------------------------------------------

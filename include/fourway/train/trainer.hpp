@@ -95,6 +95,11 @@ class Trainer {
   using precision_type = typename S::precision_type;
   using backend_type = typename S::backend_type;
   using B = backend_type;
+  /// The strategy runs the micro-batches itself (a pipeline schedule).
+  static constexpr bool pipelined =
+      requires(S & s, const Batch& batch, std::int64_t r, int M, float g) {
+    s.run_micro_batches(batch, r, r, M, g);
+  };
   static_assert(trainable_model<model_type>,
                 "fourway: the strategy's model_type does not model fw::trainable_model (forward "
                 "with tokens and targets returning the mean loss, backward with a grad scale)");
@@ -141,7 +146,13 @@ class Trainer {
 
     strategy_.begin_step();
     double local_sum = 0.0;
-    for (int i = 0; i < M; ++i) {
+    if constexpr (pipelined) {
+      // a pipeline runs the rank's micro-batches in its schedule's order
+      // (train/pipeline_strategy.hpp); the weighting is the same
+      local_sum = strategy_.run_micro_batches(
+          batch, static_cast<std::int64_t>(strategy_.dp_rank()) * M * b, b, M, grad_scale);
+    }
+    for (int i = 0; i < M && !pipelined; ++i) {
       strategy_.begin_micro_batch(i, M);
       const std::int64_t first = (strategy_.dp_rank() * static_cast<std::int64_t>(M) + i) * b;
       const auto off = static_cast<std::size_t>(first * T);

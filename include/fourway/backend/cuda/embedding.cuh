@@ -53,6 +53,43 @@ void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tok
   embedding_forward(ctx, out, tokens, wte, wpe, B, T, C, TokenGuard{TokenGuard::none, nullptr});
 }
 
+namespace detail {
+/// dwte[token of bucket u] += the fp32 sum, in position order, of dout's rows in bucket u, once
+/// per bucket and channel (llm.c's encoder backward): the buckets go to the device in one int64
+/// workspace [order | starts | token of each bucket]. Synchronises (the workspace is freed).
+template <floating_dtype E>
+void add_token_buckets(const Context<Cuda>& ctx, E* dwte, const E* dout,
+                       const host::detail::TokenBuckets& buckets, std::int64_t C,
+                       const char* what) {
+  const auto nb = static_cast<std::int64_t>(buckets.tokens_of.size());
+  if (nb == 0 || C <= 0) return;
+  const auto n = static_cast<std::int64_t>(buckets.order.size());
+  std::vector<std::int64_t> packed;
+  packed.reserve(static_cast<std::size_t>(n + 2 * nb + 1));
+  packed.insert(packed.end(), buckets.order.begin(), buckets.order.end());
+  packed.insert(packed.end(), buckets.starts.begin(), buckets.starts.end());
+  packed.insert(packed.end(), buckets.tokens_of.begin(), buckets.tokens_of.end());
+  Tensor<std::int64_t, Cuda> dev({static_cast<std::int64_t>(packed.size())}, MemTag::workspace,
+                                 ctx.memory());
+  from_host(ctx, dev.data(), packed.data(), static_cast<std::int64_t>(packed.size()));
+  const std::int64_t* order = dev.data();
+  const std::int64_t* starts = order + n;
+  const std::int64_t* token_of = starts + nb + 1;
+  for_each(
+      ctx, nb * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t u = i / C;
+        const std::int64_t c = i % C;
+        float s = 0.0f;
+        for (std::int64_t j = starts[u]; j < starts[u + 1]; ++j) s += load(dout + order[j] * C + c);
+        E* w = dwte + token_of[u] * C + c;
+        store(w, load(w) + s);
+      },
+      what);
+  ctx.synchronize();  // `dev` is freed on return; the kernel must be done with it
+}
+}  // namespace detail
+
 /// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += sum_b dout[b, t].
 template <floating_dtype E>
 void embedding_backward(const Context<Cuda>& ctx, E* dwte, E* dwpe, const E* dout,
@@ -73,34 +110,37 @@ void embedding_backward(const Context<Cuda>& ctx, E* dwte, E* dwpe, const E* dou
 
   std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(n));
   to_host(ctx, host_tokens.data(), tokens, n);
-  const host::detail::TokenBuckets buckets = host::detail::bucket_tokens(host_tokens.data(), n);
-  const auto nb = static_cast<std::int64_t>(buckets.tokens_of.size());
-  // one int64 buffer: [order (n) | starts (nb + 1) | token of each bucket (nb)]
-  std::vector<std::int64_t> packed;
-  packed.reserve(static_cast<std::size_t>(n + 2 * nb + 1));
-  packed.insert(packed.end(), buckets.order.begin(), buckets.order.end());
-  packed.insert(packed.end(), buckets.starts.begin(), buckets.starts.end());
-  packed.insert(packed.end(), buckets.tokens_of.begin(), buckets.tokens_of.end());
-  Tensor<std::int64_t, Cuda> dev({static_cast<std::int64_t>(packed.size())}, MemTag::workspace,
-                                 ctx.memory());
-  from_host(ctx, dev.data(), packed.data(), static_cast<std::int64_t>(packed.size()));
-  const std::int64_t* order = dev.data();
-  const std::int64_t* starts = order + n;
-  const std::int64_t* token_of = starts + nb + 1;
+  detail::add_token_buckets(ctx, dwte, dout, host::detail::bucket_tokens(host_tokens.data(), n), C,
+                            "embedding_backward (wte)");
+}
+
+/// Vocabulary-parallel lookup, twin of `host::vocab_embed_forward`.
+template <floating_dtype E>
+void vocab_embed_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tokens,
+                         const E* wte_shard, std::int64_t rows, std::int64_t C,
+                         std::int64_t vocab_start, std::int64_t Vlocal) {
   detail::for_each(
-      ctx, nb * C,
+      ctx, rows * C,
       [=] __device__(std::int64_t i) {
-        const std::int64_t u = i / C;
-        const std::int64_t c = i % C;
-        float s = 0.0f;
-        for (std::int64_t j = starts[u]; j < starts[u + 1]; ++j) {
-          s += detail::load(dout + order[j] * C + c);
-        }
-        E* w = dwte + token_of[u] * C + c;
-        detail::store(w, detail::load(w) + s);
+        const std::int64_t t = tokens[i / C] - vocab_start;
+        detail::store(out + i,
+                      (t >= 0 && t < Vlocal) ? detail::load(wte_shard + t * C + i % C) : 0.0f);
       },
-      "embedding_backward (wte)");
-  ctx.synchronize();  // `dev` is freed on return; the kernel must be done with it
+      "vocab_embed_forward");
+}
+
+/// Vocabulary-parallel scatter-add, twin of `host::vocab_embed_backward` (same buckets, same
+/// fp32 order; the ids are bucketed on the host as in `embedding_backward`).
+template <floating_dtype E>
+void vocab_embed_backward(const Context<Cuda>& ctx, E* dwte_shard, const E* dout,
+                          const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
+                          std::int64_t vocab_start, std::int64_t Vlocal) {
+  if (rows <= 0 || C <= 0) return;
+  std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(rows));
+  to_host(ctx, host_tokens.data(), tokens, rows);
+  const host::detail::TokenBuckets buckets =
+      host::detail::bucket_vocab_shard(host_tokens.data(), rows, vocab_start, Vlocal);
+  detail::add_token_buckets(ctx, dwte_shard, dout, buckets, C, "vocab_embed_backward");
 }
 
 }  // namespace fourway::cuda

@@ -49,6 +49,24 @@ inline TokenBuckets bucket_tokens(const std::int32_t* tokens, std::int64_t n) {
   b.starts.push_back(n);
   return b;
 }
+
+/// Positions [0, n) whose token lies in the shard [vocab_start, vocab_start + Vlocal), grouped by
+/// local token id (token - vocab_start); `order` holds the positions in [0, n).
+inline TokenBuckets bucket_vocab_shard(const std::int32_t* tokens, std::int64_t n,
+                                       std::int64_t vocab_start, std::int64_t Vlocal) {
+  std::vector<std::int32_t> local;
+  std::vector<std::int64_t> pos;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = tokens[i] - vocab_start;
+    if (t >= 0 && t < Vlocal) {
+      local.push_back(static_cast<std::int32_t>(t));
+      pos.push_back(i);
+    }
+  }
+  TokenBuckets b = bucket_tokens(local.data(), static_cast<std::int64_t>(local.size()));
+  for (auto& o : b.order) o = pos[static_cast<std::size_t>(o)];
+  return b;
+}
 }  // namespace detail
 
 /// out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T), wte (V, C), wpe (maxT >= T, C).
@@ -122,6 +140,45 @@ void embedding_backward(const Context<Host>& /*ctx*/, E* dwte, E* dwpe, const E*
       for (std::int64_t c = 0; c < C; ++c) acc[c] += convert<float>(d[c]);
     }
     E* w = dwte + static_cast<std::int64_t>(buckets.tokens_of[u]) * C;
+    for (std::int64_t c = 0; c < C; ++c) w[c] = convert<E>(convert<float>(w[c]) + acc[c]);
+  }
+}
+
+/// Vocabulary-parallel lookup (TP): out (rows, C) = wte_shard[tokens[r] - vocab_start] when the
+/// token lies in this rank's shard [vocab_start, vocab_start + Vlocal), else 0; a SUM all-reduce
+/// over the shards gives the full lookup.
+template <floating_dtype E>
+void vocab_embed_forward(const Context<Host>& /*ctx*/, E* out, const std::int32_t* tokens,
+                         const E* wte_shard, std::int64_t rows, std::int64_t C,
+                         std::int64_t vocab_start, std::int64_t Vlocal) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t t = tokens[r] - vocab_start;
+    E* o = out + r * C;
+    if (t >= 0 && t < Vlocal) {
+      for (std::int64_t c = 0; c < C; ++c) o[c] = wte_shard[t * C + c];
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) o[c] = convert<E>(0.0f);
+    }
+  }
+}
+
+/// dwte_shard[tokens[r] - vocab_start] += dout[r] for the tokens of this shard (the others are
+/// skipped), in the order of `embedding_backward`: per token, fp32 sum in position order, added
+/// once.
+template <floating_dtype E>
+void vocab_embed_backward(const Context<Host>& /*ctx*/, E* dwte_shard, const E* dout,
+                          const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
+                          std::int64_t vocab_start, std::int64_t Vlocal) {
+  const detail::TokenBuckets buckets =
+      detail::bucket_vocab_shard(tokens, rows, vocab_start, Vlocal);
+  std::vector<float> acc(static_cast<std::size_t>(C));
+  for (std::size_t u = 0; u < buckets.tokens_of.size(); ++u) {
+    for (std::int64_t c = 0; c < C; ++c) acc[c] = 0.0f;
+    for (std::int64_t i = buckets.starts[u]; i < buckets.starts[u + 1]; ++i) {
+      const E* d = dout + buckets.order[i] * C;
+      for (std::int64_t c = 0; c < C; ++c) acc[c] += convert<float>(d[c]);
+    }
+    E* w = dwte_shard + static_cast<std::int64_t>(buckets.tokens_of[u]) * C;
     for (std::int64_t c = 0; c < C; ++c) w[c] = convert<E>(convert<float>(w[c]) + acc[c]);
   }
 }

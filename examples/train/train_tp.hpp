@@ -1,0 +1,170 @@
+// fourway-train --tp N [--sequence-parallel] [--dp D] [--zero S]: tensor parallelism inside groups
+// of N consecutive ranks, DataParallel (--zero 0) or Sharded<S> across the D = ranks/N groups
+// (fw::Mesh<TensorParallel, DataParallel>). Included at the end of train_program.hpp, whose
+// helpers it uses; every backend of the program (local, mpi, nccl) runs it.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fourway/mesh/groups.hpp"
+#include "fourway/mesh/mesh.hpp"
+#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/train/tensor_parallel.hpp"
+#include "fourway/train/tp_checkpoint.hpp"
+
+namespace fourway_train {
+
+using TpMesh = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>;
+
+template <class Target, class T, int Stage, class W>
+void train_tp_ranks(const Options& o) {
+  using B = typename Target::backend;
+  using Comm = fw::Counting<typename W::comm_type>;
+  using Model = fw::tp::Gpt<T, B, Comm>;
+  using S = fw::TensorParallelStrategy<Stage, T, B, Comm>;
+  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+    const bool lead = w.rank() == 0;
+    const TpMesh mesh(w.size(), {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});
+    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    Comm world(w.comm().split(0, w.rank(), "world"));
+    fw::MeshGroups<Comm> groups(mesh, world);
+    if constexpr (B::on_device) {  // collectives in stream order
+      groups.tp().inner().set_stream(ctx.stream());
+      groups.dp().inner().set_stream(ctx.stream());
+    }
+    const int dp = mesh.dp();
+    fw::check<fw::ConfigError>(o.batch % dp == 0, "fourway: the global batch of B=", o.batch,
+                               " sequences does not split into ", dp,
+                               " data-parallel groups; use a --batch that is a multiple of ", dp);
+    fw::check<fw::ConfigError>(
+        !o.sequence_parallel || (static_cast<long long>(o.batch / dp) * o.seq) % o.tp == 0,
+        "fourway: --sequence-parallel splits the ", (o.batch / dp) * o.seq,
+        " rows (batch/dp x seq) of each group over tp=", o.tp, " ranks; choose --batch and --seq ",
+        "with batch/dp x seq divisible by ", o.tp);
+    std::optional<fw::SafetensorsReader> ckpt;
+    const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    fw::tp::TpOptions to;
+    to.sequence_parallel = o.sequence_parallel;
+    to.vocab_alignment = o.vocab_align;
+    Model model(ctx, cfg, groups.tp(), o.seed, to);
+    if (ckpt) {
+      fw::load_gpt2_tp(ctx, *ckpt, model);
+      ckpt.reset();
+    }
+    const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
+    fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
+    fw::ShardedOptions so;
+    so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
+    so.overlap = !o.no_overlap;
+    fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, groups.dp(), make_adamw(o), so);
+    const std::string tp_name = groups.group_name(fw::Axis::tp);
+    const std::string dp_name = groups.group_name(fw::Axis::dp);
+    if (lead) {
+      std::printf("data %s: %zu tokens; model: %s, %s\n", data.source().c_str(), data.size(),
+                  o.precision.c_str(),
+                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+      std::printf(
+          "TensorParallel tp=%d%s x %s dp=%d on %d ranks (%s); vocabulary %d padded to "
+          "%lld\n",
+          mesh.tp(), o.sequence_parallel ? " (sequence parallel)" : "",
+          Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(), dp,
+          w.size(), o.backend.c_str(), cfg.vocab, static_cast<long long>(model.padded_vocab()));
+      std::printf("rank 0 holds %zu B of weights (MemTag::weights)\n",
+                  w.memory().current(fw::MemTag::weights));
+    }
+
+    std::ofstream log;
+    if (lead && !o.log_json.empty()) {
+      log.open(o.log_json, std::ios::trunc);
+      fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
+    }
+    fw::Progress progress(o.steps);
+    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    double first_loss = 0.0, last_loss = 0.0;
+    for (int step = 1; step <= o.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const fw::SequenceBatch b = loader.next();
+      const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+      world.counters().reset();
+      const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+      const double tp_bytes = world.counters().modelled_bytes_sent(tp_name);
+      const double dp_bytes = world.counters().modelled_bytes_sent(dp_name);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      fw::StepRecord r;
+      r.step = step;
+      r.loss = loss;
+      r.grad_norm = trainer.last_report().grad_norm;
+      r.step_ms = ms;
+      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+      r.lr = lr;
+      r.skipped = trainer.last_report().skipped;
+      if (!lead) continue;
+      if (log.is_open()) {
+        const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
+        std::string line = fw::step_json(r, mems);
+        char extra[160];
+        std::snprintf(extra, sizeof extra,
+                      ",\"ranks\":%d,\"tp\":%d,\"zero\":%d,\"tp_modelled_bytes_per_rank\":%.0f,"
+                      "\"dp_modelled_bytes_per_rank\":%.0f",
+                      w.size(), mesh.tp(), Stage, tp_bytes, dp_bytes);
+        line.insert(line.size() - 1, extra);
+        log << line << '\n';
+        log.flush();
+      }
+      if (!o.quiet) {
+        progress.update(r);
+        if (!progress.interactive()) {
+          std::printf("  comm %.0f B (tp) + %.0f B (dp) per rank, modelled (ring)\n", tp_bytes,
+                      dp_bytes);
+        }
+      }
+      if (step == 1) first_loss = loss;
+      last_loss = loss;
+    }
+    if (lead) {
+      progress.finish();
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
+    }
+    if (!o.save.empty()) {
+      const auto full = model.gather_over_tp(trainer.strategy().gather_full_parameters());
+      if (lead) {
+        fw::save_gpt2_tp(model, full, o.save);
+        std::printf("saved %s\n", o.save.c_str());
+      }
+    }
+    world.barrier();  // no rank tears down its communicators while others still use them
+  });
+}
+
+template <class Target, class T, class W>
+void train_tp_stage(const Options& o) {
+  with_zero_stage(o, [&]<int Stage>() { train_tp_ranks<Target, T, Stage, W>(o); });
+}
+
+template <class Target, class T>
+int train_tp_parallel(const Options& o) {
+  check_output_dir("save", o.save);
+  check_output_dir("log-json", o.log_json);
+  check_positive("tp", o.tp);
+  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
+                             " does not exist; use 0 (DataParallel), 1, 2 or 3");
+  fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
+  if (o.backend == "local") {
+    Options local = o;
+    local.ranks = o.ranks == 0 ? o.tp * (o.dp == 0 ? 1 : o.dp) : o.ranks;
+    (void)TpMesh(local.ranks, {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});  // validates
+    train_tp_stage<Target, T, fw::LocalWorld>(local);
+    return 0;
+  }
+  Target::launch_processes(o, [&]<class W>() { train_tp_stage<Target, T, W>(o); });
+  return 0;
+}
+
+}  // namespace fourway_train

@@ -1,0 +1,72 @@
+//! `pp::ChunkSet<T, B, Comm>`: the pipeline chunks one rank holds, seen as one model by the
+//! data-parallel machinery (ShardedStrategy, parallel/parameter_layout.hpp), so that ZeRO 1-3
+//! across the replicas of a pipeline stage reuses the sharding of the flat layout unchanged.
+//!
+//!   units            chunk 0's units, then chunk 1's (ZB-V and interleaved ranks hold two or
+//!                    more chunks), each chunk's in its own order (embedding, blocks, head)
+//!   parameters       chunk by chunk in `Gpt::visit_parameters` order; the tied `wte` once per
+//!                    chunk that holds it (both copies are sharded and stepped alike)
+//!   counts_in_norm   false for the LM head's copy of `wte` (the last chunk's, when the model
+//!                    has more than one chunk): Σg² counts the tied embedding once
+//!   sum_over_model_parallel   Σg² summed over the pipeline group (every stage's parameters)
+//!
+//! Holds pointers to the chunks and the pipeline communicator, which must outlive it.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "fourway/comm/communicator.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/parameter.hpp"
+
+namespace fourway::pp {
+
+template <class T, class B, class Comm>
+class ChunkSet {
+ public:
+  using value_type = T;
+  using chunk_type = models::Gpt<T, B>;
+
+  /// `chunks`: this rank's chunks in model order; `tied_copy`: the LM head's copy of `wte` on
+  /// this rank (null when the rank holds none or the model is one chunk).
+  ChunkSet(std::vector<chunk_type*> chunks, const Parameter<T, B>* tied_copy, Comm& pp)
+      : chunks_(std::move(chunks)), pp_(&pp) {
+    check<ConfigError>(!chunks_.empty(), "fourway: a pipeline rank with no chunk");
+    visit_parameters([&](Parameter<T, B>& p) { counted_.push_back(&p != tied_copy); });
+    for (auto* c : chunks_) {
+      first_unit_.push_back(units_);
+      units_ += c->units();
+    }
+  }
+
+  [[nodiscard]] int units() const { return units_; }
+
+  template <class F>
+  void visit_parameters(F&& f) {
+    for (auto* c : chunks_) c->visit_parameters(f);
+  }
+  template <class F>
+  void visit_unit_parameters(int u, F&& f) {
+    check<ConfigError>(u >= 0 && u < units_, "fourway: chunk-set unit ", u, " of ", units_);
+    std::size_t c = chunks_.size() - 1;
+    while (first_unit_[c] > u) --c;
+    chunks_[c]->visit_unit_parameters(u - first_unit_[c], f);
+  }
+
+  [[nodiscard]] bool counts_in_norm(int param) const {
+    return counted_.at(static_cast<std::size_t>(param));
+  }
+  void sum_over_model_parallel(double& x) { pp_->all_reduce(&x, &x, 1, ReduceOp::sum); }
+
+ private:
+  std::vector<chunk_type*> chunks_;
+  Comm* pp_;
+  std::vector<bool> counted_;
+  std::vector<int> first_unit_;
+  int units_ = 0;
+};
+
+}  // namespace fourway::pp

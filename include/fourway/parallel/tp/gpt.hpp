@@ -1,0 +1,456 @@
+//! `tp::Gpt<T, B, Comm>`: fw::models::Gpt split over a tensor-parallel group of N ranks — the
+//! same model, the same parameter names and the same FSDP units, each rank holding the slices its
+//! placement table (tp/placement.hpp, `gpt_placements`) gives it:
+//! ```
+//!   wte (Vp/N, C)  vocab      masked lookup + all-reduce (sequence parallel: reduce-scatter);
+//!                             the tied LM head: logits (B·T, V_valid) of this rank's rows
+//!   wpe, ln_*      replicated  wpe is added by tp rank 0 before the embedding's reduction
+//!   blocks         tp::Block   (column c_attn / c_fc, row c_proj, replicated biases)
+//!   loss           vocabulary-parallel fused cross-entropy: all-reduce MAX of the row maxima,
+//!                  one all-reduce SUM of (Σ exp, target logit); full logits are never formed
+//!                  and its backward communicates nothing
+//! ```
+//! The vocabulary is padded to Vp (a multiple of N·alignment); the padding rows of wte are zero
+//! and never enter a product: a rank computes logits only for its real rows, so the padded
+//! logits are masked out of the softmax exactly and loss and gradients equal the unpadded
+//! model's (Megatron-Core instead trains the padded logits as part of the softmax).
+//! Under sequence parallelism the residual stream between the column and row splits holds this
+//! rank's B·T/N rows (contiguous chunks of the flattened (B, T) rows).
+//! Initial values equal fw::models::Gpt's for the same seed (the full tensor is drawn from the
+//! (seed, name) stream and sliced), so every N starts from the one-rank model.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fourway/comm/communicator.hpp"
+#include "fourway/layers/checkpoint.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/layernorm.hpp"
+#include "fourway/parallel/tp/block.hpp"
+#include "fourway/parallel/tp/conjugate.hpp"
+#include "fourway/parallel/tp/placement.hpp"
+
+namespace fourway::tp {
+
+/// Run-time choices of the split.
+struct TpOptions {
+  bool sequence_parallel = false;
+  /// Vocabulary padded to a multiple of tp·alignment; 0 picks 128 on device backends (Megatron-
+  /// LM's default, whole tiles for the GEMM) and 1 on the host.
+  int vocab_alignment = 0;
+};
+
+template <class B>
+int resolve_alignment(int alignment) {
+  return alignment > 0 ? alignment : (B::on_device ? 128 : 1);
+}
+
+/// The placement table of a GPT-2 model split over `n` ranks, in `visit_parameters` order.
+inline std::vector<Placement> gpt_placements(const models::GptConfig& cfg, int n, int alignment,
+                                             std::uint64_t seed = 0) {
+  cfg.validate();
+  check_heads_split(cfg.dim, cfg.heads, n);
+  const Init init = Init::gpt2(seed, cfg.layers);
+  const std::int64_t C = cfg.dim;
+  std::vector<Placement> t;
+  auto add = [&](std::string name, Split split, std::int64_t rows, std::int64_t cols, int parts,
+                 bool matrix, InitRule rule) {
+    Placement p;
+    p.name = std::move(name);
+    p.split = split;
+    p.rows = rows;
+    p.cols = cols;
+    p.parts = parts;
+    p.padded_rows = split == Split::vocab ? padded_vocab(rows, n, alignment) : rows;
+    p.matrix = matrix;
+    p.init = rule;
+    t.push_back(std::move(p));
+  };
+  const InitRule normal{true, init.std};
+  const InitRule residual{true, init.residual_std};
+  const InitRule zero{false, 0.0f};
+  const InitRule one{false, 1.0f};
+  add("wte.weight", Split::vocab, cfg.vocab, C, 1, true, InitRule{true, 0.02f});
+  add("wpe.weight", Split::replicated, cfg.max_seq, C, 1, true, InitRule{true, 0.02f});
+  for (int i = 0; i < cfg.layers; ++i) {
+    const std::string h = "h." + std::to_string(i);
+    add(h + ".ln_1.weight", Split::replicated, 1, C, 1, false, one);
+    add(h + ".ln_1.bias", Split::replicated, 1, C, 1, false, zero);
+    add(h + ".attn.c_attn.weight", Split::column, C, 3 * C, 3, true, normal);
+    add(h + ".attn.c_attn.bias", Split::column, 1, 3 * C, 3, false, zero);
+    add(h + ".attn.c_proj.weight", Split::row, C, C, 1, true, residual);
+    add(h + ".attn.c_proj.bias", Split::replicated, 1, C, 1, false, zero);
+    add(h + ".ln_2.weight", Split::replicated, 1, C, 1, false, one);
+    add(h + ".ln_2.bias", Split::replicated, 1, C, 1, false, zero);
+    add(h + ".mlp.c_fc.weight", Split::column, C, 4 * C, 1, true, normal);
+    add(h + ".mlp.c_fc.bias", Split::column, 1, 4 * C, 1, false, zero);
+    add(h + ".mlp.c_proj.weight", Split::row, 4 * C, C, 1, true, residual);
+    add(h + ".mlp.c_proj.bias", Split::replicated, 1, C, 1, false, zero);
+  }
+  add("ln_f.weight", Split::replicated, 1, C, 1, false, one);
+  add("ln_f.bias", Split::replicated, 1, C, 1, false, zero);
+  return t;
+}
+
+/// Elements [first, first + count) of `p`'s full (unsplit) initial values, exactly as
+/// layers/parameter.hpp's counter-based init draws them for the one-rank model.
+inline void initial_values(const Placement& p, std::uint64_t seed, std::int64_t first,
+                           std::int64_t count, float* out) {
+  if (!p.init.normal) {
+    std::fill_n(out, count, p.init.value);
+    return;
+  }
+  const std::uint64_t key = ::fourway::detail::init_key(seed, p.name);
+  for (std::int64_t i = 0; i < count; ++i) {
+    out[i] = static_cast<float>(p.init.value * ::fourway::detail::init_normal_at(key, first + i));
+  }
+}
+
+template <floating_dtype T, backend B, communicator Comm>
+class Gpt {
+ public:
+  using value_type = T;
+  using backend_type = B;
+  using Block = tp::Block<T, B, Comm>;
+
+  struct Stash {
+    Tensor<std::int32_t, B> tokens;   // view (B, T)
+    Tensor<std::int32_t, B> targets;  // view (B, T)
+    Tensor<T, B> emb;                 // (B, T, C); sequence parallel: (B·T/N, C)
+    std::vector<typename Checkpointed<Block>::Stash> blocks;
+    typename LayerNorm<T, B>::Stash ln_f;
+    Tensor<T, B> h;          // sequence parallel: ln_f's output gathered (B·T, C)
+    Tensor<T, B> logits;     // (B·T, V_valid) this rank's real vocabulary columns
+    Tensor<float, B> stats;  // (3, B·T): global row max | Σ exp | target logit
+    float loss = 0.0f;
+  };
+
+  /// Builds this rank's slices of GPT-2 (the values of fw::models::Gpt(ctx, cfg, seed)).
+  Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed = 0,
+      TpOptions options = {})
+      : cfg_(cfg),
+        tp_(&tp),
+        n_(tp.size()),
+        rank_(tp.rank()),
+        sp_(options.sequence_parallel),
+        table_(gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)),
+        ln_f_(ctx, "ln_f", cfg.dim) {
+    const Placement& vocab = table_.front();
+    wte_ = Parameter<T, B>(ctx, vocab.name, Shape{vocab.local_rows(n_), vocab.cols});
+    wpe_ = Parameter<T, B>(ctx, "wpe.weight", Shape{cfg.max_seq, cfg.dim});
+    const Init init = Init::gpt2(seed, cfg.layers);
+    blocks_.reserve(static_cast<std::size_t>(cfg.layers));
+    for (int i = 0; i < cfg.layers; ++i) {
+      blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init, tp, sp_));
+    }
+    load_runs(ctx, [&](const Placement& p, std::int64_t first, std::int64_t count, float* out) {
+      initial_values(p, seed, first, count, out);
+    });
+  }
+
+  [[nodiscard]] const models::GptConfig& config() const { return cfg_; }
+  void set_checkpointing(bool on) { cfg_.checkpoint = on; }
+  [[nodiscard]] int units() const { return cfg_.layers + 2; }
+  [[nodiscard]] int tp_size() const { return n_; }
+  [[nodiscard]] int tp_rank() const { return rank_; }
+  [[nodiscard]] bool sequence_parallel() const { return sp_; }
+  /// How every parameter is split, in `visit_parameters` order.
+  [[nodiscard]] const std::vector<Placement>& placements() const { return table_; }
+  [[nodiscard]] std::int64_t padded_vocab() const { return table_.front().padded_rows; }
+
+  template <class Hooks = NoHooks>
+  float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
+    check<ShapeError>(targets.shape() == tokens.shape() && tokens.shape().rank() == 2,
+                      "fourway: tp::Gpt expects tokens and targets (B, T) of one shape, got ",
+                      tokens.shape().str(), " and ", targets.shape().str());
+    hooks.pre_forward(0);
+    Tensor<T, B> x = forward_embedding(ctx, tokens, s);
+    hooks.post_forward(0);
+    if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
+    for (int i = 0; i < cfg_.layers; ++i) {
+      hooks.pre_forward(i + 1);
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      auto& bs = s.blocks[static_cast<std::size_t>(i)];
+      b.inner().set_sequence_length(tokens.shape()[1]);
+      x = cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+      hooks.post_forward(i + 1);
+    }
+    hooks.pre_forward(head_unit());
+    s.targets = targets.view();
+    s.loss = head_forward(ctx, x, s);
+    hooks.post_forward(head_unit());
+    return s.loss;
+  }
+
+  template <class Hooks = NoHooks>
+  void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f, Hooks&& hooks = Hooks{}) {
+    check<ShapeError>(!s.stats.empty() && s.blocks.size() == blocks_.size(),
+                      "fourway: tp::Gpt backward without a matching forward (empty stash)");
+    hooks.pre_backward(head_unit());
+    Tensor<T, B> dx = head_backward(ctx, s, grad_scale);
+    hooks.post_backward(head_unit());
+    for (int i = cfg_.layers; i-- > 0;) {
+      hooks.pre_backward(i + 1);
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      auto& bs = s.blocks[static_cast<std::size_t>(i)];
+      dx = cfg_.checkpoint ? b.backward(ctx, dx, bs) : b.inner().backward(ctx, dx, bs.inner);
+      hooks.post_backward(i + 1);
+    }
+    hooks.pre_backward(0);
+    embedding_backward(ctx, dx, s);
+    hooks.post_backward(0);
+    s = Stash{};
+  }
+
+  /// Hugging Face order (as fw::models::Gpt): wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
+  template <class F>
+  void visit_parameters(F&& f) {
+    f(wte_);
+    f(wpe_);
+    for (auto& b : blocks_) b.visit_parameters(f);
+    ln_f_.visit_parameters(f);
+  }
+
+  /// The FSDP units of fw::models::Gpt: 0 = wte, wpe; 1..L = blocks; L+1 = ln_f and wte.
+  template <class F>
+  void visit_unit_parameters(int u, F&& f) {
+    check<ConfigError>(u >= 0 && u < units(), "fourway: tp::Gpt unit ", u, " does not exist; ",
+                       "units are 0 .. ", units() - 1);
+    if (u == 0) {
+      f(wte_);
+      f(wpe_);
+    } else if (u == head_unit()) {
+      ln_f_.visit_parameters(f);
+      f(wte_);
+    } else {
+      blocks_[static_cast<std::size_t>(u - 1)].visit_parameters(f);
+    }
+  }
+
+  // ---- what a strategy needs of a model-parallel model (train/sharded_strategy.hpp) ----------
+  /// Whether this rank adds parameter `i`'s gradient to the global norm: every slice of a split
+  /// parameter, a replicated one on tp rank 0 only (it is counted once, not N times).
+  [[nodiscard]] bool counts_in_norm(int i) const {
+    return table_[static_cast<std::size_t>(i)].counts_in_norm(rank_);
+  }
+  /// x = Σ over the tensor-parallel group of x.
+  void sum_over_model_parallel(double& x) {
+    if (n_ > 1) tp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+  }
+
+  // ---- values -------------------------------------------------------------------------------
+  /// Sets every parameter to its slice of the unsplit tensors: `read(placement, first, count,
+  /// out)` writes elements [first, first + count) of the full tensor (Hugging Face layout, as
+  /// float) to `out`. Only the runs this rank holds are asked for; padding rows are zero.
+  /// Gradients are untouched.
+  template <class Read>
+  void load_runs(const Context<B>& ctx, Read&& read) {
+    std::size_t i = 0;
+    std::vector<float> run;
+    visit_parameters([&](Parameter<T, B>& p) {
+      const Placement& pl = table_[i++];
+      check<ConfigError>(p.name == pl.name && p.numel() == pl.local_numel(n_),
+                         "fourway: tp::Gpt placement table out of order: ", pl.name, " (local ",
+                         pl.local_numel(n_), ") describes parameter ", p.name, " (", p.numel(),
+                         ")");
+      std::vector<T> local(static_cast<std::size_t>(p.numel()), convert<T>(0.0f));
+      pl.for_each_run(n_, rank_, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+        run.resize(static_cast<std::size_t>(count));
+        read(pl, from, count, run.data());
+        for (std::int64_t k = 0; k < count; ++k) {
+          local[static_cast<std::size_t>(to + k)] = convert<T>(run[static_cast<std::size_t>(k)]);
+        }
+      });
+      Ops<B>::from_host(ctx, p.weight.data(), local.data(), p.numel());
+    });
+  }
+
+  /// Sets every parameter to its slice of `full(placement)` (the whole unsplit tensor as float).
+  template <class Full>
+  void load(const Context<B>& ctx, Full&& full) {
+    const Placement* held = nullptr;
+    std::vector<float> values;
+    load_runs(ctx, [&](const Placement& pl, std::int64_t first, std::int64_t count, float* out) {
+      if (held != &pl) {
+        values = full(pl);
+        check<ShapeError>(static_cast<std::int64_t>(values.size()) == pl.full_numel(),
+                          "fourway: tp::Gpt load of ", pl.name, ": got ", values.size(),
+                          " values for a tensor of ", pl.full_numel());
+        held = &pl;
+      }
+      std::copy_n(values.data() + first, count, out);
+    });
+  }
+
+  /// This rank's parameter values (as float), in `visit_parameters` order.
+  std::vector<std::vector<float>> local_parameters(const Context<B>& ctx) {
+    std::vector<std::vector<float>> out;
+    visit_parameters([&](Parameter<T, B>& p) {
+      std::vector<T> host(static_cast<std::size_t>(p.numel()));
+      Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
+      auto& v = out.emplace_back(host.size());
+      for (std::size_t k = 0; k < host.size(); ++k) v[k] = convert<float>(host[k]);
+    });
+    return out;
+  }
+
+  /// The full tensors from every rank's `local` slices (a collective over the group; padding is
+  /// dropped). `local` is `local_parameters()` or a strategy's gathered values.
+  std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
+    check<ShapeError>(local.size() == table_.size(), "fourway: tp::Gpt gather of ", local.size(),
+                      " tensors, the model has ", table_.size());
+    std::vector<std::vector<float>> out(table_.size());
+    for (std::size_t i = 0; i < table_.size(); ++i) {
+      const Placement& pl = table_[i];
+      const std::int64_t count = pl.local_numel(n_);
+      std::vector<float> all(static_cast<std::size_t>(count * n_));
+      if (pl.split == Split::replicated || n_ == 1) {
+        out[i] = local[i];
+        continue;
+      }
+      tp_->all_gather(local[i].data(), all.data(), count);
+      out[i].assign(static_cast<std::size_t>(pl.full_numel()), 0.0f);
+      for (int q = 0; q < n_; ++q) {
+        pl.for_each_run(n_, q, [&](std::int64_t from, std::int64_t to, std::int64_t c) {
+          std::copy_n(all.begin() + q * count + to, c, out[i].begin() + from);
+        });
+      }
+    }
+    return out;
+  }
+
+ private:
+  [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
+  [[nodiscard]] const Placement& vocab() const { return table_.front(); }
+  [[nodiscard]] std::int64_t vocab_start() const { return vocab().vocab_start(n_, rank_); }
+  [[nodiscard]] std::int64_t vocab_valid() const { return vocab().valid_rows(n_, rank_); }
+
+  void check_ids(const Tensor<std::int32_t, B>& ids, const char* what) const {
+    if constexpr (!B::on_device) {
+      for (std::int64_t i = 0; i < ids.numel(); ++i) {
+        check<ShapeError>(ids[i] >= 0 && ids[i] < cfg_.vocab, "fourway: ", what, " id ", ids[i],
+                          " at position ", i, " is outside the vocabulary [0, ", cfg_.vocab, ")");
+      }
+    }
+  }
+
+  Tensor<T, B> forward_embedding(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                                 Stash& s) {
+    const std::int64_t Bn = tokens.shape()[0];
+    const std::int64_t Tn = tokens.shape()[1];
+    const std::int64_t C = cfg_.dim;
+    check<ConfigError>(Tn <= cfg_.max_seq, "fourway: sequence length T=", Tn,
+                       " exceeds max_seq=", cfg_.max_seq,
+                       "; shorten the sequences or build the model with max_seq >= ", Tn);
+    check_ids(tokens, "token");
+    s.tokens = tokens.view();
+    Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});
+    Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.weight.data(), Bn * Tn, C,
+                                vocab_start(), vocab_valid());
+    if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.weight.data(), Bn, Tn * C);
+    if (sp_) {
+      s.emb = reduce_scatter_rows(ctx, *tp_, e, MemTag::activations);
+    } else {
+      all_reduce_sum(*tp_, e);
+      s.emb = std::move(e);
+    }
+    return s.emb.view();
+  }
+
+  void embedding_backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    const std::int64_t Bn = s.tokens.shape()[0];
+    const std::int64_t Tn = s.tokens.shape()[1];
+    const std::int64_t C = cfg_.dim;
+    Tensor<T, B> dyf =
+        sp_ ? gather_rows(ctx, *tp_, dy, Shape{Bn, Tn, C}, MemTag::workspace) : dy.view();
+    Ops<B>::bias_backward(ctx, wpe_.grad.data(), dyf.data(), Bn, Tn * C);
+    Ops<B>::vocab_embed_backward(ctx, wte_.grad.data(), dyf.data(), s.tokens.data(), Bn * Tn, C,
+                                 vocab_start(), vocab_valid());
+  }
+
+  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
+    const std::int64_t rows = s.targets.numel();
+    const std::int64_t C = cfg_.dim;
+    const std::int64_t Vv = vocab_valid();
+    check_ids(s.targets, "target");
+    Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);
+    if (sp_ && n_ > 1) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
+    const T* h = s.h.empty() ? l.data() : s.h.data();
+    s.stats = detail::activation<float, B>(ctx, Shape{3, rows});
+    float* maxes = s.stats.data();
+    float* rest = maxes + rows;  // Σ exp | target logit
+    if (Vv > 0) {
+      s.logits = detail::activation<T, B>(ctx, Shape{rows, Vv});
+      Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, Vv, C, 1.0f, h, C, wte_.weight.data(),
+                   C, 0.0f, s.logits.data(), Vv);
+      Ops<B>::vocab_local_max(ctx, maxes, s.logits.data(), rows, Vv);
+    } else {
+      Ops<B>::fill(ctx, maxes, rows, -std::numeric_limits<float>::infinity());
+    }
+    if (n_ > 1) tp_->all_reduce(maxes, maxes, rows, ReduceOp::max);
+    if (Vv > 0) {
+      Ops<B>::vocab_local_sumexp(ctx, rest, s.logits.data(), maxes, rows, Vv);
+      Ops<B>::vocab_target_logit(ctx, rest + rows, s.logits.data(), s.targets.data(), rows, Vv,
+                                 vocab_start());
+    } else {
+      Ops<B>::fill(ctx, rest, 2 * rows, 0.0f);
+    }
+    if (n_ > 1) tp_->all_reduce(rest, rest, 2 * rows, ReduceOp::sum);
+    Tensor<float, B> losses = detail::workspace<float, B>(ctx, Shape{rows});
+    Ops<B>::vocab_loss(ctx, losses.data(), maxes, rest, rest + rows, rows);
+    std::vector<float> host(static_cast<std::size_t>(rows));
+    Ops<B>::to_host(ctx, host.data(), losses.data(), rows);
+    double sum = 0.0;
+    for (float v : host) sum += v;
+    return static_cast<float>(sum / static_cast<double>(rows));
+  }
+
+  Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
+    const std::int64_t rows = s.targets.numel();
+    const std::int64_t C = cfg_.dim;
+    const std::int64_t Vv = vocab_valid();
+    const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
+    Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
+    if (Vv > 0) {
+      T* dlogits = s.logits.data();  // in place
+      Ops<B>::vocab_local_grad(ctx, dlogits, s.logits.data(), s.targets.data(), s.stats.data(),
+                               s.stats.data() + rows, rows, Vv, vocab_start(),
+                               grad_scale / static_cast<float>(rows));
+      Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, Vv, 1.0f, dlogits, Vv,
+                   wte_.weight.data(), C, 0.0f, dh.data(), C);
+      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, Vv, C, rows, 1.0f, dlogits, Vv, h, C, 1.0f,
+                   wte_.grad.data(), C);
+    } else {
+      Ops<B>::fill(ctx, dh.data(), dh.numel(), convert<T>(0.0f));
+    }
+    s.logits.reset();
+    s.stats.reset();
+    s.h.reset();
+    if (!sp_) {
+      all_reduce_sum(*tp_, dh);
+      return ln_f_.backward(ctx, dh, s.ln_f);
+    }
+    Tensor<T, B> dl = reduce_scatter_rows(ctx, *tp_, dh, MemTag::workspace);
+    dh.reset();
+    return layernorm_backward_rows(ctx, *tp_, ln_f_, dl, s.ln_f);
+  }
+
+  models::GptConfig cfg_;
+  Comm* tp_;
+  int n_;
+  int rank_;
+  bool sp_;
+  std::vector<Placement> table_;
+  Parameter<T, B> wte_;  // (Vp/N, C) this rank's vocabulary rows
+  Parameter<T, B> wpe_;  // (max_seq, C)
+  std::vector<Checkpointed<Block>> blocks_;
+  LayerNorm<T, B> ln_f_;
+};
+
+}  // namespace fourway::tp

@@ -1,0 +1,113 @@
+//! Tensor-parallel placement: one table entry per parameter saying how it is split over the N
+//! ranks of a tensor-parallel group. The table drives everything that depends on the split —
+//! local shapes, initialisation and checkpoint slices, gathering the full tensor back, which
+//! ranks count a parameter in the global gradient norm, and the bytes each rank holds.
+//!
+//! Full tensors are the unsplit Hugging Face GPT-2 ones, seen as (rows, cols) row-major (1-D
+//! tensors are (1, n)); rank r of N holds:
+//! ```
+//!   replicated  (rows, cols)            all of it (LayerNorms, wpe, biases after a row split)
+//!   column      (rows, cols/N)          in each of `parts` side-by-side blocks of cols/parts
+//!                                       columns, columns [r·cols/(parts·N), (r+1)·...)
+//!                                       (c_attn: q|k|v, so the heads split; c_fc)
+//!   row         (rows/N, cols)          rows [r·rows/N, (r+1)·rows/N)          (c_proj)
+//!   vocab       (padded_rows/N, cols)   rows [r·Vp/N, (r+1)·Vp/N) of the vocabulary padded
+//!                                       to Vp; rows >= rows (the padding) are zero  (wte)
+//! ```
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "fourway/core/error.hpp"
+
+namespace fourway::tp {
+
+enum class Split : std::uint8_t { replicated, column, row, vocab };
+
+constexpr std::string_view split_name(Split s) {
+  switch (s) {
+    case Split::replicated: return "replicated";
+    case Split::column: return "column";
+    case Split::row: return "row";
+    case Split::vocab: return "vocab";
+  }
+  return "?";
+}
+
+/// How a parameter is initialised (GPT-2's rules, from the (seed, name) stream of
+/// layers/parameter.hpp): normal(0, value) or the constant `value`.
+struct InitRule {
+  bool normal = false;
+  float value = 0.0f;
+};
+
+/// One parameter of the table.
+struct Placement {
+  std::string name;
+  Split split = Split::replicated;
+  std::int64_t rows = 1;  // full shape (rows, cols)
+  std::int64_t cols = 1;
+  int parts = 1;                 // column: blocks split separately (3 for q|k|v)
+  std::int64_t padded_rows = 1;  // vocab: Vp, a multiple of N (and of the alignment)
+  bool matrix = false;           // a 2-D tensor (weight decay applies)
+  InitRule init{};
+
+  [[nodiscard]] std::int64_t full_numel() const { return rows * cols; }
+  [[nodiscard]] std::int64_t local_rows(int n) const {
+    switch (split) {
+      case Split::row: return rows / n;
+      case Split::vocab: return padded_rows / n;
+      default: return rows;
+    }
+  }
+  [[nodiscard]] std::int64_t local_cols(int n) const {
+    return split == Split::column ? cols / n : cols;
+  }
+  [[nodiscard]] std::int64_t local_numel(int n) const { return local_rows(n) * local_cols(n); }
+  /// Vocabulary rows of rank r that are real (not padding): [vocab_start, vocab_start + valid).
+  [[nodiscard]] std::int64_t vocab_start(int n, int r) const { return r * (padded_rows / n); }
+  [[nodiscard]] std::int64_t valid_rows(int n, int r) const {
+    return std::clamp<std::int64_t>(rows - vocab_start(n, r), 0, local_rows(n));
+  }
+  /// Every rank holds a different part (the norm sums it over the group); a replicated
+  /// parameter is counted by rank 0 of the group only.
+  [[nodiscard]] bool counts_in_norm(int r) const { return split != Split::replicated || r == 0; }
+
+  /// Calls f(full_offset, local_offset, count) for the contiguous runs rank r of n holds, in
+  /// increasing offsets; padding is not visited (it has no full counterpart).
+  template <class F>
+  void for_each_run(int n, int r, F&& f) const {
+    switch (split) {
+      case Split::replicated: f(std::int64_t{0}, std::int64_t{0}, full_numel()); break;
+      case Split::row: f(r * local_rows(n) * cols, std::int64_t{0}, local_numel(n)); break;
+      case Split::vocab:
+        if (valid_rows(n, r) > 0)
+          f(vocab_start(n, r) * cols, std::int64_t{0}, valid_rows(n, r) * cols);
+        break;
+      case Split::column: {
+        const std::int64_t part = cols / parts;
+        const std::int64_t mine = part / n;
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (int k = 0; k < parts; ++k) {
+            f(i * cols + k * part + r * mine, i * local_cols(n) + k * mine, mine);
+          }
+        }
+        break;
+      }
+    }
+  }
+};
+
+/// Vp: the vocabulary rounded up to a multiple of n·alignment (Megatron-LM's
+/// make-vocab-size-divisible-by, applied per rank).
+inline std::int64_t padded_vocab(std::int64_t vocab, int n, int alignment) {
+  check<ConfigError>(vocab >= 1 && n >= 1 && alignment >= 1, "fourway: padded_vocab needs vocab, ",
+                     "tp and alignment >= 1, got ", vocab, ", ", n, ", ", alignment);
+  const std::int64_t m = static_cast<std::int64_t>(n) * alignment;
+  return (vocab + m - 1) / m * m;
+}
+
+}  // namespace fourway::tp

@@ -1,0 +1,417 @@
+//! `PipelineStrategy<Precision, B, Comm>`: a GPT cut into pipeline chunks over the ranks of one
+//! pipeline group, run by a schedule table (schedule/), as a training strategy
+//! (train/strategy.hpp).
+//!
+//!   construction   the schedule table for (kind, ranks, M, v) is made and checked (a bad request
+//!                  or table is a ScheduleError before any step); the model is cut into
+//!                  ranks·chunks_per_rank chunks (parallel/pp/partition.hpp) and this rank builds
+//!                  only its chunks (`models::GptPart`: values equal the whole model's);
+//!   step           the Trainer hands over the rank's rows; `run_micro_batches` cuts them into M
+//!                  micro-batches and runs the table (parallel/pp/executor.hpp): the micro-batch
+//!                  loop of the Trainer becomes the schedule's order;
+//!   finish_step    the tied embedding: the first chunk's `wte` (embedding) and the last chunk's
+//!                  copy (LM head) get the sum of both gradients (an all-reduce over the two ranks
+//!                  that hold them, or an add when one rank holds both, as in ZB-V), as Megatron
+//!                  does; Σg² counts `wte` once (the first chunk's) and is all-reduced over the
+//!                  pipeline group, so clipping and the fp16 skip agree everywhere; AdamW runs on
+//!                  the rank's own parameters (both copies of `wte` take identical steps).
+//!
+//! The loss lives on the rank of the last chunk; `finish_step` sums it over the pipeline group
+//! (packed with Σg² in one `StepScalars` all-reduce) and the replicas, so every rank returns the
+//! global-batch mean. With a `dp` group
+//! (S stages x D replicas) each replica trains on its share of the batch and the gradients are
+//! all-reduced (summed) over the replicas of each stage before the step: DataParallel across
+//! replicas. Σg² is then the same in every replica and is summed over the pipeline group only.
+//!
+//! With `time_phases(true)` `finish_step` times each of its parts (`phases()`, steady clock, the
+//! device synchronized at each boundary): the dp gradient all-reduce, the tied-embedding sum, the
+//! local Σg², the step scalars' all-reduce over the pipeline group (loss and Σg²), the loss's
+//! all-reduce over the replicas, and the optimizer step.
+//!
+//! `PipelineStrategy<P, B, Comm, Zero>` with Zero = 1, 2, 3 shards across the `dp` replicas
+//! instead: the rank's chunks, seen as one model (`pp::ChunkSet`), are handed to
+//! `ShardedStrategy<Zero, ...>` over `dp` (train/sharded_strategy.hpp), which owns their weights,
+//! gradients and the optimizer state of its shard. The micro-batch policy (docs/pipeline.md,
+//! "Pipelines with ZeRO"): gradients accumulate over the M micro-batches in full Ψ_r buffers and
+//! are reduce-scattered once, at the end of the step (every stage); ZeRO-3 all-gathers every unit
+//! of the rank's chunks once, at the start of the step, and frees them after the last backward.
+//! Per step and rank, over dp (Ψ'_r = the rank's parameters padded for D, s = sizeof(T)):
+//! ```
+//!   Zero  held during the step         held between steps        dp bytes (ring model)
+//!   1     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ', Adam Ψ'/D    RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
+//!   2     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ'/D, Adam Ψ'/D  RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
+//!   3     W Ψ', G Ψ', Adam Ψ'/D        W, G, Adam Ψ'/D          AG Ψ' + RS Ψ'  = 2(D-1)/D Ψ' s
+//! ```
+//! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fourway/backend/ops.hpp"
+#include "fourway/comm/communicator.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/core/tensor.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/parallel/pp/chunk_set.hpp"
+#include "fourway/parallel/pp/executor.hpp"
+#include "fourway/parallel/pp/partition.hpp"
+#include "fourway/parallel/step_scalars.hpp"
+#include "fourway/schedule/generators.hpp"
+#include "fourway/train/sharded_strategy.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fourway {
+
+/// What the pipeline runs: the schedule, M micro-batches per step (equal to the Trainer's
+/// `micro_batches`), virtual stages for the interleaved schedule, and optional cut points.
+struct PipelineOptions {
+  schedule::Kind schedule = schedule::Kind::one_f_one_b;
+  int micro_batches = 1;
+  int virtual_stages = 1;  // interleaved: chunks per rank (ZB-V: 2 implied)
+  std::vector<int> cuts;   // first block of every chunk after the first; empty: balanced
+};
+
+template <precision_policy P, backend B, communicator Comm, int Zero = 0>
+class PipelineStrategy {
+  static_assert(Zero >= 0 && Zero <= 3,
+                "fourway: PipelineStrategy<P, B, Comm, Zero> needs Zero 0 (DataParallel across the "
+                "replicas), 1, 2 or 3 (ZeRO across the replicas of each stage)");
+
+ public:
+  using precision_type = P;
+  using backend_type = B;
+  using param_type = typename P::param_type;
+  using T = param_type;
+  using model_type = models::Gpt<T, B>;
+  using chunk_set_type = pp::ChunkSet<T, B, Comm>;
+  /// The ZeRO strategy over `dp` that owns the rank's chunks when Zero >= 1.
+  using sharded_type = ShardedStrategy<(Zero > 0 ? Zero : 1), chunk_set_type, P, B, Comm>;
+  static constexpr int zero_stage = Zero;
+
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, nullptr, std::move(options), optimizer) {}
+
+  /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
+  /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
+  /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch; with Zero >= 1 they
+  /// are reduce-scattered over `dp` once per step and the rank keeps 1/D of the optimizer state.
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, seed, pp, &dp, std::move(options), optimizer) {}
+
+ private:
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+                   Comm& pp, Comm* dp, PipelineOptions options, AdamW optimizer)
+      : ctx_(&ctx),
+        pp_(&pp),
+        dp_(dp),
+        options_(std::move(options)),
+        optimizer_(optimizer),
+        table_(make_table(pp.size(), 1)),
+        partition_(options_.cuts.empty() ? pp::Partition::balanced(cfg, table_.chunks())
+                                         : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
+        chunks_(build_chunks(ctx, cfg, seed)),
+        tie_(make_tie_group()),
+        state_(ctx, Zero == 0 ? segments() : std::vector<StateSegment>{}),
+        scalars_(ctx) {
+    check<ConfigError>(partition_.chunks() == table_.chunks(), "fourway: ", options_.cuts.size(),
+                       " cut points make ", partition_.chunks(), " chunks but the schedule '",
+                       table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
+                       table_.chunks() - 1, " cut points");
+    if constexpr (Zero == 0) {
+      std::size_t i = 0;
+      visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
+    } else {
+      check<ConfigError>(dp_ != nullptr, "fourway: ZeRO-", Zero,
+                         " across pipeline replicas needs the dp group; use the constructor "
+                         "taking (pp, dp)");
+      std::vector<model_type*> mine;
+      for (auto& c : chunks_)
+        if (c) mine.push_back(c.get());
+      set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp);
+      // collectives are issued where the step needs them (see begin_step / finish_step)
+      sharded_ = std::make_unique<sharded_type>(
+          ctx, *set_, *dp_, optimizer, ShardedOptions{.bucket_bytes = 0, .overlap = false});
+    }
+  }
+
+ public:
+  PipelineStrategy(const PipelineStrategy&) = delete;
+  PipelineStrategy& operator=(const PipelineStrategy&) = delete;
+
+  // ---- training_strategy --------------------------------------------------------------------
+  [[nodiscard]] int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
+  [[nodiscard]] int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
+  /// This rank's first chunk (the Trainer's model; all chunks: `chunk(c)`).
+  [[nodiscard]] model_type& model() { return *first_chunk(); }
+  [[nodiscard]] const Context<B>& context() const { return *ctx_; }
+  [[nodiscard]] const AdamW& optimizer() const { return optimizer_; }
+  [[nodiscard]] NoHooks& hooks() { return hooks_; }
+
+  void begin_step() {
+    if constexpr (Zero == 0) {
+      for (auto& c : chunks_)
+        if (c) zero_grad(*ctx_, *c);
+    } else {
+      // the whole step is one accumulation window of the sharded strategy: pre_forward(0) opens
+      // it, pre_backward(u) of every unit binds zeroed full gradient buffers (ZeRO-2/3) and
+      // gathers the unit's weights (ZeRO-3), which stay until finish_step
+      sharded_->begin_step();
+      sharded_->begin_micro_batch(0, 1);
+      auto& h = sharded_->hooks();
+      h.pre_forward(0);
+      for (int u = 0; u < set_->units(); ++u) h.pre_backward(u);
+    }
+  }
+  void begin_micro_batch(int /*i*/, int /*n*/) {}
+  void end_micro_batch(int /*i*/, int /*n*/) {}
+  /// The Trainer's micro-batch loop, in the schedule's order: rows [first, first + M·b) of the
+  /// global batch in M micro-batches of b rows. Returns Σ loss_i·b (non-zero on the last chunk's
+  /// rank only).
+  double run_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M,
+                           float grad_scale) {
+    check<ConfigError>(M == options_.micro_batches, "fourway: the pipeline schedule was built for ",
+                       options_.micro_batches, " micro-batches but the Trainer runs ", M,
+                       "; give both the same --micro-batches");
+    const std::int64_t Tn = batch.T;
+    const std::int64_t elements = b * Tn * first_chunk()->config().dim;
+    if (!executor_ || elements != elements_) {
+      elements_ = elements;
+      std::vector<model_type*> ptrs;
+      for (auto& c : chunks_) ptrs.push_back(c.get());
+      executor_ = std::make_unique<pp::Executor<T, B, Comm>>(
+          *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
+    }
+    std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
+    staged_.resize(2 * static_cast<std::size_t>(M));
+    for (int i = 0; i < M; ++i) {
+      const auto off = static_cast<std::size_t>((first + i * b) * Tn);
+      const auto n = static_cast<std::size_t>(b * Tn);
+      auto& mb = mbs[static_cast<std::size_t>(i)];
+      mb.tokens =
+          stage(staged_[static_cast<std::size_t>(2 * i)], batch.inputs.subspan(off, n), b, Tn);
+      mb.targets =
+          stage(staged_[static_cast<std::size_t>(2 * i + 1)], batch.targets.subspan(off, n), b, Tn);
+    }
+    return executor_->run(mbs, grad_scale);
+  }
+
+  StepReport finish_step(const StepControl& c) {
+    phases_.clear();
+    auto t = phase_start();
+    if constexpr (Zero > 0) {
+      tie_embedding_gradients();  // on the full, accumulated gradients
+      t = phase_end("tied embedding sum", t);
+      sharded_->end_micro_batch(0, 1);  // ZeRO-2/3: the reduce-scatter; ZeRO-3: weights freed
+      t = phase_end("dp gradient reduce-scatter", t);
+      StepControl over_pp = c;  // the loss lives on the last stage; the sharded step sums over dp
+      over_pp.loss_sum = scalars_.sum(*pp_, std::array<double, 1>{c.loss_sum})[0];
+      t = phase_end("step scalars all-reduce", t);
+      const StepReport r = sharded_->finish_step(over_pp);
+      phase_end("optimizer step", t);
+      return r;
+    }
+    if (dp_ != nullptr && dp_->size() > 1) {
+      visit_parameters([&](Parameter<T, B>& p) {
+        dp_->all_reduce(p.grad.data(), p.grad.data(), p.grad.numel(), ReduceOp::sum);
+      });
+      t = phase_end("dp gradient all-reduce", t);
+    }
+    const bool tied =
+        table_.chunks() > 1 && (chunks_.front() != nullptr || last_chunk() != nullptr);
+    tie_embedding_gradients();
+    if (tied) t = phase_end("tied embedding sum", t);
+    double ss = 0.0;
+    const Parameter<T, B>* skip = tied_copy();
+    visit_parameters([&](Parameter<T, B>& p) {
+      if (&p != skip) ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+    });
+    t = phase_end("sum of squares", t);
+    // one packed all-reduce over the pipeline: the loss (on the last stage) and every stage's
+    // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
+    const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
+    ss = sums[1];
+    t = phase_end("step scalars all-reduce", t);
+    StepReport r;
+    r.loss_sum = sums[0];
+    if (dp_ != nullptr && dp_->size() > 1) {
+      r.loss_sum = scalars_.sum(*dp_, std::array<double, 1>{r.loss_sum})[0];
+      t = phase_end("replicas loss all-reduce", t);
+    }
+    r.found_inf = c.check_finite && !std::isfinite(ss);
+    std::vector<SegmentBinding<T>> bindings;
+    visit_parameters([&](Parameter<T, B>& p) {
+      bindings.push_back({p.weight.data(), p.grad.data()});
+    });
+    r = apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
+    phase_end("optimizer step", t);
+    return r;
+  }
+
+  /// A timed part of `finish_step`.
+  struct Phase {
+    std::string name;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  /// Time the parts of every `finish_step` from now on (off by default: no device syncs).
+  void time_phases(bool on) { time_phases_ = on; }
+  /// The last step's parts, in order (empty unless `time_phases(true)`).
+  [[nodiscard]] const std::vector<Phase>& phases() const { return phases_; }
+
+  // ---- inspection -----------------------------------------------------------------------------
+  [[nodiscard]] const schedule::Table& table() const { return table_; }
+  [[nodiscard]] const pp::Partition& partition() const { return partition_; }
+  [[nodiscard]] int pipeline_rank() const { return pp_->rank(); }
+  /// Chunk c's model part, or null when another rank holds it.
+  [[nodiscard]] model_type* chunk(int c) { return chunks_[static_cast<std::size_t>(c)].get(); }
+  /// The last step's timed actions (empty before the first step).
+  [[nodiscard]] std::vector<pp::ExecSpan> spans() const {
+    return executor_ ? executor_->spans() : std::vector<pp::ExecSpan>{};
+  }
+  /// Runs `f()` with every parameter of the rank's chunks bound to its full value. ZeRO-3: a
+  /// collective over `dp` (each unit is gathered for the call); otherwise just `f()`.
+  template <class F>
+  void with_gathered_parameters(F&& f) {
+    if constexpr (Zero == 3) {
+      sharded_->with_gathered_parameters(f);
+    } else {
+      f();
+    }
+  }
+  /// Zero >= 1: the ZeRO strategy over `dp` (layout, shards, optimizer state); null otherwise.
+  [[nodiscard]] const sharded_type* sharded() const { return sharded_.get(); }
+  /// Every parameter this rank holds, chunk by chunk in model order (the tied `wte` once per
+  /// chunk that holds it).
+  template <class F>
+  void visit_parameters(F&& f) {
+    for (auto& c : chunks_)
+      if (c) c->visit_parameters(f);
+  }
+
+ private:
+  schedule::Table make_table(int ranks, std::int64_t elements) const {
+    return schedule::make(schedule::Request{options_.schedule, ranks, options_.micro_batches,
+                                            options_.virtual_stages, elements});
+  }
+
+  std::vector<std::unique_ptr<model_type>> build_chunks(const Context<B>& ctx,
+                                                        const models::GptConfig& cfg,
+                                                        std::uint64_t seed) const {
+    std::vector<std::unique_ptr<model_type>> out(static_cast<std::size_t>(table_.chunks()));
+    for (int c = 0; c < table_.chunks(); ++c) {
+      if (table_.rank_of(c) == pp_->rank())
+        out[static_cast<std::size_t>(c)] =
+            std::make_unique<model_type>(ctx, cfg, seed, partition_.part(c));
+    }
+    return out;
+  }
+
+  model_type* first_chunk() const {
+    for (const auto& c : chunks_)
+      if (c) return c.get();
+    return nullptr;
+  }
+  model_type* last_chunk() const { return chunks_.back().get(); }
+
+  std::chrono::steady_clock::time_point phase_start() const {
+    if (time_phases_) ctx_->synchronize();
+    return std::chrono::steady_clock::now();
+  }
+  /// Records [start, now) as `name` when timing; returns now, the next part's start.
+  std::chrono::steady_clock::time_point phase_end(const char* name,
+                                                  std::chrono::steady_clock::time_point start) {
+    if (!time_phases_) return start;
+    const auto now = phase_start();
+    phases_.push_back(Phase{name, start, now});
+    return now;
+  }
+
+  /// The two ranks holding wte (first and last chunk) form a group; others split off alone.
+  std::unique_ptr<Comm> make_tie_group() {
+    const int first = table_.rank_of(0);
+    const int last = table_.rank_of(table_.chunks() - 1);
+    const int me = pp_->rank();
+    const bool member = first != last && (me == first || me == last);
+    return std::make_unique<Comm>(pp_->split(member ? 0 : 1 + me, me == first ? 0 : 1));
+  }
+
+  /// The last chunk's copy of wte when it is a copy (the model has more than one chunk).
+  Parameter<T, B>* tied_copy() const {
+    model_type* last = last_chunk();
+    return last != nullptr && table_.chunks() > 1 ? &last->embedding().wte() : nullptr;
+  }
+
+  void tie_embedding_gradients() {
+    if (table_.chunks() == 1) return;
+    model_type* first = chunks_.front().get();
+    model_type* last = last_chunk();
+    if (first != nullptr && last != nullptr) {  // one rank holds both ends
+      auto& g0 = first->embedding().wte().grad;
+      auto& g1 = last->embedding().wte().grad;
+      Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), g0.numel());
+      Ops<B>::copy(*ctx_, g1.data(), g0.data(), g0.numel());
+    } else if (first != nullptr || last != nullptr) {
+      auto& g = (first != nullptr ? first : last)->embedding().wte().grad;
+      tie_->all_reduce(g.data(), g.data(), g.numel(), ReduceOp::sum);
+    }
+  }
+
+  std::vector<StateSegment> segments() {
+    std::vector<StateSegment> segs;
+    std::int64_t off = 0;
+    visit_parameters([&](Parameter<T, B>& p) {
+      segs.push_back(StateSegment{off, p.weight.numel(), p.decay});
+      off += p.weight.numel();
+    });
+    return segs;
+  }
+
+  /// A micro-batch's token ids as a (b, T) tensor: a view of the host batch on Host, a copy
+  /// into a reused buffer on a device.
+  Tensor<std::int32_t, B> stage(Tensor<std::int32_t, B>& buffer, std::span<const std::int32_t> src,
+                                std::int64_t b, std::int64_t Tn) const {
+    if constexpr (!B::on_device) {
+      (void)buffer;
+      return Tensor<std::int32_t, B>::view_of(const_cast<std::int32_t*>(src.data()), Shape{b, Tn});
+    } else {
+      if (buffer.numel() != b * Tn)
+        buffer = Tensor<std::int32_t, B>(Shape{b, Tn}, MemTag::activations, ctx_->memory());
+      Ops<B>::from_host(*ctx_, buffer.data(), src.data(), b * Tn);
+      return buffer.view(Shape{b, Tn});
+    }
+  }
+
+  const Context<B>* ctx_;
+  Comm* pp_;
+  Comm* dp_;  // null: one replica
+  PipelineOptions options_;
+  AdamW optimizer_;
+  schedule::Table table_;
+  pp::Partition partition_;
+  std::vector<std::unique_ptr<model_type>> chunks_;
+  std::unique_ptr<Comm> tie_;
+  MasterState<T, B> state_;  // Zero == 0 (Zero >= 1: the sharded strategy's)
+  StepScalars<B> scalars_;
+  std::unique_ptr<chunk_set_type> set_;
+  std::unique_ptr<sharded_type> sharded_;
+  NoHooks hooks_;
+  std::vector<Tensor<std::int32_t, B>> staged_;
+  std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
+  std::int64_t elements_ = -1;  // message size the executor's table was made for
+  bool time_phases_ = false;
+  std::vector<Phase> phases_;
+};
+
+}  // namespace fourway
