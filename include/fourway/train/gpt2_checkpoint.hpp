@@ -196,6 +196,17 @@ const SafetensorsEntry& gpt2_entry(const File& f, const std::string& prefix, con
                          p.weight.shape().str());
   return *e;
 }
+
+/// Refuses a load that set `loaded` parameters from a file holding `info`'s GPT-2, unless they
+/// are all of its tensors (or, for a `part` of the model, fewer).
+inline void check_gpt2_count(const Gpt2FileInfo& info, std::size_t loaded,
+                             const std::string& source, bool part) {
+  const std::size_t expected =
+      gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context).size();
+  check<CheckpointError>(loaded == expected || (part && loaded < expected),
+                         "fourway: the model has ", loaded, " parameters, the GPT-2 in ", source,
+                         " has ", expected);
+}
 }  // namespace detail
 
 /// `read(p, first, count, out)`: elements [first, first + count) of parameter `p` from the GPT-2
@@ -224,10 +235,7 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
     Ops<B>::from_host(ctx, p.weight.data(), host.data(), p.weight.numel());
     ++loaded;
   });
-  const std::size_t expected =
-      gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context).size();
-  check<CheckpointError>(loaded == expected, "fourway: the model has ", loaded,
-                         " parameters, the GPT-2 in ", f.source(), " has ", expected);
+  detail::check_gpt2_count(info, loaded, f.source(), false);
 }
 
 /// Copies every parameter of `model` (which has its storage) from the file behind `f`, reading
@@ -252,11 +260,7 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model, 
       Ops<B>::from_host(ctx, p.weight.data() + at, host.data(), n);
     }
   });
-  const std::size_t expected =
-      gpt2_tensor_shapes(info.layers, info.dim, info.vocab, info.context).size();
-  check<CheckpointError>(loaded == expected || (part && loaded < expected),
-                         "fourway: the model has ", loaded, " parameters, the GPT-2 in ",
-                         f.source(), " has ", expected);
+  detail::check_gpt2_count(info, loaded, f.source(), part);
 }
 
 /// Adds every parameter of `model` to `w` under its HF name, in the model's element type

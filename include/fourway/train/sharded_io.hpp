@@ -90,7 +90,8 @@ class SafetensorsReader {
   /// Bytes read from the file so far (length field and header included).
   [[nodiscard]] std::uint64_t bytes_read() const { return bytes_read_; }
 
-  /// Elements [first, first + count) of tensor `e`, converted into `out`.
+  /// Elements [first, first + count) of tensor `e`, converted into `out` (through a buffer the
+  /// reader keeps, at most 1 MiB: one reader serves one thread).
   template <floating_dtype T>
   void read_elements(const SafetensorsEntry& e, std::int64_t first, std::int64_t count,
                      T* out) const {
@@ -100,7 +101,8 @@ class SafetensorsReader {
     const std::size_t esize = st_dtype_size(e.dtype);
     const std::int64_t chunk =
         std::max<std::int64_t>(1, (1 << 20) / static_cast<std::int64_t>(esize));
-    std::vector<unsigned char> buf(static_cast<std::size_t>(std::min(count, chunk)) * esize);
+    std::vector<unsigned char>& buf = scratch_;
+    buf.resize(std::max(buf.size(), static_cast<std::size_t>(std::min(count, chunk)) * esize));
     for (std::int64_t at = 0; at < count; at += chunk) {
       const std::int64_t n = std::min(chunk, count - at);
       pread_all(buf.data(), static_cast<std::uint64_t>(n) * esize,
@@ -137,6 +139,7 @@ class SafetensorsReader {
     std::swap(fd_, o.fd_);
     std::swap(index_, o.index_);
     std::swap(bytes_read_, o.bytes_read_);
+    std::swap(scratch_, o.scratch_);
   }
   void pread_all(void* dst, std::uint64_t n, std::uint64_t offset) const {
     auto* p = static_cast<unsigned char*>(dst);
@@ -157,6 +160,7 @@ class SafetensorsReader {
   int fd_ = -1;
   SafetensorsFile index_;
   mutable std::uint64_t bytes_read_ = 0;
+  mutable std::vector<unsigned char> scratch_;  // file bytes of read_elements, reused
 };
 
 /// One tensor of a file written collectively: its name, dtype and shape.

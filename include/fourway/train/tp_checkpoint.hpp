@@ -31,14 +31,19 @@ inline std::vector<std::int64_t> hf_shape(const tp::Placement& p) {
 template <class T, class B, class Comm>
 void load_gpt2_tp(const Context<B>& ctx, const SafetensorsReader& f, tp::Gpt<T, B, Comm>& model) {
   const Gpt2FileInfo info = inspect_gpt2(f);
+  const tp::Placement* resolved = nullptr;  // the entry is looked up once per placement
+  const SafetensorsEntry* e = nullptr;
   model.load_runs(ctx, [&](const tp::Placement& p, std::int64_t first, std::int64_t count,
                            float* out) {
-    const auto* e = f.find(info.prefix + p.name);
-    check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", info.prefix,
-                           p.name, " that the model needs");
-    check<CheckpointError>(e->shape == detail::hf_shape(p), "fourway: ", f.source(), ": tensor ",
-                           e->name, " has shape ", e->shape_str(), " but the model's ", p.name,
-                           " is ", detail::shape_text(detail::hf_shape(p)));
+    if (resolved != &p) {
+      e = f.find(info.prefix + p.name);
+      check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", info.prefix,
+                             p.name, " that the model needs");
+      check<CheckpointError>(e->shape == detail::hf_shape(p), "fourway: ", f.source(), ": tensor ",
+                             e->name, " has shape ", e->shape_str(), " but the model's ", p.name,
+                             " is ", detail::shape_text(detail::hf_shape(p)));
+      resolved = &p;
+    }
     f.read_elements(*e, first, count, out);
   });
 }
