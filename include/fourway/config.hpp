@@ -19,6 +19,19 @@
 #define FOURWAY_HOST
 #endif
 
+// One definition per program. A body that depends on the compilation mode (host pointers only in
+// a g++ unit, device memory too in an nvcc unit) is declared between these two macros: its names
+// land in an inline namespace named after the mode, so a program that links `.cpp` and `.cu`
+// units holds both versions under different symbols instead of letting the linker keep one
+// (ctest lint.mode_namespace enforces it; tests/hygiene/odr_*.{cpp,cu} link both halves).
+#if defined(FOURWAY_CUDA_COMPILATION)
+#define FOURWAY_MODE_NAMESPACE cuda_unit
+#else
+#define FOURWAY_MODE_NAMESPACE host_unit
+#endif
+#define FOURWAY_BEGIN_MODE_NAMESPACE inline namespace FOURWAY_MODE_NAMESPACE {
+#define FOURWAY_END_MODE_NAMESPACE }
+
 #if defined(__CUDA_ARCH__)
 #define FOURWAY_DEVICE_CODE 1  // inside device code (the device pass of nvcc)
 #endif

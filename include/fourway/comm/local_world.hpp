@@ -67,6 +67,10 @@
 #endif
 
 namespace fourway {
+// Device memory changes the bodies below in a CUDA translation unit: every name of this file lives
+// in the mode's inline namespace (config.hpp), so host and CUDA units of one program link two
+// distinct sets of symbols, never two bodies under one name.
+FOURWAY_BEGIN_MODE_NAMESPACE
 
 class LocalComm;
 
@@ -77,7 +81,10 @@ struct LocalWorld {
   static void launch(int n, Fn&& fn, CommOptions options = {});
 };
 
+FOURWAY_END_MODE_NAMESPACE
+
 namespace detail {
+FOURWAY_BEGIN_MODE_NAMESPACE
 
 /// State shared by every group of one LocalWorld launch.
 struct LocalWorldState {
@@ -413,7 +420,10 @@ inline std::string exception_message(const std::exception_ptr& e) {
   }
 }
 
+FOURWAY_END_MODE_NAMESPACE
 }  // namespace detail
+
+FOURWAY_BEGIN_MODE_NAMESPACE
 
 /// Bytes one rank moved between ranks on one group, per op (see the file comment): `in` read
 /// from peers' buffers, `out` written into peers' buffers. A snapshot of `LocalComm::traffic()`.
@@ -1273,4 +1283,5 @@ void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
   if (first) std::rethrow_exception(first);
 }
 
+FOURWAY_END_MODE_NAMESPACE
 }  // namespace fourway

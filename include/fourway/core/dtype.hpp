@@ -220,6 +220,9 @@ constexpr std::string_view dtype_name(Dtype d) {
   return "?";
 }
 
+// The answer depends on the compilation mode: it lives in the mode's namespace (config.hpp).
+FOURWAY_BEGIN_MODE_NAMESPACE
+
 /// The type device code operates on: `__half` / `__nv_bfloat16` in CUDA builds, else the type.
 template <class T>
 struct native {
@@ -238,5 +241,6 @@ static_assert(sizeof(__half) == sizeof(fp16) && sizeof(__nv_bfloat16) == sizeof(
 #endif
 template <class T>
 using native_t = typename native<T>::type;
+FOURWAY_END_MODE_NAMESPACE
 
 }  // namespace fourway
