@@ -224,8 +224,20 @@ TEST(TensorParallel, BytesPerStepEqualTheFormula) {
           EXPECT_EQ(ops[1].calls, sp ? 2u * (2 * cfg.layers + 1) : 0u) << describe(rc);
           EXPECT_EQ(ops[2].calls, sp ? 2u * (2 * cfg.layers + 1) : 0u) << describe(rc);
         }
-        std::printf("%s: %.0f B per rank per step in the tp group (formula %.0f)\n",
-                    describe(rc).c_str(), got.tp_bytes[0], want);
+        // measured: the bytes LocalWorld's copy loops read from and wrote into the peers'
+        // buffers of each tp group (ranks g·n .. g·n+n-1) in that step. A rank's share of a
+        // small all-reduce follows its slice (a 1-element one is all rank 0's), so the group's
+        // total is what equals n times the per-rank ring formula.
+        for (int g = 0; g < dp; ++g) {
+          double measured = 0;
+          for (int q = 0; q < n; ++q)
+            measured += got.tp_measured[static_cast<std::size_t>(g * n + q)];
+          EXPECT_DOUBLE_EQ(measured, n * want) << describe(rc) << " tp group " << g;
+        }
+        std::printf(
+            "%s: %.0f B modelled, %.0f B measured on rank 0 per step in the tp group "
+            "(formula %.0f)\n",
+            describe(rc).c_str(), got.tp_bytes[0], got.tp_measured[0], want);
       }
     }
   }

@@ -75,8 +75,9 @@ struct RunResult {
   std::vector<double> norms;               // rank 0: global gradient norm of every step
   std::vector<std::vector<float>> params;  // full (unsplit) final values, visit order
   std::vector<std::string> names;
-  std::vector<std::vector<float>> rank_losses;     // every rank
-  std::vector<double> tp_bytes;                    // every rank: ring bytes in its tp group
+  std::vector<std::vector<float>> rank_losses;  // every rank
+  std::vector<double> tp_bytes;                 // every rank: ring bytes in its tp group
+  std::vector<double> tp_measured;  // every rank: bytes LocalWorld moved in its tp group
   std::vector<std::array<fw::OpCount, 3>> tp_ops;  // every rank: all_reduce, reduce_scatter,
                                                    // all_gather in its tp group
   std::vector<std::size_t> weight_bytes;           // every rank: accountant MemTag::weights
@@ -119,6 +120,7 @@ RunResult run_tp_stage(const RunConfig& rc) {
   RunResult r;
   r.rank_losses.resize(static_cast<std::size_t>(world));
   r.tp_bytes.resize(static_cast<std::size_t>(world));
+  r.tp_measured.resize(static_cast<std::size_t>(world));
   r.tp_ops.resize(static_cast<std::size_t>(world));
   r.weight_bytes.resize(static_cast<std::size_t>(world));
   r.states.resize(static_cast<std::size_t>(world));
@@ -140,14 +142,19 @@ RunResult run_tp_stage(const RunConfig& rc) {
     std::vector<float> losses;
     std::vector<double> norms;
     double bytes = 0;
+    double measured = 0;
     std::array<fw::OpCount, 3> ops{};
     const std::string tp_name = groups.group_name(fw::Axis::tp);
     for (int s = 0; s < rc.steps; ++s) {
-      if (s == rc.measure_step) all.counters().reset();
+      if (s == rc.measure_step) {
+        all.counters().reset();
+        groups.tp().inner().reset_traffic();
+      }
       losses.push_back(t.step(batch(s).view()));
       norms.push_back(t.last_report().grad_norm);
       if (s == rc.measure_step) {
         bytes = all.counters().modelled_bytes_sent(tp_name);
+        measured = static_cast<double>(groups.tp().inner().traffic().total());
         ops = {all.counters().get(tp_name, fw::CommOp::all_reduce),
                all.counters().get(tp_name, fw::CommOp::reduce_scatter),
                all.counters().get(tp_name, fw::CommOp::all_gather)};
@@ -173,6 +180,7 @@ RunResult run_tp_stage(const RunConfig& rc) {
     const auto i = static_cast<std::size_t>(w.rank());
     r.rank_losses[i] = losses;
     r.tp_bytes[i] = bytes;
+    r.tp_measured[i] = measured;
     r.tp_ops[i] = ops;
     r.weight_bytes[i] = wbytes;
     r.states[i] = states;
