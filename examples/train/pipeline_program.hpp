@@ -23,10 +23,10 @@
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/schedule/simulate.hpp"
+#include "fourway/tools/progress.hpp"
 #include "fourway/train/gpt2_checkpoint.hpp"
 #include "fourway/train/log.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
-#include "fourway/train/progress.hpp"
 #include "fourway/train/token_data.hpp"
 #include "fourway/train/trainer.hpp"
 
@@ -195,7 +195,7 @@ void train_pipeline_ranks(const Options& o) {
     }
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
-    fw::Progress progress(o.steps);
+    fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
     std::vector<TraceEvent> mine;

@@ -35,11 +35,11 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/train/cli.hpp"
+#include "fourway/tools/cli.hpp"
+#include "fourway/tools/progress.hpp"
 #include "fourway/train/corpus.hpp"
 #include "fourway/train/gpt2_checkpoint.hpp"
 #include "fourway/train/log.hpp"
-#include "fourway/train/progress.hpp"
 #include "fourway/train/safetensors.hpp"
 #include "fourway/train/sharded_io.hpp"
 #include "fourway/train/sharded_strategy.hpp"
@@ -99,11 +99,12 @@ struct Options {
   }
 };
 
-inline fw::ArgParser make_parser(Options& o, const char* program) {
-  fw::ArgParser p(program,
-                  "Trains a GPT-2 with AdamW on llm.c token files (or the built-in corpus),\n"
-                  "from Hugging Face safetensors weights (or a random init), and reports the\n"
-                  "loss, tokens/s and memory per tag at every step.");
+inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
+  fw::tools::ArgParser p(
+      program,
+      "Trains a GPT-2 with AdamW on llm.c token files (or the built-in corpus),\n"
+      "from Hugging Face safetensors weights (or a random init), and reports the\n"
+      "loss, tokens/s and memory per tag at every step.");
   p.add("init-from", &o.init_from, "FILE", "GPT-2 weights (.safetensors, HF names) to start from")
       .add("layers", &o.layers, "L", "blocks of a random model")
       .add("dim", &o.dim, "C", "width of a random model")
@@ -343,8 +344,8 @@ int train(const Options& o) {
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
-  fw::Progress progress(o.steps);
-  if (o.quiet) progress = fw::Progress(o.steps, false, nullptr);
+  fw::tools::Progress progress(o.steps);
+  if (o.quiet) progress = fw::tools::Progress(o.steps, false, nullptr);
 
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
   double first_loss = 0.0, last_loss = 0.0;
@@ -479,7 +480,7 @@ void train_ranks(const Options& o) {
 
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
-    fw::Progress progress(o.steps);
+    fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
     for (int step = 1; step <= o.steps; ++step) {

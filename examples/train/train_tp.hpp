@@ -83,7 +83,7 @@ void train_tp_ranks(const Options& o) {
       log.open(o.log_json, std::ios::trunc);
       fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
     }
-    fw::Progress progress(o.steps);
+    fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
     for (int step = 1; step <= o.steps; ++step) {

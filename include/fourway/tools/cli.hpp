@@ -1,4 +1,5 @@
 //! A small command-line parser for fourway's programs: `--name value`, `--name=value`, switches.
+//! A tool for programs (`fourway::tools`), not part of the training library.
 //!
 //! Each flag is registered once with the variable it writes, so adding a flag is one line. An
 //! unknown flag, a missing or malformed value, or a value outside a flag's choices throws
@@ -20,7 +21,7 @@
 
 #include "fourway/core/error.hpp"
 
-namespace fourway {
+namespace fourway::tools {
 
 class ArgParser {
  public:
@@ -193,4 +194,4 @@ class ArgParser {
   std::set<std::string> seen_;
 };
 
-}  // namespace fourway
+}  // namespace fourway::tools

@@ -16,7 +16,7 @@
 #include <unistd.h>
 #endif
 
-namespace fourway {
+namespace fourway::tools {
 
 /// True when `f` is a terminal.
 inline bool is_terminal(std::FILE* f) {
@@ -109,4 +109,4 @@ class Progress {
   bool open_line_ = false;
 };
 
-}  // namespace fourway
+}  // namespace fourway::tools

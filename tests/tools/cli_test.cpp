@@ -1,4 +1,4 @@
-#include "fourway/train/cli.hpp"
+#include "fourway/tools/cli.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@ struct Flags {
   std::string precision = "fp32";
   bool ckpt = false;
 };
-fw::ArgParser parser(Flags& f) {
-  fw::ArgParser p("prog", "summary");
+fw::tools::ArgParser parser(Flags& f) {
+  fw::tools::ArgParser p("prog", "summary");
   p.add("steps", &f.steps, "N", "steps")
       .add("lr", &f.lr, "LR", "learning rate")
       .add("seed", &f.seed, "S", "seed")

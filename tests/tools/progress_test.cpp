@@ -1,4 +1,4 @@
-#include "fourway/train/progress.hpp"
+#include "fourway/tools/progress.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@ namespace fw = fourway;
 namespace {
 std::string captured(bool interactive) {
   std::FILE* f = std::tmpfile();
-  fw::Progress p(4, interactive, f);
+  fw::tools::Progress p(4, interactive, f);
   for (int s = 1; s <= 4; ++s) {
     fw::StepRecord r;
     r.step = s;
@@ -52,5 +52,5 @@ TEST(Progress, RedrawnBarOnATerminal) {
   EXPECT_NE(out.find("\ncheckpoint saved\n"), std::string::npos)
       << "a note ends the bar line first";
   EXPECT_EQ(out.back(), '\n');
-  EXPECT_FALSE(fw::is_terminal(std::tmpfile()));
+  EXPECT_FALSE(fw::tools::is_terminal(std::tmpfile()));
 }
