@@ -81,6 +81,7 @@ struct RankResult {
   long skipped = 0;
   float min_clip_coef = 1.0f;  // < 1: clipping on the global norm was active
   std::vector<float> losses;
+  std::vector<std::size_t> backend_allocations;  // the accountant's count after every step
 };
 
 struct RunResult {
@@ -114,7 +115,10 @@ RunResult run_single(const RunConfig& rc) {
       opts, ctx, model, adamw());
   RunResult r;
   r.ranks.resize(1);
-  for (int s = 0; s < rc.steps; ++s) r.losses.push_back(t.step(batch(s, rc.batch).view()));
+  for (int s = 0; s < rc.steps; ++s) {
+    r.losses.push_back(t.step(batch(s, rc.batch).view()));
+    r.ranks[0].backend_allocations.push_back(mem.backend_allocations());
+  }
   r.ranks[0].skipped = t.loss_scaler().skipped_steps();
   r.params = model_params(model);
   model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.names.push_back(p.name); });
@@ -148,6 +152,7 @@ RunResult run_stage(const RunConfig& rc) {
       }
       rr.losses.push_back(t.step(batch(s, rc.batch).view()));
       rr.min_clip_coef = std::min(rr.min_clip_coef, t.last_report().clip_coef);
+      rr.backend_allocations.push_back(w.memory().backend_allocations());
       if (s == rc.measure_step) {
         rr.step_bytes = dp.counters().modelled_bytes_sent("dp");
         rr.step_moved = dp.inner().traffic().total();

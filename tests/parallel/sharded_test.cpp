@@ -211,6 +211,37 @@ void check_memory_formula() {
   }
 }
 
+// The block cache (core/block_cache.hpp): a step repeats the previous step's allocations, so once
+// two steps have run (the first builds the optimizer state, the second may still meet a size for
+// the first time) no step asks the backend for memory, on one rank and under every stage, with
+// and without overlap, checkpointing and micro-batches. Expected: zero new backend allocations.
+TEST(ParallelShardedMemory, StepsAfterTheSecondAllocateNothing) {
+  auto check = [](const RunResult& r, const std::string& what) {
+    for (std::size_t q = 0; q < r.ranks.size(); ++q) {
+      const auto& a = r.ranks[q].backend_allocations;
+      ASSERT_EQ(a.size(), 5u) << what;
+      EXPECT_GT(a[1], 0u) << what;
+      EXPECT_EQ(a[4], a[1]) << what << " rank " << q << ": " << a[4] - a[1]
+                            << " backend allocations in steps 3-5";
+    }
+  };
+  RunConfig base;
+  base.steps = 5;
+  check(h8::run_single<float>(base), "one rank");
+  for (int stage : {0, 1, 2, 3}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      RunConfig rc = base;
+      rc.stage = stage;
+      rc.ranks = 2;
+      rc.overlap = variant != 1;
+      rc.checkpoint = variant == 2;
+      rc.micro_batches = variant == 2 ? 2 : 1;
+      check(h8::run<float>(rc),
+            "stage " + std::to_string(stage) + " variant " + std::to_string(variant));
+    }
+  }
+}
+
 TEST(ParallelShardedMemory, ZeroFormulaBf16) { check_memory_formula<fw::bf16>(); }
 TEST(ParallelShardedMemory, ZeroFormulaFp32) { check_memory_formula<float>(); }
 

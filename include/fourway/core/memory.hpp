@@ -9,6 +9,10 @@
 //! past it throws `OutOfMemory` naming the rank, the tag, the bytes asked for, the bytes in use per
 //! tag and the cap, and changes nothing. `MemorySnapshot` is a copy of the counters that can be
 //! sent between processes (18 integers) and printed like the accountant itself.
+//!
+//! The accountant also keeps the rank's `BlockCache` (core/block_cache.hpp): tensors take blocks
+//! from it and give them back to it, so a repeated step makes no backend allocation;
+//! `backend_allocations()` counts the blocks that had to come from the backend.
 #pragma once
 
 #include <array>
@@ -22,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fourway/core/block_cache.hpp"
 #include "fourway/core/error.hpp"
 
 namespace fourway {
@@ -201,6 +206,46 @@ class MemoryAccountant {
     std::lock_guard lock(mu_);
     return allocations_;
   }
+
+  // ---- the block cache (core/block_cache.hpp), used by Tensor ---------------------------------
+  /// An idle block of exactly `bytes` of the backend `release` belongs to, or null.
+  void* reuse_block(BlockCache::Release release, std::size_t bytes, bool host_memory) {
+    std::lock_guard lock(mu_);
+    return cache_.take(release, device_, bytes, host_memory);
+  }
+  /// Keeps a block a tensor gives back (false: the caller frees it). Idle blocks stay within
+  /// twice the rank's live peak (blocks of one size cannot serve another, so a step whose sizes
+  /// change from unit to unit keeps more than its peak idle between uses).
+  bool keep_block(BlockCache::Release release, std::size_t bytes, void* p, bool host_memory) {
+    std::lock_guard lock(mu_);
+    return cache_.give(release, device_, bytes, p, host_memory, 2 * total_peak_);
+  }
+  /// Gives the idle blocks of one backend (all when null) back to it; the bytes released.
+  std::size_t release_cached_blocks(BlockCache::Release release = nullptr) {
+    std::lock_guard lock(mu_);
+    return cache_.release_all(release);
+  }
+  /// Counts a block the backend had to allocate (a cache miss).
+  void note_backend_allocation() {
+    std::lock_guard lock(mu_);
+    ++backend_allocations_;
+  }
+  /// Blocks allocated by the backend so far; a training step after the first ones adds none.
+  [[nodiscard]] std::size_t backend_allocations() const {
+    std::lock_guard lock(mu_);
+    return backend_allocations_;
+  }
+  /// Bytes held idle in the block cache (allocated from the backend, in no tensor).
+  [[nodiscard]] std::size_t cached_bytes() const {
+    std::lock_guard lock(mu_);
+    return cache_.idle_bytes();
+  }
+  /// Off: freed blocks go straight back to the backend (and what is idle is released now).
+  void set_block_caching(bool on) {
+    std::lock_guard lock(mu_);
+    cache_.set_enabled(on);
+    if (!on) cache_.release_all(nullptr);
+  }
   /// Starts a new peak measurement from the current state.
   void reset_peak() {
     std::lock_guard lock(mu_);
@@ -240,6 +285,8 @@ class MemoryAccountant {
   std::size_t total_current_ = 0;
   std::size_t total_peak_ = 0;
   std::size_t allocations_ = 0;
+  std::size_t backend_allocations_ = 0;
+  BlockCache cache_;  // declared last: its idle blocks go back before the counters vanish
 };
 
 }  // namespace fourway

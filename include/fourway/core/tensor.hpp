@@ -59,7 +59,7 @@ class Tensor {
     const std::size_t n = bytes();
     memory.on_alloc(tag, n);
     try {
-      if (n > 0) data_ = static_cast<T*>(allocate(n, memory.device()));
+      if (n > 0) data_ = static_cast<T*>(acquire(n, memory));
     } catch (...) {
       memory.on_free(tag, n);
       throw;
@@ -119,6 +119,21 @@ class Tensor {
   void reset() { release(); }
 
  private:
+  static constexpr BlockCache::Release release_fn = &B::deallocate;
+  /// A cached block of `n` bytes, else a new one from the backend (after giving the idle blocks
+  /// back to it once, if it is out of memory).
+  static void* acquire(std::size_t n, MemoryAccountant& memory) {
+    if (void* p = memory.reuse_block(release_fn, n, !B::on_device)) return p;
+    void* p = nullptr;
+    try {
+      p = allocate(n, memory.device());
+    } catch (const OutOfMemory&) {
+      if (memory.release_cached_blocks(release_fn) == 0) throw;
+      p = allocate(n, memory.device());
+    }
+    memory.note_backend_allocation();
+    return p;
+  }
   static void* allocate(std::size_t n, int device) {
     if constexpr (requires { B::allocate(n, device); }) {
       return B::allocate(n, device);
@@ -130,7 +145,9 @@ class Tensor {
   /// Gives owned memory back and leaves the tensor empty.
   void release() noexcept {
     if (owning_) {
-      if (data_ != nullptr) B::deallocate(data_);
+      if (data_ != nullptr && !memory_->keep_block(release_fn, bytes(), data_, !B::on_device)) {
+        B::deallocate(data_);
+      }
       try {
         memory_->on_free(tag_, bytes());
       } catch (const std::exception& e) {
