@@ -1,7 +1,7 @@
 // One fp32 training step of tp::Gpt on a LocalWorld tensor-parallel group of tp = 1, 2, 4 ranks
 // (Arg 1: sequence parallelism): 4 layers, width 256, 8 heads, vocab 8192, B 4 x T 64. Counters: ms
 // per step (the slowest rank: real time), the bytes one rank sent in the tp group as counted
-// (`tp_bytes`) and as `plan::fourway_tensor_parallel_bytes` predicts (`tp_bytes_plan`), and the
+// (`tp_bytes`) and as `plan::runtime_tensor_parallel_bytes` predicts (`tp_bytes_plan`), and the
 // planner's FLOPs per token per rank.
 #include <benchmark/benchmark.h>
 
@@ -75,7 +75,7 @@ void BM_TensorParallelStep(benchmark::State& state) {
   namespace fp = fw::plan;
   const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
   state.counters["tp_bytes"] = bytes;
-  state.counters["tp_bytes_plan"] = fp::fourway_tensor_parallel_bytes(
+  state.counters["tp_bytes_plan"] = fp::runtime_tensor_parallel_bytes(
       fp::ActivationShape{double(T), double(B), double(cfg.dim), cfg.layers}, tp, sp,
       fp::Precision::fp32, false, 1);
   state.counters["plan_GFLOP_per_rank"] =

@@ -10,8 +10,8 @@
 
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/communication.hpp"
-#include "fourway/plan/fourway_activation.hpp"
 #include "fourway/plan/planner.hpp"
+#include "fourway/plan/runtime_activation.hpp"
 #include "tp_harness.hpp"
 
 namespace {
@@ -216,7 +216,7 @@ TEST(TensorParallel, BytesPerStepEqualTheFormula) {
         const fp::ActivationShape x{double(tph::kSeq), double(tph::kBatch / dp), double(cfg.dim),
                                     cfg.layers};
         const double want =
-            fp::fourway_tensor_parallel_bytes(x, n, sp, fp::Precision::fp32, false, 1);
+            fp::runtime_tensor_parallel_bytes(x, n, sp, fp::Precision::fp32, false, 1);
         for (std::size_t r = 0; r < got.tp_bytes.size(); ++r) {
           EXPECT_DOUBLE_EQ(got.tp_bytes[r], want) << describe(rc) << " rank " << r;
           const auto& ops = got.tp_ops[r];
@@ -362,21 +362,21 @@ TEST(TensorParallel, ActivationBytesEqualThePrediction) {
         const auto kept = static_cast<std::int64_t>(mem.current(fw::MemTag::activations) - before);
         const fp::GptActivationShape x{b.B, b.T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
         const std::int64_t rows = model.placements().front().valid_rows(n, w.rank());
-        EXPECT_EQ(kept, fp::fourway_tp_activation_bytes(x, n, sp, rows))
+        EXPECT_EQ(kept, fp::runtime_tp_activation_bytes(x, n, sp, rows))
             << "tp " << n << (sp ? " sp" : "") << " rank " << w.rank();
         model.backward(w.ctx(), s);
         EXPECT_EQ(mem.current(fw::MemTag::activations), before);
       });
       const fp::GptActivationShape x{b.B, b.T, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
       std::printf("tp %d%s: %lld B per block per rank\n", n, sp ? " sp" : "",
-                  static_cast<long long>(fp::fourway_tp_block_activation_bytes(x, n, sp)));
+                  static_cast<long long>(fp::runtime_tp_block_activation_bytes(x, n, sp)));
     }
   }
   // sequence parallelism divides the LayerNorm/residual region by tp
   const fp::GptActivationShape x{tph::kBatch, tph::kSeq, cfg.dim, cfg.heads, cfg.vocab, cfg.layers};
   const std::int64_t region = 6 * tph::kBatch * tph::kSeq * cfg.dim * 4;
-  EXPECT_EQ(fp::fourway_tp_block_activation_bytes(x, 4, false) -
-                fp::fourway_tp_block_activation_bytes(x, 4, true),
+  EXPECT_EQ(fp::runtime_tp_block_activation_bytes(x, 4, false) -
+                fp::runtime_tp_block_activation_bytes(x, 4, true),
             region - region / 4 - 2 * tph::kBatch * tph::kSeq * cfg.dim * 4 +
                 2 * (2 * tph::kBatch * tph::kSeq * 4) * 3 / 4);
 }

@@ -192,13 +192,13 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   o.bucket_bytes = 512;
   fp::Strategy s{.dp = 3, .zero = 2, .micro_batch = 2, .precision = fp::Precision::fp32};
   const auto p = fp::make_plan(fp::Model{a, 0}, cluster(3), s, o);
-  EXPECT_EQ(p.worst().states, fp::fourway_model_state_bytes(a, fp::Precision::fp32, 2, 3, 512));
+  EXPECT_EQ(p.worst().states, fp::runtime_model_state_bytes(a, fp::Precision::fp32, 2, 3, 512));
   const fp::GptActivationShape x{2, 23, 35, 5, 97, 3, fp::Precision::fp32};
-  EXPECT_EQ(p.worst().activations, static_cast<double>(fp::fourway_activation_bytes(x, false)));
+  EXPECT_EQ(p.worst().activations, static_cast<double>(fp::runtime_activation_bytes(x, false)));
   s.recompute = fp::Recompute::full;
   const auto c = fp::make_plan(fp::Model{a, 0}, cluster(3), s, o);
   EXPECT_EQ(c.worst().activations + c.worst().recompute_working,
-            static_cast<double>(fp::fourway_activation_bytes(x, true)));
+            static_cast<double>(fp::runtime_activation_bytes(x, true)));
   // What fourway does not run is refused, naming the way out.
   s.recompute = fp::Recompute::selective;
   EXPECT_TRUE(
@@ -215,12 +215,12 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   o.vocab_alignment = 4;
   const auto tp = fp::make_plan(fp::Model{a, 0}, cluster(5), t, o);
   const fp::TensorSplit split{5, 4};
-  EXPECT_EQ(fp::fourway_vocab_rows(a, split), 20);
+  EXPECT_EQ(fp::runtime_vocab_rows(a, split), 20);
   EXPECT_EQ(tp.worst().params, fp::stage_params(a, 5, 1, 0));  // 97 rows: ceil(97/5) = 20 too
   EXPECT_EQ(tp.worst().states,
-            fp::fourway_model_state_bytes(a, fp::Precision::fp32, 0, 1, 512, {}, split));
+            fp::runtime_model_state_bytes(a, fp::Precision::fp32, 0, 1, 512, {}, split));
   EXPECT_EQ(tp.worst().activations,
-            static_cast<double>(fp::fourway_tp_activation_bytes(x, 5, true, 20)));
+            static_cast<double>(fp::runtime_tp_activation_bytes(x, 5, true, 20)));
   t.recompute = fp::Recompute::full;
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(5), t, o),
                        "does not model checkpointed tensor-parallel blocks"));

@@ -13,10 +13,10 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/plan/architecture.hpp"
-#include "fourway/plan/fourway_activation.hpp"
-#include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/model_state.hpp"
 #include "fourway/plan/planner.hpp"
+#include "fourway/plan/runtime_activation.hpp"
+#include "fourway/plan/runtime_model_state.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
@@ -104,12 +104,12 @@ void check_one_rank(fw::models::GptConfig cfg, std::int64_t B, std::int64_t Tn, 
 
   // Activations: fourway's own model of its stash.
   const fp::GptActivationShape x{B, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
-  const std::int64_t model = fp::fourway_activation_bytes(x, cfg.checkpoint);
+  const std::int64_t model = fp::runtime_activation_bytes(x, cfg.checkpoint);
   const double rel =
       static_cast<double>(model - m.activation_peak) / static_cast<double>(m.activation_peak);
   EXPECT_LE(std::abs(rel), 0.10) << "planner " << model << " B, accountant peak "
                                  << m.activation_peak << " B";
-  EXPECT_EQ(model, m.activation_peak) << "fourway_activation.hpp no longer matches the stash of "
+  EXPECT_EQ(model, m.activation_peak) << "runtime_activation.hpp no longer matches the stash of "
                                          "layers/: update it tensor by tensor";
   EXPECT_EQ(m.activations_left, 0);
 }
@@ -218,10 +218,10 @@ void check_mesh(const MeshCase& mc) {
   const fp::Precision p = precision_of<T>();
   const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
   const fp::ModelStateBytes plan =
-      fp::fourway_model_state_bytes(arch, p, mc.stage, mc.ranks, mc.bucket_bytes);
+      fp::runtime_model_state_bytes(arch, p, mc.stage, mc.ranks, mc.bucket_bytes);
   const fp::GptActivationShape x{per_rank, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
-  const std::int64_t act = fp::fourway_activation_bytes(x, cfg.checkpoint);
-  const fp::DataParallelBytes traffic = fp::fourway_data_parallel_bytes(
+  const std::int64_t act = fp::runtime_activation_bytes(x, cfg.checkpoint);
+  const fp::DataParallelBytes traffic = fp::runtime_data_parallel_bytes(
       arch, p, mc.stage, mc.ranks, mc.micro_batches, mc.bucket_bytes);
   // The planner itself, asked for fourway's footprint of this mesh.
   fp::Strategy st;
@@ -266,7 +266,7 @@ void check_mesh(const MeshCase& mc) {
   // The published law next to the runtime's padding: the total is within N-1 elements per segment.
   const std::int64_t psi = fp::total_params(arch);
   const auto law = fp::model_state_bytes(psi, p, mc.stage, mc.ranks, fp::Padding::flat());
-  const auto segments = fp::fourway_segments(arch, mc.stage, mc.bucket_bytes, p);
+  const auto segments = fp::runtime_segments(arch, mc.stage, mc.bucket_bytes, p);
   EXPECT_LE(std::abs(plan.total() - law.total()),
             16 * static_cast<std::int64_t>(segments.size()) * mc.ranks);
 }

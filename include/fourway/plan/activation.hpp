@@ -16,7 +16,7 @@
 //! and §4.3: the first stage also keeps the embedding's dropout mask, sbh/t per micro-batch, and
 //! the last stage the output layer, 4sbh/t·(1 + v/h) (final norm, projection input, fp32 logits).
 //! The 34 counts GPT-3-style blocks with dropout; GPT-2 in fourway has no dropout, and fourway's
-//! own footprint is modelled exactly, tensor by tensor, in `fourway_activation.hpp`.
+//! own footprint is modelled exactly, tensor by tensor, in `runtime_activation.hpp`.
 //!
 //! Micro-batches in flight on stage i of p with m micro-batches (Narayanan et al. 2021,
 //! "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", §2.2):

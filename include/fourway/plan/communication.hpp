@@ -176,7 +176,7 @@ constexpr Traffic pipeline_traffic_per_micro_batch(ActivationShape x, int tp,
 /// each LayerNorm's gain and bias gradients (2L + 1 of 2h values); the loss's all-reduces of
 /// b·s fp32 maxima and of b·s (Σ exp, target logit) pairs; and per step one all-reduce of the
 /// gradient norm's double.
-constexpr double fourway_tensor_parallel_bytes(ActivationShape x, int tp, bool sequence_parallel,
+constexpr double runtime_tensor_parallel_bytes(ActivationShape x, int tp, bool sequence_parallel,
                                                Precision p, bool recompute,
                                                std::int64_t micro_batches) {
   if (tp <= 1) return 0.0;

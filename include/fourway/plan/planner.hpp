@@ -37,10 +37,10 @@
 #include "fourway/plan/activation.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/communication.hpp"
-#include "fourway/plan/fourway_activation.hpp"
-#include "fourway/plan/fourway_model_state.hpp"
 #include "fourway/plan/hardware.hpp"
 #include "fourway/plan/model_state.hpp"
+#include "fourway/plan/runtime_activation.hpp"
+#include "fourway/plan/runtime_model_state.hpp"
 #include "fourway/plan/step_time.hpp"
 
 namespace fourway::plan {
@@ -242,9 +242,9 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     }
     const bool own = o.footprint == Footprint::fourway;
     const TensorSplit split{s.tp, o.vocab_alignment};
-    if (own) sp.params = fourway_rank_params(*model.arch, split);  // wte's padding rows included
+    if (own) sp.params = runtime_rank_params(*model.arch, split);  // wte's padding rows included
     sp.states =
-        own ? fourway_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
+        own ? runtime_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
                                         o.optimizer, split)
             : model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
     // deferred construction, positioned reads and in-place writes: the states and nothing more
@@ -270,20 +270,20 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
                                    a.vocab,       a.layers, s.precision};
-        const std::int64_t head = fourway_head_activation_bytes(g);
-        const std::int64_t block = fourway_block_activation_bytes(g);
+        const std::int64_t head = runtime_head_activation_bytes(g);
+        const std::int64_t block = runtime_block_activation_bytes(g);
         if (s.tp > 1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
-          const std::int64_t rows = std::min(fourway_vocab_rows(a, split), a.vocab);
+          const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
           sp.activations =
-              static_cast<double>(fourway_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
+              static_cast<double>(runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
           sp.recompute_working = 0;
         } else if (s.recompute == Recompute::full) {
-          const std::int64_t kept = fourway_embedding_activation_bytes(g) +
+          const std::int64_t kept = runtime_embedding_activation_bytes(g) +
                                     a.layers * a.seq * a.hidden * s.micro_batch * w + head;
           sp.activations = static_cast<double>(kept);
           sp.recompute_working = static_cast<double>(std::max<std::int64_t>(block - head, 0));
         } else {
-          sp.activations = static_cast<double>(fourway_activation_bytes(g, false));
+          sp.activations = static_cast<double>(runtime_activation_bytes(g, false));
           sp.recompute_working = 0;
         }
       }
@@ -291,7 +291,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         // The buckets the head's backward adds to (ln_f's, the first in backward order, and
         // wte's, the last) hold full gradients from the start of backward, when the activations
         // peak, until their reduce-scatter.
-        const auto segs = fourway_segments(a, 2, o.bucket_bytes, s.precision, split);
+        const auto segs = runtime_segments(a, 2, o.bucket_bytes, s.precision, split);
         std::int64_t full = ceil_div(segs.front(), s.dp) * s.dp;
         if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
         sp.zero2_buckets = static_cast<double>(full * w);
@@ -301,7 +301,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
         if (own) {  // fourway gathers padded units
-          for (std::int64_t u : fourway_units(a, split)) {
+          for (std::int64_t u : runtime_units(a, split)) {
             unit = std::max(unit, ceil_div(u, s.dp) * s.dp);
           }
         }
@@ -315,7 +315,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.tensor_parallel = Traffic{tp_mb.bytes * m, tp_mb.seconds * m};
       if (own) {  // what fourway's tp group sends, as Counting counts it (the same time model)
         sp.tensor_parallel.bytes =
-            fourway_tensor_parallel_bytes(xs, s.tp, s.sequence_parallel, s.precision,
+            runtime_tensor_parallel_bytes(xs, s.tp, s.sequence_parallel, s.precision,
                                           s.recompute == Recompute::full, s.micro_batches);
       }
       sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};

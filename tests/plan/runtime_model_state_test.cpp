@@ -1,4 +1,4 @@
-#include "fourway/plan/fourway_model_state.hpp"
+#include "fourway/plan/runtime_model_state.hpp"
 
 #include <gtest/gtest.h>
 
@@ -26,12 +26,12 @@ TEST(PlanFourwayModelState, BackwardOrderCoversEveryParameterOnce) {
 }
 
 TEST(PlanFourwayModelState, SegmentsAreBucketsOrUnits) {
-  EXPECT_EQ(fp::fourway_segments(odd, 3, 512, fp::Precision::fp32), fp::fsdp_units(odd));
-  const auto one = fp::fourway_segments(odd, 1, 1LL << 30, fp::Precision::fp32);
+  EXPECT_EQ(fp::runtime_segments(odd, 3, 512, fp::Precision::fp32), fp::fsdp_units(odd));
+  const auto one = fp::runtime_segments(odd, 1, 1LL << 30, fp::Precision::fp32);
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0], fp::total_params(odd));
   // 512-byte buckets of fp32: each holds at most 128 elements unless one parameter is larger.
-  const auto many = fp::fourway_segments(odd, 2, 512, fp::Precision::fp32);
+  const auto many = fp::runtime_segments(odd, 2, 512, fp::Precision::fp32);
   EXPECT_GT(many.size(), 10u);
   EXPECT_EQ(std::accumulate(many.begin(), many.end(), std::int64_t{0}), fp::total_params(odd));
 }
@@ -39,11 +39,11 @@ TEST(PlanFourwayModelState, SegmentsAreBucketsOrUnits) {
 TEST(PlanFourwayModelState, PaddingPerSegment) {
   const std::int64_t psi = fp::total_params(odd);
   // Stage 0 pads nothing: 16 B per parameter.
-  EXPECT_EQ(fp::fourway_model_state_bytes(odd, fp::Precision::bf16, 0, 4).total(), 16 * psi);
+  EXPECT_EQ(fp::runtime_model_state_bytes(odd, fp::Precision::bf16, 0, 4).total(), 16 * psi);
   // Stage 3 pads each unit: Σ ceil(unit / N) elements per rank, 16 B each.
   std::int64_t shard = 0;
   for (auto u : fp::fsdp_units(odd)) shard += (u + 3) / 4;
-  EXPECT_EQ(fp::fourway_model_state_bytes(odd, fp::Precision::bf16, 3, 4).total(), 16 * shard);
+  EXPECT_EQ(fp::runtime_model_state_bytes(odd, fp::Precision::bf16, 3, 4).total(), 16 * shard);
   EXPECT_GT(16 * shard, 16 * ((psi + 3) / 4));  // more than the flat padding: units pad apart
 }
 
@@ -56,7 +56,7 @@ TEST(PlanFourwayModelState, TrafficAgainstThePublishedVolumes) {
     const double scalar = 8.0 * 2.0 * (n - 1) / n;
     for (int stage = 0; stage <= 3; ++stage) {
       const auto rt =
-          fp::fourway_data_parallel_bytes(odd, fp::Precision::bf16, stage, n, 2, 1LL << 40);
+          fp::runtime_data_parallel_bytes(odd, fp::Precision::bf16, stage, n, 2, 1LL << 40);
       const std::int64_t padded = stage == 0 ? psi : fp::shard_elements(psi, n) * n;
       const auto law = fp::data_parallel_traffic(padded, fp::Precision::bf16, stage, n, 2, link);
       const double scalars = (stage == 0 ? 1 : 2) * scalar;
@@ -75,5 +75,5 @@ TEST(PlanFourwayModelState, TrafficAgainstThePublishedVolumes) {
       }
     }
   }
-  EXPECT_EQ(fp::fourway_data_parallel_bytes(odd, fp::Precision::fp32, 3, 1, 1).total(), 0.0);
+  EXPECT_EQ(fp::runtime_data_parallel_bytes(odd, fp::Precision::fp32, 3, 1, 1).total(), 0.0);
 }

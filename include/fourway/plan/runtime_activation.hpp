@@ -36,7 +36,7 @@ struct GptActivationShape {
 };
 
 /// Bytes of one `TransformerBlock` stash.
-constexpr std::int64_t fourway_block_activation_bytes(const GptActivationShape& x) {
+constexpr std::int64_t runtime_block_activation_bytes(const GptActivationShape& x) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t btc = x.batch * x.seq * x.dim;
   const std::int64_t bt = x.batch * x.seq;
@@ -44,12 +44,12 @@ constexpr std::int64_t fourway_block_activation_bytes(const GptActivationShape& 
 }
 
 /// Bytes of the `Embedding` stash (its output).
-constexpr std::int64_t fourway_embedding_activation_bytes(const GptActivationShape& x) {
+constexpr std::int64_t runtime_embedding_activation_bytes(const GptActivationShape& x) {
   return x.batch * x.seq * x.dim * working_bytes(x.precision);
 }
 
 /// Bytes of the head: ln_f's stash, the logits and the per-token losses.
-constexpr std::int64_t fourway_head_activation_bytes(const GptActivationShape& x) {
+constexpr std::int64_t runtime_head_activation_bytes(const GptActivationShape& x) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t bt = x.batch * x.seq;
   return bt * x.dim * w + 2 * bt * 4 + bt * x.vocab * w + bt * 4;
@@ -57,13 +57,13 @@ constexpr std::int64_t fourway_head_activation_bytes(const GptActivationShape& x
 
 /// Peak of `MemTag::activations` over one micro-batch's forward and backward of the GPT, with or
 /// without checkpointing of every block.
-constexpr std::int64_t fourway_activation_bytes(const GptActivationShape& x, bool checkpoint) {
+constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, bool checkpoint) {
   detail::require(
       x.batch >= 1 && x.seq >= 1 && x.dim >= 1 && x.heads >= 1 && x.vocab >= 1 && x.layers >= 1,
       "fourway: a GPT activation shape needs batch, seq, dim, heads, vocab, layers >= 1");
-  const std::int64_t emb = fourway_embedding_activation_bytes(x);
-  const std::int64_t block = fourway_block_activation_bytes(x);
-  const std::int64_t head = fourway_head_activation_bytes(x);
+  const std::int64_t emb = runtime_embedding_activation_bytes(x);
+  const std::int64_t block = runtime_block_activation_bytes(x);
+  const std::int64_t head = runtime_head_activation_bytes(x);
   if (!checkpoint) return emb + x.layers * block + head;
   const std::int64_t out = x.batch * x.seq * x.dim * working_bytes(x.precision);
   return emb + x.layers * out + std::max(block, head);
@@ -75,7 +75,7 @@ constexpr std::int64_t fourway_activation_bytes(const GptActivationShape& x, boo
 /// MLP output, y (6·BTC) and the LayerNorm statistics — is whole on every rank, or /tp under
 /// sequence parallelism, which then keeps the gathered inputs of the two column splits (2·BTC)
 /// instead (Megatron-LM gathers them again in backward; fourway keeps them).
-constexpr std::int64_t fourway_tp_block_activation_bytes(const GptActivationShape& x, int tp,
+constexpr std::int64_t runtime_tp_block_activation_bytes(const GptActivationShape& x, int tp,
                                                          bool sequence_parallel) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t btc = x.batch * x.seq * x.dim;
@@ -89,7 +89,7 @@ constexpr std::int64_t fourway_tp_block_activation_bytes(const GptActivationShap
 /// the embedding's output (BTC, /tp under sequence parallelism), L blocks, and the head — ln_f
 /// (its output gathered again under sequence parallelism), the logits of the rank's
 /// `vocab_rows` real vocabulary rows, and three fp32 values per token (max, Σ exp, target logit).
-constexpr std::int64_t fourway_tp_activation_bytes(const GptActivationShape& x, int tp,
+constexpr std::int64_t runtime_tp_activation_bytes(const GptActivationShape& x, int tp,
                                                    bool sequence_parallel,
                                                    std::int64_t vocab_rows) {
   const std::int64_t w = working_bytes(x.precision);
@@ -100,7 +100,7 @@ constexpr std::int64_t fourway_tp_activation_bytes(const GptActivationShape& x, 
   const std::int64_t emb = btc / part * w;
   const std::int64_t head =
       btc / part * w + 2 * (bt / part) * 4 + (sp ? btc * w : 0) + bt * vocab_rows * w + 3 * bt * 4;
-  return emb + x.layers * fourway_tp_block_activation_bytes(x, tp, sequence_parallel) + head;
+  return emb + x.layers * runtime_tp_block_activation_bytes(x, tp, sequence_parallel) + head;
 }
 
 }  // namespace fourway::plan

@@ -12,7 +12,7 @@
 //!   ln_2.w, attn.c_proj.b, attn.c_proj.w, attn.c_attn.b, attn.c_attn.w, ln_1.b, ln_1.w | ... |
 //!   h.0 | wpe wte
 //!
-//! `fourway_data_parallel_bytes` counts the ring bytes of one step of the same strategy as the
+//! `runtime_data_parallel_bytes` counts the ring bytes of one step of the same strategy as the
 //! `Counting` decorator does (comm/counting.hpp). It differs from the published ZeRO volumes in two
 //! places, both visible here: the step's loss (and, from stage 1, the gradient norm) is one more
 //! all-reduce of a double; and under stage 3 the tied head gathers unit 0 (the embedding, which
@@ -44,7 +44,7 @@ struct TensorSplit {
 };
 
 /// Rows of wte one tensor-parallel rank holds (padding included): Vp/tp.
-inline std::int64_t fourway_vocab_rows(const Architecture& a, const TensorSplit& t) {
+inline std::int64_t runtime_vocab_rows(const Architecture& a, const TensorSplit& t) {
   return tp::padded_vocab(a.vocab, t.tp, t.vocab_alignment) / t.tp;
 }
 
@@ -64,12 +64,12 @@ inline std::vector<std::int64_t> gpt2_backward_numels(const Architecture& a,
     }
   }
   e.push_back(a.seq * h);                            // wpe
-  e.push_back(fourway_vocab_rows(a, t) * a.hidden);  // wte
+  e.push_back(runtime_vocab_rows(a, t) * a.hidden);  // wte
   return e;
 }
 
 /// fourway's FSDP units of one tensor-parallel rank: the embedding (wte, wpe), each block, ln_f.
-inline std::vector<std::int64_t> fourway_units(const Architecture& a, const TensorSplit& t = {}) {
+inline std::vector<std::int64_t> runtime_units(const Architecture& a, const TensorSplit& t = {}) {
   const std::vector<std::int64_t> e = gpt2_backward_numels(a, t);
   std::vector<std::int64_t> u = {e[e.size() - 1] + e[e.size() - 2]};
   for (std::int64_t l = 0; l < a.layers; ++l) {
@@ -82,11 +82,11 @@ inline std::vector<std::int64_t> fourway_units(const Architecture& a, const Tens
 }
 
 /// The segments `ShardedStrategy<zero_stage>` pads to a multiple of the group size.
-inline std::vector<std::int64_t> fourway_segments(const Architecture& a, int zero_stage,
+inline std::vector<std::int64_t> runtime_segments(const Architecture& a, int zero_stage,
                                                   std::int64_t bucket_bytes, Precision p,
                                                   const TensorSplit& t = {}) {
   check_zero_stage(zero_stage);
-  if (zero_stage == 3) return fourway_units(a, t);
+  if (zero_stage == 3) return runtime_units(a, t);
   const std::vector<std::int64_t> numels = gpt2_backward_numels(a, t);
   std::vector<std::int64_t> segments;
   for (const auto& bucket : plan_buckets(numels, bucket_bytes, working_bytes(p))) {
@@ -98,7 +98,7 @@ inline std::vector<std::int64_t> fourway_segments(const Architecture& a, int zer
 }
 
 /// Parameters one tensor-parallel rank holds (padding rows of wte included).
-inline std::int64_t fourway_rank_params(const Architecture& a, const TensorSplit& t = {}) {
+inline std::int64_t runtime_rank_params(const Architecture& a, const TensorSplit& t = {}) {
   std::int64_t n = 0;
   for (std::int64_t x : gpt2_backward_numels(a, t)) n += x;
   return n;
@@ -107,12 +107,12 @@ inline std::int64_t fourway_rank_params(const Architecture& a, const TensorSplit
 /// Model-state bytes of one rank of fourway's `ShardedStrategy<zero_stage>` over `dp` ranks with
 /// gradient buckets of `bucket_bytes` (`ShardedOptions::bucket_bytes`, 25 MiB by default), each
 /// rank holding the slices of tensor-parallel split `t` (`TensorParallelStrategy`).
-inline ModelStateBytes fourway_model_state_bytes(const Architecture& a, Precision p, int zero_stage,
+inline ModelStateBytes runtime_model_state_bytes(const Architecture& a, Precision p, int zero_stage,
                                                  int dp, std::int64_t bucket_bytes = 25LL << 20,
                                                  Optimizer optimizer = Optimizer::adam(),
                                                  const TensorSplit& t = {}) {
-  const std::vector<std::int64_t> segments = fourway_segments(a, zero_stage, bucket_bytes, p, t);
-  return model_state_bytes(fourway_rank_params(a, t), p, zero_stage, dp,
+  const std::vector<std::int64_t> segments = runtime_segments(a, zero_stage, bucket_bytes, p, t);
+  return model_state_bytes(runtime_rank_params(a, t), p, zero_stage, dp,
                            Padding::per_unit(segments), optimizer);
 }
 
@@ -126,7 +126,7 @@ struct DataParallelBytes {
   [[nodiscard]] double total() const { return all_reduce + reduce_scatter + all_gather; }
 };
 
-inline DataParallelBytes fourway_data_parallel_bytes(const Architecture& a, Precision p,
+inline DataParallelBytes runtime_data_parallel_bytes(const Architecture& a, Precision p,
                                                      int zero_stage, int dp, int micro_batches,
                                                      std::int64_t bucket_bytes = 25LL << 20) {
   detail::require(dp >= 1 && micro_batches >= 1, "fourway: ", dp, " ranks and ", micro_batches,
@@ -142,7 +142,7 @@ inline DataParallelBytes fourway_data_parallel_bytes(const Architecture& a, Prec
     b.all_reduce += static_cast<double>(total_params(a)) * w * 2.0 * (n - 1) / n;
     return b;
   }
-  const std::vector<std::int64_t> segs = fourway_segments(a, zero_stage, bucket_bytes, p);
+  const std::vector<std::int64_t> segs = runtime_segments(a, zero_stage, bucket_bytes, p);
   double shard = 0;
   for (std::int64_t s : segs) shard += static_cast<double>(ceil_div(s, dp));
   const double part = (n - 1) * w;  // bytes per element of a rank's part

@@ -1,4 +1,4 @@
-#include "fourway/plan/fourway_activation.hpp"
+#include "fourway/plan/runtime_activation.hpp"
 
 #include <gtest/gtest.h>
 
@@ -35,21 +35,21 @@ TEST(PlanFourwayActivation, BlockAndWholeModelByTensor) {
   for (auto p : {fp::Precision::fp32, fp::Precision::bf16}) {
     const std::int64_t w = p == fp::Precision::fp32 ? 4 : 2;
     const fp::GptActivationShape x{3, 17, 24, 4, 101, 5, p};
-    EXPECT_EQ(fp::fourway_block_activation_bytes(x), block_by_tensor(3, 17, 24, 4, w));
+    EXPECT_EQ(fp::runtime_block_activation_bytes(x), block_by_tensor(3, 17, 24, 4, w));
     const std::int64_t emb = 3 * 17 * 24 * w;
     const std::int64_t head = 3 * 17 * 24 * w + 2 * 3 * 17 * 4 + 3 * 17 * 101 * w + 3 * 17 * 4;
-    EXPECT_EQ(fp::fourway_activation_bytes(x, false),
+    EXPECT_EQ(fp::runtime_activation_bytes(x, false),
               emb + 5 * block_by_tensor(3, 17, 24, 4, w) + head);
-    EXPECT_EQ(fp::fourway_activation_bytes(x, true),
+    EXPECT_EQ(fp::runtime_activation_bytes(x, true),
               emb + 5 * 3 * 17 * 24 * w + std::max(block_by_tensor(3, 17, 24, 4, w), head));
   }
 }
 
 TEST(PlanFourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
   const fp::GptActivationShape x{4, 64, 128, 4, 512, 12, fp::Precision::fp32};
-  const auto full = fp::fourway_activation_bytes(x, false);
-  const auto ckpt = fp::fourway_activation_bytes(x, true);
+  const auto full = fp::runtime_activation_bytes(x, false);
+  const auto ckpt = fp::runtime_activation_bytes(x, true);
   EXPECT_LT(ckpt, full / 4);  // 12 blocks of ~(18 + NH·T/C) BTC shrink to one BTC each
-  EXPECT_THROW((void)fp::fourway_activation_bytes(fp::GptActivationShape{}, false),
+  EXPECT_THROW((void)fp::runtime_activation_bytes(fp::GptActivationShape{}, false),
                fourway::ConfigError);
 }
