@@ -354,12 +354,12 @@ fp::Schedule schedule_of(const Args& a) {
   bad("--schedule must be gpipe or 1f1b, got '" + s + "'");
 }
 
-std::optional<fp::Recompute> recompute_of(const Args& a) {
+std::optional<fp::Checkpointing> checkpointing_of(const Args& a) {
   if (!a.has("checkpoint-activations")) return std::nullopt;
   const std::string& r = a.at("checkpoint-activations");
-  if (r == "none") return fp::Recompute::none;
-  if (r == "selective") return fp::Recompute::selective;
-  if (r == "full") return fp::Recompute::full;
+  if (r == "none") return fp::Checkpointing::none;
+  if (r == "selective") return fp::Checkpointing::selective;
+  if (r == "full") return fp::Checkpointing::full;
   bad("--checkpoint-activations must be none, selective or full, got '" + r + "'");
 }
 
@@ -380,7 +380,7 @@ int run(const Args& a) {
     sp.micro_batch = mb;
     sp.precision = precision_of(a);
     sp.schedule = schedule_of(a);
-    sp.recompute = recompute_of(a);
+    sp.checkpointing = checkpointing_of(a);
     if (a.has("dp")) sp.dp = parse_int("--dp", a.at("dp"));
     if (a.has("tp")) sp.tp = parse_int("--tp", a.at("tp"));
     if (a.has("pp")) sp.pp = parse_int("--pp", a.at("pp"));
@@ -430,7 +430,7 @@ int run(const Args& a) {
   s.micro_batch = mb;
   s.precision = precision_of(a);
   s.schedule = schedule_of(a);
-  s.recompute = recompute_of(a).value_or(fp::Recompute::none);
+  s.checkpointing = checkpointing_of(a).value_or(fp::Checkpointing::none);
   s.sequence_parallel = a.has("sequence-parallel");
   if (a.has("global-batch")) {
     if (a.has("micro-batches")) bad("give --global-batch or --micro-batches, not both");

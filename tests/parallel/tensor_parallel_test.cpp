@@ -284,7 +284,7 @@ void expect_plan_equals_run(const RunConfig& rc) {
   st.zero = rc.stage;
   st.micro_batch = tph::kBatch / rc.dp;
   st.precision = std::is_same_v<T, float> ? fp::Precision::fp32 : fp::Precision::bf16;
-  st.recompute = fp::Recompute::none;
+  st.checkpointing = fp::Checkpointing::none;
   st.sequence_parallel = rc.sequence_parallel;
   fp::Options o;
   o.footprint = fp::Footprint::fourway;

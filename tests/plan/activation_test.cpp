@@ -24,7 +24,7 @@ TEST(PlanActivation, NoParallelismIsThirtyFourPlusFiveAsOverH) {
   const double mlp = 2 * s * b * h + 8 * s * b * h + 8 * s * b * h + s * b * h;
   const double norms = 4 * s * b * h;
   const double dropout_out = 2 * a * s * s * b;  // softmax dropout output, input of the V product
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::none),
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(gpt3, false, fp::Checkpointing::none),
                    attention + dropout_out + mlp + norms);
 }
 
@@ -34,17 +34,18 @@ TEST(PlanActivation, TableTwoRowsWithTensorAndSequenceParallelism) {
   x.t = 8;
   const double sbh = x.s * x.b * x.h;
   const double att = 5 * x.a * x.s / (x.h * x.t);
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, false, fp::Recompute::none),
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, false, fp::Checkpointing::none),
                    sbh * (10 + 24 / 8.0 + att));
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Recompute::none),
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Checkpointing::none),
                    sbh * (34 / 8.0 + att));
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, false, fp::Recompute::selective),
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, false, fp::Checkpointing::selective),
                    sbh * (10 + 24 / 8.0));
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Recompute::selective), sbh * 34 / 8.0);
-  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Recompute::full), sbh * 2);
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Checkpointing::selective),
+                   sbh * 34 / 8.0);
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(x, true, fp::Checkpointing::full), sbh * 2);
   // t = 1: every form collapses to the unparallelised one.
   for (bool sp : {false, true}) {
-    EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(gpt3, sp, fp::Recompute::none),
+    EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(gpt3, sp, fp::Checkpointing::none),
                      sbh * (34 + 5 * 96 * 2048 / 12288.0));
   }
 }
@@ -52,22 +53,23 @@ TEST(PlanActivation, TableTwoRowsWithTensorAndSequenceParallelism) {
 // §5: "for GPT-3 ... 5as/h = 80 ... selective activation recomputation ... reduces the memory
 // required for activations by 70%" (and 65% for MT-NLG 530B: a = 128, h = 20480).
 TEST(PlanActivation, SelectiveRecomputationSavesSeventyPercentOnGpt3) {
-  const double none = fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::none);
-  const double sel = fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::selective);
+  const double none = fp::korthikanti_layer_bytes(gpt3, false, fp::Checkpointing::none);
+  const double sel = fp::korthikanti_layer_bytes(gpt3, false, fp::Checkpointing::selective);
   EXPECT_NEAR(1 - sel / none, 0.70, 0.005);
   const fp::LayerShape mtnlg{2048, 1, 20480, 128, 1};
-  EXPECT_NEAR(1 - fp::korthikanti_layer_bytes(mtnlg, false, fp::Recompute::selective) /
-                      fp::korthikanti_layer_bytes(mtnlg, false, fp::Recompute::none),
+  EXPECT_NEAR(1 - fp::korthikanti_layer_bytes(mtnlg, false, fp::Checkpointing::selective) /
+                      fp::korthikanti_layer_bytes(mtnlg, false, fp::Checkpointing::none),
               0.65, 0.005);
 }
 
 TEST(PlanActivation, RecomputationWorkingSetIsWhatIsRebuilt) {
-  EXPECT_EQ(fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Recompute::none), 0.0);
-  EXPECT_DOUBLE_EQ(fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Recompute::selective),
-                   fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::none) -
-                       fp::korthikanti_layer_bytes(gpt3, false, fp::Recompute::selective));
-  EXPECT_DOUBLE_EQ(fp::korthikanti_recompute_working_bytes(gpt3, true, fp::Recompute::full),
-                   fp::korthikanti_layer_bytes(gpt3, true, fp::Recompute::none));
+  EXPECT_EQ(fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Checkpointing::none), 0.0);
+  EXPECT_DOUBLE_EQ(
+      fp::korthikanti_recompute_working_bytes(gpt3, false, fp::Checkpointing::selective),
+      fp::korthikanti_layer_bytes(gpt3, false, fp::Checkpointing::none) -
+          fp::korthikanti_layer_bytes(gpt3, false, fp::Checkpointing::selective));
+  EXPECT_DOUBLE_EQ(fp::korthikanti_recompute_working_bytes(gpt3, true, fp::Checkpointing::full),
+                   fp::korthikanti_layer_bytes(gpt3, true, fp::Checkpointing::none));
 }
 
 TEST(PlanActivation, OutputAndEmbeddingTermsOfSection4_3) {

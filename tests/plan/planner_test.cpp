@@ -61,7 +61,7 @@ TEST(PlanPlanner, ActivationsAreKorthikantiTimesMicroBatchesInFlight) {
                    .sequence_parallel = true};
     const auto p = fp::make_plan(m, cluster(6), s);
     const fp::LayerShape x{1024, 2, 768, 12, 2};
-    const double layer = fp::korthikanti_layer_bytes(x, true, fp::Recompute::none);
+    const double layer = fp::korthikanti_layer_bytes(x, true, fp::Checkpointing::none);
     const double first = 4 * layer + fp::korthikanti_embedding_bytes(x);
     const double last = 4 * layer + fp::korthikanti_output_bytes(x, 50257);
     const double k0 = sched == fp::Schedule::gpipe ? 8 : 3;
@@ -195,12 +195,12 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   EXPECT_EQ(p.worst().states, fp::runtime_model_state_bytes(a, fp::Precision::fp32, 2, 3, 512));
   const fp::GptActivationShape x{2, 23, 35, 5, 97, 3, fp::Precision::fp32};
   EXPECT_EQ(p.worst().activations, static_cast<double>(fp::runtime_activation_bytes(x, false)));
-  s.recompute = fp::Recompute::full;
+  s.checkpointing = fp::Checkpointing::full;
   const auto c = fp::make_plan(fp::Model{a, 0}, cluster(3), s, o);
   EXPECT_EQ(c.worst().activations + c.worst().recompute_working,
             static_cast<double>(fp::runtime_activation_bytes(x, true)));
   // What fourway does not run is refused, naming the way out.
-  s.recompute = fp::Recompute::selective;
+  s.checkpointing = fp::Checkpointing::selective;
   EXPECT_TRUE(
       contains(error_of_with(fp::Model{a, 0}, cluster(3), s, o), "checkpoints whole blocks"));
   EXPECT_TRUE(contains(error_of_with(fp::Model{fp::llama2_7b, 0}, cluster(1), fp::Strategy{}, o),
@@ -221,11 +221,11 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
             fp::runtime_model_state_bytes(a, fp::Precision::fp32, 0, 1, 512, {}, split));
   EXPECT_EQ(tp.worst().activations,
             static_cast<double>(fp::runtime_tp_activation_bytes(x, 5, true, 20)));
-  t.recompute = fp::Recompute::full;
+  t.checkpointing = fp::Checkpointing::full;
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(5), t, o),
                        "does not model checkpointed tensor-parallel blocks"));
   o.vocab_alignment = 0;
-  t.recompute = fp::Recompute::none;
+  t.checkpointing = fp::Checkpointing::none;
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(5), t, o), "--vocab-align"));
   // the search now includes tensor-parallel meshes under fourway's footprint
   o.vocab_alignment = 1;

@@ -14,7 +14,7 @@ bool contains(const std::string& s, const std::string& part) {
 
 TEST(PlanReport, TableStatesUnitsAndEveryRow) {
   const fp::Model m{fp::gpt2_124m, 0};
-  fp::Strategy s{.dp = 8, .zero = 3, .micro_batch = 4, .recompute = fp::Recompute::full};
+  fp::Strategy s{.dp = 8, .zero = 3, .micro_batch = 4, .checkpointing = fp::Checkpointing::full};
   const auto p = fp::make_plan(m, fp::Cluster{fp::a100_80g, 8}, s);
   const std::string t = fp::table(p);
   for (const char* part :

@@ -230,7 +230,7 @@ void check_mesh(const MeshCase& mc) {
   st.micro_batch = per_rank;
   st.micro_batches = mc.micro_batches;
   st.precision = p;
-  st.recompute = cfg.checkpoint ? fp::Recompute::full : fp::Recompute::none;
+  st.checkpointing = cfg.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
   fp::Options opts;
   opts.footprint = fp::Footprint::fourway;
   opts.bucket_bytes = mc.bucket_bytes;

@@ -16,7 +16,7 @@ TEST(PlanStepTime, FlopsPerTokenMatchNarayananEquationThree) {
     const double narayanan = 72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * h * l)) / s;
     EXPECT_NEAR(fp::flops_per_token(a) / narayanan, 1.0, 13.0 / (12 * h)) << a.name;
     const double recompute = 96 * s * l * h * h * (1 + s / (6 * h) + v / (16 * h * l)) / s;
-    EXPECT_NEAR(fp::flops_per_token(a, fp::Recompute::full) / recompute, 1.0, 13.0 / (12 * h))
+    EXPECT_NEAR(fp::flops_per_token(a, fp::Checkpointing::full) / recompute, 1.0, 13.0 / (12 * h))
         << a.name;
   }
 }
@@ -24,7 +24,8 @@ TEST(PlanStepTime, FlopsPerTokenMatchNarayananEquationThree) {
 TEST(PlanStepTime, StagesSumToTheModelOverTp) {
   for (int p : {1, 2, 4, 12}) {
     for (int t : {1, 2, 4}) {
-      for (auto r : {fp::Recompute::none, fp::Recompute::selective, fp::Recompute::full}) {
+      for (auto r :
+           {fp::Checkpointing::none, fp::Checkpointing::selective, fp::Checkpointing::full}) {
         double sum = 0;
         for (int i = 0; i < p; ++i) sum += fp::stage_flops_per_token(fp::gpt2_124m, t, p, i, r);
         EXPECT_NEAR(sum, fp::flops_per_token(fp::gpt2_124m, r) / t,

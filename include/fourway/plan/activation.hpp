@@ -28,25 +28,28 @@
 #include <string_view>
 
 #include "fourway/plan/model_state.hpp"
+#include "fourway/schedule/generators.hpp"
 
 namespace fourway::plan {
 
-enum class Recompute : std::uint8_t { none, selective, full };
+/// Activation checkpointing (Megatron calls it recomputation): none, selective (the attention
+/// core, Korthikanti et al.) or full (each layer keeps only its input).
+enum class Checkpointing : std::uint8_t { none, selective, full };
 
-constexpr std::string_view recompute_name(Recompute r) {
+constexpr std::string_view checkpointing_name(Checkpointing r) {
   switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
+    case Checkpointing::none: return "none";
+    case Checkpointing::selective: return "selective";
+    case Checkpointing::full: return "full";
   }
   return "?";
 }
 
-enum class Schedule : std::uint8_t { gpipe, one_f_one_b };
+/// The planner names schedules with the runtime's kinds (schedule/generators.hpp); it models
+/// the activations of GPipe and 1F1B.
+using Schedule = schedule::Kind;
 
-constexpr std::string_view schedule_name(Schedule s) {
-  return s == Schedule::gpipe ? "gpipe" : "1f1b";
-}
+constexpr std::string_view schedule_name(Schedule s) { return schedule::kind_name(s); }
 
 /// One micro-batch through one transformer layer, as Korthikanti et al. count it.
 struct LayerShape {
@@ -58,15 +61,15 @@ struct LayerShape {
 };
 
 /// Korthikanti et al. 2022, Table 2: stored activation bytes of one layer for one micro-batch.
-constexpr double korthikanti_layer_bytes(LayerShape x, bool sequence_parallel, Recompute r) {
+constexpr double korthikanti_layer_bytes(LayerShape x, bool sequence_parallel, Checkpointing r) {
   detail::require(x.t >= 1, "fourway: tensor-parallel degree ", x.t, " must be >= 1");
   const double sbh = x.s * x.b * x.h;
   const double attention = 5.0 * x.a * x.s / (x.h * x.t);  // softmax, its dropout mask, scores
   switch (r) {
-    case Recompute::full: return sbh * 2.0;
-    case Recompute::selective:
+    case Checkpointing::full: return sbh * 2.0;
+    case Checkpointing::selective:
       return sequence_parallel ? sbh * 34.0 / x.t : sbh * (10.0 + 24.0 / x.t);
-    case Recompute::none:
+    case Checkpointing::none:
       return sequence_parallel ? sbh * (34.0 / x.t + attention)
                                : sbh * (10.0 + 24.0 / x.t + attention);
   }
@@ -76,11 +79,12 @@ constexpr double korthikanti_layer_bytes(LayerShape x, bool sequence_parallel, R
 /// The part of a layer that recomputation rebuilds during backward, alive for one layer at a time:
 /// the whole layer under full recomputation, the attention core (5as/(ht)·sbh) under selective.
 constexpr double korthikanti_recompute_working_bytes(LayerShape x, bool sequence_parallel,
-                                                     Recompute r) {
+                                                     Checkpointing r) {
   switch (r) {
-    case Recompute::none: return 0;
-    case Recompute::selective: return x.s * x.b * x.h * 5.0 * x.a * x.s / (x.h * x.t);
-    case Recompute::full: return korthikanti_layer_bytes(x, sequence_parallel, Recompute::none);
+    case Checkpointing::none: return 0;
+    case Checkpointing::selective: return x.s * x.b * x.h * 5.0 * x.a * x.s / (x.h * x.t);
+    case Checkpointing::full:
+      return korthikanti_layer_bytes(x, sequence_parallel, Checkpointing::none);
   }
   return 0;
 }
@@ -100,6 +104,9 @@ constexpr std::int64_t micro_batches_in_flight(Schedule s, int stages, std::int6
                   stages, " pipeline stages does not exist");
   detail::require(micro_batches >= 1, "fourway: ", micro_batches,
                   " micro-batches; a step needs at least one");
+  detail::require(s == Schedule::gpipe || s == Schedule::one_f_one_b, "fourway: the planner ",
+                  "models the activations of gpipe and 1f1b, not ", schedule_name(s),
+                  "; plan with 1f1b (the runtime's checker reports the peak of the others)");
   if (s == Schedule::gpipe) return micro_batches;
   return std::min<std::int64_t>(micro_batches, stages - stage);
 }

@@ -70,7 +70,7 @@ struct Strategy {
   std::int64_t micro_batches = 1;  // per step per replica (gradient accumulation / pipeline)
   Schedule schedule = Schedule::one_f_one_b;
   Precision precision = Precision::bf16;
-  Recompute recompute = Recompute::none;
+  Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
 
   [[nodiscard]] int gpus() const { return dp * tp * pp; }
@@ -191,9 +191,11 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
       detail::require(s.pp == 1, "fourway: --footprint fourway models data, tensor and sequence ",
                       "parallelism and ZeRO (pp = 1, got pp=", s.pp,
                       "); use --footprint published for pipeline meshes");
-      detail::require(s.recompute != Recompute::selective, "fourway: fourway checkpoints whole ",
+      detail::require(s.checkpointing != Checkpointing::selective,
+                      "fourway: fourway checkpoints whole ",
                       "blocks; use --checkpoint-activations full or none with --footprint fourway");
-      detail::require(s.tp == 1 || s.recompute == Recompute::none, "fourway: --footprint fourway ",
+      detail::require(s.tp == 1 || s.checkpointing == Checkpointing::none,
+                      "fourway: --footprint fourway ",
                       "does not model checkpointed tensor-parallel blocks (tp=", s.tp,
                       "); use --checkpoint-activations none or --footprint published");
       detail::require(o.vocab_alignment >= 1, "fourway: vocabulary alignment ", o.vocab_alignment,
@@ -261,12 +263,12 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                          static_cast<double>(s.tp)};
       const double scale = static_cast<double>(w) / 2.0;  // Korthikanti counts 16-bit values
       double per_mb = static_cast<double>(sp.layers) *
-                      korthikanti_layer_bytes(x, s.sequence_parallel, s.recompute);
+                      korthikanti_layer_bytes(x, s.sequence_parallel, s.checkpointing);
       if (st == 0) per_mb += korthikanti_embedding_bytes(x);
       if (st == s.pp - 1) per_mb += korthikanti_output_bytes(x, static_cast<double>(a.vocab));
       sp.activations = scale * per_mb * static_cast<double>(sp.in_flight);
       sp.recompute_working =
-          scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.recompute);
+          scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.checkpointing);
       if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
                                    a.vocab,       a.layers, s.precision};
@@ -277,7 +279,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.activations =
               static_cast<double>(runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
           sp.recompute_working = 0;
-        } else if (s.recompute == Recompute::full) {
+        } else if (s.checkpointing == Checkpointing::full) {
           const std::int64_t kept = runtime_embedding_activation_bytes(g) +
                                     a.layers * a.seq * a.hidden * s.micro_batch * w + head;
           sp.activations = static_cast<double>(kept);
@@ -309,17 +311,18 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       }
       const ActivationShape xs{x.s, x.b, x.h, sp.layers};
       const Traffic tp_mb = tensor_parallel_traffic_per_micro_batch(
-          xs, s.tp, s.precision, s.recompute == Recompute::full, st == 0, st == s.pp - 1, tp_link);
+          xs, s.tp, s.precision, s.checkpointing == Checkpointing::full, st == 0, st == s.pp - 1,
+          tp_link);
       const Traffic pp_mb = pipeline_traffic_per_micro_batch(xs, s.tp, s.sequence_parallel,
                                                              s.precision, s.pp, st, pp_link);
       sp.tensor_parallel = Traffic{tp_mb.bytes * m, tp_mb.seconds * m};
       if (own) {  // what fourway's tp group sends, as Counting counts it (the same time model)
         sp.tensor_parallel.bytes =
             runtime_tensor_parallel_bytes(xs, s.tp, s.sequence_parallel, s.precision,
-                                          s.recompute == Recompute::full, s.micro_batches);
+                                          s.checkpointing == Checkpointing::full, s.micro_batches);
       }
       sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};
-      const double compute = stage_flops_per_token(a, s.tp, s.pp, st, s.recompute) *
+      const double compute = stage_flops_per_token(a, s.tp, s.pp, st, s.checkpointing) *
                              static_cast<double>(s.micro_batch * a.seq) /
                              detail::achievable_flops(cluster.hw, s.precision, o);
       sp.seconds_per_micro_batch = compute + tp_mb.seconds + pp_mb.seconds;
@@ -378,7 +381,7 @@ struct SearchSpace {
   Precision precision = Precision::bf16;
   Schedule schedule = Schedule::one_f_one_b;
   std::optional<int> dp, tp, pp, zero;
-  std::optional<Recompute> recompute;
+  std::optional<Checkpointing> checkpointing;
   std::optional<bool> sequence_parallel;
   double prefer_within = 0.10;  // a simpler mesh wins when this close to the fastest
 };
@@ -425,11 +428,12 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
         if (space.zero && *space.zero != zero) continue;
         if (o.footprint == Footprint::fourway && pp > 1) continue;
         if (dp == 1 && zero > 0 && !space.zero) continue;  // nothing to shard over
-        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-          if (space.recompute && *space.recompute != r) continue;
-          if (!model.arch && r != Recompute::none) continue;
-          if (o.footprint == Footprint::fourway && r == Recompute::selective) continue;
-          if (o.footprint == Footprint::fourway && tp > 1 && r != Recompute::none) continue;
+        for (Checkpointing r :
+             {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
+          if (space.checkpointing && *space.checkpointing != r) continue;
+          if (!model.arch && r != Checkpointing::none) continue;
+          if (o.footprint == Footprint::fourway && r == Checkpointing::selective) continue;
+          if (o.footprint == Footprint::fourway && tp > 1 && r != Checkpointing::none) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
           Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
                      r,  sp};
@@ -444,7 +448,7 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
 inline std::string describe(const Strategy& s) {
   std::string d = fourway::detail::cat("dp=", s.dp, " tp=", s.tp, " pp=", s.pp, " zero=", s.zero,
                                        " ", precision_name(s.precision),
-                                       " checkpoint=", recompute_name(s.recompute));
+                                       " checkpoint=", checkpointing_name(s.checkpointing));
   if (s.tp > 1 && s.sequence_parallel) d += " +sequence-parallel";
   if (s.pp > 1)
     d += fourway::detail::cat(" ", schedule_name(s.schedule), " m=", s.micro_batches);

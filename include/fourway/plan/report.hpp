@@ -85,7 +85,7 @@ inline std::string table(const Plan& p) {
     row("activations (" + std::to_string(w.in_flight) + " micro-batch" +
             (w.in_flight == 1 ? "" : "es") + " in flight)",
         w.activations);
-    if (s.recompute != Recompute::none)
+    if (s.checkpointing != Checkpointing::none)
       row("recomputation working set (1 layer)", w.recompute_working);
     if (s.zero == 3 && s.dp > 1) row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
     if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
@@ -149,7 +149,7 @@ inline std::string json(const Plan& p) {
      << ",\"micro_batches\":" << s.micro_batches << ",\"global_batch\":" << s.global_batch()
      << ",\"schedule\":" << json_string(schedule_name(s.schedule))
      << ",\"precision\":" << json_string(precision_name(s.precision))
-     << ",\"checkpoint\":" << json_string(recompute_name(s.recompute))
+     << ",\"checkpoint\":" << json_string(checkpointing_name(s.checkpointing))
      << ",\"sequence_parallel\":" << (s.sequence_parallel ? "true" : "false") << "}";
   os << ",\"stages\":[";
   for (std::size_t i = 0; i < p.stages.size(); ++i) {

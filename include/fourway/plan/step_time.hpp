@@ -22,15 +22,15 @@
 namespace fourway::plan {
 
 /// FLOPs of forward + backward (+ recomputation) per trained token of the whole model.
-constexpr double flops_per_token(const Architecture& a, Recompute r = Recompute::none) {
+constexpr double flops_per_token(const Architecture& a, Checkpointing r = Checkpointing::none) {
   const double blocks = static_cast<double>(a.layers * layer_params(a));
   const double head = static_cast<double>(a.vocab * a.hidden);
   const double attention = static_cast<double>(a.layers) * static_cast<double>(a.seq) *
                            static_cast<double>(a.hidden);  // L·s·h
   switch (r) {
-    case Recompute::none: return 6.0 * (blocks + head) + 12.0 * attention;
-    case Recompute::selective: return 6.0 * (blocks + head) + 16.0 * attention;
-    case Recompute::full: return 8.0 * blocks + 6.0 * head + 16.0 * attention;
+    case Checkpointing::none: return 6.0 * (blocks + head) + 12.0 * attention;
+    case Checkpointing::selective: return 6.0 * (blocks + head) + 16.0 * attention;
+    case Checkpointing::full: return 8.0 * blocks + 6.0 * head + 16.0 * attention;
   }
   return 0;
 }
@@ -39,13 +39,13 @@ constexpr double flops_per_token(const Architecture& a, Recompute r = Recompute:
 /// blocks, and the vocabulary projection on the last stage. Summed over the stages: the model's
 /// `flops_per_token / tp`.
 constexpr double stage_flops_per_token(const Architecture& a, int tp, int stages, int stage,
-                                       Recompute r = Recompute::none) {
+                                       Checkpointing r = Checkpointing::none) {
   validate(a, tp);
   const double layers = static_cast<double>(layers_on_stage(a.layers, stages, stage));
   const double block = static_cast<double>(layer_params(a));
   const double sh = static_cast<double>(a.seq) * static_cast<double>(a.hidden);
-  const double k_block = r == Recompute::full ? 8.0 : 6.0;
-  const double k_attention = r == Recompute::none ? 12.0 : 16.0;
+  const double k_block = r == Checkpointing::full ? 8.0 : 6.0;
+  const double k_attention = r == Checkpointing::none ? 12.0 : 16.0;
   double f = layers * (k_block * block + k_attention * sh);
   if (stage == stages - 1) f += 6.0 * static_cast<double>(a.vocab * a.hidden);
   return f / static_cast<double>(tp);
