@@ -76,7 +76,8 @@ struct Options {
   std::string save;
   bool quiet = false;
   bool memory_report = false;
-  double memory_cap_gb = 0.0;  // per rank, 1 GB = 1e9 B; 0: the target's default
+  double memory_cap_gb = 0.0;      // per rank, 1 GB = 1e9 B; 0: the target's default
+  std::string block_cache = "on";  // the accountant's block cache (docs/memory.md)
   // data parallelism (docs/parallel.md)
   int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
   std::string backend = "local";
@@ -135,6 +136,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add("memory-cap-gb", &o.memory_cap_gb, "GB",
            "per-rank memory cap (1e9 B): past it an allocation fails with OutOfMemory "
            "(0: none on the host, the GPU's free memory on CUDA)")
+      .add_choice("block-cache", &o.block_cache, {"on", "off"},
+                  "reuse freed blocks for tensors of the same size (off: every tensor asks the "
+                  "backend; for comparisons)")
       .add("ranks", &o.ranks, "N",
            "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
       .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
@@ -184,6 +188,13 @@ std::size_t memory_cap(const Options& o, int device) {
     return static_cast<std::size_t>(std::llround(o.memory_cap_gb * 1e9));
   }
   return Target::default_memory_cap(device);
+}
+
+/// Applies --memory-cap-gb and --block-cache to one rank's accountant.
+template <class Target>
+void apply_memory_options(const Options& o, fw::MemoryAccountant& memory, int device) {
+  memory.set_limit(memory_cap<Target>(o, device));
+  memory.set_block_caching(o.block_cache == "on");
 }
 
 /// `k` integers of every rank, on every rank (a collective over the world communicator, so the
@@ -313,7 +324,7 @@ int train(const Options& o) {
   check_output_dir("log-json", o.log_json);
   fw::MemoryAccountant memory(0);
   fw::Context<B> ctx = Target::context(memory, 0);
-  memory.set_limit(memory_cap<Target>(o, 0));
+  apply_memory_options<Target>(o, memory, 0);
 
   std::optional<fw::SafetensorsReader> ckpt;
   fw::models::GptConfig cfg = model_config(o, ckpt, true);
@@ -422,7 +433,7 @@ void train_ranks(const Options& o) {
                                " ranks; without --pp (and with no tensor axis yet) "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
-    w.memory().set_limit(memory_cap<Target>(o, rank_device(w)));
+    apply_memory_options<Target>(o, w.memory(), rank_device(w));
     const bool isolated = skip_collectives();
     Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
