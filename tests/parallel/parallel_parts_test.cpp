@@ -1,5 +1,6 @@
 // The byte movers under ShardedStrategy, each on its own: ParameterLayout, GradientReducer,
-// UnitGatherer and WorkQueue on the host backend with LocalWorld (ranks as threads). Every
+// UnitGatherer and WorkQueue on the host backend with LocalWorld (ranks as threads), and the
+// tensor-parallel placement table and conjugate operators (parallel/tp/). Every
 // expected value is computed here from the inputs by plain loops — the segments by the rule in
 // parameter_layout.hpp's comment (`reference_layout`), the reduced gradients by summing what each
 // rank added, the gathered weights from the values the shards were filled with — never by asking
@@ -22,6 +23,8 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/parallel/gradient_reducer.hpp"
 #include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/tp/conjugate.hpp"
+#include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/unit_gatherer.hpp"
 #include "fourway/parallel/work_queue.hpp"
 
@@ -766,4 +769,170 @@ TEST(ParallelParts, WorkQueueCompletesLocalCommCollectivesInIssueOrder) {
       }
     }
   });
+}
+
+// ---- tp::Placement
+// --------------------------------------------------------------------------------
+
+namespace {
+
+/// For rank r of n, the full element behind each local element (-1: vocabulary padding), by the
+/// table in placement.hpp's comment.
+std::vector<std::int64_t> local_to_full(const fw::tp::Placement& p, int n, int r) {
+  std::vector<std::int64_t> out;
+  switch (p.split) {
+    case fw::tp::Split::replicated:
+      for (std::int64_t e = 0; e < p.rows * p.cols; ++e) out.push_back(e);
+      break;
+    case fw::tp::Split::row:
+      for (std::int64_t i = r * p.rows / n; i < (r + 1) * p.rows / n; ++i) {
+        for (std::int64_t c = 0; c < p.cols; ++c) out.push_back(i * p.cols + c);
+      }
+      break;
+    case fw::tp::Split::vocab:
+      for (std::int64_t i = r * p.padded_rows / n; i < (r + 1) * p.padded_rows / n; ++i) {
+        for (std::int64_t c = 0; c < p.cols; ++c) out.push_back(i < p.rows ? i * p.cols + c : -1);
+      }
+      break;
+    case fw::tp::Split::column: {
+      const std::int64_t block = p.cols / p.parts;  // each block's columns split n ways
+      for (std::int64_t i = 0; i < p.rows; ++i) {
+        for (int k = 0; k < p.parts; ++k) {
+          for (std::int64_t c = r * block / n; c < (r + 1) * block / n; ++c) {
+            out.push_back(i * p.cols + k * block + c);
+          }
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// for_each_run visits exactly the (full, local) pairs of the table, in increasing offsets, never
+// the padding; over the group each full element is held once (n times when replicated). Would
+// fail if a column split ignored `parts` (q|k|v would be split as one block: the heads of q
+// would all land on rank 0).
+TEST(ParallelParts, PlacementRunsFollowTheSplitTable) {
+  using fw::tp::Split;
+  for (int n = 1; n <= 5; ++n) {
+    std::vector<fw::tp::Placement> table;
+    table.push_back({"ln.weight", Split::replicated, 1, 7});
+    table.push_back({"c_attn.weight", Split::column, 4, 3 * 2 * n, 3});
+    table.push_back({"c_fc.weight", Split::column, 3, 4 * n, 1});
+    table.push_back({"c_proj.weight", Split::row, 2 * n, 5});
+    table.push_back({"wte", Split::vocab, 10, 3, 1, fw::tp::padded_vocab(10, n, 2)});
+    for (const auto& p : table) {
+      std::vector<int> held(static_cast<std::size_t>(p.full_numel()), 0);
+      for (int r = 0; r < n; ++r) {
+        const auto expect = local_to_full(p, n, r);
+        EXPECT_EQ(p.local_numel(n), static_cast<std::int64_t>(expect.size())) << p.name << n;
+        std::vector<std::int64_t> got(expect.size(), -1);
+        std::int64_t last = -1;
+        p.for_each_run(n, r, [&](std::int64_t full, std::int64_t local, std::int64_t count) {
+          EXPECT_GT(local, last) << p.name << " runs out of order";
+          last = local;
+          for (std::int64_t t = 0; t < count; ++t) {
+            ASSERT_LT(local + t, static_cast<std::int64_t>(got.size())) << p.name;
+            got[static_cast<std::size_t>(local + t)] = full + t;
+            ++held[static_cast<std::size_t>(full + t)];
+          }
+        });
+        EXPECT_EQ(got, expect) << p.name << " n=" << n << " r=" << r;
+        EXPECT_EQ(p.counts_in_norm(r), p.split != Split::replicated || r == 0) << p.name;
+      }
+      const int copies = p.split == Split::replicated ? n : 1;
+      for (int h : held) ASSERT_EQ(h, copies) << p.name << " n=" << n;
+    }
+  }
+}
+
+// Vp by hand (GPT-2's 50257 over 4 ranks aligned to 128: a multiple of 512, 99·512 = 50688), the
+// real rows of each rank, and a ConfigError for sizes below 1.
+TEST(ParallelParts, PlacementPadsTheVocabularyAndRefusesEmptySizes) {
+  EXPECT_EQ(fw::tp::padded_vocab(50257, 4, 128), 50688);
+  EXPECT_EQ(fw::tp::padded_vocab(512, 4, 128), 512);
+  EXPECT_EQ(fw::tp::padded_vocab(10, 1, 1), 10);
+  fw::tp::Placement wte{"wte", fw::tp::Split::vocab, 10, 3, 1, 12};  // 4 ranks of 3 rows
+  const std::int64_t valid[] = {3, 3, 3, 1};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(wte.vocab_start(4, r), 3 * r);
+    EXPECT_EQ(wte.valid_rows(4, r), valid[r]);
+  }
+  fw::tp::Placement tail{"wte", fw::tp::Split::vocab, 5, 3, 1, 8};  // rank 3 of 4 is all padding
+  EXPECT_EQ(tail.valid_rows(4, 3), 0);
+  int runs = 0;
+  tail.for_each_run(4, 3, [&](auto, auto, auto) { ++runs; });
+  EXPECT_EQ(runs, 0);
+  EXPECT_THROW((void)fw::tp::padded_vocab(0, 4, 128), fw::ConfigError);
+  EXPECT_THROW((void)fw::tp::padded_vocab(10, 0, 128), fw::ConfigError);
+  EXPECT_THROW((void)fw::tp::padded_vocab(10, 4, 0), fw::ConfigError);
+}
+
+// ---- tp conjugate operators
+// ----------------------------------------------------------------------
+
+// g (all-reduce), ḡ (gather rows) and ḡ' (reduce-scatter rows) against sums and concatenations
+// computed here, on 1..4 ranks; one rank moves nothing.
+TEST(ParallelParts, ConjugateOperatorsSumGatherAndScatterRows) {
+  constexpr std::int64_t R = 2, C = 3;  // rows per rank, columns
+  auto value = [](int r, std::int64_t e) { return static_cast<float>(10 * r + e % 7); };
+  for (int n = 1; n <= 4; ++n) {
+    fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
+      const int r = w.rank();
+      auto& comm = w.comm();
+      fw::Tensor<float, Host> t(fw::Shape{R, C}, fw::MemTag::activations, w.memory());
+      for (std::int64_t e = 0; e < R * C; ++e) t.data()[e] = value(r, e);
+      fw::tp::all_reduce_sum(comm, t);
+      for (std::int64_t e = 0; e < R * C; ++e) {
+        float sum = 0.0f;
+        for (int q = 0; q < n; ++q) sum += value(q, e);
+        EXPECT_EQ(t.data()[e], sum) << "all_reduce n=" << n;
+      }
+      fw::Tensor<float, Host> chunk(fw::Shape{R, C}, fw::MemTag::activations, w.memory());
+      for (std::int64_t e = 0; e < R * C; ++e) chunk.data()[e] = value(r, e);
+      const auto full =
+          fw::tp::gather_rows(w.ctx(), comm, chunk, fw::Shape{n * R, C}, fw::MemTag::activations);
+      for (int q = 0; q < n; ++q) {  // rank q's chunk is rows [q·R, (q+1)·R)
+        for (std::int64_t e = 0; e < R * C; ++e) {
+          EXPECT_EQ(full.data()[q * R * C + e], value(q, e)) << "gather n=" << n;
+        }
+      }
+      fw::Tensor<float, Host> mine(fw::Shape{n * R, C}, fw::MemTag::activations, w.memory());
+      for (std::int64_t e = 0; e < n * R * C; ++e) mine.data()[e] = value(r, e);
+      const auto part = fw::tp::reduce_scatter_rows(w.ctx(), comm, mine, fw::MemTag::activations);
+      ASSERT_EQ(part.numel(), R * C);
+      for (std::int64_t e = 0; e < R * C; ++e) {
+        float sum = 0.0f;
+        for (int q = 0; q < n; ++q) sum += value(q, r * R * C + e);
+        EXPECT_EQ(part.data()[e], sum) << "reduce_scatter n=" << n;
+      }
+      if (n == 1) {
+        EXPECT_EQ(comm.traffic().total(), 0u);
+        EXPECT_EQ(comm.sequence(), 0u);
+      }
+    });
+  }
+}
+
+// Shapes that do not split are a ShapeError on every rank before any collective (nothing hangs).
+TEST(ParallelParts, ConjugateOperatorsRefuseRowsThatDoNotSplit) {
+  std::atomic<int> refused{0};
+  fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+    fw::Tensor<float, Host> odd(fw::Shape{5, 3}, fw::MemTag::activations, w.memory());
+    try {
+      (void)fw::tp::reduce_scatter_rows(w.ctx(), w.comm(), odd, fw::MemTag::activations);
+    } catch (const fw::ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("B·T=5 rows over tp=2"), std::string::npos) << e.what();
+      ++refused;
+    }
+    fw::Tensor<float, Host> chunk(fw::Shape{2, 3}, fw::MemTag::activations, w.memory());
+    EXPECT_THROW((void)fw::tp::gather_rows(w.ctx(), w.comm(), chunk, fw::Shape{5, 3},
+                                           fw::MemTag::activations),
+                 fw::ShapeError);
+    EXPECT_EQ(w.comm().sequence(), 0u);
+  });
+  EXPECT_EQ(refused.load(), 2);
 }
