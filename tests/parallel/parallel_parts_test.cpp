@@ -1,6 +1,7 @@
 // The byte movers under ShardedStrategy, each on its own: ParameterLayout, GradientReducer,
 // UnitGatherer and WorkQueue on the host backend with LocalWorld (ranks as threads), and the
-// tensor-parallel placement table and conjugate operators (parallel/tp/). Every
+// tensor-parallel placement table and conjugate operators (parallel/tp/) and the pipeline's
+// ChunkSet (parallel/pp/). Every
 // expected value is computed here from the inputs by plain loops — the segments by the rule in
 // parameter_layout.hpp's comment (`reference_layout`), the reduced gradients by summing what each
 // rank added, the gathered weights from the values the shards were filled with — never by asking
@@ -23,6 +24,7 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/parallel/gradient_reducer.hpp"
 #include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/tp/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/unit_gatherer.hpp"
@@ -54,7 +56,7 @@ struct Toy {
     const fw::DeferredInit deferred;
     for (std::size_t i = 0; i < spec.numels.size(); ++i) {
       params.push_back(
-          std::make_unique<Param>(ctx, "p" + std::to_string(i), fw::Shape{spec.numels[i]}));
+          std::make_unique<Param>(ctx, fw::detail::cat("p", i), fw::Shape{spec.numels[i]}));
     }
   }
   template <class F>
@@ -935,4 +937,59 @@ TEST(ParallelParts, ConjugateOperatorsRefuseRowsThatDoNotSplit) {
     EXPECT_EQ(w.comm().sequence(), 0u);
   });
   EXPECT_EQ(refused.load(), 2);
+}
+
+// ---- pp::ChunkSet
+// ----------------------------------------------------------------------------------
+
+// A rank holding chunks 0 and 2 of a 3-chunk GPT (as under ZB-V): units are chunk 0's then chunk
+// 2's, parameters chunk by chunk, and only the head's copy of wte is left out of the norm. Would
+// fail if the unit lookup picked the chunk with `>=` (unit 2, chunk 2's first, would go to chunk
+// 0).
+TEST(ParallelParts, ChunkSetJoinsChunksIntoOneModel) {
+  fw::models::GptConfig cfg;
+  cfg.layers = 3;
+  cfg.heads = 2;
+  cfg.dim = 4;
+  cfg.vocab = 7;
+  cfg.max_seq = 3;
+  using Gpt = fw::models::Gpt<float, Host>;
+  fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+    Gpt first(w.ctx(), cfg, 1, fw::models::GptPart{0, 1, true, false});
+    Gpt last(w.ctx(), cfg, 1, fw::models::GptPart{2, 3, false, true});
+    const Param* tied = nullptr;  // the head's wte: the first parameter the last chunk visits
+    last.visit_parameters([&](Param& p) {
+      if (tied == nullptr) tied = &p;
+    });
+    ASSERT_EQ(tied->name, "wte.weight");
+    fw::pp::ChunkSet<float, Host, fw::LocalComm> set({&first, &last}, tied, w.comm());
+    ASSERT_EQ(set.units(), 4);  // (embedding, h.0) + (h.2, head)
+    std::vector<const Param*> expect;
+    first.visit_parameters([&](Param& p) { expect.push_back(&p); });
+    last.visit_parameters([&](Param& p) { expect.push_back(&p); });
+    std::vector<const Param*> got;
+    set.visit_parameters([&](Param& p) { got.push_back(&p); });
+    EXPECT_EQ(got, expect);
+    for (std::size_t i = 0; i < expect.size(); ++i) {
+      EXPECT_EQ(set.counts_in_norm(static_cast<int>(i)), expect[i] != tied) << expect[i]->name;
+    }
+    const std::pair<Gpt*, int> owner[] = {{&first, 0}, {&first, 1}, {&last, 0}, {&last, 1}};
+    const char* prefix[] = {"w", "h.0.", "h.2.", ""};  // unit 3: ln_f.* then the tied wte
+    for (int u = 0; u < 4; ++u) {
+      std::vector<const Param*> want, have;
+      owner[u].first->visit_unit_parameters(owner[u].second, [&](Param& p) { want.push_back(&p); });
+      set.visit_unit_parameters(u, [&](Param& p) { have.push_back(&p); });
+      EXPECT_EQ(have, want) << "unit " << u;
+      for (const Param* p : have) {
+        EXPECT_EQ(p->name.rfind(prefix[u], 0), 0u) << "unit " << u << ": " << p->name;
+      }
+    }
+    EXPECT_THROW(set.visit_unit_parameters(4, [](Param&) {}), fw::ConfigError);
+    EXPECT_THROW(set.visit_unit_parameters(-1, [](Param&) {}), fw::ConfigError);
+    double x = w.rank() + 1.5;
+    set.sum_over_model_parallel(x);
+    EXPECT_EQ(x, 1.5 + 2.5);
+    EXPECT_THROW((fw::pp::ChunkSet<float, Host, fw::LocalComm>({}, nullptr, w.comm())),
+                 fw::ConfigError);
+  });
 }
