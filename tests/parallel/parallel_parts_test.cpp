@@ -947,12 +947,7 @@ TEST(ParallelParts, ConjugateOperatorsRefuseRowsThatDoNotSplit) {
 // fail if the unit lookup picked the chunk with `>=` (unit 2, chunk 2's first, would go to chunk
 // 0).
 TEST(ParallelParts, ChunkSetJoinsChunksIntoOneModel) {
-  fw::models::GptConfig cfg;
-  cfg.layers = 3;
-  cfg.heads = 2;
-  cfg.dim = 4;
-  cfg.vocab = 7;
-  cfg.max_seq = 3;
+  const fw::models::GptConfig cfg{.layers = 3, .heads = 2, .dim = 4, .vocab = 7, .max_seq = 3};
   using Gpt = fw::models::Gpt<float, Host>;
   fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
     Gpt first(w.ctx(), cfg, 1, fw::models::GptPart{0, 1, true, false});
