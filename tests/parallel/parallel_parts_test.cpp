@@ -644,8 +644,8 @@ void gather_and_check(const Spec& spec, int n, bool prefetch, const std::string&
 
 // Gathered weights equal the concatenated shards; release keeps exactly what the next unit needs;
 // prefetch holds at most two units and is never gathered twice; the peak and the accountant agree.
-// Would fail if release ignored `next` (the tied p0 shared by units 0 and 3 of the GPT-like spec is
-// dropped at the forward/backward turn and the last unit's weights read nothing), or if a started
+// Would fail if release ignored `next` (at the forward/backward turn, release(U-1, U-1) would drop
+// the last unit's weights, which backward needs at once: they read as unbound), or if a started
 // gather were issued again on acquire.
 TEST(ParallelParts, GathererGathersReleasesAndPrefetches) {
   const auto all = specs();
