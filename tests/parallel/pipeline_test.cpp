@@ -590,3 +590,47 @@ TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
     }
   }
 }
+
+// What W keeps between B and W (copies of each Linear's input and output gradient, the head's
+// d logits and ln_f output) is counted as activations by the accountant. Measured peaks beside
+// 1F1B's, micro-batches of 3 rows.
+TEST(ParallelPipeline, ZeroBubbleActivationPeaksAreCounted) {
+  PipeConfig pc;
+  pc.layers = 4;
+  pc.steps = 2;
+  const auto peaks = [&](Kind k, int m, bool checkpoint) {
+    PipeConfig q = pc;
+    q.kind = k;
+    q.micro_batches = m;
+    q.rows = 3 * m;
+    q.checkpoint = checkpoint;
+    return run_pipeline<float>(q).peak_activations;
+  };
+  for (const bool ck : {false, true}) {
+    const auto f8 = peaks(Kind::one_f_one_b, 8, ck);
+    const auto z8 = peaks(Kind::zb_h1, 8, ck);
+    const auto z4 = peaks(Kind::zb_h1, 4, ck);
+    const auto g1 = peaks(Kind::gpipe, 1, ck);
+    const auto part = fw::pp::Partition::balanced(gpt(4), 2);
+    const auto cfg = h8::tiny_gpt();
+    const std::size_t rows = 3 * h8::kSeq;
+    for (std::size_t r = 0; r < 2; ++r) {
+      std::printf(
+          "ckpt %d rank %zu peak activation bytes: 1f1b m=8 %zu; zb-h1 m=8 %zu, m=4 %zu; "
+          "gpipe m=1 %zu\n",
+          ck ? 1 : 0, r, f8[r], z8[r], z4[r], g1[r]);
+      // W's copies per micro-batch: per block x and dy of its four Linears, (C + 3C) + (C + C)
+      // + (C + 4C) + (4C + C) = 16C per row; the head's d logits and ln_f output, (V + C) per row
+      const auto p = part.part(static_cast<int>(r));
+      const std::size_t kept_w =
+          4 * rows *
+          (16 * static_cast<std::size_t>(cfg.dim * (p.end_block - p.first_block)) +
+           (p.head ? static_cast<std::size_t>(cfg.vocab + cfg.dim) : 0));
+      // bounded whatever m (ZB-H1 lets p micro-batches be in flight, from F to W), and at most
+      // one micro-batch's peak plus p micro-batches' W copies
+      EXPECT_EQ(z8[r], z4[r]) << "rank " << r;
+      EXPECT_LE(z8[r], g1[r] + 2 * kept_w) << "rank " << r;
+      EXPECT_GT(z8[r], g1[r]) << "rank " << r;
+    }
+  }
+}
