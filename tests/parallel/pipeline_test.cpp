@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -499,3 +500,137 @@ TEST(ParallelPipeline, RefusesWhatCannotRun) {
 }
 
 }  // namespace
+
+// ---- the split backward: W does the weight-gradient work --------------------------------------
+
+namespace {
+
+/// `m` micro-batches of kBatch / m rows of h8::batch(0), as views.
+std::vector<fw::pp::MicroBatch<fw::Host>> micro_batch_views(const fw::TokenBatch& batch, int m) {
+  std::vector<fw::pp::MicroBatch<fw::Host>> mbs(static_cast<std::size_t>(m));
+  const std::int64_t rows = h8::kBatch / m;
+  for (std::size_t i = 0; i < mbs.size(); ++i) {
+    const auto off = static_cast<std::ptrdiff_t>(i) * rows * h8::kSeq;
+    auto* tok = const_cast<std::int32_t*>(batch.inputs.data()) + off;
+    auto* tgt = const_cast<std::int32_t*>(batch.targets.data()) + off;
+    mbs[i].tokens = fw::Tensor<std::int32_t, fw::Host>::view_of(tok, fw::Shape{rows, h8::kSeq});
+    mbs[i].targets = fw::Tensor<std::int32_t, fw::Host>::view_of(tgt, fw::Shape{rows, h8::kSeq});
+  }
+  return mbs;
+}
+
+}  // namespace
+
+// After each B(mb, c) every Linear weight gradient of chunk c is bitwise what it was (B computed
+// only input, LayerNorm and bias gradients) and after each W(mb, c) every one has changed; if W
+// went back to being nominal (B doing the whole backward) this fails.
+TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
+  for (const bool checkpoint : {false, true}) {
+    for (const auto& table : {fw::schedule::zb_h1(2, 4), fw::schedule::zb_v(2, 4)}) {
+      SCOPED_TRACE(std::string(table.name) + (checkpoint ? " checkpointing" : ""));
+      const auto cfg = gpt(4, checkpoint);
+      const auto part = fw::pp::Partition::balanced(cfg, table.chunks());
+      std::mutex mu;
+      int bs = 0, ws = 0, b_untouched = 0, b_layernorm = 0, w_changed = 0;
+      fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+        using Model = fw::models::Gpt<float, fw::Host>;
+        std::vector<std::unique_ptr<Model>> owned;
+        std::vector<Model*> chunks(static_cast<std::size_t>(table.chunks()), nullptr);
+        for (int c = 0; c < table.chunks(); ++c) {
+          if (table.rank_of(c) != w.rank()) continue;
+          owned.push_back(std::make_unique<Model>(w.ctx(), cfg, h8::kSeed, part.part(c)));
+          chunks[static_cast<std::size_t>(c)] = owned.back().get();
+        }
+        const auto grads = [&](int c, bool linear) {
+          std::vector<std::vector<float>> g;
+          chunks[static_cast<std::size_t>(c)]->visit_parameters(
+              [&](fw::Parameter<float, fw::Host>& p) {
+                const bool is_linear =
+                    p.name.find(".c_") != std::string::npos && p.name.ends_with(".weight");
+                const bool is_ln = p.name.find(".ln_1.weight") != std::string::npos;
+                if (linear ? is_linear : is_ln)
+                  g.emplace_back(p.grad.data(), p.grad.data() + p.grad.numel());
+              });
+          return g;
+        };
+        std::map<int, std::vector<std::vector<float>>> lin, ln;
+        for (int c = 0; c < table.chunks(); ++c)
+          if (chunks[static_cast<std::size_t>(c)]) lin[c] = grads(c, true), ln[c] = grads(c, false);
+        int nb = 0, nw = 0, untouched = 0, layernorm = 0, changed = 0;
+        fw::pp::Executor<float, fw::Host, fw::LocalComm> ex(w.ctx(), w.comm(), table, chunks);
+        ex.on_compute([&](const fw::schedule::Action& a) {
+          using Op = fw::schedule::Op;
+          if (a.op == Op::backward_input) {
+            ++nb;
+            untouched += grads(a.chunk, true) == lin[a.chunk] ? 1 : 0;
+            const auto now = grads(a.chunk, false);
+            layernorm += now != ln[a.chunk] ? 1 : 0;
+            ln[a.chunk] = now;
+          } else if (a.op == Op::backward_weight) {
+            ++nw;
+            const auto now = grads(a.chunk, true);
+            bool all = !now.empty();
+            for (std::size_t i = 0; i < now.size(); ++i) all = all && now[i] != lin[a.chunk][i];
+            changed += all ? 1 : 0;
+            lin[a.chunk] = now;
+          }
+        });
+        const auto batch = h8::batch(0);
+        (void)ex.run(micro_batch_views(batch, 4), 1.0f / 4);
+        EXPECT_EQ(w.memory().current(fw::MemTag::activations), 0u) << "W freed what it kept";
+        std::lock_guard lock(mu);
+        bs += nb, ws += nw, b_untouched += untouched, b_layernorm += layernorm,
+            w_changed += changed;
+      });
+      EXPECT_EQ(bs, 4 * table.chunks());
+      EXPECT_EQ(ws, 4 * table.chunks());
+      EXPECT_EQ(b_untouched, bs) << "a B changed Linear weight gradients";
+      EXPECT_EQ(b_layernorm, bs) << "a B left the LayerNorm gradients alone";
+      EXPECT_EQ(w_changed, ws) << "a W did not add to every Linear weight gradient";
+    }
+  }
+}
+
+// What W keeps between B and W (copies of each Linear's input and output gradient, the head's
+// d logits and ln_f output) is counted as activations by the accountant. Measured peaks beside
+// 1F1B's, micro-batches of 3 rows.
+TEST(ParallelPipeline, ZeroBubbleActivationPeaksAreCounted) {
+  PipeConfig pc;
+  pc.layers = 4;
+  pc.steps = 2;
+  const auto peaks = [&](Kind k, int m, bool checkpoint) {
+    PipeConfig q = pc;
+    q.kind = k;
+    q.micro_batches = m;
+    q.rows = 3 * m;
+    q.checkpoint = checkpoint;
+    return run_pipeline<float>(q).peak_activations;
+  };
+  for (const bool ck : {false, true}) {
+    const auto f8 = peaks(Kind::one_f_one_b, 8, ck);
+    const auto z8 = peaks(Kind::zb_h1, 8, ck);
+    const auto z4 = peaks(Kind::zb_h1, 4, ck);
+    const auto g1 = peaks(Kind::gpipe, 1, ck);
+    const auto part = fw::pp::Partition::balanced(gpt(4), 2);
+    const auto cfg = h8::tiny_gpt();
+    const std::size_t rows = 3 * h8::kSeq;
+    for (std::size_t r = 0; r < 2; ++r) {
+      std::printf(
+          "ckpt %d rank %zu peak activation bytes: 1f1b m=8 %zu; zb-h1 m=8 %zu, m=4 %zu; "
+          "gpipe m=1 %zu\n",
+          ck ? 1 : 0, r, f8[r], z8[r], z4[r], g1[r]);
+      // W's copies per micro-batch: per block x and dy of its four Linears, (C + 3C) + (C + C)
+      // + (C + 4C) + (4C + C) = 16C per row; the head's d logits and ln_f output, (V + C) per row
+      const auto p = part.part(static_cast<int>(r));
+      const std::size_t kept_w =
+          4 * rows *
+          (16 * static_cast<std::size_t>(cfg.dim * (p.end_block - p.first_block)) +
+           (p.head ? static_cast<std::size_t>(cfg.vocab + cfg.dim) : 0));
+      // bounded whatever m (ZB-H1 lets p micro-batches be in flight, from F to W), and at most
+      // one micro-batch's peak plus p micro-batches' W copies
+      EXPECT_EQ(z8[r], z4[r]) << "rank " << r;
+      EXPECT_LE(z8[r], g1[r] + 2 * kept_w) << "rank " << r;
+      EXPECT_GT(z8[r], g1[r]) << "rank " << r;
+    }
+  }
+}

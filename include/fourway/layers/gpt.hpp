@@ -14,7 +14,9 @@
 //! embedding's part in unit 0: it is complete after `post_backward(0)`.
 //! Parameters carry Hugging Face GPT-2 names ("h.3.mlp.c_fc.weight"); matrices are stored
 //! (in, out) as HF's Conv1D. Gradients accumulate (`+=`) across backward calls until
-//! `zero_grad`. All activations of a micro-batch live in its `Stash`.
+//! `zero_grad`. All activations of a micro-batch live in its `Stash`. Under a `DeferWeightGrads`
+//! scope (layers/weight_grad_queue.hpp) the backward leaves the matrix weight gradients (every
+//! Linear's and the LM head's part of wte's) to the scope's queue; the rest are added in place.
 //!
 //! A `GptPart` builds only some units (a pipeline chunk): blocks [first_block, end_block), the
 //! embedding (wte, wpe) and/or the head (ln_f, tied wte). Blocks keep their global index and
@@ -33,6 +35,7 @@
 #include "fourway/layers/embedding.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
+#include "fourway/layers/weight_grad_queue.hpp"
 
 namespace fourway::models {
 
@@ -310,8 +313,12 @@ class Gpt {
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
     Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, V, 1.0f, dlogits, V, wte.weight.data(), C,
                  0.0f, dh.data(), C);
-    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V, s.ln_f.y.data(),
-                 C, 1.0f, wte.grad.data(), C);
+    if (auto* q = DeferWeightGrads<T, B>::active()) {
+      q->push(ctx, wte, std::move(s.logits), s.ln_f.y.view(), rows);  // d logits kept until W
+    } else {
+      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V,
+                   s.ln_f.y.data(), C, 1.0f, wte.grad.data(), C);
+    }
     s.logits.reset();
     s.losses.reset();
     return ln_f_.backward(ctx, dh, s.ln_f);

@@ -1,7 +1,8 @@
 //! `Linear<T, B>`: y = x·W + b with W stored (in, out) — the Hugging Face Conv1D layout of GPT-2.
 //!
 //! Backward: dx = dy·Wᵀ (written), dW += xᵀ·dy, db += Σ_rows dy (accumulated). The stash keeps
-//! a view of x (the caller keeps x alive) and owns y.
+//! a view of x (the caller keeps x alive) and owns y. Under a `DeferWeightGrads` scope the dW
+//! GEMM is pushed to the scope's queue with copies of x and dy (layers/weight_grad_queue.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "fourway/layers/layer.hpp"
+#include "fourway/layers/weight_grad_queue.hpp"
 
 namespace fourway {
 
@@ -55,8 +57,12 @@ class Linear {
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, s.x.shape());
     Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, in_, out_, 1.0f, dy.data(), out_,
                  weight_.weight.data(), out_, 0.0f, dx.data(), in_);
-    Ops<B>::gemm(ctx, Trans::transpose, Trans::none, in_, out_, rows, 1.0f, s.x.data(), in_,
-                 dy.data(), out_, 1.0f, weight_.grad.data(), out_);
+    if (auto* q = DeferWeightGrads<T, B>::active()) {
+      q->push(ctx, weight_, s.x.view(), dy.view(), rows);
+    } else {
+      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, in_, out_, rows, 1.0f, s.x.data(), in_,
+                   dy.data(), out_, 1.0f, weight_.grad.data(), out_);
+    }
     if (has_bias_) Ops<B>::bias_backward(ctx, bias_.grad.data(), dy.data(), rows, out_);
     s = Stash{};
     return dx;

@@ -13,9 +13,12 @@
 //!   - chunks that follow each other on this rank (the turn of a V) hand over in memory;
 //!   - F(mb, c) runs chunk c's units in model order (embedding on chunk 0, head + loss on the
 //!     last chunk); BW(mb, c) runs them backwards and frees the micro-batch's activations;
-//!   - split backward: fourway's layers compute input and weight gradients in one pass, so B runs
-//!     the chunk's whole backward and W only records its slot (no compute). Tables with B/W run
-//!     and give the same gradients, but the W work is not moved into the bubble (docs/pipeline.md).
+//!   - split backward: B(mb, c) runs the chunk's backward under a `DeferWeightGrads` scope, so
+//!     it computes the input gradients (and LayerNorm, bias and embedding gradients) and pushes
+//!     every matrix weight-gradient GEMM, with copies of its operands, to the (mb, c) slot's
+//!     `WeightGradQueue` (layers/weight_grad_queue.hpp); W(mb, c) runs that queue into the
+//!     gradients and frees the copies. What the queue holds between B and W is counted by the
+//!     accountant as activations (docs/pipeline.md).
 //!
 //! Gradients accumulate over micro-batches (`+=`); the caller passes the grad scale that makes
 //! the sum that of the global-batch mean (train/strategy.hpp). Each compute and p2p group is
@@ -26,6 +29,8 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -35,6 +40,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/layers/weight_grad_queue.hpp"
 #include "fourway/schedule/action.hpp"
 #include "fourway/schedule/check.hpp"
 #include "fourway/schedule/table.hpp"
@@ -104,6 +110,8 @@ class Executor {
 
   [[nodiscard]] const schedule::Table& table() const { return table_; }
   [[nodiscard]] const std::vector<ExecSpan>& spans() const { return spans_; }
+  /// Called on this rank's thread after every compute action (tests observe B and W with it).
+  void on_compute(std::function<void(const schedule::Action&)> f) { on_compute_ = std::move(f); }
 
   /// Runs the table once: forwards and backwards of every micro-batch on this rank's chunks.
   /// Returns Σ over micro-batches of (mean loss · rows) on the rank holding the last chunk, 0
@@ -128,6 +136,7 @@ class Executor {
         const double s = now();
         loss_sum += compute(a, mbs, grad_scale);
         spans_.push_back({a.op, a.micro_batch, a.chunk, s, now()});
+        if (on_compute_) on_compute_(a);
         ++i;
         continue;
       }
@@ -150,10 +159,11 @@ class Executor {
   /// What one (micro-batch, chunk) keeps between its actions.
   struct Slot {
     typename Model::Stash stash;
-    Tensor<T, B> input;     // received activation (kept until the backward)
-    Tensor<T, B> output;    // view of F's output (in the stash)
-    Tensor<T, B> grad_in;   // received d loss / d output
-    Tensor<T, B> grad_out;  // B's d loss / d input
+    Tensor<T, B> input;                  // received activation (kept until the backward)
+    Tensor<T, B> output;                 // view of F's output (in the stash)
+    Tensor<T, B> grad_in;                // received d loss / d output
+    Tensor<T, B> grad_out;               // B's d loss / d input
+    WeightGradQueue<T, B> weight_grads;  // B's deferred dW GEMMs, run and freed by W
   };
   /// A posted send and the buffers it reads.
   struct Pending {
@@ -205,7 +215,12 @@ class Executor {
       s.output = std::move(x);
       return 0.0;
     }
-    if (a.op == Op::backward_weight) return 0.0;  // computed with B (see the file comment)
+    if (a.op == Op::backward_weight) {
+      s.weight_grads.run(*ctx_);
+      return 0.0;
+    }
+    std::optional<DeferWeightGrads<T, B>> defer;
+    if (a.op == Op::backward_input) defer.emplace(s.weight_grads);
     Tensor<T, B> dx;
     if (part.head) {
       dx = g.backward_head(*ctx_, s.stash, grad_scale);
@@ -337,6 +352,7 @@ class Executor {
   std::vector<Slot> slots_;
   std::vector<Pending> pending_;
   std::vector<ExecSpan> spans_;
+  std::function<void(const schedule::Action&)> on_compute_;
   std::array<std::int64_t, 3> dims_{};
   std::chrono::steady_clock::time_point t0_{};
 };
