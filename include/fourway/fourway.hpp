@@ -24,6 +24,7 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/comm/peer_access.hpp"
 #include "fourway/config.hpp"
+#include "fourway/core/block_cache.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/handle.hpp"
