@@ -150,8 +150,9 @@ struct RankTimes {
 
 /// The idle fraction per stage of the last step: measured (1 - compute time / the makespan, each
 /// rank's times from its own start), predicted by the schedule's simulation from costs measured
-/// in the same step (median F, B or BW, W per chunk; p2p latency and group overhead without the
-/// waiting), and replayed (the simulation with each action's own measured time).
+/// in the same step (median F, B or BW, W per chunk; the least p2p latency and group overhead
+/// measured, once the waiting for the peer is taken out), and replayed (the simulation with each
+/// action's own measured time).
 struct IdlePrediction {
   std::vector<double> measured, predicted, replayed;  // [stage]
   std::vector<fw::schedule::Costs> chunk;             // per chunk
@@ -199,9 +200,13 @@ inline IdlePrediction predict_idle(const fw::schedule::Table& t,
       i = e;
     }
   }
+  // the least a group took: on a shared machine a longer one also waited for a core
+  const auto least = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+  };
   IdlePrediction out;
-  out.p2p.p2p_group = median(overhead);
-  out.p2p.p2p = median(latency);
+  out.p2p.p2p_group = least(overhead);
+  out.p2p.p2p = least(latency);
   for (auto& m : by_chunk) {
     fw::schedule::Costs c;
     c.forward = median(m[Op::forward]);
