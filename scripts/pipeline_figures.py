@@ -21,6 +21,7 @@ args = ["--layers", "4", "--dim", "256", "--heads", "8", "--seq", "64", "--batch
         "--micro-batches", "8", "--steps", "4", "--pp", "2", "--quiet"]
 env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 runs = {s: [] for s in schedules}
+load_before = open("/proc/loadavg").read().strip()
 for rep in range(reps):
     for s in schedules:
         with tempfile.NamedTemporaryFile(suffix=".jsonl") as log:
@@ -37,7 +38,7 @@ def mmm(values, fmt):
     return "/".join(fmt % v for v in (min(values), statistics.median(values), max(values)))
 
 
-print("load before: " + open("/proc/loadavg").read().strip())
+print("load before: " + load_before)
 print("| schedule | stage | measured idle (min/med/max) | predicted (min/med/max) | "
       "replayed (min/med/max) | |measured - predicted| per run (max) | step ms (min/med/max) |")
 print("|---|---:|---|---|---|---|---|")
