@@ -113,25 +113,122 @@ inline void write_trace(const std::string& path, const std::vector<TraceEvent>& 
   out << "\n]}\n";
 }
 
-/// Per-action costs measured in the last step (medians over the rank's F, B/BW, W), for the
-/// checker's timed simulation.
-inline fw::schedule::Costs measured_costs(const std::vector<fw::pp::ExecSpan>& spans) {
-  std::map<fw::schedule::Op, std::vector<double>> d;
-  for (const auto& s : spans)
-    if (fw::schedule::is_compute(s.op)) d[s.op].push_back(s.end - s.start);
-  const auto median = [&](fw::schedule::Op op, double dflt) {
-    auto it = d.find(op);
-    if (it == d.end() || it->second.empty()) return dflt;
-    auto v = it->second;
+/// One pipeline rank's last step as `predict_idle` reads it: for every action of its table row,
+/// when it started and ended (seconds on the steady clock shared by the ranks of one machine;
+/// every action of a p2p group carries the group's span), and when the step began on the rank.
+struct RankTimes {
+  std::vector<double> start, end;
+  double origin = 0.0;
+
+  static constexpr std::size_t fields(std::size_t width) { return 2 * width + 1; }
+  /// From the executor's spans (a compute action or a whole p2p group each), `width` slots.
+  RankTimes(const fw::schedule::Table& t, int rank, const std::vector<fw::pp::ExecSpan>& spans,
+            std::chrono::steady_clock::time_point started, std::size_t width)
+      : start(width, 0.0), end(width, 0.0) {
+    origin = std::chrono::duration<double>(started.time_since_epoch()).count();
+    const auto& row = t.actions[static_cast<std::size_t>(rank)];
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < row.size() && k < spans.size(); ++k) {
+      const std::size_t e =
+          fw::schedule::is_compute(row[i].op) ? i + 1 : fw::schedule::detail::group_end(row, i);
+      for (; i < e; ++i) {
+        start[i] = origin + spans[k].start;
+        end[i] = origin + spans[k].end;
+      }
+    }
+  }
+  /// From `fields(width)` doubles (a row of an all-gather of `flat()`).
+  RankTimes(const double* v, std::size_t width)
+      : start(v, v + width), end(v + width, v + 2 * width), origin(v[2 * width]) {}
+  [[nodiscard]] std::vector<double> flat() const {
+    std::vector<double> v = start;
+    v.insert(v.end(), end.begin(), end.end());
+    v.push_back(origin);
+    return v;
+  }
+};
+
+/// The idle fraction per stage of the last step: measured (1 - compute time / the makespan, each
+/// rank's times from its own start), predicted by the schedule's simulation from costs measured
+/// in the same step (median F, B or BW, W per chunk; the least p2p latency and group overhead
+/// measured, once the waiting for the peer is taken out), and replayed (the simulation with each
+/// action's own measured time).
+struct IdlePrediction {
+  std::vector<double> measured, predicted, replayed;  // [stage]
+  std::vector<fw::schedule::Costs> chunk;             // per chunk
+  fw::schedule::Costs p2p;                            // p2p (latency), p2p_group (overhead)
+};
+
+inline IdlePrediction predict_idle(const fw::schedule::Table& t,
+                                   const std::vector<RankTimes>& times) {
+  using fw::schedule::Op;
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     return v[v.size() / 2];
   };
-  fw::schedule::Costs c;
-  c.forward = median(fw::schedule::Op::forward, 0.0);
-  c.backward = median(fw::schedule::Op::backward, -1.0);
-  c.backward_input = median(fw::schedule::Op::backward_input, c.backward > 0 ? c.backward : 0.0);
-  c.backward_weight = median(fw::schedule::Op::backward_weight, 0.0);
-  return c;
+  std::vector<std::map<Op, std::vector<double>>> by_chunk(static_cast<std::size_t>(t.chunks()));
+  std::vector<double> overhead, latency;
+  std::vector<double> busy(static_cast<std::size_t>(t.ranks), 0.0);
+  double makespan = 0.0;
+  for (int r = 0; r < t.ranks; ++r) {
+    const auto& row = t.actions[static_cast<std::size_t>(r)];
+    const RankTimes& d = times[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < row.size();) {
+      makespan = std::max(makespan, d.end[i] - d.origin);
+      if (fw::schedule::is_compute(row[i].op)) {
+        by_chunk[static_cast<std::size_t>(row[i].chunk)][row[i].op].push_back(d.end[i] -
+                                                                              d.start[i]);
+        busy[static_cast<std::size_t>(r)] += d.end[i] - d.start[i];
+        ++i;
+        continue;
+      }
+      // a group's time once it could finish: from the later of its start and the posts of the
+      // sends it receives (the waiting ends there) to its end
+      const std::size_t e = fw::schedule::detail::group_end(row, i);
+      double ready = d.start[i];
+      bool recv = false;
+      for (std::size_t k = i; k < e; ++k) {
+        if (!fw::schedule::is_recv(row[k].op)) continue;
+        recv = true;
+        const int j = fw::schedule::detail::find(t, row[k].peer, matching_op(row[k].op),
+                                                 row[k].micro_batch, row[k].chunk);
+        ready = std::max(
+            ready, times[static_cast<std::size_t>(row[k].peer)].start[static_cast<std::size_t>(j)]);
+      }
+      (recv ? latency : overhead).push_back(std::max(0.0, d.end[i] - ready));
+      i = e;
+    }
+  }
+  // the least a group took: on a shared machine a longer one also waited for a core
+  const auto least = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+  };
+  IdlePrediction out;
+  out.p2p.p2p_group = least(overhead);
+  out.p2p.p2p = least(latency);
+  for (auto& m : by_chunk) {
+    fw::schedule::Costs c;
+    c.forward = median(m[Op::forward]);
+    c.backward = m[Op::backward].empty() ? -1.0 : median(m[Op::backward]);
+    c.backward_input = median(m[Op::backward_input]);
+    c.backward_weight = median(m[Op::backward_weight]);
+    out.chunk.push_back(c);
+  }
+  const auto sim = fw::schedule::simulate(t, out.chunk, out.p2p);
+  const auto replay = fw::schedule::simulate_actions(
+      t,
+      [&](int r, std::size_t i, const fw::schedule::Action&) {
+        const RankTimes& d = times[static_cast<std::size_t>(r)];
+        return d.end[i] - d.start[i];
+      },
+      out.p2p.p2p, out.p2p.p2p_group);
+  for (int r = 0; r < t.ranks; ++r) {
+    out.measured.push_back(makespan > 0 ? 1.0 - busy[static_cast<std::size_t>(r)] / makespan : 0.0);
+    out.predicted.push_back(sim.bubble(r));
+    out.replayed.push_back(replay.bubble(r));
+  }
+  return out;
 }
 
 template <class Target, class T, class W, int Zero>
@@ -172,9 +269,8 @@ void train_pipeline_ranks(const Options& o) {
     fw::Trainer<S> trainer(to, ctx, cfg, o.seed, pp, dp, po, make_adamw(o));
     auto& st = trainer.strategy();
     st.time_phases(!o.trace.empty());
-    if (ckpt) {
-      for (int c = 0; c < st.table().chunks(); ++c)
-        if (auto* chunk = st.chunk(c)) fw::load_gpt2(ctx, *ckpt, *chunk, true);
+    if (ckpt) {  // positioned reads of this rank's tensors (under ZeRO: of the elements it owns)
+      st.load_weights(fw::gpt2_element_reader(*ckpt, fw::inspect_gpt2(*ckpt)));
       ckpt.reset();
     }
     if (lead && Zero > 0)
@@ -252,43 +348,36 @@ void train_pipeline_ranks(const Options& o) {
       trace.insert(trace.end(), mine.begin(), mine.end());
     }
     // the idle fraction per stage: measured in the last step vs the checker's simulation with
-    // the measured per-action costs (gathered on rank 0 over the pipeline group)
-    std::vector<double> local = {0.0, 0.0, 0.0, 0.0, 0.0};
-    {
-      const auto spans = st.spans();
-      const auto c = measured_costs(spans);
-      double busy = 0.0, end = 0.0;
-      for (const auto& s : spans) {
-        if (fw::schedule::is_compute(s.op)) busy += s.end - s.start;
-        end = std::max(end, s.end);
-      }
-      local = {busy, end, c.forward, c.backward > 0 ? c.backward : c.backward_input,
-               c.backward_weight};
-    }
+    // the costs measured in it (every rank's action times gathered over the pipeline group)
+    const auto& table = st.table();
+    std::size_t width = 0;
+    for (const auto& row : table.actions) width = std::max(width, row.size());
+    const std::vector<double> local =
+        RankTimes(table, pp.rank(), st.spans(), st.spans_origin(), width).flat();
     std::vector<double> all(local.size() * static_cast<std::size_t>(o.pp));
     pp.all_gather(local.data(), all.data(), static_cast<std::int64_t>(local.size()));
     if (lead) {
       progress.finish();
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
-      double makespan = 0.0;
-      fw::schedule::Costs costs;
-      costs.forward = costs.backward_input = costs.backward_weight = 0.0;
-      for (int q = 0; q < o.pp; ++q) {
-        const double* v = all.data() + static_cast<std::size_t>(q) * local.size();
-        makespan = std::max(makespan, v[1]);
-        costs.forward += v[2] / o.pp;
-        costs.backward_input += v[3] / o.pp;
-        costs.backward_weight += v[4] / o.pp;
-      }
-      const auto sim = fw::schedule::simulate(st.table(), costs);
+      std::vector<RankTimes> times;
+      for (int q = 0; q < o.pp; ++q)
+        times.emplace_back(all.data() + static_cast<std::size_t>(q) * local.size(), width);
+      const IdlePrediction idle = predict_idle(table, times);
       std::printf(
-          "idle fraction per stage, last step (measured vs the schedule's simulation with "
-          "the measured F %.3g ms, B %.3g ms, W %.3g ms):\n",
-          costs.forward * 1e3, costs.backward_input * 1e3, costs.backward_weight * 1e3);
+          "idle fraction per stage, last step: measured; predicted by the schedule's simulation "
+          "with the measured median F/B/W per chunk, p2p latency %.3g ms and p2p group overhead "
+          "%.3g ms; replayed with each action's measured time\n",
+          idle.p2p.p2p * 1e3, idle.p2p.p2p_group * 1e3);
+      for (std::size_t c = 0; c < idle.chunk.size(); ++c)
+        std::printf(
+            "  chunk %zu: F %.3g ms, B %.3g ms, W %.3g ms\n", c, idle.chunk[c].forward * 1e3,
+            (idle.chunk[c].backward >= 0 ? idle.chunk[c].backward : idle.chunk[c].backward_input) *
+                1e3,
+            idle.chunk[c].backward_weight * 1e3);
       for (int q = 0; q < o.pp; ++q) {
-        const double* v = all.data() + static_cast<std::size_t>(q) * local.size();
-        std::printf("  stage %d: measured %.3f, predicted %.3f\n", q, 1.0 - v[0] / makespan,
-                    sim.bubble(q));
+        const auto u = static_cast<std::size_t>(q);
+        std::printf("  stage %d: measured %.3f, predicted %.3f, replayed %.3f\n", q,
+                    idle.measured[u], idle.predicted[u], idle.replayed[u]);
       }
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
@@ -330,10 +419,6 @@ int train_pipeline(const Options& o) {
   check_output_dir("trace", o.trace);
   fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
                              " does not exist; use 0, 1, 2 or 3");
-  fw::check<fw::ConfigError>(o.zero == 0 || o.init_from.empty(), "fourway: --pp with --zero ",
-                             o.zero,
-                             " cannot --init-from yet (the stages load into unsharded "
-                             "weights); start from --zero 0 or drop --init-from");
   fw::check<fw::ConfigError>(o.micro_batches >= 1, "fourway: --micro-batches must be >= 1, got ",
                              o.micro_batches);
   fw::check<fw::ConfigError>(

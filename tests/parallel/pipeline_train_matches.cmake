@@ -3,21 +3,47 @@
 # With MPIEXEC set, the pipeline runs under mpirun (--backend mpi) against LocalWorld's --pp S.
 # EXTRA (a list) goes to the pipeline runs only, e.g. --dp;2;--zero;3 (replicas with ZeRO); the
 # reference then runs REF_M micro-batches (the replicas' M each, in all).
-# Arguments: TRAIN, COMPARE, WEIGHTS, PP, M, SCHEDULES, WORK, [MPIEXEC, NPFLAG, EXTRA, REF_M].
+# With INIT set, every run starts --init-from a file of other weights (another seed) than the
+# flags' model, and the pipeline (with EXTRA) must also give that file back bit for bit after
+# --steps 0.
+# Arguments: TRAIN, COMPARE, WEIGHTS, PP, M, SCHEDULES, WORK, [MPIEXEC, NPFLAG, EXTRA, REF_M, INIT].
 file(MAKE_DIRECTORY ${WORK})
 if(NOT REF_M)
   set(REF_M ${M})
 endif()
-set(common --layers 5 --dim 32 --heads 4 --seq 16 --batch 8 --steps 5 --grad-clip 1.0
-           --weight-decay 0.1 --quiet)
+set(common --heads 4 --seq 16 --batch 8 --grad-clip 1.0 --weight-decay 0.1 --quiet)
+if(INIT)
+  set(init ${WORK}/init.safetensors)
+  execute_process(COMMAND ${TRAIN} --layers 5 --dim 32 ${common} --seed 7 --steps 0 --save ${init}
+                  RESULT_VARIABLE rc OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "writing the initial weights failed: ${rc}")
+  endif()
+  list(APPEND common --init-from ${init})
+  execute_process(COMMAND ${TRAIN} ${common} --steps 0 --micro-batches ${M} --pp ${PP} ${EXTRA}
+                          --save ${WORK}/roundtrip.safetensors
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--init-from, --steps 0, --save with --pp ${PP} ${EXTRA} failed: ${rc}\n"
+                        "${out}\n${err}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${init} ${WORK}/roundtrip.safetensors
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--pp ${PP} ${EXTRA}: --init-from then --save does not give the file back")
+  endif()
+else()
+  list(APPEND common --layers 5 --dim 32)
+endif()
+list(APPEND common_steps ${common} --steps 5)
 set(ref_log ${WORK}/ref.jsonl)
 set(ref_w ${WORK}/ref.safetensors)
 if(MPIEXEC)
-  execute_process(COMMAND ${TRAIN} ${common} --micro-batches ${M} --pp ${PP} --log-json ${ref_log}
+  execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${M} --pp ${PP} --log-json ${ref_log}
                           --save ${ref_w}
                   RESULT_VARIABLE rc OUTPUT_QUIET)
 else()
-  execute_process(COMMAND ${TRAIN} ${common} --micro-batches ${REF_M} --log-json ${ref_log}
+  execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${REF_M} --log-json ${ref_log}
                           --save ${ref_w}
                   RESULT_VARIABLE rc OUTPUT_QUIET)
 endif()
@@ -29,12 +55,12 @@ foreach(schedule ${SCHEDULES})
   set(w ${WORK}/${schedule}.safetensors)
   if(MPIEXEC)
     execute_process(COMMAND ${MPIEXEC} ${NPFLAG} ${PP} --oversubscribe --allow-run-as-root
-                            --bind-to none ${TRAIN} ${common} --micro-batches ${M} --backend mpi
+                            --bind-to none ${TRAIN} ${common_steps} --micro-batches ${M} --backend mpi
                             --pp ${PP}
                             --schedule ${schedule} --log-json ${log} --save ${w}
                     RESULT_VARIABLE rc OUTPUT_QUIET)
   else()
-    execute_process(COMMAND ${TRAIN} ${common} --micro-batches ${M} --pp ${PP} ${EXTRA}
+    execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${M} --pp ${PP} ${EXTRA}
                             --schedule ${schedule} --log-json ${log} --save ${w}
                     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   endif()

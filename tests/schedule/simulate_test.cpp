@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "fourway/schedule/generators.hpp"
 
@@ -95,6 +96,23 @@ TEST(ScheduleSimulate, MessagesCostTheirLatency) {
   const s::Timeline t = s::simulate(s::gpipe(2, 1), s::Costs{1.0, 1.0, 1.0, -1.0, 0.5});
   EXPECT_NEAR(t.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2, kTol);
   EXPECT_NEAR(t.busy[0], 3.0, kTol);
+}
+
+TEST(ScheduleSimulate, GroupsCostTheirOverheadAndChunksTheirOwnCosts) {
+  // as above with a group overhead of 0.25: rank 1's first recv waits for F0's send (1 + 0.5);
+  // its send group ends 0.25 after BW1 (4.5), and rank 0's recv at 4.5 + 0.5
+  s::Costs c{1.0, 1.0, 1.0, -1.0, 0.5, 0.25};
+  const s::Timeline t = s::simulate(s::gpipe(2, 1), c);
+  EXPECT_NEAR(t.makespan, 7.0, kTol);
+  EXPECT_NEAR(t.spans[1].back().end - t.spans[1].back().start, 0.0, kTol);  // a send: its post
+  EXPECT_NEAR(t.idle(1), 7.0 - 3.0, kTol);
+  // chunk 1 twice as slow: F1 = 2, BW1 = 4 on rank 1
+  s::Costs slow{2.0, 2.0, 2.0, -1.0};
+  const s::Timeline u = s::simulate(s::gpipe(2, 1), std::vector<s::Costs>{s::Costs{}, slow}, c);
+  EXPECT_NEAR(u.makespan, 1.5 + 2 + 4 + 0.5 + 2, kTol);
+  EXPECT_NEAR(u.busy[1], 6.0, kTol);
+  EXPECT_THROW((void)s::simulate(s::gpipe(2, 1), std::vector<s::Costs>{c}, c),
+               fourway::ScheduleError);
 }
 
 TEST(ScheduleSimulate, RefusesATableTheCheckerRefuses) {

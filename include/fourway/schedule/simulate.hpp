@@ -3,8 +3,12 @@
 //!
 //! Timing semantics (those of fourway's executor, `Blocking::eager`): a rank runs its actions in
 //! order; a compute takes its cost; at a group of p2p actions the rank posts the group's sends at
-//! its clock (they cost it nothing) and goes on when every recv of the group has arrived, at
-//! `max(clock, send posted + p2p)`. The checker has proved every recv finds its send.
+//! its clock and goes on when every recv of the group has arrived and the group's own overhead is
+//! paid, at `max(clock + p2p_group, send posted + p2p)` (p2p: a message's latency from its post
+//! to its recv's completion; p2p_group: what a group costs its rank when nothing is waited for,
+//! e.g. posting the sends and taking messages that already arrived; neither is busy time). The
+//! checker has proved every recv finds its send. `simulate_actions` takes a cost per action
+//! (per chunk, or each action's measured time) instead of one per kind of action.
 //!
 //! Activations: a chunk-activation is alive on a rank from the start of its F to the end of its
 //! BW (or W). With F = B = W and p2p = 0, GPipe and 1F1B idle `(p-1)/(m+p-1)` of the makespan on
@@ -29,6 +33,7 @@ struct Costs {
   double backward_weight = 1.0;
   double backward = -1.0;  // < 0: backward_input + backward_weight
   double p2p = 0.0;        // from a send's post to the recv's completion
+  double p2p_group = 0.0;  // a p2p group's cost to its rank when it waits for nothing
 
   [[nodiscard]] constexpr double of(Op op) const {
     switch (op) {
@@ -84,8 +89,12 @@ namespace detail {
 }
 }  // namespace detail
 
-/// Times `t` (which must pass `check`) under `costs`.
-constexpr Timeline simulate(const Table& t, const Costs& costs) {
+/// Times `t` (which must pass `check`) with compute action i of rank r costing
+/// `cost_of(r, i, action)`, and the p2p costs `p2p` (latency) and `p2p_group` (see the file
+/// comment).
+template <class CostOf>
+constexpr Timeline simulate_actions(const Table& t, CostOf&& cost_of, double p2p,
+                                    double p2p_group = 0.0) {
   if (const CheckResult res = check(t, Blocking::eager); !res.ok()) detail::throw_refused(t, res);
   const auto P = static_cast<std::size_t>(t.ranks);
   Timeline tl;
@@ -109,16 +118,17 @@ constexpr Timeline simulate(const Table& t, const Costs& costs) {
       while (pc[r] < row.size()) {
         const Action& a = row[pc[r]];
         if (is_compute(a.op)) {
-          tl.spans[r][pc[r]] = {clock[r], clock[r] + costs.of(a.op)};
-          tl.busy[r] += costs.of(a.op);
-          clock[r] += costs.of(a.op);
+          const double cost = cost_of(static_cast<int>(r), pc[r], a);
+          tl.spans[r][pc[r]] = {clock[r], clock[r] + cost};
+          tl.busy[r] += cost;
+          clock[r] += cost;
           ++pc[r];
           progress = true;
           continue;
         }
         // a group of p2p actions: post its sends now, then wait for its recvs' sends
         const std::size_t end = detail::group_end(row, pc[r]);
-        double ready = clock[r];
+        double ready = clock[r] + p2p_group;
         bool all = true;
         for (std::size_t i = pc[r]; i < end; ++i) {
           const Action& m = row[i];
@@ -136,7 +146,7 @@ constexpr Timeline simulate(const Table& t, const Costs& costs) {
             all = false;
             continue;
           }
-          const double arrive = posted[r][i] + costs.p2p;
+          const double arrive = posted[r][i] + p2p;
           ready = arrive > ready ? arrive : ready;
         }
         if (!all) break;  // a recv whose send is not posted yet
@@ -153,6 +163,28 @@ constexpr Timeline simulate(const Table& t, const Costs& costs) {
   }
   for (std::size_t r = 0; r < P; ++r) tl.makespan = clock[r] > tl.makespan ? clock[r] : tl.makespan;
   return tl;
+}
+
+/// Times `t` (which must pass `check`) under `costs`.
+constexpr Timeline simulate(const Table& t, const Costs& costs) {
+  return simulate_actions(
+      t, [&](int, std::size_t, const Action& a) { return costs.of(a.op); }, costs.p2p,
+      costs.p2p_group);
+}
+
+/// Times `t` with chunk c's compute actions costing `per_chunk[c]` (its p2p costs are unused;
+/// `p2p` gives them).
+constexpr Timeline simulate(const Table& t, const std::vector<Costs>& per_chunk, const Costs& p2p) {
+  if (static_cast<int>(per_chunk.size()) != t.chunks())
+    throw ScheduleError(fourway::detail::cat("fourway: ", per_chunk.size(),
+                                             " chunk costs for a schedule of ", t.chunks(),
+                                             " chunks; give one Costs per chunk"));
+  return simulate_actions(
+      t,
+      [&](int, std::size_t, const Action& a) {
+        return per_chunk[static_cast<std::size_t>(a.chunk)].of(a.op);
+      },
+      p2p.p2p, p2p.p2p_group);
 }
 
 }  // namespace fourway::schedule

@@ -45,6 +45,7 @@
 //! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -280,6 +281,10 @@ class PipelineStrategy {
   [[nodiscard]] std::vector<pp::ExecSpan> spans() const {
     return executor_ ? executor_->spans() : std::vector<pp::ExecSpan>{};
   }
+  /// The origin of `spans()` (steady clock), to line up the ranks' spans.
+  [[nodiscard]] std::chrono::steady_clock::time_point spans_origin() const {
+    return executor_ ? executor_->spans_origin() : std::chrono::steady_clock::time_point{};
+  }
   /// Runs `f()` with every parameter of the rank's chunks bound to its full value. ZeRO-3: a
   /// collective over `dp` (each unit is gathered for the call); otherwise just `f()`.
   template <class F>
@@ -288,6 +293,30 @@ class PipelineStrategy {
       sharded_->with_gathered_parameters(f);
     } else {
       f();
+    }
+  }
+  /// Loads the rank's chunks from `read(p, first, count, host)` (elements [first, first + count)
+  /// of parameter p into a host buffer, e.g. `gpt2_element_reader`): every element of the
+  /// chunks' parameters under ZeRO 0 (the fp32 masters follow), only those the rank owns under
+  /// ZeRO 1-3 (`ShardedStrategy::load_weights`: a collective over `dp` under ZeRO-1/2). Before
+  /// the first step.
+  template <class Source>
+  void load_weights(Source&& read) {
+    if constexpr (Zero > 0) {
+      sharded_->load_weights(read);
+    } else {
+      constexpr std::int64_t piece = 1 << 16;
+      std::vector<T> host;
+      std::size_t i = 0;
+      visit_parameters([&](Parameter<T, B>& p) {
+        host.resize(static_cast<std::size_t>(std::min(piece, p.numel())));
+        for (std::int64_t at = 0; at < p.numel(); at += piece) {
+          const std::int64_t n = std::min(piece, p.numel() - at);
+          read(p, at, n, host.data());
+          Ops<B>::from_host(*ctx_, p.weight.data() + at, host.data(), n);
+        }
+        state_.init_master(*ctx_, i++, p.weight.data());
+      });
     }
   }
   /// Zero >= 1: the ZeRO strategy over `dp` (layout, shards, optimizer state); null otherwise.

@@ -112,6 +112,8 @@ class Executor {
   [[nodiscard]] const std::vector<ExecSpan>& spans() const { return spans_; }
   /// Called on this rank's thread after every compute action (tests observe B and W with it).
   void on_compute(std::function<void(const schedule::Action&)> f) { on_compute_ = std::move(f); }
+  /// When the last `run` began: the origin of its spans (to line up the ranks' spans).
+  [[nodiscard]] std::chrono::steady_clock::time_point spans_origin() const { return t0_; }
 
   /// Runs the table once: forwards and backwards of every micro-batch on this rank's chunks.
   /// Returns Σ over micro-batches of (mean loss · rows) on the rank holding the last chunk, 0
