@@ -25,16 +25,16 @@ static_assert(fw::training_strategy<fw::DataParallelStrategy<Model, P, fw::Host,
 static_assert(fw::training_strategy<fw::ShardedStrategy<3, Model, P, fw::Host, Comm>>);
 
 TEST(ParallelDataParallel, BucketSizeNeverChangesTheResult) {
-  h8::RunConfig rc;
+  harness::RunConfig rc;
   rc.stage = 0;
   rc.ranks = 3;
   rc.steps = 5;
   rc.bucket_bytes = 0;  // one bucket
-  const h8::RunResult one = h8::run<float>(rc);
+  const harness::RunResult one = harness::run<float>(rc);
   // 4 B: one parameter per bucket; 700 B: parameters split unevenly; 1 MiB: one bucket again
   for (std::int64_t bytes : {4, 700, 1 << 20}) {
     rc.bucket_bytes = bytes;
-    const h8::RunResult got = h8::run<float>(rc);
+    const harness::RunResult got = harness::run<float>(rc);
     EXPECT_EQ(got.losses, one.losses) << bytes << " B buckets";
     EXPECT_EQ(got.params, one.params) << bytes << " B buckets";
     EXPECT_EQ(got.ranks[0].step_bytes, one.ranks[0].step_bytes) << bytes << " B buckets";
@@ -50,10 +50,11 @@ std::vector<std::vector<std::vector<float>>> replicas(bool isolated) {
   std::vector<std::vector<std::vector<float>>> per_rank(n);
   fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
     Comm dp = w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp");
-    Model model(w.ctx(), h8::tiny_gpt(), h8::kSeed);
-    fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, dp, h8::adamw(), fw::ShardedOptions{});
+    Model model(w.ctx(), harness::tiny_gpt(), harness::kSeed);
+    fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, dp, harness::adamw(),
+                     fw::ShardedOptions{});
     for (int s = 0; s < 4; ++s) {
-      const fw::TokenBatch b = h8::batch(s);
+      const fw::TokenBatch b = harness::batch(s);
       if (!isolated) {
         t.step(b.view());
         continue;
@@ -64,7 +65,7 @@ std::vector<std::vector<std::vector<float>>> replicas(bool isolated) {
       t.step(fw::Batch{std::span<const std::int32_t>(b.inputs).subspan(at, len),
                        std::span<const std::int32_t>(b.targets).subspan(at, len), rows, b.T});
     }
-    per_rank[static_cast<std::size_t>(w.rank())] = h8::model_params(model);
+    per_rank[static_cast<std::size_t>(w.rank())] = harness::model_params(model);
   });
   return per_rank;
 }

@@ -18,7 +18,8 @@
 
 namespace fw = fourway;
 
-namespace h8 {
+// The data-parallel test harness: one-rank and ShardedStrategy runs of the tiny GPT.
+namespace harness {
 
 /// Odd sizes on purpose: no unit, bucket or the whole model divides by 3, 4 or 8.
 inline fw::models::GptConfig tiny_gpt(bool checkpoint = false) {
@@ -208,4 +209,4 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-}  // namespace h8
+}  // namespace harness

@@ -45,7 +45,7 @@ constexpr double kFp32Tol = 1e-5;
 constexpr double kPlainTol = 1e-4;
 
 fw::models::GptConfig gpt(int layers, bool checkpoint = false) {
-  fw::models::GptConfig c = h8::tiny_gpt(checkpoint);
+  fw::models::GptConfig c = harness::tiny_gpt(checkpoint);
   c.layers = layers;
   return c;
 }
@@ -74,13 +74,13 @@ template <class T>
 Result run_one_rank(const fw::models::GptConfig& cfg, int steps, int micro_batches = 1) {
   fw::MemoryAccountant mem(0);
   fw::Context<fw::Host> ctx(mem);
-  fw::models::Gpt<T, fw::Host> model(ctx, cfg, h8::kSeed);
+  fw::models::Gpt<T, fw::Host> model(ctx, cfg, harness::kSeed);
   fw::TrainerOptions opts;
   opts.micro_batches = micro_batches;
   fw::Trainer<fw::SingleRank<fw::models::Gpt<T, fw::Host>, fw::Precision<T>, fw::Host>> t(
-      opts, ctx, model, h8::adamw(kLr));
+      opts, ctx, model, harness::adamw(kLr));
   Result r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(t.step(h8::batch(s).view()));
+  for (int s = 0; s < steps; ++s) r.losses.push_back(t.step(harness::batch(s).view()));
   model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.params[p.name] = values(p); });
   return r;
 }
@@ -94,8 +94,8 @@ struct PipeConfig {
   bool checkpoint = false;
   int steps = kSteps;
   std::vector<int> cuts;
-  std::int64_t rows = h8::kBatch;  // the first `rows` of h8::batch's rows
-  int dp = 1;                      // > 1: replicas of the pipeline (Mesh pp x dp)
+  std::int64_t rows = harness::kBatch;  // the first `rows` of harness::batch's rows
+  int dp = 1;                           // > 1: replicas of the pipeline (Mesh pp x dp)
 };
 
 fw::Batch first_rows(const fw::TokenBatch& b, std::int64_t rows) {
@@ -157,17 +157,17 @@ Result run_pipeline(const PipeConfig& pc) {
     fw::MeshGroups<Comm> groups(mesh, all);
     std::optional<fw::Trainer<S>> t;
     if (pc.dp == 1) {  // the one-replica constructor
-      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), h8::kSeed, groups.pp(), po,
-                h8::adamw(kLr));
+      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), harness::kSeed, groups.pp(), po,
+                harness::adamw(kLr));
     } else {
-      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), h8::kSeed, groups.pp(), groups.dp(),
-                po, h8::adamw(kLr));
+      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), harness::kSeed, groups.pp(),
+                groups.dp(), po, harness::adamw(kLr));
     }
     w.memory().reset_peak();
     std::vector<float> losses;
     for (int s = 0; s < pc.steps; ++s) {
       all.counters().reset();
-      losses.push_back(t->step(first_rows(h8::batch(s), pc.rows)));
+      losses.push_back(t->step(first_rows(harness::batch(s), pc.rows)));
     }
     const auto ur = static_cast<std::size_t>(w.rank());
     const double dp_bytes = all.counters().modelled_bytes_sent(std::string(groups.dp().name()));
@@ -211,7 +211,7 @@ double max_relative_parameter_difference(const Result& got, const Result& ref) {
   double d = 0;
   for (const auto& [name, want] : ref.params)
     if (!name.ends_with("attn.c_attn.bias") && got.params.contains(name))
-      d = std::max(d, h8::rel_err(got.params.at(name), want));
+      d = std::max(d, harness::rel_err(got.params.at(name), want));
   return d;
 }
 
@@ -223,7 +223,7 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
   for (std::size_t s = 0; s < ref.losses.size(); ++s)
     EXPECT_NEAR(got.losses[s], ref.losses[s], tol * std::abs(ref.losses[s]))
         << what << " step " << s;
-  const auto C = static_cast<std::size_t>(h8::tiny_gpt().dim);
+  const auto C = static_cast<std::size_t>(harness::tiny_gpt().dim);
   for (const auto& [name, want] : ref.params) {
     auto it = got.params.find(name);
     ASSERT_NE(it, got.params.end()) << what << ": no rank holds " << name;
@@ -231,14 +231,14 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
     auto b = want;
     if (name.ends_with("attn.c_attn.bias")) {
       for (std::size_t k = C; k < 2 * C; ++k)
-        EXPECT_LE(std::abs(a[k] - b[k]), 2.0 * h8::adamw(kLr).config().lr * ref.losses.size())
+        EXPECT_LE(std::abs(a[k] - b[k]), 2.0 * harness::adamw(kLr).config().lr * ref.losses.size())
             << what << " " << name << "[" << k << "]";
       a.erase(a.begin() + static_cast<std::ptrdiff_t>(C),
               a.begin() + static_cast<std::ptrdiff_t>(2 * C));
       b.erase(b.begin() + static_cast<std::ptrdiff_t>(C),
               b.begin() + static_cast<std::ptrdiff_t>(2 * C));
     }
-    EXPECT_LE(h8::rel_err(a, b), tol) << what << " " << name;
+    EXPECT_LE(harness::rel_err(a, b), tol) << what << " " << name;
   }
   // the LM head's copy of wte took exactly the steps of the embedding's
   if (auto it = got.params.find("wte.weight (LM head copy)"); it != got.params.end()) {
@@ -251,7 +251,7 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
 // ---- every schedule against the one-rank run --------------------------------------------------
 
 TEST(ParallelPipeline, EveryScheduleMatchesOneRankFp32) {
-  // h8::batch has 24 rows: m divides 24. 5 layers over 2 and 3 stages (5 is not divisible by
+  // harness::batch has 24 rows: m divides 24. 5 layers over 2 and 3 stages (5 is not divisible by
   // either), 8 layers where the schedule needs 8 chunks (p = 4 with 2 chunks per rank).
   struct Case {
     Kind kind;
@@ -510,20 +510,21 @@ TEST(ParallelPipeline, SwappedMessagesAreATypedError) {
   try {
     fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
       using Model = fw::models::Gpt<float, fw::Host>;
-      Model chunk(w.ctx(), cfg, h8::kSeed, part.part(w.rank()));
+      Model chunk(w.ctx(), cfg, harness::kSeed, part.part(w.rank()));
       std::vector<Model*> chunks(2, nullptr);
       chunks[static_cast<std::size_t>(w.rank())] = &chunk;
       SwappingComm comm{&w.comm(), act(0), act(1)};
       fw::pp::Executor<float, fw::Host, SwappingComm> ex(w.ctx(), comm, table, chunks);
-      const auto batch = h8::batch(0);
+      const auto batch = harness::batch(0);
       std::vector<fw::pp::MicroBatch<fw::Host>> mbs(2);
       for (std::size_t i = 0; i < 2; ++i) {
-        const std::int64_t rows = h8::kBatch / 2;
-        auto* tok = const_cast<std::int32_t*>(batch.inputs.data()) + i * rows * h8::kSeq;
-        auto* tgt = const_cast<std::int32_t*>(batch.targets.data()) + i * rows * h8::kSeq;
-        mbs[i].tokens = fw::Tensor<std::int32_t, fw::Host>::view_of(tok, fw::Shape{rows, h8::kSeq});
+        const std::int64_t rows = harness::kBatch / 2;
+        auto* tok = const_cast<std::int32_t*>(batch.inputs.data()) + i * rows * harness::kSeq;
+        auto* tgt = const_cast<std::int32_t*>(batch.targets.data()) + i * rows * harness::kSeq;
+        mbs[i].tokens =
+            fw::Tensor<std::int32_t, fw::Host>::view_of(tok, fw::Shape{rows, harness::kSeq});
         mbs[i].targets =
-            fw::Tensor<std::int32_t, fw::Host>::view_of(tgt, fw::Shape{rows, h8::kSeq});
+            fw::Tensor<std::int32_t, fw::Host>::view_of(tgt, fw::Shape{rows, harness::kSeq});
       }
       (void)ex.run(mbs, 1.0f / 2);
     });
@@ -554,16 +555,18 @@ TEST(ParallelPipeline, RefusesWhatCannotRun) {
 
 namespace {
 
-/// `m` micro-batches of kBatch / m rows of h8::batch(0), as views.
+/// `m` micro-batches of kBatch / m rows of harness::batch(0), as views.
 std::vector<fw::pp::MicroBatch<fw::Host>> micro_batch_views(const fw::TokenBatch& batch, int m) {
   std::vector<fw::pp::MicroBatch<fw::Host>> mbs(static_cast<std::size_t>(m));
-  const std::int64_t rows = h8::kBatch / m;
+  const std::int64_t rows = harness::kBatch / m;
   for (std::size_t i = 0; i < mbs.size(); ++i) {
-    const auto off = static_cast<std::ptrdiff_t>(i) * rows * h8::kSeq;
+    const auto off = static_cast<std::ptrdiff_t>(i) * rows * harness::kSeq;
     auto* tok = const_cast<std::int32_t*>(batch.inputs.data()) + off;
     auto* tgt = const_cast<std::int32_t*>(batch.targets.data()) + off;
-    mbs[i].tokens = fw::Tensor<std::int32_t, fw::Host>::view_of(tok, fw::Shape{rows, h8::kSeq});
-    mbs[i].targets = fw::Tensor<std::int32_t, fw::Host>::view_of(tgt, fw::Shape{rows, h8::kSeq});
+    mbs[i].tokens =
+        fw::Tensor<std::int32_t, fw::Host>::view_of(tok, fw::Shape{rows, harness::kSeq});
+    mbs[i].targets =
+        fw::Tensor<std::int32_t, fw::Host>::view_of(tgt, fw::Shape{rows, harness::kSeq});
   }
   return mbs;
 }
@@ -587,7 +590,7 @@ TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
         std::vector<Model*> chunks(static_cast<std::size_t>(table.chunks()), nullptr);
         for (int c = 0; c < table.chunks(); ++c) {
           if (table.rank_of(c) != w.rank()) continue;
-          owned.push_back(std::make_unique<Model>(w.ctx(), cfg, h8::kSeed, part.part(c)));
+          owned.push_back(std::make_unique<Model>(w.ctx(), cfg, harness::kSeed, part.part(c)));
           chunks[static_cast<std::size_t>(c)] = owned.back().get();
         }
         const auto grads = [&](int c, bool linear) {
@@ -624,7 +627,7 @@ TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
             lin[a.chunk] = now;
           }
         });
-        const auto batch = h8::batch(0);
+        const auto batch = harness::batch(0);
         (void)ex.run(micro_batch_views(batch, 4), 1.0f / 4);
         EXPECT_EQ(w.memory().current(fw::MemTag::activations), 0u) << "W freed what it kept";
         std::lock_guard lock(mu);
@@ -661,8 +664,8 @@ TEST(ParallelPipeline, ZeroBubbleActivationPeaksAreCounted) {
     const auto z4 = peaks(Kind::zb_h1, 4, ck);
     const auto g1 = peaks(Kind::gpipe, 1, ck);
     const auto part = fw::pp::Partition::balanced(gpt(4), 2);
-    const auto cfg = h8::tiny_gpt();
-    const std::size_t rows = 3 * h8::kSeq;
+    const auto cfg = harness::tiny_gpt();
+    const std::size_t rows = 3 * harness::kSeq;
     for (std::size_t r = 0; r < 2; ++r) {
       std::printf(
           "ckpt %d rank %zu peak activation bytes: 1f1b m=8 %zu; zb-h1 m=8 %zu, m=4 %zu; "

@@ -15,7 +15,7 @@
 
 namespace {
 
-using h8::RunConfig;
+using harness::RunConfig;
 
 std::filesystem::path scratch(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() /
@@ -34,7 +34,7 @@ template <class T>
 std::vector<unsigned char> one_rank_file(std::uint64_t seed) {
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
-  fw::models::Gpt<T, fw::Host> model(ctx, h8::tiny_gpt(), seed);
+  fw::models::Gpt<T, fw::Host> model(ctx, harness::tiny_gpt(), seed);
   fw::SafetensorsWriter w;
   fw::add_gpt2_tensors(ctx, model, w);
   return w.serialize();
@@ -54,10 +54,10 @@ std::vector<Io> load_and_save(int ranks, const std::filesystem::path& load,
   std::vector<Io> out(static_cast<std::size_t>(ranks));
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
     fw::LocalComm dp = w.comm().split(0, w.rank(), "dp");
-    Model model = Model::deferred(w.ctx(), h8::tiny_gpt(), h8::kSeed);
+    Model model = Model::deferred(w.ctx(), harness::tiny_gpt(), harness::kSeed);
     fw::ShardedOptions so;
     so.bucket_bytes = 512;
-    S strategy(w.ctx(), model, dp, h8::adamw(), so);
+    S strategy(w.ctx(), model, dp, harness::adamw(), so);
     if (!load.empty()) {
       const auto f = fw::SafetensorsReader::open(load);
       fw::load_gpt2_sharded(strategy, f);
@@ -82,7 +82,7 @@ std::vector<Io> load_and_save(int stage, int ranks, const std::filesystem::path&
 }  // namespace
 
 TEST(ParallelShardedCheckpoint, SaveAtInitIsTheOneRankFileOnEveryMesh) {
-  const auto expected = one_rank_file<fw::bf16>(h8::kSeed);
+  const auto expected = one_rank_file<fw::bf16>(harness::kSeed);
   for (int stage = 0; stage < 4; ++stage) {
     for (int n : {1, 3, 8}) {
       const auto path = scratch("init.safetensors");
@@ -104,7 +104,7 @@ TEST(ParallelShardedCheckpoint, LoadThenSaveIsByteIdenticalAndEachRankReadsItsSh
   const auto index = fw::SafetensorsFile::read(source);
   const std::uint64_t header = index.data_offset();
   const std::uint64_t data = expected.size() - header;
-  const int units = h8::tiny_gpt().layers + 2;
+  const int units = harness::tiny_gpt().layers + 2;
   for (int stage = 0; stage < 4; ++stage) {
     for (int n : {1, 8}) {
       SCOPED_TRACE(::testing::Message() << "stage " << stage << ", " << n << " ranks");

@@ -25,10 +25,10 @@ std::vector<float> device_losses(int ranks, int steps) {
     fw::Context<Cuda> dctx(w.memory(), 0);
     fw::LocalComm dp = w.comm().split(0, w.rank(), "dp");
     dp.set_stream(dctx.stream());
-    Model model(dctx, h8::tiny_gpt(), h8::kSeed);
-    fw::Trainer<S> t(fw::TrainerOptions{}, dctx, model, dp, h8::adamw(), fw::ShardedOptions{});
+    Model model(dctx, harness::tiny_gpt(), harness::kSeed);
+    fw::Trainer<S> t(fw::TrainerOptions{}, dctx, model, dp, harness::adamw(), fw::ShardedOptions{});
     std::vector<float> mine;
-    for (int s = 0; s < steps; ++s) mine.push_back(t.step(h8::batch(s).view()));
+    for (int s = 0; s < steps; ++s) mine.push_back(t.step(harness::batch(s).view()));
     dctx.synchronize();
     std::lock_guard lock(mu);
     if (w.rank() == 0) losses = mine;
@@ -41,11 +41,11 @@ void check_against_host() {
   if (fw::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   constexpr int kRanks = 8;
   constexpr int kSteps = 10;
-  h8::RunConfig rc;
+  harness::RunConfig rc;
   rc.stage = Stage;
   rc.ranks = kRanks;
   rc.steps = kSteps;
-  const auto host = h8::run<float>(rc).losses;
+  const auto host = harness::run<float>(rc).losses;
   const auto dev = device_losses<Stage>(kRanks, kSteps);
   ASSERT_EQ(dev.size(), host.size());
   for (int s = 0; s < kSteps; ++s) {

@@ -10,8 +10,8 @@
 
 namespace {
 
-using h8::RunConfig;
-using h8::RunResult;
+using harness::RunConfig;
+using harness::RunResult;
 
 // fp32, 20 steps: summation order differs from one rank (gradients are summed over ranks, the
 // global norm over shards), so results agree to rounding, amplified a little by Adam: 1e-5
@@ -26,7 +26,7 @@ void expect_close(const RunResult& got, const RunResult& ref, double tol, const 
         << what << " step " << s;
   }
   ASSERT_EQ(got.params.size(), ref.params.size()) << what;
-  const std::size_t C = static_cast<std::size_t>(h8::tiny_gpt().dim);
+  const std::size_t C = static_cast<std::size_t>(harness::tiny_gpt().dim);
   for (std::size_t i = 0; i < ref.params.size(); ++i) {
     auto a = got.params[i];
     auto b = ref.params[i];
@@ -44,7 +44,7 @@ void expect_close(const RunResult& got, const RunResult& ref, double tol, const 
       b.erase(b.begin() + static_cast<std::ptrdiff_t>(C),
               b.begin() + static_cast<std::ptrdiff_t>(2 * C));
     }
-    EXPECT_LE(h8::rel_err(a, b), tol) << what << " " << ref.names[i];
+    EXPECT_LE(harness::rel_err(a, b), tol) << what << " " << ref.names[i];
   }
 }
 
@@ -52,12 +52,12 @@ class ParallelShardedMatchesOneRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(ParallelShardedMatchesOneRank, Fp32TwentySteps) {
   const int stage = GetParam();
-  const RunResult ref = h8::run_single<float>(RunConfig{});
+  const RunResult ref = harness::run_single<float>(RunConfig{});
   for (int n : {1, 2, 3, 4, 8}) {
     RunConfig rc;
     rc.stage = stage;
     rc.ranks = n;
-    const RunResult got = h8::run<float>(rc);
+    const RunResult got = harness::run<float>(rc);
     expect_close(got, ref, kFp32Tol,
                  "stage " + std::to_string(stage) + " ranks " + std::to_string(n));
     // every rank reports the same loss, and clipping on the global norm was exercised
@@ -83,8 +83,8 @@ TEST(ParallelSharded, BitwiseDeterministicRunToRun) {
     rc.stage = stage;
     rc.ranks = 3;
     rc.steps = 6;
-    const RunResult a = h8::run<float>(rc);
-    const RunResult b = h8::run<float>(rc);
+    const RunResult a = harness::run<float>(rc);
+    const RunResult b = harness::run<float>(rc);
     ASSERT_EQ(a.losses.size(), b.losses.size());
     EXPECT_EQ(0, std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)))
         << "stage " << stage;
@@ -102,9 +102,9 @@ TEST(ParallelSharded, OverlapChangesTimingNotResults) {
     rc.stage = stage;
     rc.ranks = 4;
     rc.steps = 4;
-    const RunResult on = h8::run<float>(rc);
+    const RunResult on = harness::run<float>(rc);
     rc.overlap = false;
-    const RunResult off = h8::run<float>(rc);
+    const RunResult off = harness::run<float>(rc);
     EXPECT_EQ(on.losses, off.losses) << "stage " << stage;
     EXPECT_EQ(on.params, off.params) << "stage " << stage;
     EXPECT_EQ(on.ranks[0].step_bytes, off.ranks[0].step_bytes) << "stage " << stage;
@@ -119,26 +119,27 @@ TEST(ParallelSharded, ActivationCheckpointingUnderEveryStage) {
   // without it; under stage 3 the recomputation must see re-gathered weights.
   RunConfig base;
   base.steps = 8;
-  const RunResult ref = h8::run_single<float>(base);
+  const RunResult ref = harness::run_single<float>(base);
   for (int stage : {0, 1, 2, 3}) {
     RunConfig rc = base;
     rc.stage = stage;
     rc.ranks = 3;
     rc.checkpoint = true;
-    expect_close(h8::run<float>(rc), ref, kFp32Tol, "checkpointed stage " + std::to_string(stage));
+    expect_close(harness::run<float>(rc), ref, kFp32Tol,
+                 "checkpointed stage " + std::to_string(stage));
   }
 }
 
 TEST(ParallelSharded, MicroBatchesAccumulateUnderEveryStage) {
   RunConfig base;
   base.steps = 8;
-  const RunResult ref = h8::run_single<float>(base);
+  const RunResult ref = harness::run_single<float>(base);
   for (int stage : {0, 1, 2, 3}) {
     RunConfig rc = base;
     rc.stage = stage;
     rc.ranks = 4;
     rc.micro_batches = 3;
-    expect_close(h8::run<float>(rc), ref, kFp32Tol,
+    expect_close(harness::run<float>(rc), ref, kFp32Tol,
                  "3 micro-batches stage " + std::to_string(stage));
   }
 }
@@ -149,7 +150,7 @@ TEST(ParallelSharded, MicroBatchesAccumulateUnderEveryStage) {
 /// unit 0 = wte + wpe; a block = 2 LayerNorms + c_attn + c_proj + c_fc + mlp c_proj; the head
 /// owns ln_f (its wte belongs to unit 0).
 std::vector<std::int64_t> unit_elements() {
-  const auto c = h8::tiny_gpt();
+  const auto c = harness::tiny_gpt();
   const std::int64_t C = c.dim;
   std::vector<std::int64_t> u;
   u.push_back(std::int64_t{c.vocab} * C + std::int64_t{c.max_seq} * C);
@@ -189,7 +190,7 @@ void check_memory_formula() {
       rc.ranks = n;
       rc.steps = 2;
       rc.bucket_bytes = 0;
-      const RunResult r = h8::run<T>(rc);
+      const RunResult r = harness::run<T>(rc);
       std::int64_t total = 0;
       for (auto b : expect[static_cast<std::size_t>(stage)]) total += b;
       if constexpr (!std::is_same_v<T, float>) {
@@ -227,7 +228,7 @@ TEST(ParallelShardedMemory, StepsAfterTheSecondAllocateNothing) {
   };
   RunConfig base;
   base.steps = 5;
-  check(h8::run_single<float>(base), "one rank");
+  check(harness::run_single<float>(base), "one rank");
   for (int stage : {0, 1, 2, 3}) {
     for (int variant = 0; variant < 3; ++variant) {
       RunConfig rc = base;
@@ -236,7 +237,7 @@ TEST(ParallelShardedMemory, StepsAfterTheSecondAllocateNothing) {
       rc.overlap = variant != 1;
       rc.checkpoint = variant == 2;
       rc.micro_batches = variant == 2 ? 2 : 1;
-      check(h8::run<float>(rc),
+      check(harness::run<float>(rc),
             "stage " + std::to_string(stage) + " variant " + std::to_string(variant));
     }
   }
@@ -253,7 +254,7 @@ TEST(ParallelShardedMemory, Stage3PeakGatheredIsShardPlusTwoUnits) {
     rc.steps = 3;
     for (bool ckpt : {false, true}) {
       rc.checkpoint = ckpt;
-      const RunResult r = h8::run<float>(rc);
+      const RunResult r = harness::run<float>(rc);
       for (const auto& rr : r.ranks) {
         const auto shard_bytes = static_cast<std::size_t>(rr.shard_elements) * sizeof(float);
         EXPECT_LE(rr.gathered_peak, 2 * rr.max_unit_bytes) << "ranks " << n;
@@ -314,7 +315,7 @@ TEST(ParallelShardedComm, MeasuredAndModelledBytesPerStepEqualTheFormula) {
         rc.bucket_bytes = 0;  // one bucket: one gradient all_reduce in stage 0
         rc.batch = 48;
         ASSERT_EQ(rc.batch % (n * m), 0);
-        const RunResult r = h8::run<float>(rc);
+        const RunResult r = harness::run<float>(rc);
         const std::string what = "stage " + std::to_string(stage) + " ranks " + std::to_string(n) +
                                  " micro-batches " + std::to_string(m);
         std::uint64_t measured_sum = 0;
@@ -373,12 +374,12 @@ double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
 TEST(ParallelShardedPrecision, Bf16UnderEveryStage) {
   RunConfig base;
   base.steps = 10;
-  const RunResult ref = h8::run_single<fw::bf16>(base);
+  const RunResult ref = harness::run_single<fw::bf16>(base);
   for (int stage : {0, 1, 2, 3}) {
     RunConfig rc = base;
     rc.stage = stage;
     rc.ranks = 3;
-    const RunResult got = h8::run<fw::bf16>(rc);
+    const RunResult got = harness::run<fw::bf16>(rc);
     const double d = max_loss_rel_diff<fw::bf16>(got, ref);
     std::printf("bf16 stage %d: max relative loss difference to one rank %.3g\n", stage, d);
     // bf16 keeps 8 significant bits (one rounding ~4e-3 relative); gradients summed over ranks
@@ -393,12 +394,12 @@ TEST(ParallelShardedPrecision, Fp16LossScalingSkipsAgreeOnAllRanks) {
   base.steps = 10;
   base.scaler.init_scale = 16777216.0f;  // 2^24: the first steps overflow fp16 and are skipped
   base.scaler.growth_interval = 3;       // and the scale grows back into overflow later
-  const RunResult ref = h8::run_single<fw::fp16>(base);
+  const RunResult ref = harness::run_single<fw::fp16>(base);
   for (int stage : {0, 1, 2, 3}) {
     RunConfig rc = base;
     rc.stage = stage;
     rc.ranks = 3;
-    const RunResult got = h8::run<fw::fp16>(rc);
+    const RunResult got = harness::run<fw::fp16>(rc);
     for (const auto& rr : got.ranks) {
       EXPECT_EQ(rr.skipped, got.ranks[0].skipped) << "stage " << stage;
       EXPECT_EQ(rr.losses, got.losses) << "stage " << stage;
@@ -420,14 +421,14 @@ TEST(ParallelShardedPrecision, Fp16LossScalingSkipsAgreeOnAllRanks) {
 TEST(ParallelShardedDeferred, EveryMeshStartsFromTheOneRankWeightsBitwise) {
   RunConfig one;
   one.steps = 0;
-  const RunResult ref = h8::run_single<float>(one);  // eager model, SingleRank
+  const RunResult ref = harness::run_single<float>(one);  // eager model, SingleRank
   for (int stage = 0; stage < 4; ++stage) {
     for (int n : {1, 3, 8}) {
       RunConfig rc;
       rc.stage = stage;
       rc.ranks = n;
       rc.steps = 0;
-      const RunResult r = h8::run<float>(rc);
+      const RunResult r = harness::run<float>(rc);
       ASSERT_EQ(r.params.size(), ref.params.size());
       for (std::size_t p = 0; p < ref.params.size(); ++p) {
         ASSERT_EQ(r.params[p], ref.params[p])
@@ -444,7 +445,7 @@ TEST(ParallelShardedDeferred, ConstructionHoldsNothingBeyondTheStatesAtRest) {
       rc.stage = stage;
       rc.ranks = n;
       rc.steps = 0;
-      const RunResult r = h8::run<fw::bf16>(rc);
+      const RunResult r = harness::run<fw::bf16>(rc);
       for (const auto& rr : r.ranks) {
         SCOPED_TRACE(::testing::Message() << "stage " << stage << " ranks " << n);
         // no whole-model transient: every peak is the state the rank keeps

@@ -97,10 +97,10 @@ float single_rank_loss() {
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
   using Model = fw::models::Gpt<float, fw::Host>;
-  Model model(ctx, h8::tiny_gpt(), h8::kSeed);
+  Model model(ctx, harness::tiny_gpt(), harness::kSeed);
   fw::Trainer<fw::SingleRank<Model, fw::Precision<float>, fw::Host>> t(fw::TrainerOptions{}, ctx,
                                                                        model, fw::AdamW{});
-  return t.step(h8::batch(0).view());
+  return t.step(harness::batch(0).view());
 }
 
 template <int Stage>
@@ -110,12 +110,12 @@ void check_stage(int ranks, float reference) {
   std::mutex mu;
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
     Recording dp(w.comm().split(0, w.rank(), "dp"));
-    Model model(w.ctx(), h8::tiny_gpt(), h8::kSeed);
+    Model model(w.ctx(), harness::tiny_gpt(), harness::kSeed);
     fw::Trainer<S> t(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW{});
     const double* packed = t.strategy().step_scalars().data();
     for (int step = 0; step < 3; ++step) {
       dp.calls.clear();
-      const float loss = t.step(h8::batch(step).view());
+      const float loss = t.step(harness::batch(step).view());
       std::lock_guard lock(mu);
       ASSERT_EQ(dp.calls.size(), 1u)
           << "stage " << Stage << " step " << step << ": one packed scalar all-reduce per step";
