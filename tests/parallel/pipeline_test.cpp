@@ -427,7 +427,9 @@ void expect_zero_matches_one_rank(Kind kind, const Result& ref) {
         << what << " rank " << q;
     EXPECT_LT(got.shard[q], got.held[q]) << what << " rank " << q;
     // ZeRO-3 gathers every unit once per step and holds them all through it: Ψ' weights
-    if (Zero == 3) EXPECT_EQ(got.gathered_peak[q], got.shard[q] * pc.dp * 4) << what;
+    if (Zero == 3) {
+      EXPECT_EQ(got.gathered_peak[q], got.shard[q] * pc.dp * 4) << what;
+    }
   }
 }
 
