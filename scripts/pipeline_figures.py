@@ -40,7 +40,7 @@ def mmm(values, fmt):
 
 print("load before: " + load_before)
 print("| schedule | stage | measured idle (min/med/max) | predicted (min/med/max) | "
-      "replayed (min/med/max) | |measured - predicted| per run (max) | step ms (min/med/max) |")
+      "replayed (min/med/max) | largest gap in one run | step ms (min/med/max) |")
 print("|---|---:|---|---|---|---|---|")
 for s in schedules:
     for q in range(2):
