@@ -245,6 +245,7 @@ void train_pipeline_ranks(const Options& o) {
                                o.pp, " x --dp ", o.dp, " does not make the ", n,
                                " ranks; give --ranks = --pp x --dp");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    apply_memory_options<Target>(o, w.memory(), rank_device(w));
     // S stages x D replicas as a mesh: pp the inner axis (rank = stage + S * replica)
     const fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>, fw::DataParallel> mesh(n, {.pp = o.pp});
     fw::MeshGroups<Comm> groups(mesh, w.comm());

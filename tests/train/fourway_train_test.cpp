@@ -323,6 +323,21 @@ TEST(FourwayTrain, ModelsThatDoNotFitTrainUnderZero3AndACap) {
   EXPECT_EQ(oom.out.find("loss"), std::string::npos) << "it must fail before any step";
 }
 
+// --memory-cap-gb reaches every rank on every path: a 1000-byte cap stops the tensor-parallel and
+// the pipeline runs at their first allocation past it with fourway's OutOfMemory (before, those
+// two paths ignored the flag and trained).
+TEST(FourwayTrain, TensorParallelAndPipelineRanksHonourTheCap) {
+  const std::string model =
+      "--layers 2 --dim 32 --heads 2 --vocab 64 --seq 16 --batch 4 --steps 1 "
+      "--quiet --ranks 2 --memory-cap-gb 0.000001";
+  for (const std::string axis : {"--tp 2", "--pp 2 --micro-batches 2"}) {
+    const ProgramRun r = run(model + " " + axis);
+    EXPECT_EQ(r.status, 1) << axis << "\n" << r.out;
+    EXPECT_NE(r.err.find("out of memory on rank"), std::string::npos) << axis << "\n" << r.err;
+    EXPECT_NE(r.err.find("past its cap of 1000 B"), std::string::npos) << axis << "\n" << r.err;
+  }
+}
+
 TEST(FourwayTrain, EightRanksReadTheirShareAndSaveTheOneRankFile) {
   const auto a = scratch("share_a.safetensors"), b = scratch("share_b.safetensors");
   const auto data = " --data '" + tokens.string() + "' --seq 8 --batch 8 --quiet";
