@@ -44,9 +44,7 @@ class WeightGradQueue {
                       "fourway: deferred weight gradient of ", p.name, " ", p.grad.shape().str(),
                       " from ", a.shape().str(), " and ", d.shape().str(), " over ", rows,
                       " rows does not fit");
-    Entry e{&p, keep(ctx, std::move(a)), keep(ctx, std::move(d)), rows};
-    bytes_ += (e.a.numel() + e.d.numel()) * static_cast<std::int64_t>(sizeof(T));
-    entries_.push_back(std::move(e));
+    entries_.push_back(Entry{&p, keep(ctx, std::move(a)), keep(ctx, std::move(d)), rows});
   }
 
   /// W: every pushed GEMM in push order, added to the gradients; then frees what was kept.
@@ -60,14 +58,15 @@ class WeightGradQueue {
     clear();
   }
 
-  void clear() {
-    entries_.clear();
-    bytes_ = 0;
-  }
+  void clear() { entries_.clear(); }
   [[nodiscard]] bool empty() const { return entries_.empty(); }
   [[nodiscard]] std::size_t size() const { return entries_.size(); }
   /// Bytes held for W (also reported to the accountant under MemTag::activations).
-  [[nodiscard]] std::int64_t bytes() const { return bytes_; }
+  [[nodiscard]] std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const Entry& e : entries_) n += e.a.numel() + e.d.numel();
+    return n * static_cast<std::int64_t>(sizeof(T));
+  }
 
  private:
   struct Entry {
@@ -85,7 +84,6 @@ class WeightGradQueue {
   }
 
   std::vector<Entry> entries_;
-  std::int64_t bytes_ = 0;
 };
 
 namespace detail {
