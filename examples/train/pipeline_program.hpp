@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
@@ -24,7 +25,6 @@
 #include "fourway/schedule/generators.hpp"
 #include "fourway/schedule/simulate.hpp"
 #include "fourway/tools/progress.hpp"
-#include "fourway/train/gpt2_checkpoint.hpp"
 #include "fourway/train/log.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/token_data.hpp"

@@ -28,6 +28,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
+#include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
@@ -38,10 +41,7 @@
 #include "fourway/tools/cli.hpp"
 #include "fourway/tools/progress.hpp"
 #include "fourway/train/corpus.hpp"
-#include "fourway/train/gpt2_checkpoint.hpp"
 #include "fourway/train/log.hpp"
-#include "fourway/train/safetensors.hpp"
-#include "fourway/train/sharded_io.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"

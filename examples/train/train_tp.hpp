@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "fourway/checkpoint/tp_checkpoint.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/train/tensor_parallel.hpp"
-#include "fourway/train/tp_checkpoint.hpp"
 
 namespace fourway_train {
 

@@ -1,6 +1,7 @@
 # The include ladder of docs/design.md §1: a header under include/fourway/ includes only headers of its
 # own rung or of lower rungs.
-#   config → core → backend → comm → mesh → schedule → layers → parallel → optim → train → plan
+#   config → core → backend → comm → mesh → schedule → layers → parallel → optim → checkpoint
+#   → train → plan
 #   → tools (the programs' parser and progress bar: nothing in the library includes them)
 # backend/host and backend/cuda are the one rung `backend`; the GPT (`fw::models`) lives in
 # layers/; the umbrellas fourway.hpp / fourway.cuh and config.hpp itself are exempt.
@@ -9,7 +10,8 @@ if(NOT ROOT)
   message(FATAL_ERROR "check_ladder.cmake: pass -DROOT=<directory that holds fourway/>")
 endif()
 get_filename_component(ROOT "${ROOT}" ABSOLUTE)
-set(_rungs config core backend comm mesh schedule layers parallel optim train plan tools)
+set(_rungs config core backend comm mesh schedule layers parallel optim checkpoint train plan
+           tools)
 string(REPLACE ";" " → " _ladder "${_rungs}")
 
 # The rung of a path relative to ROOT ("fourway/<rung>/..." or "fourway/config.hpp"); -1: none.

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "fourway/train/safetensors.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/train/safetensors.hpp"
 
 namespace fw = fourway;
 

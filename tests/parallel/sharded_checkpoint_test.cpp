@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fourway/train/gpt2_checkpoint.hpp"
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "parallel_harness.hpp"
 
 namespace {

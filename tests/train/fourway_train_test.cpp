@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fourway/train/safetensors.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/train/token_data.hpp"
 #include "support/program.hpp"
 

@@ -36,10 +36,10 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/train/safetensors.hpp"
 
 namespace fourway {
 

@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "fourway/backend/ops.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
+#include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
-#include "fourway/train/safetensors.hpp"
-#include "fourway/train/sharded_io.hpp"
 
 namespace fourway {
 

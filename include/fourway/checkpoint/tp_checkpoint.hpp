@@ -11,10 +11,10 @@
 #include <span>
 #include <vector>
 
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
+#include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
-#include "fourway/train/gpt2_checkpoint.hpp"
-#include "fourway/train/safetensors.hpp"
-#include "fourway/train/sharded_io.hpp"
 
 namespace fourway {
 

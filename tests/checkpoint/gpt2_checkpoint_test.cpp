@@ -1,4 +1,4 @@
-#include "fourway/train/gpt2_checkpoint.hpp"
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

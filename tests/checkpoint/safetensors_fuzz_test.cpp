@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "fourway/train/safetensors.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
 
 namespace fw = fourway;
 

@@ -1,4 +1,4 @@
-#include "fourway/train/sharded_io.hpp"
+#include "fourway/checkpoint/sharded_io.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "fourway/train/safetensors.hpp"
+#include "fourway/checkpoint/safetensors.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
