@@ -248,3 +248,74 @@ TEST(PlanPlanner, RecommendWithoutArchitectureRanksByTraffic) {
   EXPECT_EQ(r.fitting.back().strategy.zero, 3);
   EXPECT_TRUE(contains(r.why, "no architecture, so no step time")) << r.why;
 }
+
+// ---- the planner's Strategy read off the runtime's Mesh type ----------------------------------
+
+TEST(PlanStrategyOf, PolicyTagsAndTheMeshFixEveryDegree) {
+  // 64 ranks over TensorParallel<2> x Pipeline<4, 16> leave dp = 64 / 8 = 8; Sharded<3> is ZeRO-3.
+  const fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<4, 16>, fw::Sharded<3>> mesh(64);
+  const fp::Strategy s = fp::strategy_of(
+      mesh, {.micro_batch = 2, .precision = fp::Precision::fp16, .sequence_parallel = true});
+  EXPECT_EQ(s.tp, 2);
+  EXPECT_EQ(s.pp, 4);
+  EXPECT_EQ(s.dp, 8);
+  EXPECT_EQ(s.zero, 3);
+  EXPECT_EQ(s.micro_batches, 16);
+  EXPECT_EQ(s.micro_batch, 2);
+  EXPECT_EQ(s.schedule, fp::Schedule::one_f_one_b);
+  EXPECT_EQ(s.precision, fp::Precision::fp16);
+  EXPECT_TRUE(s.sequence_parallel);
+  EXPECT_EQ(s.gpus(), 64);
+  EXPECT_EQ(s.global_batch(), 2 * 16 * 8);
+}
+
+TEST(PlanStrategyOf, DynamicDegreesGPipeAndPlainReplicas) {
+  const fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic, fw::GPipe>, fw::DataParallel> mesh(
+      12, {.pp = 3});
+  const fp::Strategy s = fp::strategy_of(mesh, {.micro_batches = 5});
+  EXPECT_EQ(s.pp, 3);
+  EXPECT_EQ(s.dp, 4);
+  EXPECT_EQ(s.tp, 1);
+  EXPECT_EQ(s.zero, 0);
+  EXPECT_EQ(s.micro_batches, 5);
+  EXPECT_EQ(s.schedule, fp::Schedule::gpipe);
+  // No pipeline: micro-batches are gradient accumulation, 1 unless given.
+  const fw::Mesh<fw::Sharded<1>> dp_only(8);
+  EXPECT_EQ(fp::strategy_of(dp_only).micro_batches, 1);
+  EXPECT_EQ(fp::strategy_of(dp_only, {.micro_batches = 4}).micro_batches, 4);
+  EXPECT_EQ(fp::strategy_of(dp_only).zero, 1);
+  EXPECT_EQ(fp::strategy_of(fw::Mesh<>(1)).gpus(), 1);
+}
+
+TEST(PlanStrategyOf, DisagreementsAreTypedErrors) {
+  auto message = [](auto f) {
+    try {
+      (void)f();
+    } catch (const fw::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const fw::Mesh<fw::Pipeline<2, 8>, fw::DataParallel> fixed(4);
+  EXPECT_EQ(message([&] { return fp::strategy_of(fixed, {.micro_batches = 6}); }),
+            "fourway: the mesh's Pipeline runs 8 micro-batches but MeshRun::micro_batches is 6; "
+            "leave it 0 or make them agree");
+  const fw::Mesh<fw::Pipeline<2, fw::dynamic>> open(2);
+  EXPECT_EQ(message([&] { return fp::strategy_of(open); }),
+            "fourway: the mesh's Pipeline<S, fw::dynamic> leaves the micro-batch count to run "
+            "time; set MeshRun::micro_batches");
+  EXPECT_EQ(message([&] { return fp::strategy_of(fw::Mesh<>(1), {.micro_batch = 0}); }),
+            "fourway: MeshRun::micro_batch is 0; a micro-batch holds at least one sequence");
+}
+
+TEST(PlanStrategyOf, PlansOfTheMeshAndOfTheSameHandWrittenStrategyAgree) {
+  const fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 4>, fw::Sharded<2>> mesh(16);
+  const fp::Model m{fp::gpt2_350m, 0};
+  const fp::Plan a = fp::make_plan(m, cluster(16), fp::strategy_of(mesh, {.micro_batch = 4}));
+  const fp::Plan b = fp::make_plan(
+      m, cluster(16),
+      fp::Strategy{.dp = 4, .tp = 2, .pp = 2, .zero = 2, .micro_batch = 4, .micro_batches = 4});
+  ASSERT_EQ(a.stages.size(), 2u);
+  EXPECT_EQ(a.worst().total(), b.worst().total());
+  EXPECT_EQ(a.time->total_s, b.time->total_s);
+}

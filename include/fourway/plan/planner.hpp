@@ -31,9 +31,12 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "fourway/core/error.hpp"
+#include "fourway/mesh/mesh.hpp"
+#include "fourway/mesh/policies.hpp"
 #include "fourway/plan/activation.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/communication.hpp"
@@ -76,6 +79,68 @@ struct Strategy {
   [[nodiscard]] int gpus() const { return dp * tp * pp; }
   [[nodiscard]] std::int64_t global_batch() const { return micro_batch * micro_batches * dp; }
 };
+
+/// What a `Mesh<Policies...>` leaves to the user: the per-replica micro-batch, precision,
+/// checkpointing, sequence parallelism, and the micro-batch count when the mesh has no pipeline
+/// (gradient accumulation) or a `Pipeline<S, fw::dynamic>`.
+struct MeshRun {
+  std::int64_t micro_batch = 1;
+  std::int64_t micro_batches = 0;  // 0: take the Pipeline's (1 without a pipeline)
+  Precision precision = Precision::bf16;
+  Checkpointing checkpointing = Checkpointing::none;
+  bool sequence_parallel = false;
+};
+
+namespace detail {
+template <class Tag>
+constexpr Schedule schedule_of_tag() {
+  if constexpr (std::is_same_v<Tag, GPipe>) {
+    return Schedule::gpipe;
+  } else {
+    static_assert(std::is_same_v<Tag, OneFOneB>,
+                  "fourway: the planner knows the pipeline schedules fw::GPipe and fw::OneFOneB");
+    return Schedule::one_f_one_b;
+  }
+}
+}  // namespace detail
+
+/// The planner's `Strategy` read off the runtime's mesh: the policy tags fix the ZeRO stage
+/// (`DataParallel` 0, `Sharded<S>` S), the micro-batches and schedule of `Pipeline<S, M, Sched>`;
+/// the constructed mesh fixes tp, pp and dp (its dynamic degrees resolved). So a plan and a run
+/// share one description: `plan::make_plan(model, cluster, plan::strategy_of(mesh, run))`.
+template <class... Policies>
+Strategy strategy_of(const Mesh<Policies...>& mesh, const MeshRun& run = {}) {
+  using M = Mesh<Policies...>;
+  using Dp = typename M::template policy_on<Axis::dp>;
+  using Pp = typename M::template policy_on<Axis::pp>;
+  Strategy s;
+  s.tp = mesh.tp();
+  s.pp = mesh.pp();
+  s.dp = mesh.dp();
+  if constexpr (!std::is_void_v<Dp>) s.zero = Dp::stage;
+  s.micro_batch = run.micro_batch;
+  s.micro_batches = run.micro_batches > 0 ? run.micro_batches : 1;
+  if constexpr (!std::is_void_v<Pp>) {
+    s.schedule = detail::schedule_of_tag<typename Pp::schedule>();
+    if constexpr (Pp::micro_batches != dynamic) {
+      check<ConfigError>(run.micro_batches <= 0 || run.micro_batches == Pp::micro_batches,
+                         "fourway: the mesh's Pipeline runs ", Pp::micro_batches,
+                         " micro-batches but MeshRun::micro_batches is ", run.micro_batches,
+                         "; leave it 0 or make them agree");
+      s.micro_batches = Pp::micro_batches;
+    } else {
+      check<ConfigError>(run.micro_batches > 0,
+                         "fourway: the mesh's Pipeline<S, fw::dynamic> leaves the micro-batch "
+                         "count to run time; set MeshRun::micro_batches");
+    }
+  }
+  check<ConfigError>(run.micro_batch >= 1, "fourway: MeshRun::micro_batch is ", run.micro_batch,
+                     "; a micro-batch holds at least one sequence");
+  s.precision = run.precision;
+  s.checkpointing = run.checkpointing;
+  s.sequence_parallel = run.sequence_parallel;
+  return s;
+}
 
 /// Whose bytes a plan counts: the published models (ZeRO's states, Korthikanti's activations) for
 /// any mesh, or fourway's own runtime exactly (its padding per bucket or unit, its GPT-2 stash) for
