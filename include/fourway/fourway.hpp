@@ -17,6 +17,7 @@
 #include "fourway/backend/host/layernorm.hpp"
 #include "fourway/backend/host/math.hpp"
 #include "fourway/backend/host/softmax.hpp"
+#include "fourway/backend/matmul.hpp"
 #include "fourway/backend/ops.hpp"
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/checkpoint/safetensors.hpp"

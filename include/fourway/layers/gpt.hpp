@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/matmul.hpp"
 #include "fourway/layers/block.hpp"
 #include "fourway/layers/checkpoint.hpp"
 #include "fourway/layers/embedding.hpp"
@@ -287,12 +288,11 @@ class Gpt {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     const std::int64_t rows = Bn * Tn;
-    const std::int64_t C = cfg_.dim;
     const std::int64_t V = cfg_.vocab;
     Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
     s.logits = detail::activation<T, B>(ctx, Shape{Bn, Tn, V});
-    Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, V, C, 1.0f, h.data(), C,
-                 embedding_.wte().weight.data(), C, 0.0f, s.logits.data(), V);
+    // logits (B·T, V) = h (B·T, C) · wteᵀ (C, V): the LM head tied to the token embedding
+    matmul(ctx, matrix(s.logits), matrix(h), matrix(embedding_.wte().weight).t());
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
     Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows, V);
     std::vector<float> losses(static_cast<std::size_t>(rows));
@@ -304,20 +304,20 @@ class Gpt {
 
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
     const std::int64_t rows = s.losses.numel();
-    const std::int64_t C = cfg_.dim;
     const std::int64_t V = cfg_.vocab;
     Parameter<T, B>& wte = embedding_.wte();
     T* dlogits = s.logits.data();  // in place: the logits are not needed again
     Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
                                    grad_scale / static_cast<float>(rows));
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
-    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, V, 1.0f, dlogits, V, wte.weight.data(), C,
-                 0.0f, dh.data(), C);
+    const Matrix<T> dL = matrix(dlogits, rows, V);
+    // dh (B·T, C) = dlogits (B·T, V) · wte (V, C)
+    matmul(ctx, matrix(dh), dL, matrix(wte.weight));
     if (auto* q = DeferWeightGrads<T, B>::active()) {
       q->push(ctx, wte, std::move(s.logits), s.ln_f.y.view(), rows);  // d logits kept until W
     } else {
-      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, V, C, rows, 1.0f, dlogits, V,
-                   s.ln_f.y.data(), C, 1.0f, wte.grad.data(), C);
+      // dwte (V, C) += dlogitsᵀ (V, B·T) · h (B·T, C)
+      matmul_add(ctx, matrix(wte.grad), dL.t(), matrix(s.ln_f.y));
     }
     s.logits.reset();
     s.losses.reset();

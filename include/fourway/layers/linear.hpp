@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "fourway/backend/matmul.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 
@@ -44,8 +45,8 @@ class Linear {
     const std::int64_t rows = detail::rows_of(x.shape(), in_, "Linear");
     s.x = x.view();
     s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
-    Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, out_, in_, 1.0f, x.data(), in_,
-                 weight_.weight.data(), out_, 0.0f, s.y.data(), out_);
+    // Y (rows, out) = X (rows, in) · W (in, out)
+    matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
     if (has_bias_) Ops<B>::bias_add(ctx, s.y.data(), bias_.weight.data(), rows, out_);
     return s.y.view();
   }
@@ -55,13 +56,14 @@ class Linear {
     check<ShapeError>(s.x.numel() == rows * in_, "fourway: Linear backward without a matching ",
                       "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, s.x.shape());
-    Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, in_, out_, 1.0f, dy.data(), out_,
-                 weight_.weight.data(), out_, 0.0f, dx.data(), in_);
+    const Matrix<T> dY = matrix(dy);
+    // dX (rows, in) = dY (rows, out) · Wᵀ (out, in)
+    matmul(ctx, matrix(dx), dY, matrix(weight_.weight).t());
     if (auto* q = DeferWeightGrads<T, B>::active()) {
       q->push(ctx, weight_, s.x.view(), dy.view(), rows);
     } else {
-      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, in_, out_, rows, 1.0f, s.x.data(), in_,
-                   dy.data(), out_, 1.0f, weight_.grad.data(), out_);
+      // dW (in, out) += Xᵀ (in, rows) · dY (rows, out)
+      matmul_add(ctx, matrix(weight_.grad), matrix(s.x).t(), dY);
     }
     if (has_bias_) Ops<B>::bias_backward(ctx, bias_.grad.data(), dy.data(), rows, out_);
     s = Stash{};

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/matmul.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
@@ -52,8 +53,9 @@ class WeightGradQueue {
     for (Entry& e : entries_) {
       const std::int64_t m = e.a.numel() / e.rows;
       const std::int64_t n = e.d.numel() / e.rows;
-      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, m, n, e.rows, 1.0f, e.a.data(), m,
-                   e.d.data(), n, 1.0f, e.p->grad.data(), n);
+      // grad (m, n) += Aᵀ (m, rows) · D (rows, n)
+      matmul_add(ctx, matrix(e.p->grad.data(), m, n), matrix(e.a.data(), e.rows, m).t(),
+                 matrix(e.d.data(), e.rows, n));
     }
     clear();
   }

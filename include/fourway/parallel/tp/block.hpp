@@ -73,14 +73,14 @@ class Block {
     Tensor<T, B> heads;                      // (B, T, C/N)
     typename Linear<T, B>::Stash attn_proj;  // y = partial sum (B, T, C); g reduces it in place
     Tensor<T, B> a;                          // sequence parallel: reduce-scattered (B·T/N, C)
-    Tensor<T, B> r;
+    Tensor<T, B> r;                          // x + attention, the shape of x
     typename LayerNorm<T, B>::Stash ln_2;
-    Tensor<T, B> h2;
-    typename Linear<T, B>::Stash c_fc;  // (B, T, 4C/N)
-    typename Gelu<T, B>::Stash gelu;
-    typename Linear<T, B>::Stash mlp_proj;
-    Tensor<T, B> m;
-    Tensor<T, B> y;
+    Tensor<T, B> h2;                        // sequence parallel: ln_2's output gathered (B, T, C)
+    typename Linear<T, B>::Stash c_fc;      // y (B, T, 4C/N)
+    typename Gelu<T, B>::Stash gelu;        // (B, T, 4C/N)
+    typename Linear<T, B>::Stash mlp_proj;  // y = partial sum (B, T, C); g reduces it in place
+    Tensor<T, B> m;                         // sequence parallel: reduce-scattered (B·T/N, C)
+    Tensor<T, B> y;                         // r + MLP, the shape of x
   };
 
   /// `name` is the block's prefix ("h.<i>"); parameters keep their Hugging Face names and hold
@@ -115,20 +115,23 @@ class Block {
                       " is not B x T=", T_, " rows", sp_ ? " split over the group" : "");
     const Shape full{rows / T_, T_, C_};
 
-    Tensor<T, B> h1 = column_input(ctx, ln_1_.forward(ctx, x, s.ln_1), s.h1, full);
-    Tensor<T, B> qkv = c_attn_.forward(ctx, h1, s.c_attn);
+    Tensor<T, B> h1 = column_input(ctx, ln_1_.forward(ctx, x, s.ln_1), s.h1, full);  // (B, T, C)
+    Tensor<T, B> qkv = c_attn_.forward(ctx, h1, s.c_attn);  // (B, T, 3C/N) = (B, T, C)·(C, 3C/N)
     s.att = detail::activation<T, B>(ctx, Shape{full[0], NH_, T_, T_});
     s.heads = detail::activation<T, B>(ctx, Shape{full[0], T_, C_ / n_});
     Ops<B>::attention_forward(ctx, s.heads.data(), s.att.data(), qkv.data(), full[0], T_, C_ / n_,
                               NH_);
+    // (B, T, C) = Σ over the group of (B, T, C/N)·(C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> a =
         row_output(ctx, attn_proj_.forward(ctx, s.heads, s.attn_proj), s.attn_proj.y, s.a);
     Ops<B>::bias_add(ctx, a.data(), attn_bias_.weight.data(), rows_here, C_);
     s.r = detail::activation<T, B>(ctx, x.shape());
     Ops<B>::residual_forward(ctx, s.r.data(), x.data(), a.data(), x.numel());
 
-    Tensor<T, B> h2 = column_input(ctx, ln_2_.forward(ctx, s.r, s.ln_2), s.h2, full);
+    Tensor<T, B> h2 = column_input(ctx, ln_2_.forward(ctx, s.r, s.ln_2), s.h2, full);  // (B, T, C)
+    // (B, T, 4C/N) = gelu((B, T, C)·(C, 4C/N))
     Tensor<T, B> g = gelu_.forward(ctx, c_fc_.forward(ctx, h2, s.c_fc), s.gelu);
+    // (B, T, C) = Σ over the group of (B, T, 4C/N)·(4C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> m = row_output(ctx, mlp_proj_.forward(ctx, g, s.mlp_proj), s.mlp_proj.y, s.m);
     Ops<B>::bias_add(ctx, m.data(), mlp_bias_.weight.data(), rows_here, C_);
     s.y = detail::activation<T, B>(ctx, x.shape());
@@ -145,20 +148,20 @@ class Block {
     const Shape full{Bn, T_, C_};
     const std::int64_t rows = Bn * T_;
 
-    Tensor<T, B> dyf = row_output_grad(ctx, dy, full);
+    Tensor<T, B> dyf = row_output_grad(ctx, dy, full);  // (B, T, C)
     Ops<B>::bias_backward(ctx, mlp_bias_.grad.data(), dyf.data(), rows, C_);
-    Tensor<T, B> dg = mlp_proj_.backward(ctx, dyf, s.mlp_proj);
+    Tensor<T, B> dg = mlp_proj_.backward(ctx, dyf, s.mlp_proj);  // (B, T, 4C/N)
     dyf.reset();
-    Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);
+    Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);  // (B, T, 4C/N)
     dg.reset();
     Tensor<T, B> dr = layernorm_backward(
         ctx, ln_2_, column_input_grad(ctx, c_fc_.backward(ctx, dh, s.c_fc)), s.ln_2);
     dh.reset();
     Ops<B>::residual_forward(ctx, dr.data(), dr.data(), dy.data(), n);
 
-    Tensor<T, B> drf = row_output_grad(ctx, dr, full);
+    Tensor<T, B> drf = row_output_grad(ctx, dr, full);  // (B, T, C)
     Ops<B>::bias_backward(ctx, attn_bias_.grad.data(), drf.data(), rows, C_);
-    Tensor<T, B> dheads = attn_proj_.backward(ctx, drf, s.attn_proj);
+    Tensor<T, B> dheads = attn_proj_.backward(ctx, drf, s.attn_proj);  // (B, T, C/N)
     drf.reset();
     Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, T_, 3 * C_ / n_});
     {

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/matmul.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/checkpoint.hpp"
 #include "fourway/layers/gpt.hpp"
@@ -125,7 +126,7 @@ class Gpt {
     std::vector<typename Checkpointed<Block>::Stash> blocks;
     typename LayerNorm<T, B>::Stash ln_f;
     Tensor<T, B> h;          // sequence parallel: ln_f's output gathered (B·T, C)
-    Tensor<T, B> logits;     // (B·T, V_valid) this rank's real vocabulary columns
+    Tensor<T, B> logits;     // (B·T, Vv): this rank's Vv <= Vp/N real vocabulary columns
     Tensor<float, B> stats;  // (3, B·T): global row max | Σ exp | target logit
     float loss = 0.0f;
   };
@@ -350,7 +351,7 @@ class Gpt {
                        "; shorten the sequences or build the model with max_seq >= ", Tn);
     check_ids(tokens, "token");
     s.tokens = tokens.view();
-    Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});
+    Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});  // partial sum over the group
     Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.weight.data(), Bn * Tn, C,
                                 vocab_start(), vocab_valid());
     if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.weight.data(), Bn, Tn * C);
@@ -379,7 +380,7 @@ class Gpt {
     const std::int64_t C = cfg_.dim;
     const std::int64_t Vv = vocab_valid();
     check_ids(s.targets, "target");
-    Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);
+    Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);  // (B, T, C); sequence parallel: (B·T/N, C)
     if (sp_ && n_ > 1) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
     const T* h = s.h.empty() ? l.data() : s.h.data();
     s.stats = detail::activation<float, B>(ctx, Shape{3, rows});
@@ -387,8 +388,8 @@ class Gpt {
     float* rest = maxes + rows;  // Σ exp | target logit
     if (Vv > 0) {
       s.logits = detail::activation<T, B>(ctx, Shape{rows, Vv});
-      Ops<B>::gemm(ctx, Trans::none, Trans::transpose, rows, Vv, C, 1.0f, h, C, wte_.weight.data(),
-                   C, 0.0f, s.logits.data(), Vv);
+      // logits (B·T, Vv) = h (B·T, C) · wteᵀ (C, Vv); Vv <= Vp/N: this rank's real vocabulary rows
+      matmul(ctx, matrix(s.logits), matrix(h, rows, C), matrix(wte_.weight.data(), Vv, C).t());
       Ops<B>::vocab_local_max(ctx, maxes, s.logits.data(), rows, Vv);
     } else {
       Ops<B>::fill(ctx, maxes, rows, -std::numeric_limits<float>::infinity());
@@ -416,16 +417,18 @@ class Gpt {
     const std::int64_t C = cfg_.dim;
     const std::int64_t Vv = vocab_valid();
     const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
+    // (B·T, C), a partial sum over the group until reduced
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
     if (Vv > 0) {
       T* dlogits = s.logits.data();  // in place
       Ops<B>::vocab_local_grad(ctx, dlogits, s.logits.data(), s.targets.data(), s.stats.data(),
                                s.stats.data() + rows, rows, Vv, vocab_start(),
                                grad_scale / static_cast<float>(rows));
-      Ops<B>::gemm(ctx, Trans::none, Trans::none, rows, C, Vv, 1.0f, dlogits, Vv,
-                   wte_.weight.data(), C, 0.0f, dh.data(), C);
-      Ops<B>::gemm(ctx, Trans::transpose, Trans::none, Vv, C, rows, 1.0f, dlogits, Vv, h, C, 1.0f,
-                   wte_.grad.data(), C);
+      const Matrix<T> dL = matrix(dlogits, rows, Vv);
+      // dh (B·T, C) = dlogits (B·T, Vv) · wte (Vv, C), a partial sum over the group
+      matmul(ctx, matrix(dh.data(), rows, C), dL, matrix(wte_.weight.data(), Vv, C));
+      // dwte (Vv, C) += dlogitsᵀ (Vv, B·T) · h (B·T, C)
+      matmul_add(ctx, matrix(wte_.grad.data(), Vv, C), dL.t(), matrix(h, rows, C));
     } else {
       Ops<B>::fill(ctx, dh.data(), dh.numel(), convert<T>(0.0f));
     }
@@ -436,7 +439,7 @@ class Gpt {
       all_reduce_sum(*tp_, dh);
       return ln_f_.backward(ctx, dh, s.ln_f);
     }
-    Tensor<T, B> dl = reduce_scatter_rows(ctx, *tp_, dh, MemTag::workspace);
+    Tensor<T, B> dl = reduce_scatter_rows(ctx, *tp_, dh, MemTag::workspace);  // (B·T/N, C)
     dh.reset();
     return layernorm_backward_rows(ctx, *tp_, ln_f_, dl, s.ln_f);
   }
