@@ -103,6 +103,13 @@ struct NcclShared {
   static constexpr std::int64_t scratch_words(int n) { return all_calls + 5 * n; }
   bool aborted = false;
   std::string abort_reason;
+  // The CallOptions::timeout of the call being enqueued (0: none); its Work copies `deadline()`.
+  std::chrono::milliseconds call_timeout{0};
+
+  /// The deadline of the call being enqueued: its own timeout, else `options.deadline`.
+  [[nodiscard]] std::chrono::milliseconds deadline() const {
+    return call_timeout.count() > 0 ? call_timeout : options.deadline;
+  }
 
   NcclShared() = default;
   NcclShared(const NcclShared&) = delete;
@@ -155,10 +162,10 @@ struct NcclShared {
     while (st == ncclInProgress) {
       if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
       if (st == ncclInProgress) {
-        if (NcclClock::now() - start > options.deadline) {
+        if (NcclClock::now() - start > deadline()) {
           abort(cat(what, " did not finish enqueueing within the deadline"));
           throw CommTimeout(cat("fourway: CommTimeout: ", what, " in ", header(),
-                                ": NCCL did not finish the call within ", options.deadline.count(),
+                                ": NCCL did not finish the call within ", deadline().count(),
                                 " ms; communicator aborted"));
         }
         std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -173,7 +180,11 @@ class NcclWork final : public Work::State {
  public:
   NcclWork(std::shared_ptr<NcclShared> s, std::string what, NcclClock::time_point start,
            std::shared_ptr<void> keep)
-      : s_(std::move(s)), what_(std::move(what)), start_(start), keep_(std::move(keep)) {
+      : s_(std::move(s)),
+        what_(std::move(what)),
+        start_(start),
+        deadline_(s_->deadline()),
+        keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
     cuda::check_cuda(cudaEventRecord(event_, s_->stream.get()), "cudaEventRecord");
   }
@@ -185,13 +196,13 @@ class NcclWork final : public Work::State {
 
   void wait() override {
     while (!test()) {
-      if (NcclClock::now() - start_ > s_->options.deadline) {
+      if (NcclClock::now() - start_ > deadline_) {
         const auto waited =
             std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_)
                 .count();
         error_ = std::make_exception_ptr(CommTimeout(cat(
             "fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
-            " ms (deadline ", s_->options.deadline.count(),
+            " ms (deadline ", deadline_.count(),
             " ms) for ranks unknown (NCCL does "
             "not report which ranks have not arrived); the communicator was aborted, as PyTorch's "
             "NCCL watchdog does. If the peers are only slow, raise CommOptions::deadline")));
@@ -242,6 +253,7 @@ class NcclWork final : public Work::State {
   std::shared_ptr<NcclShared> s_;
   std::string what_;
   NcclClock::time_point start_;
+  std::chrono::milliseconds deadline_;  // the call's CallOptions::timeout, else the group's
   std::shared_ptr<void> keep_;
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
@@ -314,7 +326,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
 
-  void barrier() {
+  void barrier(CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
     auto* one = reinterpret_cast<std::int32_t*>(s_->scratch + detail::NcclShared::barrier_word);
@@ -324,7 +337,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                        CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_reduce, count, op, 0);
     user_buffer(what, send, count, "send");
@@ -352,7 +367,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                            CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::reduce_scatter, count, op, 0);
     const std::int64_t total = count * s_->size;
@@ -382,7 +399,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work all_gather_async(const T* send, T* recv, std::int64_t count) {
+  Work all_gather_async(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
     user_buffer(what, send, count, "send");
@@ -394,7 +412,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work broadcast_async(T* buf, std::int64_t count, int root) {
+  Work broadcast_async(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    use_call_options(o);
     check<ConfigError>(root >= 0 && root < s_->size, "fourway: broadcast in ", s_->header(),
                        " got root ", root, "; valid ranks are 0..", s_->size - 1);
     const auto start = detail::NcclClock::now();
@@ -407,7 +426,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    use_call_options(o);
     check_p2p(peer, tag, count, "send");
     const auto start = detail::NcclClock::now();
     const std::string what =
@@ -435,7 +455,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    use_call_options(o);
     check_p2p(peer, tag, count, "recv");
     const auto start = detail::NcclClock::now();
     const std::string what =
@@ -468,7 +489,8 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   /// ncclCommSplit (non-blocking) over the ranks passing the same color, ranked by key.
-  NcclComm split(int color, int key, std::string name = {}) {
+  NcclComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
+    use_call_options(o);
     check<ConfigError>(color >= 0, "fourway: split in ", s_->header(), " got color ", color,
                        "; colors are >= 0");
     const auto start = detail::NcclClock::now();
@@ -481,7 +503,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     int n = 0;
     ncclResult_t st = ncclInProgress;
     while (ncclCommGetAsyncError(out, &st) == ncclSuccess && st == ncclInProgress) {
-      check<CommTimeout>(detail::NcclClock::now() - start <= s_->options.deadline,
+      check<CommTimeout>(detail::NcclClock::now() - start <= s_->deadline(),
                          "fourway: CommTimeout: ", what, " in ", s_->header(),
                          ": ncclCommSplit did not finish within the deadline");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -519,6 +541,16 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     cuda::check_cuda(
         cudaMemset(s_->scratch, 0, static_cast<std::size_t>(words) * sizeof(std::int64_t)),
         "cudaMemset");
+  }
+
+  /// Makes `o` the options of the call being enqueued. A per-call stream is refused: NcclComm
+  /// orders its work, its Work events and its scratch buffers on the one stream `set_stream`
+  /// bound, so a second stream would need its own ordering against that one.
+  void use_call_options(const CallOptions& o) {
+    check<ConfigError>(o.stream == nullptr, "fourway: NcclComm in ", s_->header(),
+                       " cannot honour CallOptions::stream; bind the stream with "
+                       "comm.set_stream(stream) before the call instead");
+    s_->call_timeout = detail::call_deadline(s_->options, o);
   }
 
   /// Refuses a caller's buffer NCCL cannot use (host memory) or cannot order (no bound stream).
@@ -605,6 +637,6 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   std::uint64_t recvs_ = 0;
 };
 
-static_assert(communicator<NcclComm>);
+static_assert(call_options_communicator<NcclComm>);
 
 }  // namespace fourway
