@@ -357,7 +357,9 @@ TEST(LocalWorld, CallOptionsTimeoutOverridesTheWorldDeadlineForThatCallOnly) {
   const double expect[2] = {0.3, 0.2};
   for (std::size_t i = 0; i < 2; ++i) {
     EXPECT_GE(elapsed[i], expect[i]) << messages[i];
-    EXPECT_LE(elapsed[i], expect[i] * 1.1 + 0.3) << messages[i];
+    // Far below the world's 60 s. The margin is wide: a wait polls and yields before it first
+    // reads the clock, which took 0.46 s on top of 0.3 s with 7 busy processes on 2 cores.
+    EXPECT_LE(elapsed[i], expect[i] + 2.0) << messages[i];
     EXPECT_TRUE(contains(messages[i], "(deadline " + std::to_string(i == 0 ? 300 : 200) + " ms)"))
         << messages[i];
     EXPECT_TRUE(contains(messages[i], "for rank 0")) << messages[i];

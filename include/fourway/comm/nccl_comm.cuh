@@ -29,6 +29,8 @@
 //!     produces and consumes those buffers, so NCCL's reads are ordered after the kernels that
 //!     wrote them. The bound stream is borrowed: never destroyed here. A communicator from
 //!     `split` borrows its parent's bound stream, or owns a new one when the parent has none.
+//!     A call given `CallOptions::stream` runs on that stream instead (work, workspace, Work
+//!     event), bound stream or not.
 //!   - every buffer must be device (or managed) memory: host pointers are refused with a
 //!     CommError before NCCL sees them (comm/buffer_kind.hpp).
 // fourway-requires: nccl
@@ -103,8 +105,15 @@ struct NcclShared {
   static constexpr std::int64_t scratch_words(int n) { return all_calls + 5 * n; }
   bool aborted = false;
   std::string abort_reason;
-  // The CallOptions::timeout of the call being enqueued (0: none); its Work copies `deadline()`.
+  // The CallOptions of the call being enqueued (0 / null: none); its Work copies `deadline()`
+  // and records its event on `work_stream()`.
   std::chrono::milliseconds call_timeout{0};
+  cudaStream_t call_stream = nullptr;
+
+  /// The stream the call being enqueued runs on: its own, else the communicator's.
+  [[nodiscard]] cudaStream_t work_stream() const {
+    return call_stream != nullptr ? call_stream : stream.get();
+  }
 
   /// The deadline of the call being enqueued: its own timeout, else `options.deadline`.
   [[nodiscard]] std::chrono::milliseconds deadline() const {
@@ -186,7 +195,7 @@ class NcclWork final : public Work::State {
         deadline_(s_->deadline()),
         keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda::check_cuda(cudaEventRecord(event_, s_->stream.get()), "cudaEventRecord");
+    cuda::check_cuda(cudaEventRecord(event_, s_->work_stream()), "cudaEventRecord");
   }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -331,7 +340,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
     auto* one = reinterpret_cast<std::int32_t*>(s_->scratch + detail::NcclShared::barrier_word);
-    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream.get()), what,
+    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->work_stream()), what,
                start);
     Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr)).wait();
   }
@@ -348,18 +357,18 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     if (widen<T>(op)) {
       void* w = nullptr;
       keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float),
-                                    s_->stream.get(), &w);
+                                    s_->work_stream(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream.get());
+      detail::device_cast<T, float>(f, send, count, 1.0f, s_->work_stream());
       s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               s_->comm, s_->stream.get()),
+                               s_->comm, s_->work_stream()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream.get());
+          s_->work_stream());
     } else {
       s_->settle(ncclAllReduce(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                               detail::nccl_op(op), s_->comm, s_->stream.get()),
+                               detail::nccl_op(op), s_->comm, s_->work_stream()),
                  what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -379,19 +388,19 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     if (widen<T>(op)) {
       void* w = nullptr;
       keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float),
-                                    s_->stream.get(), &w);
+                                    s_->work_stream(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream.get());
+      detail::device_cast<T, float>(f, send, total, 1.0f, s_->work_stream());
       s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32,
-                                   ncclSum, s_->comm, s_->stream.get()),
+                                   ncclSum, s_->comm, s_->work_stream()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream.get());
+          s_->work_stream());
     } else {
       s_->settle(
           ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                            detail::nccl_op(op), s_->comm, s_->stream.get()),
+                            detail::nccl_op(op), s_->comm, s_->work_stream()),
           what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -406,7 +415,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     user_buffer(what, send, count, "send");
     user_buffer(what, recv, count * s_->size, "recv");
     s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             s_->comm, s_->stream.get()),
+                             s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -420,7 +429,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     const auto what = begin<T>(CommOp::broadcast, count, ReduceOp::sum, root);
     user_buffer(what, buf, count, "broadcast");
     s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             root, s_->comm, s_->stream.get()),
+                             root, s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -440,16 +449,16 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->settle(ncclGroupStart(), what, start);
     if (s_->options.debug) {
       void* h = nullptr;
-      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream.get(), &h);
+      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->work_stream(), &h);
       const std::int64_t header[3] = {tag, count, static_cast<std::int64_t>(dtype_v<T>)};
       cuda::check_cuda(
-          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream.get()),
+          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->work_stream()),
           "cudaMemcpyAsync (p2p header)");
-      cuda::check_cuda(cudaStreamSynchronize(s_->stream.get()), "cudaStreamSynchronize");
-      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream.get());
+      cuda::check_cuda(cudaStreamSynchronize(s_->work_stream()), "cudaStreamSynchronize");
+      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->work_stream());
     }
     (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
-                   s_->stream.get());
+                   s_->work_stream());
     s_->settle(ncclGroupEnd(), what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
   }
@@ -467,7 +476,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     user_buffer(what, buf, count, "recv");
     if (s_->options.debug) {
       std::int64_t* h = s_->scratch + detail::NcclShared::p2p_header;
-      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream.get()), what, start);
+      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->work_stream()), what, start);
       Work(std::make_shared<detail::NcclWork>(s_, what + " (header)", start, nullptr)).wait();
       std::int64_t header[3];
       cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost),
@@ -483,7 +492,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
       }
     }
     s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer,
-                        s_->comm, s_->stream.get()),
+                        s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
@@ -543,24 +552,24 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
         "cudaMemset");
   }
 
-  /// Makes `o` the options of the call being enqueued. A per-call stream is refused: NcclComm
-  /// orders its work, its Work events and its scratch buffers on the one stream `set_stream`
-  /// bound, so a second stream would need its own ordering against that one.
+  /// Makes `o` the options of the call being enqueued: its deadline, and the stream its work,
+  /// workspaces and Work event go on (NCCL takes a stream per call, as c10d's per-op streams do;
+  /// the scratch buffers a debug check or a barrier uses are waited for before the call returns,
+  /// so calls on different streams never share them in flight).
   void use_call_options(const CallOptions& o) {
-    check<ConfigError>(o.stream == nullptr, "fourway: NcclComm in ", s_->header(),
-                       " cannot honour CallOptions::stream; bind the stream with "
-                       "comm.set_stream(stream) before the call instead");
     s_->call_timeout = detail::call_deadline(s_->options, o);
+    s_->call_stream = static_cast<cudaStream_t>(o.stream);
   }
 
   /// Refuses a caller's buffer NCCL cannot use (host memory) or cannot order (no bound stream).
   template <class T>
   void user_buffer(const std::string& what, const T* p, std::int64_t count,
                    std::string_view role) const {
-    check<ConfigError>(stream_bound(), "fourway: ", what, " in ", s_->header(),
+    check<ConfigError>(stream_bound() || s_->call_stream != nullptr, "fourway: ", what, " in ",
+                       s_->header(),
                        " refused: no stream is bound, so NCCL would read the buffers unordered "
                        "with the kernels that write them; call set_stream(ctx.stream()) with the "
-                       "rank's Context<Cuda> first");
+                       "rank's Context<Cuda> first, or pass the call CallOptions{.stream = ...}");
     require_nccl_buffer(detail::cuda_buffer_kind(p), count, role, what);
   }
 
@@ -574,9 +583,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   void finish_avg(T* recv, std::int64_t count) {
     if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
       detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size),
-                                s_->stream.get());
+                                s_->work_stream());
     } else {
-      detail::device_divide<T>(recv, count, s_->size, s_->stream.get());
+      detail::device_divide<T>(recv, count, s_->size, s_->work_stream());
     }
   }
 
@@ -607,9 +616,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::int64_t* mine_dev = s_->scratch + detail::NcclShared::my_call;
     std::int64_t* all_dev = s_->scratch + detail::NcclShared::all_calls;
     cuda::check_cuda(
-        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream.get()),
+        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->work_stream()),
         "cudaMemcpyAsync");
-    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream.get()),
+    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->work_stream()),
                what + " (debug check)", start);
     Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();
     std::vector<std::int64_t> all(static_cast<std::size_t>(5 * s_->size));

@@ -71,9 +71,9 @@ struct CommOptions {
 /// (`comm.all_reduce(s, r, n, op, {.timeout = 2s})`). A zero field means "the communicator's
 /// own": a call without options behaves exactly as before. What each backend honours:
 ///
-///   field     LocalComm                     MpiComm            NcclComm            Counting<C>
-///   timeout   every wait of the call        the call's request enqueue + completion  forwards
-///   stream    device memory (host: ignored)  ConfigError        ConfigError         forwards
+///   field    LocalComm                  MpiComm           NcclComm              Counting<C>
+///   timeout  every wait of the call     its MPI requests  enqueue + its Work    forwards
+///   stream   device memory (host: no-op) ConfigError      work, workspace, Work forwards
 ///
 /// `timeout` replaces `CommOptions::deadline` for this call only: a peer that never arrives turns
 /// into CommTimeout after it. `stream` (a `cudaStream_t`) orders this call's device-memory work on

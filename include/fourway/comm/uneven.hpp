@@ -30,18 +30,30 @@ constexpr std::int64_t padded_count(std::int64_t total, int size) {
   return (total + size - 1) / size * size;
 }
 
+namespace detail {
+/// The largest of one count per rank of `comm` (the padded block of a v-form), or a ShapeError
+/// when there is not one count per rank or a count is negative.
+template <communicator C>
+std::int64_t checked_max_count(C& comm, const std::vector<std::int64_t>& counts,
+                               std::string_view op) {
+  const int n = comm.size();
+  check<ShapeError>(static_cast<int>(counts.size()) == n, "fourway: ", op, " in group '",
+                    comm.name(), "' got ", counts.size(), " counts for ", n, " ranks");
+  std::int64_t max_count = 0;
+  for (auto c : counts) {
+    check<ShapeError>(c >= 0, "fourway: ", op, " count ", c, " is negative");
+    max_count = std::max(max_count, c);
+  }
+  return max_count;
+}
+}  // namespace detail
+
 /// all_gather with a different count per rank (host memory): `recv` receives the ranks' blocks
 /// back to back, `counts[q]` elements from rank q. Runs as one padded all_gather.
 template <communicator C, comm_element T>
 void all_gather_v(C& comm, const T* send, T* recv, const std::vector<std::int64_t>& counts) {
   const int n = comm.size();
-  check<ShapeError>(static_cast<int>(counts.size()) == n, "fourway: all_gather_v in group '",
-                    comm.name(), "' got ", counts.size(), " counts for ", n, " ranks");
-  std::int64_t max_count = 0;
-  for (auto c : counts) {
-    check<ShapeError>(c >= 0, "fourway: all_gather_v count ", c, " is negative");
-    max_count = std::max(max_count, c);
-  }
+  const std::int64_t max_count = detail::checked_max_count(comm, counts, "all_gather_v");
   std::vector<T> padded_send(static_cast<std::size_t>(max_count));
   std::vector<T> gathered(static_cast<std::size_t>(max_count * n));
   const auto mine = counts[static_cast<std::size_t>(comm.rank())];
@@ -64,13 +76,7 @@ template <communicator C, comm_element T>
 void reduce_scatter_v(C& comm, const T* send, T* recv, const std::vector<std::int64_t>& counts,
                       ReduceOp op) {
   const int n = comm.size();
-  check<ShapeError>(static_cast<int>(counts.size()) == n, "fourway: reduce_scatter_v in group '",
-                    comm.name(), "' got ", counts.size(), " counts for ", n, " ranks");
-  std::int64_t max_count = 0;
-  for (auto c : counts) {
-    check<ShapeError>(c >= 0, "fourway: reduce_scatter_v count ", c, " is negative");
-    max_count = std::max(max_count, c);
-  }
+  const std::int64_t max_count = detail::checked_max_count(comm, counts, "reduce_scatter_v");
   std::vector<T> padded(static_cast<std::size_t>(max_count * n), T{});
   std::int64_t at = 0;
   for (int q = 0; q < n; ++q) {

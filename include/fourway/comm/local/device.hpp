@@ -40,7 +40,7 @@ class LocalDevice : protected LocalRendezvous {
                        " on device memory in ", g().header(), " refused on rank ", s_->rank,
                        ": no stream is set, so it would run unordered with the kernels that "
                        "write the buffers; call comm.set_stream(ctx.stream()) with the rank's "
-                       "Context<Cuda> first");
+                       "Context<Cuda> first (or pass the call CallOptions{.stream = ...})");
   }
 
   /// Enables peer access to every GPU holding a peer's buffer (kernels read them directly), or

@@ -1,6 +1,6 @@
 //! LocalWorld's shared state: the world (abort, exits, wake-ups), a group (members, published
-//! slots, arrival counters, mailboxes, buffer pool), one rank on a group (`LocalRank`: sequence
-//! numbers, stream, this call's options, traffic counters, events, executor) and
+//! slots, arrival counters, mailboxes, buffer pool), one rank on a group (`LocalRankState`:
+//! sequence numbers, stream, this call's options, traffic counters, events, executor) and
 //! `LocalCommBase`, the root of LocalComm's parts, with the bookkeeping every operation shares.
 #pragma once
 
@@ -188,8 +188,8 @@ inline std::string exception_message(const std::exception_ptr& e) {
 
 /// One rank's state on one group (behind a pointer in LocalComm, so queued async work keeps a
 /// stable address when the communicator moves).
-struct LocalRank {
-  LocalRank(std::shared_ptr<LocalGroup> g, int r)
+struct LocalRankState {
+  LocalRankState(std::shared_ptr<LocalGroup> g, int r)
       : group(std::move(g)), rank(r), call{group->options.deadline, nullptr} {}
   std::shared_ptr<LocalGroup> group;
   int rank;
@@ -213,14 +213,14 @@ class LocalCommBase {
  protected:
   LocalCommBase() = default;
   LocalCommBase(std::shared_ptr<LocalGroup> group, int rank)
-      : s_(std::make_unique<LocalRank>(std::move(group), rank)) {}
+      : s_(std::make_unique<LocalRankState>(std::move(group), rank)) {}
 
-  std::unique_ptr<LocalRank> s_;
+  std::unique_ptr<LocalRankState> s_;
 
   LocalGroup& g() const { return *s_->group; }
   [[nodiscard]] int size() const { return s_->group->size; }
 
-  /// Resolves `o` against the group's deadline and the bound stream (see LocalRank::call).
+  /// Resolves `o` against the group's deadline and the bound stream (see LocalRankState::call).
   [[nodiscard]] CallOptions resolve(const CallOptions& o) const {
     return {call_deadline(g().options, o), o.stream != nullptr ? o.stream : s_->stream};
   }
