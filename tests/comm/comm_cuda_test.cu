@@ -264,6 +264,41 @@ TEST(DeviceComm, LocalWorldRefusesDeviceBuffersWithoutAStream) {
                fw::ConfigError);
 }
 
+// CallOptions::stream orders one call on a stream no set_stream bound, on both device backends.
+TEST(DeviceComm, CallOptionsStreamRunsOneCallOnTheGivenStream) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  static_assert(fw::call_options_communicator<fw::NcclComm>);
+  std::vector<float> got(2, 0.0f);
+  fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+    fw::Context<fw::Cuda> ctx(w.memory(), 0);
+    fw::Tensor<float, fw::Cuda> t({8}, fw::MemTag::workspace, w.memory());
+    fw::cuda::fill(ctx, t.data(), 8, static_cast<float>(w.rank() + 1));
+    EXPECT_EQ(w.comm().stream(), nullptr);
+    w.comm().all_reduce(t.data(), t.data(), 8, fw::ReduceOp::sum,
+                        fw::CallOptions{.stream = ctx.stream()});
+    float back[8];
+    ctx.synchronize();
+    EXPECT_EQ(cudaMemcpy(back, t.data(), sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+    got[static_cast<std::size_t>(w.rank())] = back[7];
+  });
+  EXPECT_EQ(got[0], 3.0f);
+  EXPECT_EQ(got[1], 3.0f);
+
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  fw::Tensor<float, fw::Cuda> dev({4}, fw::MemTag::workspace, mem);
+  fw::cuda::fill(ctx, dev.data(), 4, 2.0f);
+  auto nccl = fw::NcclComm::single(0);
+  EXPECT_FALSE(nccl.stream_bound());
+  nccl.all_reduce(dev.data(), dev.data(), 4, fw::ReduceOp::sum,
+                  fw::CallOptions{.stream = ctx.stream()});
+  EXPECT_THROW(nccl.all_reduce(dev.data(), dev.data(), 4, fw::ReduceOp::sum), fw::ConfigError);
+  float back[4];
+  ctx.synchronize();
+  EXPECT_EQ(cudaMemcpy(back, dev.data(), sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back[3], 2.0f);  // one rank: the sum is the input
+}
+
 TEST(DeviceContext, CublasNeverReducesIn16BitsNorUsesTf32) {
   if (no_gpu()) GTEST_SKIP() << "no CUDA device";
   fw::MemoryAccountant mem;

@@ -8,6 +8,7 @@
 
 namespace fw = fourway;
 static_assert(fw::communicator<fw::Counting<fw::LocalComm>>);
+static_assert(fw::call_options_communicator<fw::Counting<fw::LocalComm>>);
 
 // The communication law of docs/design.md on the collectives of one step: a data-parallel step of
 // Ψ fp32 gradient elements all-reduces 2Ψ(N−1)/N·4 bytes per rank; a ZeRO-3 step (reduce-scatter

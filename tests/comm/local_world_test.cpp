@@ -306,6 +306,66 @@ TEST(LocalWorld, MissingRankTurnsIntoCommTimeoutWithinDeadlinePlusTenPercent) {
   }
 }
 
+TEST(LocalWorld, CallOptionsTimeoutOverridesTheWorldDeadlineForThatCallOnly) {
+  // World deadline 60 s; one call asks for 300 ms (blocking) and one for 200 ms (async). Each
+  // must fail with CommTimeout after its own timeout, far below the world's; a call with default
+  // options and one whose timeout is met behave as before.
+  static_assert(fw::call_options_communicator<fw::LocalComm>);
+  std::atomic<bool> caught{false};
+  std::vector<std::string> messages;
+  std::vector<double> elapsed;
+  std::vector<float> sums;
+  fw::launch<fw::LocalWorld>(
+      2,
+      [&](LocalRank& w) {
+        auto& c = w.comm();
+        float x = static_cast<float>(w.rank() + 1);
+        c.all_reduce(&x, &x, 1, fw::ReduceOp::sum, fw::CallOptions{});
+        float y = 10.0f;
+        c.all_reduce(&y, &y, 1, fw::ReduceOp::sum,
+                     fw::CallOptions{.timeout = std::chrono::milliseconds(5000)});
+        if (w.rank() == 1) sums = {x, y};
+        if (w.rank() == 0) {
+          while (!caught.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;  // never joins collective #3
+        }
+        EXPECT_THROW(c.barrier(fw::CallOptions{.timeout = std::chrono::milliseconds(-1)}),
+                     fw::ConfigError);
+        for (const int ms : {300, 200}) {
+          const fw::CallOptions o{.timeout = std::chrono::milliseconds(ms)};
+          float z = 1.0f;
+          const auto t0 = Clock::now();
+          try {
+            if (ms == 300) {
+              c.all_reduce(&z, &z, 1, fw::ReduceOp::sum, o);
+            } else {
+              c.all_reduce_async(&z, &z, 1, fw::ReduceOp::sum, o).wait();
+            }
+            ADD_FAILURE() << "no timeout at " << ms << " ms";
+          } catch (const fw::CommTimeout& e) {
+            elapsed.push_back(seconds_since(t0));
+            messages.push_back(e.what());
+          }
+        }
+        caught.store(true);
+      },
+      with_deadline(60000));
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_EQ(sums[0], 3.0f);
+  EXPECT_EQ(sums[1], 20.0f);
+  ASSERT_EQ(messages.size(), 2u);
+  const double expect[2] = {0.3, 0.2};
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_GE(elapsed[i], expect[i]) << messages[i];
+    // Far below the world's 60 s. The margin is wide: a wait polls and yields before it first
+    // reads the clock, which took 0.46 s on top of 0.3 s with 7 busy processes on 2 cores.
+    EXPECT_LE(elapsed[i], expect[i] + 2.0) << messages[i];
+    EXPECT_TRUE(contains(messages[i], "(deadline " + std::to_string(i == 0 ? 300 : 200) + " ms)"))
+        << messages[i];
+    EXPECT_TRUE(contains(messages[i], "for rank 0")) << messages[i];
+  }
+}
+
 TEST(LocalWorld, RecvTimeoutNamesPeerAndTagAndWaitingTags) {
   std::string msg;
   std::atomic<bool> caught{false};

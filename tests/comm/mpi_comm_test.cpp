@@ -43,6 +43,25 @@ TYPED_TEST(MpiOps, EveryOpMatchesReference) {
   comm_test::check_every_op<TypeParam>(sub, 778u);
 }
 
+static_assert(fw::call_options_communicator<fw::MpiComm>);
+static_assert(fw::call_options_communicator<fw::Counting<fw::MpiComm>>);
+
+TEST(Mpi, CallOptionsTimeoutIsUsedAndAStreamIsRefused) {
+  fw::MpiComm world(MPI_COMM_WORLD, opts(60000));
+  float x = 1.0f;
+  world.all_reduce(&x, &x, 1, fw::ReduceOp::sum,
+                   fw::CallOptions{.timeout = std::chrono::milliseconds(30000)});
+  EXPECT_EQ(x, static_cast<float>(world.size()));
+  int stream_stand_in = 0;
+  try {
+    world.all_reduce(&x, &x, 1, fw::ReduceOp::sum, fw::CallOptions{.stream = &stream_stand_in});
+    ADD_FAILURE() << "a stream was accepted";
+  } catch (const fw::ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot honour CallOptions::stream")) << e.what();
+  }
+  world.barrier();  // the refused call entered no collective: the ranks are still in step
+}
+
 TEST(Mpi, AsyncOperationsOverlapAndComplete) {
   // Three operations in flight at once, on buffers that do not overlap: an in-place all_reduce
   // writes a while it runs, so the all_gather reads its own copy c, never a.

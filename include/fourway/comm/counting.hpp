@@ -171,40 +171,54 @@ class Counting {
   [[nodiscard]] OpCount count(CommOp op) const { return counters_->get(std::string(name()), op); }
 
   template <comm_element T>
-  void all_reduce(const T* s, T* r, std::int64_t n, ReduceOp op) {
+  void all_reduce(const T* s, T* r, std::int64_t n, ReduceOp op, CallOptions o = {}) {
     note<T>(CommOp::all_reduce, n);
-    inner_.all_reduce(s, r, n, op);
+    pass(
+        o, [&](auto& c) { return c.all_reduce(s, r, n, op, o); },
+        [&](auto& c) { return c.all_reduce(s, r, n, op); });
   }
   template <comm_element T>
-  void reduce_scatter(const T* s, T* r, std::int64_t n, ReduceOp op) {
+  void reduce_scatter(const T* s, T* r, std::int64_t n, ReduceOp op, CallOptions o = {}) {
     note<T>(CommOp::reduce_scatter, n);
-    inner_.reduce_scatter(s, r, n, op);
+    pass(
+        o, [&](auto& c) { return c.reduce_scatter(s, r, n, op, o); },
+        [&](auto& c) { return c.reduce_scatter(s, r, n, op); });
   }
   template <comm_element T>
-  void all_gather(const T* s, T* r, std::int64_t n) {
+  void all_gather(const T* s, T* r, std::int64_t n, CallOptions o = {}) {
     note<T>(CommOp::all_gather, n);
-    inner_.all_gather(s, r, n);
+    pass(
+        o, [&](auto& c) { return c.all_gather(s, r, n, o); },
+        [&](auto& c) { return c.all_gather(s, r, n); });
   }
   template <comm_element T>
-  void broadcast(T* b, std::int64_t n, int root) {
+  void broadcast(T* b, std::int64_t n, int root, CallOptions o = {}) {
     note<T>(CommOp::broadcast, n);
-    inner_.broadcast(b, n, root);
+    pass(
+        o, [&](auto& c) { return c.broadcast(b, n, root, o); },
+        [&](auto& c) { return c.broadcast(b, n, root); });
   }
   template <comm_element T>
-  void send(const T* b, std::int64_t n, int peer, int tag) {
+  void send(const T* b, std::int64_t n, int peer, int tag, CallOptions o = {}) {
     note<T>(CommOp::send, n);
-    inner_.send(b, n, peer, tag);
+    pass(
+        o, [&](auto& c) { return c.send(b, n, peer, tag, o); },
+        [&](auto& c) { return c.send(b, n, peer, tag); });
   }
   template <comm_element T>
-  void recv(T* b, std::int64_t n, int peer, int tag) {
+  void recv(T* b, std::int64_t n, int peer, int tag, CallOptions o = {}) {
     note<T>(CommOp::recv, n);
-    inner_.recv(b, n, peer, tag);
+    pass(
+        o, [&](auto& c) { return c.recv(b, n, peer, tag, o); },
+        [&](auto& c) { return c.recv(b, n, peer, tag); });
   }
-  void barrier() {
+  void barrier(CallOptions o = {}) {
     note<std::uint8_t>(CommOp::barrier, 0);
-    inner_.barrier();
+    pass(
+        o, [&](auto& c) { c.barrier(o); }, [&](auto& c) { c.barrier(); });
   }
-  /// Splits the inner communicator; extra arguments (a group name) are passed through.
+  /// Splits the inner communicator; extra arguments (a group name, CallOptions) are passed
+  /// through.
   template <class... Extra>
   Counting split(int color, int key, Extra&&... extra) {
     note<std::uint8_t>(CommOp::split, 0);
@@ -212,37 +226,64 @@ class Counting {
   }
 
   template <comm_element T>
-  Work all_reduce_async(const T* s, T* r, std::int64_t n, ReduceOp op) {
+  Work all_reduce_async(const T* s, T* r, std::int64_t n, ReduceOp op, CallOptions o = {}) {
     note<T>(CommOp::all_reduce, n);
-    return inner_.all_reduce_async(s, r, n, op);
+    return pass(
+        o, [&](auto& c) { return c.all_reduce_async(s, r, n, op, o); },
+        [&](auto& c) { return c.all_reduce_async(s, r, n, op); });
   }
   template <comm_element T>
-  Work reduce_scatter_async(const T* s, T* r, std::int64_t n, ReduceOp op) {
+  Work reduce_scatter_async(const T* s, T* r, std::int64_t n, ReduceOp op, CallOptions o = {}) {
     note<T>(CommOp::reduce_scatter, n);
-    return inner_.reduce_scatter_async(s, r, n, op);
+    return pass(
+        o, [&](auto& c) { return c.reduce_scatter_async(s, r, n, op, o); },
+        [&](auto& c) { return c.reduce_scatter_async(s, r, n, op); });
   }
   template <comm_element T>
-  Work all_gather_async(const T* s, T* r, std::int64_t n) {
+  Work all_gather_async(const T* s, T* r, std::int64_t n, CallOptions o = {}) {
     note<T>(CommOp::all_gather, n);
-    return inner_.all_gather_async(s, r, n);
+    return pass(
+        o, [&](auto& c) { return c.all_gather_async(s, r, n, o); },
+        [&](auto& c) { return c.all_gather_async(s, r, n); });
   }
   template <comm_element T>
-  Work broadcast_async(T* b, std::int64_t n, int root) {
+  Work broadcast_async(T* b, std::int64_t n, int root, CallOptions o = {}) {
     note<T>(CommOp::broadcast, n);
-    return inner_.broadcast_async(b, n, root);
+    return pass(
+        o, [&](auto& c) { return c.broadcast_async(b, n, root, o); },
+        [&](auto& c) { return c.broadcast_async(b, n, root); });
   }
   template <comm_element T>
-  Work send_async(const T* b, std::int64_t n, int peer, int tag) {
+  Work send_async(const T* b, std::int64_t n, int peer, int tag, CallOptions o = {}) {
     note<T>(CommOp::send, n);
-    return inner_.send_async(b, n, peer, tag);
+    return pass(
+        o, [&](auto& c) { return c.send_async(b, n, peer, tag, o); },
+        [&](auto& c) { return c.send_async(b, n, peer, tag); });
   }
   template <comm_element T>
-  Work recv_async(T* b, std::int64_t n, int peer, int tag) {
+  Work recv_async(T* b, std::int64_t n, int peer, int tag, CallOptions o = {}) {
     note<T>(CommOp::recv, n);
-    return inner_.recv_async(b, n, peer, tag);
+    return pass(
+        o, [&](auto& c) { return c.recv_async(b, n, peer, tag, o); },
+        [&](auto& c) { return c.recv_async(b, n, peer, tag); });
   }
 
  private:
+  /// Runs `with(inner_)` (the call with its CallOptions) when the inner communicator takes them,
+  /// else `without(inner_)`, refusing with ConfigError options it could not pass on.
+  template <class With, class Without>
+  decltype(auto) pass(const CallOptions& o, With with, Without without) {
+    if constexpr (call_options_communicator<C>) {
+      return with(inner_);
+    } else {
+      check<ConfigError>(o.timeout.count() == 0 && o.stream == nullptr, "fourway: Counting over ",
+                         "group '", inner_.name(),
+                         "' got CallOptions, but its inner communicator "
+                         "takes none; model fw::call_options_communicator in it or pass none");
+      return without(inner_);
+    }
+  }
+
   template <class T>
   void note(CommOp op, std::int64_t n) {
     const auto payload = n > 0 ? static_cast<std::uint64_t>(n) * sizeof(T) : 0u;

@@ -211,13 +211,15 @@ struct MpiShared {
 class MpiWork final : public Work::State {
  public:
   MpiWork(std::shared_ptr<MpiShared> shared, MPI_Request req, std::string what, std::uint64_t seq,
-          std::function<void(const MPI_Status&)> finish, std::shared_ptr<void> keep)
+          std::function<void(const MPI_Status&)> finish, std::shared_ptr<void> keep,
+          std::chrono::milliseconds deadline)
       : shared_(std::move(shared)),
         req_(req),
         what_(std::move(what)),
         seq_(seq),
         finish_(std::move(finish)),
         keep_(std::move(keep)),
+        deadline_(deadline),
         start_(std::chrono::steady_clock::now()) {}
 
   void wait() override {
@@ -226,7 +228,7 @@ class MpiWork final : public Work::State {
     while (!done_) {
       if (poll()) break;
       if (error_) std::rethrow_exception(error_);
-      if (std::chrono::steady_clock::now() - start_ >= shared_->options.deadline) {
+      if (std::chrono::steady_clock::now() - start_ >= deadline_) {
         time_out();
         std::rethrow_exception(error_);
       }
@@ -285,9 +287,10 @@ class MpiWork final : public Work::State {
     }
     error_ = std::make_exception_ptr(CommTimeout(
         cat("fourway: CommTimeout: ", what_, ": waited ", waited, " ms (deadline ",
-            shared_->options.deadline.count(), " ms) for ", missing,
-            ". If those ranks are only slow, raise CommOptions::deadline; otherwise find the rank "
-            "that skipped, reordered or never reached this call")));
+            deadline_.count(), " ms) for ", missing,
+            ". If those ranks are only slow, raise CommOptions::deadline (or this call's "
+            "CallOptions::timeout); otherwise find the rank that skipped, reordered or never "
+            "reached this call")));
     shared_->abandoned.push_back({req_, keep_});
     done_ = true;
   }
@@ -298,6 +301,7 @@ class MpiWork final : public Work::State {
   std::uint64_t seq_;  // 0 for point-to-point
   std::function<void(const MPI_Status&)> finish_;
   std::shared_ptr<void> keep_;
+  std::chrono::milliseconds deadline_;  // the call's CallOptions::timeout, else the group's
   std::chrono::steady_clock::time_point start_;
   bool done_ = false;
   std::exception_ptr error_;
@@ -326,11 +330,13 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   [[nodiscard]] MPI_Comm native() const { return s_->comm; }
   [[nodiscard]] std::uint64_t sequence() const { return seq_; }
 
-  void barrier() { barrier_async().wait(); }
+  void barrier(CallOptions o = {}) { barrier_async(o).wait(); }
 
   template <comm_element T>
-  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    const auto seq = enter<T>(CommOp::all_reduce, count, op, 0);
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                        CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
+    const auto seq = enter<T>(CommOp::all_reduce, count, op, 0, deadline);
     const int n = s_->size;
     const int c = mpi_count(count, CommOp::all_reduce);
     if constexpr (is_half<T>) {
@@ -342,7 +348,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
                                        detail::mpi_op(op), s_->comm, &req),
                         "MPI_Iallreduce");
       return work<T>(
-          req, seq, CommOp::all_reduce, count, op,
+          deadline, req, seq, CommOp::all_reduce, count, op,
           [=](const MPI_Status&) {
             const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
             for (std::int64_t i = 0; i < count; ++i)
@@ -354,15 +360,17 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
       detail::mpi_check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, c,
                                        detail::mpi_type<T>(), detail::mpi_op(op), s_->comm, &req),
                         "MPI_Iallreduce");
-      return work<T>(req, seq, CommOp::all_reduce, count, op, [=](const MPI_Status&) {
+      return work<T>(deadline, req, seq, CommOp::all_reduce, count, op, [=](const MPI_Status&) {
         if (op == ReduceOp::avg) divide(recv, count, n);
       });
     }
   }
 
   template <comm_element T>
-  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
-    const auto seq = enter<T>(CommOp::reduce_scatter, count, op, 0);
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                            CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
+    const auto seq = enter<T>(CommOp::reduce_scatter, count, op, 0, deadline);
     const int n = s_->size;
     const int c = mpi_count(count * n, CommOp::reduce_scatter);
     if constexpr (is_half<T>) {
@@ -374,7 +382,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
                                                   MPI_FLOAT, detail::mpi_op(op), s_->comm, &req),
                         "MPI_Ireduce_scatter_block");
       return work<T>(
-          req, seq, CommOp::reduce_scatter, count, op,
+          deadline, req, seq, CommOp::reduce_scatter, count, op,
           [=](const MPI_Status&) {
             const float div = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
             for (std::int64_t i = 0; i < count; ++i) {
@@ -393,7 +401,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
                                                   detail::mpi_op(op), s_->comm, &req),
                         "MPI_Ireduce_scatter_block");
       return work<T>(
-          req, seq, CommOp::reduce_scatter, count, op,
+          deadline, req, seq, CommOp::reduce_scatter, count, op,
           [=](const MPI_Status&) {
             if (alias && count > 0)
               std::memcpy(recv, out, static_cast<std::size_t>(count) * sizeof(T));
@@ -404,30 +412,33 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   }
 
   template <comm_element T>
-  Work all_gather_async(const T* send, T* recv, std::int64_t count) {
-    const auto seq = enter<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
+  Work all_gather_async(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
+    const auto seq = enter<T>(CommOp::all_gather, count, ReduceOp::sum, 0, deadline);
     const int c = mpi_count(count * s_->size, CommOp::all_gather) / s_->size;
     const bool in_place = send == recv + static_cast<std::int64_t>(s_->rank) * count;
     MPI_Request req = MPI_REQUEST_NULL;
     detail::mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, c, detail::mpi_type<T>(), recv,
                                      c, detail::mpi_type<T>(), s_->comm, &req),
                       "MPI_Iallgather");
-    return work<T>(req, seq, CommOp::all_gather, count, ReduceOp::sum, {});
+    return work<T>(deadline, req, seq, CommOp::all_gather, count, ReduceOp::sum, {});
   }
 
   template <comm_element T>
-  Work broadcast_async(T* buf, std::int64_t count, int root) {
+  Work broadcast_async(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
     check_rank(root, "root", CommOp::broadcast);
-    const auto seq = enter<T>(CommOp::broadcast, count, ReduceOp::sum, root);
+    const auto seq = enter<T>(CommOp::broadcast, count, ReduceOp::sum, root, deadline);
     MPI_Request req = MPI_REQUEST_NULL;
     detail::mpi_check(MPI_Ibcast(buf, mpi_count(count, CommOp::broadcast), detail::mpi_type<T>(),
                                  root, s_->comm, &req),
                       "MPI_Ibcast");
-    return work<T>(req, seq, CommOp::broadcast, count, ReduceOp::sum, {}, {}, root);
+    return work<T>(deadline, req, seq, CommOp::broadcast, count, ReduceOp::sum, {}, {}, root);
   }
 
   template <comm_element T>
-  Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
     check_p2p(peer, tag, CommOp::send);
     const int c = mpi_count(count, CommOp::send);
     const auto number = ++sends_;
@@ -438,11 +449,12 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
         s_, req,
         detail::cat(s_->header(), ", send #", number, " (", dtype_name(dtype_v<T>), ", count ",
                     count, ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag),
-        0, nullptr, nullptr));
+        0, nullptr, nullptr, deadline));
   }
 
   template <comm_element T>
-  Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
     check_p2p(peer, tag, CommOp::recv);
     const int c = mpi_count(count, CommOp::recv);
     const auto number = ++recvs_;
@@ -464,22 +476,24 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
                                            got, " but this recv expects ", c));
           }
         },
-        nullptr));
+        nullptr, deadline));
   }
 
-  Work barrier_async() {
-    const auto seq = enter<std::uint8_t>(CommOp::barrier, 0, ReduceOp::sum, 0);
+  Work barrier_async(CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
+    const auto seq = enter<std::uint8_t>(CommOp::barrier, 0, ReduceOp::sum, 0, deadline);
     MPI_Request req = MPI_REQUEST_NULL;
     detail::mpi_check(MPI_Ibarrier(s_->comm, &req), "MPI_Ibarrier");
-    return work<std::uint8_t>(req, seq, CommOp::barrier, 0, ReduceOp::sum, {});
+    return work<std::uint8_t>(deadline, req, seq, CommOp::barrier, 0, ReduceOp::sum, {});
   }
 
   /// MPI_Comm_split behind a deadline: the (color, key) exchange is an MPI_Iallgather polled
   /// against the deadline, so the blocking MPI_Comm_split after it has every rank present.
-  MpiComm split(int color, int key, std::string name = {}) {
+  MpiComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
+    const auto deadline = call_deadline(o);
     check<ConfigError>(color >= 0, "fourway: split in ", s_->header(), " got color ", color,
                        "; colors are >= 0");
-    const auto seq = enter<std::uint8_t>(CommOp::split, 0, ReduceOp::sum, 0);
+    const auto seq = enter<std::uint8_t>(CommOp::split, 0, ReduceOp::sum, 0, deadline);
     auto both = std::make_shared<std::vector<int>>(2 * static_cast<std::size_t>(s_->size) + 2);
     (*both)[0] = color;
     (*both)[1] = key;
@@ -487,7 +501,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
     detail::mpi_check(
         MPI_Iallgather(both->data(), 2, MPI_INT, both->data() + 2, 2, MPI_INT, s_->comm, &req),
         "MPI_Iallgather");
-    work<std::uint8_t>(req, seq, CommOp::split, 0, ReduceOp::sum, {}, both).wait();
+    work<std::uint8_t>(deadline, req, seq, CommOp::split, 0, ReduceOp::sum, {}, both).wait();
     MPI_Comm out = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(s_->comm, color, key, &out), "MPI_Comm_split");
     return MpiComm(out, s_->options,
@@ -583,7 +597,8 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   /// Counts the collective, publishes it in the progress window and, in debug mode, checks
   /// that every rank makes the same call. Returns its sequence number.
   template <class T>
-  std::uint64_t enter(CommOp op, std::int64_t count, ReduceOp reduce, int root) {
+  std::uint64_t enter(CommOp op, std::int64_t count, ReduceOp reduce, int root,
+                      std::chrono::milliseconds deadline) {
     s_->reap();
     const auto seq = ++seq_;
     s_->publish(seq, op);
@@ -600,7 +615,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
              s_, req,
              detail::cat(s_->header(), ", ", detail::describe_call(mine), " #", seq, " on rank ",
                          s_->rank, " (debug check)"),
-             seq, nullptr, all))
+             seq, nullptr, all, deadline))
         .wait();
     std::vector<detail::CallDesc> calls;
     for (int q = 0; q < s_->size; ++q) {
@@ -618,15 +633,24 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   }
 
   template <class T>
-  Work work(MPI_Request req, std::uint64_t seq, CommOp op, std::int64_t count, ReduceOp reduce,
-            std::function<void(const MPI_Status&)> finish, std::shared_ptr<void> keep = nullptr,
-            int root = 0) {
+  Work work(std::chrono::milliseconds deadline, MPI_Request req, std::uint64_t seq, CommOp op,
+            std::int64_t count, ReduceOp reduce, std::function<void(const MPI_Status&)> finish,
+            std::shared_ptr<void> keep = nullptr, int root = 0) {
     return Work(std::make_shared<detail::MpiWork>(
         s_, req,
         detail::cat(s_->header(), ", ",
                     detail::describe_call({op, dtype_v<T>, count, reduce, root}), " #", seq,
                     " on rank ", s_->rank),
-        seq, std::move(finish), std::move(keep)));
+        seq, std::move(finish), std::move(keep), deadline));
+  }
+
+  /// This call's deadline; MPI moves host memory, so a stream is refused (CallOptions).
+  [[nodiscard]] std::chrono::milliseconds call_deadline(const CallOptions& o) const {
+    check<ConfigError>(o.stream == nullptr, "fourway: MpiComm in ", s_->header(),
+                       " cannot honour CallOptions::stream: MPI moves host memory and orders "
+                       "nothing on a CUDA stream; leave it null (use NcclComm or LocalComm for "
+                       "device memory)");
+    return detail::call_deadline(s_->options, o);
   }
 
   template <class T>
@@ -640,7 +664,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   std::uint64_t recvs_ = 0;
 };
 
-static_assert(communicator<MpiComm>);
+static_assert(call_options_communicator<MpiComm>);
 
 template <class Fn>
 void MpiWorld::launch(int n, Fn&& fn, CommOptions options) {

@@ -29,6 +29,8 @@
 //!     produces and consumes those buffers, so NCCL's reads are ordered after the kernels that
 //!     wrote them. The bound stream is borrowed: never destroyed here. A communicator from
 //!     `split` borrows its parent's bound stream, or owns a new one when the parent has none.
+//!     A call given `CallOptions::stream` runs on that stream instead (work, workspace, Work
+//!     event), bound stream or not.
 //!   - every buffer must be device (or managed) memory: host pointers are refused with a
 //!     CommError before NCCL sees them (comm/buffer_kind.hpp).
 // fourway-requires: nccl
@@ -103,6 +105,20 @@ struct NcclShared {
   static constexpr std::int64_t scratch_words(int n) { return all_calls + 5 * n; }
   bool aborted = false;
   std::string abort_reason;
+  // The CallOptions of the call being enqueued (0 / null: none); its Work copies `deadline()`
+  // and records its event on `work_stream()`.
+  std::chrono::milliseconds call_timeout{0};
+  cudaStream_t call_stream = nullptr;
+
+  /// The stream the call being enqueued runs on: its own, else the communicator's.
+  [[nodiscard]] cudaStream_t work_stream() const {
+    return call_stream != nullptr ? call_stream : stream.get();
+  }
+
+  /// The deadline of the call being enqueued: its own timeout, else `options.deadline`.
+  [[nodiscard]] std::chrono::milliseconds deadline() const {
+    return call_timeout.count() > 0 ? call_timeout : options.deadline;
+  }
 
   NcclShared() = default;
   NcclShared(const NcclShared&) = delete;
@@ -155,10 +171,10 @@ struct NcclShared {
     while (st == ncclInProgress) {
       if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
       if (st == ncclInProgress) {
-        if (NcclClock::now() - start > options.deadline) {
+        if (NcclClock::now() - start > deadline()) {
           abort(cat(what, " did not finish enqueueing within the deadline"));
           throw CommTimeout(cat("fourway: CommTimeout: ", what, " in ", header(),
-                                ": NCCL did not finish the call within ", options.deadline.count(),
+                                ": NCCL did not finish the call within ", deadline().count(),
                                 " ms; communicator aborted"));
         }
         std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -173,9 +189,13 @@ class NcclWork final : public Work::State {
  public:
   NcclWork(std::shared_ptr<NcclShared> s, std::string what, NcclClock::time_point start,
            std::shared_ptr<void> keep)
-      : s_(std::move(s)), what_(std::move(what)), start_(start), keep_(std::move(keep)) {
+      : s_(std::move(s)),
+        what_(std::move(what)),
+        start_(start),
+        deadline_(s_->deadline()),
+        keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda::check_cuda(cudaEventRecord(event_, s_->stream.get()), "cudaEventRecord");
+    cuda::check_cuda(cudaEventRecord(event_, s_->work_stream()), "cudaEventRecord");
   }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -185,13 +205,13 @@ class NcclWork final : public Work::State {
 
   void wait() override {
     while (!test()) {
-      if (NcclClock::now() - start_ > s_->options.deadline) {
+      if (NcclClock::now() - start_ > deadline_) {
         const auto waited =
             std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_)
                 .count();
         error_ = std::make_exception_ptr(CommTimeout(cat(
             "fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
-            " ms (deadline ", s_->options.deadline.count(),
+            " ms (deadline ", deadline_.count(),
             " ms) for ranks unknown (NCCL does "
             "not report which ranks have not arrived); the communicator was aborted, as PyTorch's "
             "NCCL watchdog does. If the peers are only slow, raise CommOptions::deadline")));
@@ -242,6 +262,7 @@ class NcclWork final : public Work::State {
   std::shared_ptr<NcclShared> s_;
   std::string what_;
   NcclClock::time_point start_;
+  std::chrono::milliseconds deadline_;  // the call's CallOptions::timeout, else the group's
   std::shared_ptr<void> keep_;
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
@@ -314,17 +335,20 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
 
-  void barrier() {
+  void barrier(CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<std::int32_t>(CommOp::barrier, 1, ReduceOp::sum, 0);
     auto* one = reinterpret_cast<std::int32_t*>(s_->scratch + detail::NcclShared::barrier_word);
-    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->stream.get()), what,
+    s_->settle(ncclAllReduce(one, one, 1, ncclInt32, ncclSum, s_->comm, s_->work_stream()), what,
                start);
     Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr)).wait();
   }
 
   template <comm_element T>
-  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                        CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_reduce, count, op, 0);
     user_buffer(what, send, count, "send");
@@ -333,18 +357,18 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     if (widen<T>(op)) {
       void* w = nullptr;
       keep = detail::nccl_workspace(static_cast<std::size_t>(count) * sizeof(float),
-                                    s_->stream.get(), &w);
+                                    s_->work_stream(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, count, 1.0f, s_->stream.get());
+      detail::device_cast<T, float>(f, send, count, 1.0f, s_->work_stream());
       s_->settle(ncclAllReduce(f, f, static_cast<std::size_t>(count), ncclFloat32, ncclSum,
-                               s_->comm, s_->stream.get()),
+                               s_->comm, s_->work_stream()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream.get());
+          s_->work_stream());
     } else {
       s_->settle(ncclAllReduce(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                               detail::nccl_op(op), s_->comm, s_->stream.get()),
+                               detail::nccl_op(op), s_->comm, s_->work_stream()),
                  what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -352,7 +376,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                            CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::reduce_scatter, count, op, 0);
     const std::int64_t total = count * s_->size;
@@ -362,19 +388,19 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     if (widen<T>(op)) {
       void* w = nullptr;
       keep = detail::nccl_workspace(static_cast<std::size_t>(total + count) * sizeof(float),
-                                    s_->stream.get(), &w);
+                                    s_->work_stream(), &w);
       auto* f = static_cast<float*>(w);
-      detail::device_cast<T, float>(f, send, total, 1.0f, s_->stream.get());
+      detail::device_cast<T, float>(f, send, total, 1.0f, s_->work_stream());
       s_->settle(ncclReduceScatter(f, f + total, static_cast<std::size_t>(count), ncclFloat32,
-                                   ncclSum, s_->comm, s_->stream.get()),
+                                   ncclSum, s_->comm, s_->work_stream()),
                  what, start);
       detail::device_cast<float, T>(
           recv, f + total, count, op == ReduceOp::avg ? 1.0f / static_cast<float>(s_->size) : 1.0f,
-          s_->stream.get());
+          s_->work_stream());
     } else {
       s_->settle(
           ncclReduceScatter(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                            detail::nccl_op(op), s_->comm, s_->stream.get()),
+                            detail::nccl_op(op), s_->comm, s_->work_stream()),
           what, start);
       if (op == ReduceOp::avg) finish_avg(recv, count);
     }
@@ -382,32 +408,35 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   }
 
   template <comm_element T>
-  Work all_gather_async(const T* send, T* recv, std::int64_t count) {
+  Work all_gather_async(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    use_call_options(o);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::all_gather, count, ReduceOp::sum, 0);
     user_buffer(what, send, count, "send");
     user_buffer(what, recv, count * s_->size, "recv");
     s_->settle(ncclAllGather(send, recv, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             s_->comm, s_->stream.get()),
+                             s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
   template <comm_element T>
-  Work broadcast_async(T* buf, std::int64_t count, int root) {
+  Work broadcast_async(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    use_call_options(o);
     check<ConfigError>(root >= 0 && root < s_->size, "fourway: broadcast in ", s_->header(),
                        " got root ", root, "; valid ranks are 0..", s_->size - 1);
     const auto start = detail::NcclClock::now();
     const auto what = begin<T>(CommOp::broadcast, count, ReduceOp::sum, root);
     user_buffer(what, buf, count, "broadcast");
     s_->settle(ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                             root, s_->comm, s_->stream.get()),
+                             root, s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
   template <comm_element T>
-  Work send_async(const T* buf, std::int64_t count, int peer, int tag) {
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    use_call_options(o);
     check_p2p(peer, tag, count, "send");
     const auto start = detail::NcclClock::now();
     const std::string what =
@@ -420,22 +449,23 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->settle(ncclGroupStart(), what, start);
     if (s_->options.debug) {
       void* h = nullptr;
-      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->stream.get(), &h);
+      keep = detail::nccl_workspace(3 * sizeof(std::int64_t), s_->work_stream(), &h);
       const std::int64_t header[3] = {tag, count, static_cast<std::int64_t>(dtype_v<T>)};
       cuda::check_cuda(
-          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->stream.get()),
+          cudaMemcpyAsync(h, header, sizeof(header), cudaMemcpyHostToDevice, s_->work_stream()),
           "cudaMemcpyAsync (p2p header)");
-      cuda::check_cuda(cudaStreamSynchronize(s_->stream.get()), "cudaStreamSynchronize");
-      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->stream.get());
+      cuda::check_cuda(cudaStreamSynchronize(s_->work_stream()), "cudaStreamSynchronize");
+      (void)ncclSend(h, 3, ncclInt64, peer, s_->comm, s_->work_stream());
     }
     (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
-                   s_->stream.get());
+                   s_->work_stream());
     s_->settle(ncclGroupEnd(), what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
   }
 
   template <comm_element T>
-  Work recv_async(T* buf, std::int64_t count, int peer, int tag) {
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    use_call_options(o);
     check_p2p(peer, tag, count, "recv");
     const auto start = detail::NcclClock::now();
     const std::string what =
@@ -446,7 +476,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     user_buffer(what, buf, count, "recv");
     if (s_->options.debug) {
       std::int64_t* h = s_->scratch + detail::NcclShared::p2p_header;
-      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->stream.get()), what, start);
+      s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->work_stream()), what, start);
       Work(std::make_shared<detail::NcclWork>(s_, what + " (header)", start, nullptr)).wait();
       std::int64_t header[3];
       cuda::check_cuda(cudaMemcpy(header, h, sizeof(header), cudaMemcpyDeviceToHost),
@@ -462,13 +492,14 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
       }
     }
     s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer,
-                        s_->comm, s_->stream.get()),
+                        s_->comm, s_->work_stream()),
                what, start);
     return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
   }
 
   /// ncclCommSplit (non-blocking) over the ranks passing the same color, ranked by key.
-  NcclComm split(int color, int key, std::string name = {}) {
+  NcclComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
+    use_call_options(o);
     check<ConfigError>(color >= 0, "fourway: split in ", s_->header(), " got color ", color,
                        "; colors are >= 0");
     const auto start = detail::NcclClock::now();
@@ -481,7 +512,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     int n = 0;
     ncclResult_t st = ncclInProgress;
     while (ncclCommGetAsyncError(out, &st) == ncclSuccess && st == ncclInProgress) {
-      check<CommTimeout>(detail::NcclClock::now() - start <= s_->options.deadline,
+      check<CommTimeout>(detail::NcclClock::now() - start <= s_->deadline(),
                          "fourway: CommTimeout: ", what, " in ", s_->header(),
                          ": ncclCommSplit did not finish within the deadline");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -521,14 +552,24 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
         "cudaMemset");
   }
 
+  /// Makes `o` the options of the call being enqueued: its deadline, and the stream its work,
+  /// workspaces and Work event go on (NCCL takes a stream per call, as c10d's per-op streams do;
+  /// the scratch buffers a debug check or a barrier uses are waited for before the call returns,
+  /// so calls on different streams never share them in flight).
+  void use_call_options(const CallOptions& o) {
+    s_->call_timeout = detail::call_deadline(s_->options, o);
+    s_->call_stream = static_cast<cudaStream_t>(o.stream);
+  }
+
   /// Refuses a caller's buffer NCCL cannot use (host memory) or cannot order (no bound stream).
   template <class T>
   void user_buffer(const std::string& what, const T* p, std::int64_t count,
                    std::string_view role) const {
-    check<ConfigError>(stream_bound(), "fourway: ", what, " in ", s_->header(),
+    check<ConfigError>(stream_bound() || s_->call_stream != nullptr, "fourway: ", what, " in ",
+                       s_->header(),
                        " refused: no stream is bound, so NCCL would read the buffers unordered "
                        "with the kernels that write them; call set_stream(ctx.stream()) with the "
-                       "rank's Context<Cuda> first");
+                       "rank's Context<Cuda> first, or pass the call CallOptions{.stream = ...}");
     require_nccl_buffer(detail::cuda_buffer_kind(p), count, role, what);
   }
 
@@ -542,9 +583,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   void finish_avg(T* recv, std::int64_t count) {
     if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
       detail::device_cast<T, T>(recv, recv, count, 1.0f / static_cast<float>(s_->size),
-                                s_->stream.get());
+                                s_->work_stream());
     } else {
-      detail::device_divide<T>(recv, count, s_->size, s_->stream.get());
+      detail::device_divide<T>(recv, count, s_->size, s_->work_stream());
     }
   }
 
@@ -575,9 +616,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::int64_t* mine_dev = s_->scratch + detail::NcclShared::my_call;
     std::int64_t* all_dev = s_->scratch + detail::NcclShared::all_calls;
     cuda::check_cuda(
-        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->stream.get()),
+        cudaMemcpyAsync(mine_dev, d, sizeof(d), cudaMemcpyHostToDevice, s_->work_stream()),
         "cudaMemcpyAsync");
-    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->stream.get()),
+    s_->settle(ncclAllGather(mine_dev, all_dev, 5, ncclInt64, s_->comm, s_->work_stream()),
                what + " (debug check)", start);
     Work(std::make_shared<detail::NcclWork>(s_, what + " (debug check)", start, nullptr)).wait();
     std::vector<std::int64_t> all(static_cast<std::size_t>(5 * s_->size));
@@ -605,6 +646,6 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   std::uint64_t recvs_ = 0;
 };
 
-static_assert(communicator<NcclComm>);
+static_assert(call_options_communicator<NcclComm>);
 
 }  // namespace fourway

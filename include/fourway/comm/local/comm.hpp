@@ -1,0 +1,399 @@
+//! LocalWorld: N ranks as threads of one process, and `LocalComm`, its communicator: the public
+//! operations, the host collectives and `LocalWorld::launch`.
+//!
+//! Collectives are shared-memory and bandwidth-optimal: at entry every rank publishes its buffer
+//! pointers; then rank r alone owns slice r of the result. For all_reduce it reads slice r of
+//! every rank's send buffer, reduces in the fixed order rank 0, 1, ..., N-1 (fp32 accumulation for
+//! 16-bit types) and writes the result into slice r of *every* rank's recv buffer; each rank thus
+//! reads N·count/N and writes N·count/N elements, as a ring would, but in one pass. A second
+//! rendezvous ("done") keeps every buffer alive until all readers finished. The reduction order
+//! never depends on timing or slicing, so results are bitwise identical run to run (and equal to
+//! the one-rank reduction of the same inputs in the same order).
+//!
+//!     rank:        0            1            2
+//!     send:   [a0|a1|a2]   [b0|b1|b2]   [c0|c1|c2]
+//!     owner:   r0 r1 r2     r0 r1 r2     r0 r1 r2      slice s is reduced by rank s:
+//!     recv:   [S0|S1|S2]   [S0|S1|S2]   [S0|S1|S2]     Ss = (as + bs) + cs, written to all
+//!
+//! Point-to-point is eager: `send` copies the message into the (src, dst, tag) mailbox of the
+//! group and returns; `recv` takes the oldest message of that mailbox. Every wait has the group's
+//! deadline, fails fast when the world was aborted (a rank threw) or when the awaited rank already
+//! returned from its function, and names group, op, sequence number and missing ranks. The op,
+//! dtype, count, reduce op and root of every collective are checked across ranks at entry (always:
+//! the descriptors are already in shared memory), so mismatched calls throw CommMismatch on every
+//! rank instead of reading out of bounds.
+//!
+//! Async forms run on one worker thread per communicator, in call order; a blocking call runs on
+//! the caller's thread when that worker is idle, else after the queued work.
+//!
+//! Traffic is *measured*: each rank counts, per op, the bytes its copy loops read out of peers'
+//! buffers (`in`) and write into peers' buffers (`out`), as they do it (`LocalComm::traffic()`).
+//! An all_reduce of P bytes on N ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the
+//! same total as a ring); reduce_scatter and all_gather move (N−1)·P_rank in; a broadcast moves P
+//! into each non-root rank; send/recv count the message out of the sender and into the receiver.
+//! Copies within a rank's own buffers are not traffic.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fourway/comm/concept.hpp"
+#include "fourway/comm/launch.hpp"
+#include "fourway/comm/local/mailbox.hpp"
+#include "fourway/comm/local/reduce.hpp"
+#include "fourway/comm/work.hpp"
+
+namespace fourway {
+// Device memory changes the bodies below in a CUDA translation unit: every name of this file lives
+// in the mode's inline namespace (config.hpp), so host and CUDA units of one program link two
+// distinct sets of symbols, never two bodies under one name.
+FOURWAY_BEGIN_MODE_NAMESPACE
+
+class LocalComm;
+
+/// The world kind "ranks as threads": `fw::launch<fw::LocalWorld>(n, fn)`.
+struct LocalWorld {
+  using comm_type = LocalComm;
+  template <class Fn>
+  static void launch(int n, Fn&& fn, CommOptions options = {});
+};
+
+/// Bytes one rank moved between ranks on one group, per op (see the file comment): `in` read
+/// from peers' buffers, `out` written into peers' buffers. A snapshot of `LocalComm::traffic()`.
+struct CommTraffic {
+  std::array<std::uint64_t, comm_op_count> in{};
+  std::array<std::uint64_t, comm_op_count> out{};
+  [[nodiscard]] std::uint64_t moved(CommOp op) const {
+    return in[static_cast<std::size_t>(op)] + out[static_cast<std::size_t>(op)];
+  }
+  /// in + out over every op.
+  [[nodiscard]] std::uint64_t total() const {
+    std::uint64_t t = 0;
+    for (int i = 0; i < comm_op_count; ++i) t += moved(static_cast<CommOp>(i));
+    return t;
+  }
+};
+
+/// One rank's handle on one LocalWorld group. See the file comment for the algorithms.
+/// Its parts, one file each: comm/local/state.hpp (LocalCommBase), rendezvous.hpp, device.hpp,
+/// mailbox.hpp; the host collectives are below.
+class LocalComm : private detail::LocalMailbox {
+ public:
+  LocalComm(std::shared_ptr<detail::LocalGroup> group, int rank)
+      : detail::LocalMailbox(std::move(group), rank) {}
+
+  [[nodiscard]] int rank() const { return s_->rank; }
+  [[nodiscard]] int size() const { return LocalCommBase::size(); }
+  [[nodiscard]] std::string_view name() const { return s_->group->name; }
+  [[nodiscard]] const CommOptions& options() const { return s_->group->options; }
+  /// This rank's rank in the world the group was split from.
+  [[nodiscard]] int world_rank() const {
+    return s_->group->world_ranks[static_cast<std::size_t>(s_->rank)];
+  }
+  /// Collectives this rank has entered on this group (the last sequence number).
+  [[nodiscard]] std::uint64_t sequence() const { return s_->seq; }
+  /// The bytes this rank moved between ranks on this group, measured by the copy loops (see the
+  /// file comment). Read it between operations (async ones waited for).
+  [[nodiscard]] CommTraffic traffic() const {
+    CommTraffic t;
+    for (std::size_t i = 0; i < t.in.size(); ++i) {
+      t.in[i] = s_->moved_in[i].load(std::memory_order_relaxed);
+      t.out[i] = s_->moved_out[i].load(std::memory_order_relaxed);
+    }
+    return t;
+  }
+  void reset_traffic() {
+    for (auto& c : s_->moved_in) c.store(0, std::memory_order_relaxed);
+    for (auto& c : s_->moved_out) c.store(0, std::memory_order_relaxed);
+  }
+  /// The CUDA stream (a `cudaStream_t`) this rank's device-memory operations are ordered on;
+  /// set it to the rank's `Context<Cuda>::stream()` (borrowed, never destroyed here). Device
+  /// buffers are refused with ConfigError while none is set (and no call passes
+  /// `CallOptions::stream`, which overrides it for that call). Host memory ignores both.
+  void set_stream(void* stream) { s_->stream = stream; }
+  [[nodiscard]] void* stream() const { return s_->stream; }
+
+  // ---- blocking forms ----------------------------------------------------------------------
+  template <comm_element T>
+  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
+    run_sync(o, [=, this] { all_reduce_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
+    run_sync(o, [=, this] { reduce_scatter_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    run_sync(o, [=, this] { all_gather_now(send, recv, count); });
+  }
+  template <comm_element T>
+  void broadcast(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    run_sync(o, [=, this] { broadcast_now(buf, count, root); });
+  }
+  template <comm_element T>
+  void send(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    run_sync(o, [=, this] { send_now(buf, count, peer, tag); });
+  }
+  template <comm_element T>
+  void recv(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    run_sync(o, [=, this] { recv_now(buf, count, peer, tag); });
+  }
+  void barrier(CallOptions o = {}) {
+    run_sync(o, [this] { barrier_now(); });
+  }
+  /// A communicator over the ranks that pass the same `color` (>= 0), ranked by (key, rank).
+  /// `name` names the new group in messages (default: "<parent>/<color>").
+  LocalComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
+    LocalComm out;
+    run_sync(o, [&, this] { out = split_now(color, key, std::move(name)); });
+    return out;
+  }
+
+  // ---- async forms -------------------------------------------------------------------------
+  template <comm_element T>
+  Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                        CallOptions o = {}) {
+    return run_async(o, [=, this] { all_reduce_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
+                            CallOptions o = {}) {
+    return run_async(o, [=, this] { reduce_scatter_now(send, recv, count, op); });
+  }
+  template <comm_element T>
+  Work all_gather_async(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    return run_async(o, [=, this] { all_gather_now(send, recv, count); });
+  }
+  template <comm_element T>
+  Work broadcast_async(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    return run_async(o, [=, this] { broadcast_now(buf, count, root); });
+  }
+  template <comm_element T>
+  Work send_async(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    return run_async(o, [=, this] { send_now(buf, count, peer, tag); });
+  }
+  template <comm_element T>
+  Work recv_async(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    return run_async(o, [=, this] { recv_now(buf, count, peer, tag); });
+  }
+  Work barrier_async(CallOptions o = {}) {
+    return run_async(o, [this] { barrier_now(); });
+  }
+
+ private:
+  LocalComm() = default;
+
+  template <class F>
+  void run_sync(const CallOptions& o, F&& f) {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    if (s_->exec.idle()) {
+      s_->call = resolve(o);
+      f();
+      return;
+    }
+    run_async(o, std::forward<F>(f)).wait();
+  }
+  template <class F>
+  Work run_async(const CallOptions& o, F f) {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    auto st = std::make_shared<detail::CompletionState>();
+    s_->exec.post([st, s = s_.get(), call = resolve(o), f = std::move(f)]() mutable {
+      try {
+        s->call = call;
+        f();
+        st->finish(nullptr);
+      } catch (...) {
+        st->finish(std::current_exception());
+      }
+    });
+    return Work(st);
+  }
+
+  template <class T>
+  void all_reduce_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    check_count(count, CommOp::all_reduce);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_all_reduce(send, recv, count, op);
+    }
+#endif
+    const auto me = enter(slot<T>(CommOp::all_reduce, count, send, recv, op));
+    auto& group = g();
+    const int n = group.size;
+    detail::RankPointers<const T*> src(n);
+    detail::RankPointers<T*> dst(n);
+    for (int q = 0; q < n; ++q) {
+      const auto& s = group.slots[me.seq % 2][static_cast<std::size_t>(q)];
+      src[q] = static_cast<const T*>(s.send);
+      dst[q] = static_cast<T*>(s.recv);
+    }
+    const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
+    detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op);
+    // slice [lo, hi) was read from every peer's send buffer and written into every peer's recv
+    const std::int64_t slice = (hi - lo) * static_cast<std::int64_t>(sizeof(T));
+    add_traffic(CommOp::all_reduce, slice * (n - 1), slice * (n - 1));
+    leave(me);
+  }
+
+  template <class T>
+  void reduce_scatter_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
+    check_count(count, CommOp::reduce_scatter);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_reduce_scatter(send, recv, count, op);
+    }
+#endif
+    const auto me = enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
+    auto& group = g();
+    const int n = group.size;
+    detail::RankPointers<const T*> src(n);
+    for (int q = 0; q < n; ++q) {
+      src[q] = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send) +
+               static_cast<std::int64_t>(s_->rank) * count;
+    }
+    T* out = recv;
+    detail::reduce_range<T>(src.data(), n, &out, 1, 0, count, op);
+    // block `rank` was read from every peer's send buffer; the result stays in this rank's recv
+    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
+    leave(me);
+  }
+
+  template <class T>
+  void all_gather_now(const T* send, T* recv, std::int64_t count) {
+    check_count(count, CommOp::all_gather);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(send) || detail::is_device_pointer(recv)) {
+      return device_all_gather(send, recv, count);
+    }
+#endif
+    const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
+    auto& group = g();
+    std::int64_t from_peers = 0;
+    for (int q = 0; q < group.size; ++q) {
+      const T* src =
+          static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
+      T* dst = recv + static_cast<std::int64_t>(q) * count;
+      if (src != dst && count > 0)
+        std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
+      if (q != s_->rank) from_peers += count * static_cast<std::int64_t>(sizeof(T));
+    }
+    add_traffic(CommOp::all_gather, from_peers, 0);
+    leave(me);
+  }
+
+  template <class T>
+  void broadcast_now(T* buf, std::int64_t count, int root) {
+    check_count(count, CommOp::broadcast);
+    check_rank(root, "root", CommOp::broadcast);
+#if defined(FOURWAY_CUDA_COMPILATION)
+    if (detail::is_device_pointer(buf)) return device_broadcast(buf, count, root);
+#endif
+    const auto me = enter(slot<T>(CommOp::broadcast, count, buf, buf, ReduceOp::sum, root));
+    auto& group = g();
+    const T* src =
+        static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(root)].send);
+    if (src != buf && count > 0) std::memcpy(buf, src, static_cast<std::size_t>(count) * sizeof(T));
+    if (root != s_->rank)
+      add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
+    leave(me);
+  }
+
+  void barrier_now() {
+    detail::LocalSlot s;
+    s.op = CommOp::barrier;
+    enter(s);
+  }
+
+  LocalComm split_now(int color, int key, std::string name) {
+    check<ConfigError>(color >= 0, "fourway: split in ", g().header(), " got color ", color,
+                       "; colors are >= 0");
+    detail::LocalSlot s;
+    s.op = CommOp::split;
+    s.color = color;
+    s.key = key;
+    const auto me = enter(s);
+    auto& group = g();
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+    {
+      std::lock_guard lock(group.world->mu);
+      for (int q = 0; q < group.size; ++q) {
+        const auto& o = group.slots[me.seq % 2][static_cast<std::size_t>(q)];
+        if (o.color == color) members.emplace_back(o.key, q);
+      }
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    std::vector<int> world_ranks;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == s_->rank) new_rank = static_cast<int>(i);
+      world_ranks.push_back(group.world_ranks[static_cast<std::size_t>(members[i].second)]);
+    }
+    const int leader = members.front().second;
+    if (leader == s_->rank) {
+      auto child = std::make_shared<detail::LocalGroup>(
+          group.world, name.empty() ? detail::cat(group.name, "/", color) : std::move(name),
+          std::move(world_ranks), group.options);
+      std::lock_guard lock(group.world->mu);
+      group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)].split_result = std::move(child);
+    }
+    leave(me);
+    std::shared_ptr<detail::LocalGroup> result;
+    {
+      std::lock_guard lock(group.world->mu);
+      result = group.slots[me.seq % 2][static_cast<std::size_t>(leader)].split_result;
+    }
+    return LocalComm(std::move(result), new_rank);
+  }
+};
+
+static_assert(call_options_communicator<LocalComm>);
+
+template <class Fn>
+void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
+  check<ConfigError>(n >= 1, "fourway: LocalWorld::launch needs at least 1 rank, got ", n);
+  check<ConfigError>(options.deadline.count() > 0,
+                     "fourway: CommOptions::deadline must be "
+                     "positive, got ",
+                     options.deadline.count(), " ms");
+  auto world = std::make_shared<detail::LocalWorldState>(n);
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  auto group = std::make_shared<detail::LocalGroup>(world, "world", std::move(ranks), options);
+  std::mutex first_mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        World<LocalWorld> w(LocalComm(group, r));
+        fn(w);
+      } catch (...) {
+        auto e = std::current_exception();
+        {
+          std::lock_guard lock(first_mu);
+          if (!first) first = e;
+        }
+        world->abort(r, detail::exception_message(e));
+      }
+      world->mark_exited(r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+FOURWAY_END_MODE_NAMESPACE
+}  // namespace fourway

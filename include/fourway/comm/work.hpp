@@ -1,0 +1,104 @@
+//! The handle on an asynchronous communicator operation (`Work`), the state another thread
+//! completes (`detail::CompletionState`), and the blocking forms of a backend whose operations
+//! are async at heart (`detail::BlockingForms`: each is the `*_async` form followed by `wait()`).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "fourway/comm/types.hpp"
+
+namespace fourway {
+
+/// A handle on an asynchronous operation. `wait()` blocks until it finished and rethrows its
+/// failure (CommTimeout, CommMismatch, ...); `test()` returns whether it finished (successfully
+/// or not) without blocking. A default-constructed Work is already complete.
+class Work {
+ public:
+  struct State {
+    virtual ~State() = default;
+    virtual void wait() = 0;
+    virtual bool test() = 0;
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  void wait() {
+    if (state_) state_->wait();
+  }
+  [[nodiscard]] bool test() { return !state_ || state_->test(); }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+namespace detail {
+/// A Work state completed by another thread: `finish(error)` once, `wait()` any number of times.
+class CompletionState final : public Work::State {
+ public:
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard lock(mu_);
+      error_ = std::move(error);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool test() override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+}  // namespace detail
+
+namespace detail {
+/// The blocking forms of a communicator whose operations are async at heart (MPI, NCCL): each
+/// is its `*_async` form followed by `wait()`.
+template <class Derived>
+class BlockingForms {
+ public:
+  template <comm_element T>
+  void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
+    self().all_reduce_async(send, recv, count, op, o).wait();
+  }
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
+    self().reduce_scatter_async(send, recv, count, op, o).wait();
+  }
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
+    self().all_gather_async(send, recv, count, o).wait();
+  }
+  template <comm_element T>
+  void broadcast(T* buf, std::int64_t count, int root, CallOptions o = {}) {
+    self().broadcast_async(buf, count, root, o).wait();
+  }
+  template <comm_element T>
+  void send(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    self().send_async(buf, count, peer, tag, o).wait();
+  }
+  template <comm_element T>
+  void recv(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
+    self().recv_async(buf, count, peer, tag, o).wait();
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+}  // namespace detail
+
+}  // namespace fourway
