@@ -128,7 +128,8 @@ struct ModelStateBytes {
 /// pipeline parallelism) in a data-parallel group of `dp` ranks under ZeRO `zero_stage`.
 /// What is sharded holds `shard_elements(params, dp, padding)` elements; what is replicated
 /// holds the whole padded flat buffer, `dp` shards (the padding is allocated and counted like any
-/// other element, parallel/flat_layout.hpp) — `params` itself under stage 0, which shards nothing.
+/// other element, parallel/dp/flat_layout.hpp) — `params` itself under stage 0, which shards
+/// nothing.
 constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision precision,
                                             int zero_stage, int dp,
                                             Padding padding = Padding::flat(),

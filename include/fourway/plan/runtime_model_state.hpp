@@ -2,8 +2,8 @@
 //! accountant's under `ShardedStrategy<Stage>` byte for byte, padding included.
 //!
 //! `ShardedStrategy` (train/sharded_strategy.hpp) pads each *segment* of its flat buffer to a
-//! multiple of the group size N (parallel/flat_layout.hpp): under stages 1 and 2 the segments are
-//! gradient buckets, packed greedily by `plan_buckets` in the order backward completes the
+//! multiple of the group size N (parallel/dp/flat_layout.hpp): under stages 1 and 2 the segments
+//! are gradient buckets, packed greedily by `plan_buckets` in the order backward completes the
 //! gradients; under stage 3 they are the FSDP units (embedding with the tied `wte`, each block,
 //! the final norm). Stage 0 shards nothing and pads nothing. The backward order of a GPT-2's
 //! parameters:
@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/model_state.hpp"

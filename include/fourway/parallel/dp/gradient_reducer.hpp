@@ -27,7 +27,7 @@
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/work_queue.hpp"
 
 namespace fourway {

@@ -20,7 +20,7 @@
 #include "fourway/core/shape.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/parameter.hpp"
-#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
 
 namespace fourway {
 
