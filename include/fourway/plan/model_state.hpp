@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "fourway/core/error.hpp"
+#include "fourway/mesh/policies.hpp"
 
 namespace fourway::plan {
 
@@ -138,14 +139,16 @@ constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision preci
   detail::require(dp >= 1, "fourway: data-parallel degree ", dp, " must be >= 1");
   detail::require(optimizer.state_bytes_per_param >= 0,
                   "fourway: optimizer state bytes per parameter must be >= 0");
+  const ZeroSharding z = zero_sharding(zero_stage);
   const std::int64_t shard = shard_elements(params, dp, padding);
-  const std::int64_t full = zero_stage == 0 ? params : shard * dp;  // nothing sharded, no padding
+  // Nothing sharded: no padding either.
+  const std::int64_t full = z.shards_optimizer_state ? shard * dp : params;
   const std::int64_t w = working_bytes(precision);
   ModelStateBytes b;
-  b.weights = (zero_stage >= 3 ? shard : full) * w;
-  b.grads = (zero_stage >= 2 ? shard : full) * w;
-  b.master_weights = (zero_stage >= 1 ? shard : full) * master_bytes(precision);
-  b.optimizer_state = (zero_stage >= 1 ? shard : full) * optimizer.state_bytes_per_param;
+  b.weights = (z.shards_params ? shard : full) * w;
+  b.grads = (z.shards_grads ? shard : full) * w;
+  b.master_weights = (z.shards_optimizer_state ? shard : full) * master_bytes(precision);
+  b.optimizer_state = (z.shards_optimizer_state ? shard : full) * optimizer.state_bytes_per_param;
   return b;
 }
 
