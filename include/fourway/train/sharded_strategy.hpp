@@ -158,9 +158,9 @@ class ShardedStrategy {
     double ss = 0.0;
     StepReport r;
     if constexpr (model_parallel_model<Model>) {
-      ss = model_parallel_sum_squares();                // this rank's counted tiles only
-      if constexpr (!policy::shards_optimizer_state) {  // replicas hold the same gradients: no Σg²
-                                                        // over dp
+      ss = model_parallel_sum_squares();  // this rank's counted tiles only
+      if constexpr (!policy::shards_optimizer_state) {
+        // replicas hold the same gradients: no Σg² over dp
         r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
       } else {
         const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
@@ -168,8 +168,8 @@ class ShardedStrategy {
         ss = sums[1];
       }
       model_->sum_over_model_parallel(ss);
-    } else if constexpr (!policy::shards_optimizer_state) {  // every rank holds the same reduced
-                                                             // gradients: Σg² is local
+    } else if constexpr (!policy::shards_optimizer_state) {
+      // every rank holds the same reduced gradients: Σg² is local
       ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
       r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
     } else {
@@ -215,8 +215,9 @@ class ShardedStrategy {
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
       state_.init_master(*ctx_, i, weight_at(tiles_[i]));
     }
-    if constexpr (policy::shards_optimizer_state && !policy::shards_params)
+    if constexpr (policy::shards_optimizer_state && !policy::shards_params) {
       gather_working_weights();
+    }
   }
 
   /// Hands every element this rank writes to a checkpoint to `put(param, first, host, count)`
@@ -456,8 +457,9 @@ class ShardedStrategy {
     }
   }
   void post_forward(int u) {
-    if constexpr (policy::shards_params)
+    if constexpr (policy::shards_params) {
       gatherer_.release(u, u + 1 < units() ? u + 1 : units() - 1);
+    }
   }
   void pre_backward(int u) {
     queue_.poll();
