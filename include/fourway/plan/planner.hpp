@@ -430,8 +430,9 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       for (int zero = 0; zero <= 3; ++zero) {
         if (space.zero && *space.zero != zero) continue;
         if (o.footprint == Footprint::fourway && pp > 1) continue;
-        if (dp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero)
+        if (dp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero) {
           continue;  // nothing to shard over
+        }
         for (Checkpointing r :
              {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
           if (space.checkpointing && *space.checkpointing != r) continue;
