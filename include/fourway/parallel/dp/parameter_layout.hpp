@@ -107,6 +107,7 @@ class ParameterLayout {
         }
       }
       std::vector<std::int64_t> numels;
+      numels.reserve(order.size());
       for (int i : order) numels.push_back(shapes_[static_cast<std::size_t>(i)].numel());
       for (const auto& bucket : plan_buckets(numels, bucket_bytes, sizeof(T))) {
         auto& seg = segs.emplace_back();
