@@ -4,7 +4,8 @@
 #   → train → plan
 #   → tools (the programs' parser and progress bar: nothing in the library includes them)
 # backend/host and backend/cuda are the one rung `backend`; the GPT (`fw::models`) lives in
-# layers/; the umbrellas fourway.hpp / fourway.cuh and config.hpp itself are exempt.
+# layers/; the umbrellas fourway.hpp / fourway.cuh and config.hpp itself are exempt. Inside the
+# parallel rung, a policy folder (parallel/dp, parallel/tp, parallel/pp) includes no sibling's.
 # Usage: cmake -DROOT=<dir holding fourway/> -P check_ladder.cmake   (fails listing every breach)
 if(NOT ROOT)
   message(FATAL_ERROR "check_ladder.cmake: pass -DROOT=<directory that holds fourway/>")
@@ -55,6 +56,15 @@ foreach(_h IN LISTS _headers)
       set(_b "${_h} (rung ${_hn}) includes ${_inc} (rung ${_in}, higher): ")
       string(APPEND _b "move the code that needs it up to ${_in}/ or above")
       list(APPEND _breaches "${_b}")
+    elseif(_h MATCHES "^fourway/parallel/([^/]+)/")
+      # Inside the parallel rung, a policy folder (dp/, tp/, pp/) never includes a sibling's.
+      set(_hp ${CMAKE_MATCH_1})
+      if(_inc MATCHES "^fourway/parallel/([^/]+)/" AND NOT CMAKE_MATCH_1 STREQUAL _hp)
+        set(_b "${_h} (policy folder parallel/${_hp}) includes ${_inc} (policy folder ")
+        string(APPEND _b "parallel/${CMAKE_MATCH_1}): move what both need to parallel/ or compose ")
+        string(APPEND _b "them one rung up, in train/")
+        list(APPEND _breaches "${_b}")
+      endif()
     endif()
   endforeach()
 endforeach()

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fourway/comm/counting.hpp"
@@ -61,8 +64,79 @@ TEST(MeshGroups, NamesCarryTheSharedCoordinatesAndCountingSeesThem) {
     groups.tp().all_reduce(&x, &x, 1, fw::ReduceOp::sum);
     EXPECT_EQ(x, 2.0f);
     EXPECT_EQ(world.counters().get(tp_name, fw::CommOp::all_reduce).calls, 1u);
-    EXPECT_EQ(world.counters().get("world", fw::CommOp::split).calls, 7u);
+    // Groups are split on first use: tp, dp, all and pp were asked for, so 4 of the 7.
+    EXPECT_EQ(world.counters().get("world", fw::CommOp::split).calls, 4u);
   });
+}
+
+// Lazily created groups: only those asked for exist, each split once however often it is asked
+// for, and each holds the same ranks, ranked the same, as the eager path (`create_all`) makes.
+TEST(MeshGroups, CreatedOnFirstUseOnceEachAndLikeTheEagerOnes) {
+  using M = fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<fw::dynamic, 2>, fw::DataParallel>;
+  const M mesh(8, {.pp = 2});
+  fw::launch<fw::LocalWorld>(8, [&](fw::World<fw::LocalWorld>& w) {
+    fw::Counting<fw::LocalComm> world(std::move(w.comm()));
+    const auto splits = [&] { return world.counters().get("world", fw::CommOp::split).calls; };
+    fw::MeshGroups<fw::Counting<fw::LocalComm>> lazy(mesh, world);
+    EXPECT_EQ(splits(), 0u);
+    EXPECT_EQ(lazy.splits(), 0);
+    auto& tp = lazy.tp();
+    EXPECT_EQ(&lazy.tp(), &tp);
+    EXPECT_EQ(&lazy.group(Axis::tp), &tp);
+    auto& pp_dp = lazy.group({Axis::pp, Axis::dp});
+    EXPECT_EQ(&lazy.group({Axis::dp, Axis::pp}), &pp_dp);
+    EXPECT_EQ(splits(), 2u);
+    EXPECT_EQ(lazy.splits(), 2);
+    for (std::uint8_t bits = 1; bits <= 7; ++bits) {
+      const auto axes = fw::AxisSet::from_bits(bits);
+      EXPECT_EQ(lazy.created(axes), bits == 1 || bits == 6) << lazy.group_name(axes);
+    }
+
+    fw::MeshGroups<fw::Counting<fw::LocalComm>> eager(mesh, world);
+    eager.create_all();
+    EXPECT_EQ(eager.splits(), 7);
+    EXPECT_EQ(splits(), 9u);
+    const std::int32_t me = w.rank();
+    for (auto axes : {fw::AxisSet(Axis::tp), fw::AxisSet(Axis::pp, Axis::dp)}) {
+      auto& a = lazy.group(axes);
+      auto& b = eager.group(axes);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(a.rank(), b.rank());
+      EXPECT_EQ(a.name(), b.name());
+      std::vector<std::int32_t> ma(static_cast<std::size_t>(a.size()));
+      std::vector<std::int32_t> mb(ma.size());
+      a.all_gather(&me, ma.data(), 1);
+      b.all_gather(&me, mb.data(), 1);
+      EXPECT_EQ(ma, mb) << lazy.group_name(axes);
+    }
+    EXPECT_EQ(lazy.splits(), 2);  // nothing split again
+    EXPECT_EQ(splits(), 9u);
+  });
+}
+
+// A rank that asks for a different group first than its peers gets a ConfigError, never a group
+// of the wrong ranks: with TP=2 on 2 ranks, rank 0 asks for tp (2 ranks) while rank 1 asks for
+// dp (1 rank); rank 0's split comes back with 1 rank.
+TEST(MeshGroups, FirstUsesInDifferentOrdersAreAConfigError) {
+  const fw::Mesh<fw::TensorParallel<2>, fw::DataParallel> mesh(2);
+  std::array<std::string, 2> errors;
+  fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+    fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
+    try {
+      if (w.rank() == 0) {
+        (void)groups.tp();
+      } else {
+        EXPECT_EQ(groups.dp().size(), 1);
+      }
+    } catch (const fw::ConfigError& e) {
+      errors[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("made group tp[pp=0,dp=0] with 1 ranks but the mesh says 2"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("same order on every rank"), std::string::npos) << errors[0];
+  EXPECT_TRUE(errors[1].empty()) << errors[1];
 }
 
 TEST(MeshGroups, WorldOfTheWrongSizeIsAConfigError) {

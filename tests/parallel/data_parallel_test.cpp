@@ -21,6 +21,10 @@ static_assert(std::is_same_v<fw::data_parallel_strategy_t<fw::Sharded<3>, Model,
                              fw::ShardedStrategy<3, Model, P, fw::Host, Comm>>);
 static_assert(std::is_same_v<fw::DataParallelStrategy<Model, P, fw::Host, Comm>,
                              fw::ShardedStrategy<0, Model, P, fw::Host, Comm>>);
+static_assert(std::is_same_v<fw::data_parallel_policy_t<0>, fw::DataParallel> &&
+              std::is_same_v<fw::data_parallel_policy_t<2>, fw::Sharded<2>>);
+static_assert(
+    std::is_same_v<fw::ShardedStrategy<1, Model, P, fw::Host, Comm>::policy, fw::Sharded<1>>);
 static_assert(fw::training_strategy<fw::DataParallelStrategy<Model, P, fw::Host, Comm>>);
 static_assert(fw::training_strategy<fw::ShardedStrategy<3, Model, P, fw::Host, Comm>>);
 

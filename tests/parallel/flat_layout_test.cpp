@@ -1,6 +1,6 @@
 // Shard and padding arithmetic of FlatLayout and the bucket planner, against brute-force
 // element-by-element ownership computed here from the rule in the header's comment.
-#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
 
 #include <gtest/gtest.h>
 

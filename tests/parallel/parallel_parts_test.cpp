@@ -22,12 +22,12 @@
 
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
-#include "fourway/parallel/gradient_reducer.hpp"
-#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/dp/gradient_reducer.hpp"
+#include "fourway/parallel/dp/parameter_layout.hpp"
+#include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/tp/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
-#include "fourway/parallel/unit_gatherer.hpp"
 #include "fourway/parallel/work_queue.hpp"
 
 namespace fw = fourway;

@@ -30,6 +30,15 @@ struct MeshDegrees {
   int tp = dynamic;
   int pp = dynamic;
   int dp = dynamic;
+  /// The field of axis `a` (one case per field above).
+  [[nodiscard]] constexpr int operator[](Axis a) const {
+    switch (a) {
+      case Axis::tp: return tp;
+      case Axis::pp: return pp;
+      case Axis::dp: return dp;
+    }
+    return dynamic;
+  }
 };
 
 /// A set of axes, e.g. `AxisSet{Axis::tp, Axis::dp}`; bit i is axis i.
@@ -46,7 +55,10 @@ struct AxisSet {
     s.bits = b;
     return s;
   }
-  static constexpr AxisSet all() { return from_bits(7); }
+  /// Every axis: the group over the whole mesh.
+  static constexpr AxisSet all() { return from_bits((1u << axis_count) - 1u); }
+  /// Number of distinct non-empty sets (the groups a mesh can have): 2^axis_count - 1.
+  static constexpr int nonempty_count = (1 << axis_count) - 1;
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr bool contains(Axis a) const {
     return (bits >> static_cast<int>(a)) & 1u;
   }
@@ -58,21 +70,34 @@ struct Coord {
   int tp = 0;
   int pp = 0;
   int dp = 0;
-  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int operator[](Axis a) const {
-    return a == Axis::tp ? tp : (a == Axis::pp ? pp : dp);
-  }
-  FOURWAY_HOST_DEVICE constexpr int& operator[](Axis a) {
-    return a == Axis::tp ? tp : (a == Axis::pp ? pp : dp);
-  }
+  /// The coordinate on axis `a`.
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int operator[](Axis a) const { return at(*this, a); }
+  FOURWAY_HOST_DEVICE constexpr int& operator[](Axis a) { return at(*this, a); }
   friend constexpr bool operator==(const Coord&, const Coord&) = default;
+
+ private:
+  /// The field of axis `a` (one case per field above).
+  template <class Self>
+  FOURWAY_HOST_DEVICE static constexpr auto at(Self& self, Axis a) -> decltype((self.tp)) {
+    switch (a) {
+      case Axis::tp: return self.tp;
+      case Axis::pp: return self.pp;
+      case Axis::dp: break;
+    }
+    return self.dp;
+  }
 };
 
 namespace detail {
 /// A constexpr-friendly check: throws ConfigError (so `constexpr Mesh m(...)` of a bad
 /// configuration fails to compile, and a run-time one throws).
 template <class... Ts>
+[[noreturn]] void mesh_fail(const Ts&... parts) {
+  throw ConfigError(cat(parts...));
+}
+template <class... Ts>
 constexpr void mesh_require(bool cond, const Ts&... parts) {
-  if (!cond) throw ConfigError(cat(parts...));
+  if (!cond) mesh_fail(parts...);
 }
 template <class... Ps>
 constexpr int policies_on(Axis a) {
@@ -101,10 +126,15 @@ class Mesh {
   static_assert((policy<Policies> && ...),
                 "fourway: Mesh<...> takes policy tags: fw::TensorParallel<N>, fw::Pipeline<S, M>, "
                 "fw::DataParallel or fw::Sharded<Stage>");
-  static_assert(detail::policies_on<Policies...>(Axis::tp) <= 1 &&
-                    detail::policies_on<Policies...>(Axis::pp) <= 1,
-                "fourway: Mesh<...> lists TensorParallel and Pipeline at most once each");
-  static_assert(detail::policies_on<Policies...>(Axis::dp) <= 1,
+  static_assert(
+      [] {
+        for (Axis a : all_axes) {
+          if (a != derived_axis && detail::policies_on<Policies...>(a) > 1) return false;
+        }
+        return true;
+      }(),
+      "fourway: Mesh<...> lists TensorParallel and Pipeline at most once each");
+  static_assert(detail::policies_on<Policies...>(derived_axis) <= 1,
                 "fourway: Mesh<...> has more than one data-parallel policy; use one of "
                 "fw::DataParallel or fw::Sharded<Stage> (Sharded replaces DataParallel)");
   static_assert(detail::axes_innermost_first<Policies...>(),
@@ -126,33 +156,45 @@ class Mesh {
     return d;
   }
 
-  /// Validates and fixes the degrees for a world of `world_size` ranks (ConfigError otherwise).
+  /// Validates and fixes the degrees for a world of `world_size` ranks (ConfigError otherwise):
+  /// every axis but `derived_axis` from the type or `given`, then the derived one from the rest.
   explicit constexpr Mesh(int world_size, MeshDegrees given = {}) : world_(world_size) {
     detail::mesh_require(world_size >= 1, "fourway: a Mesh needs a world of at least 1 rank, got ",
                          world_size);
-    deg_[0] = resolve(Axis::tp, given.tp);
-    deg_[1] = resolve(Axis::pp, given.pp);
-    const int inner = deg_[0] * deg_[1];
-    if constexpr (!has_axis<Axis::dp>) {
-      detail::mesh_require(world_size == inner, "fourway: world size ", world_size, " is not tp ",
-                           deg_[0], " x pp ", deg_[1], " = ", inner,
-                           " and the Mesh has no data-parallel axis to take the rest; add "
-                           "fw::DataParallel or fw::Sharded<Stage> to the Mesh, or run on ",
-                           inner, " ranks");
-      detail::mesh_require(given.dp == dynamic || given.dp == 1,
-                           "fourway: MeshDegrees.dp = ", given.dp,
+    int inner = 1;
+    for (Axis a : all_axes) {
+      if (a == derived_axis) continue;
+      deg_[index(a)] = resolve(a, given[a]);
+      inner *= deg_[index(a)];
+    }
+    const std::string_view d = axis_name(derived_axis);
+    const int given_d = given[derived_axis];
+    int& deg_d = deg_[index(derived_axis)];
+    if constexpr (!has_axis<derived_axis>) {
+      if (world_size != inner) {
+        detail::mesh_fail("fourway: world size ", world_size, " is not ", inner_text(), " = ",
+                          inner,
+                          " and the Mesh has no data-parallel axis to take the rest; add "
+                          "fw::DataParallel or fw::Sharded<Stage> to the Mesh, or run on ",
+                          inner, " ranks");
+      }
+      detail::mesh_require(given_d == dynamic || given_d == 1, "fourway: MeshDegrees.", d, " = ",
+                           given_d,
                            " but the Mesh has no data-parallel axis; add "
                            "fw::DataParallel or fw::Sharded<Stage>");
-      deg_[2] = 1;
+      deg_d = 1;
     } else {
-      detail::mesh_require(world_size % inner == 0, "fourway: world size ", world_size,
-                           " does not divide by tp ", deg_[0], " x pp ", deg_[1], " = ", inner,
-                           "; run on a multiple of ", inner, " ranks or change the degrees");
-      deg_[2] = world_size / inner;
-      detail::mesh_require(given.dp == dynamic || given.dp == deg_[2],
-                           "fourway: MeshDegrees.dp = ", given.dp, " but world size ", world_size,
-                           " / (tp ", deg_[0], " x pp ", deg_[1], ") leaves dp = ", deg_[2],
-                           "; drop .dp (it is derived) or change the world size");
+      if (world_size % inner != 0) {
+        detail::mesh_fail("fourway: world size ", world_size, " does not divide by ", inner_text(),
+                          " = ", inner, "; run on a multiple of ", inner,
+                          " ranks or change the degrees");
+      }
+      deg_d = world_size / inner;
+      if (given_d != dynamic && given_d != deg_d) {
+        detail::mesh_fail("fourway: MeshDegrees.", d, " = ", given_d, " but world size ",
+                          world_size, " / (", inner_text(), ") leaves ", d, " = ", deg_d,
+                          "; drop .", d, " (it is derived) or change the world size");
+      }
     }
   }
 
@@ -160,19 +202,23 @@ class Mesh {
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int degree(Axis a) const {
     return deg_[static_cast<int>(a)];
   }
-  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int tp() const { return deg_[0]; }
-  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int pp() const { return deg_[1]; }
-  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int dp() const { return deg_[2]; }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int tp() const { return degree(Axis::tp); }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int pp() const { return degree(Axis::pp); }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int dp() const { return degree(Axis::dp); }
 
-  /// rank = tp + TP * (pp + PP * dp).
+  /// rank = tp + TP * (pp + PP * dp): coordinates innermost fastest.
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int rank_of(Coord c) const {
-    return c.tp + deg_[0] * (c.pp + deg_[1] * c.dp);
+    int r = 0;
+    for (int a = axis_count - 1; a >= 0; --a) r = c[static_cast<Axis>(a)] + deg_[a] * r;
+    return r;
   }
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr Coord coord_of(int rank) const {
     Coord c;
-    c.tp = rank % deg_[0];
-    c.pp = (rank / deg_[0]) % deg_[1];
-    c.dp = rank / (deg_[0] * deg_[1]);
+    for (int a = 0; a < axis_count - 1; ++a) {
+      c[static_cast<Axis>(a)] = rank % deg_[a];
+      rank /= deg_[a];
+    }
+    c[static_cast<Axis>(axis_count - 1)] = rank;
     return c;
   }
 
@@ -213,16 +259,29 @@ class Mesh {
 
   /// "tp=2 pp=1 dp=4 (8 ranks)".
   [[nodiscard]] std::string describe() const {
-    return detail::cat("tp=", deg_[0], " pp=", deg_[1], " dp=", deg_[2], " (", world_, " ranks)");
+    std::string out;
+    for (Axis a : all_axes) out += detail::cat(axis_name(a), "=", deg_[index(a)], " ");
+    return out + detail::cat("(", world_, " ranks)");
   }
 
  private:
+  static constexpr int index(Axis a) { return static_cast<int>(a); }
+
+  /// "tp 2 x pp 2": the degrees the derived axis divides the world by (for messages).
+  [[nodiscard]] std::string inner_text() const {
+    std::string out;
+    for (Axis a : all_axes) {
+      if (a == derived_axis) continue;
+      out += detail::cat(out.empty() ? "" : " x ", axis_name(a), " ", deg_[index(a)]);
+    }
+    return out;
+  }
+
   constexpr int resolve(Axis a, int given) const {
-    constexpr const char* names[] = {"TensorParallel", "Pipeline", "DataParallel"};
-    const char* field = a == Axis::tp ? "tp" : "pp";
+    const std::string_view field = axis_name(a);
+    const std::string_view pname = axis_policy(a);
     const int fixed = static_degree(a);
-    const bool present = a == Axis::tp ? has_axis<Axis::tp> : has_axis<Axis::pp>;
-    const char* pname = names[static_cast<int>(a)];
+    const bool present = detail::policies_on<Policies...>(a) > 0;
     detail::mesh_require(given == dynamic || given >= 1, "fourway: MeshDegrees.", field, " = ",
                          given, "; degrees are >= 1");
     if (!present) {
@@ -257,7 +316,7 @@ class Mesh {
   }
 
   int world_;
-  int deg_[axis_count] = {1, 1, 1};
+  int deg_[axis_count] = {};
 };
 
 }  // namespace fourway

@@ -11,7 +11,9 @@
 //!     dp     DataParallel | Sharded<1|2|3>  world/(tp*pp) outermost
 #pragma once
 
+#include <array>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -20,18 +22,55 @@
 
 namespace fourway {
 
-/// The three logical axes of every mesh, innermost first. A mesh without a policy for an axis
-/// has degree 1 on it (one rank is the degenerate mesh, never a separate code path).
+/// The logical axes of every mesh, innermost first. A mesh without a policy for an axis has
+/// degree 1 on it (one rank is the degenerate mesh, never a separate code path).
 enum class Axis : std::uint8_t { tp = 0, pp = 1, dp = 2 };
-inline constexpr int axis_count = 3;
+
+/// One row per axis, in `Axis` order: its short name and the policy that owns it.
+struct AxisInfo {
+  Axis axis;
+  std::string_view name;
+  std::string_view policy;
+};
+
+/// The list of axes. Every loop over a mesh's axes (degrees, coordinates, ranks, groups, names)
+/// runs over this table, so adding an axis (context or expert parallelism) is an enumerator and a
+/// row here, plus its named field in `Coord` and `MeshDegrees` (mesh/mesh.hpp).
+inline constexpr std::array<AxisInfo, 3> axis_table{{
+    {Axis::tp, "tp", "TensorParallel"},
+    {Axis::pp, "pp", "Pipeline"},
+    {Axis::dp, "dp", "DataParallel"},
+}};
+inline constexpr int axis_count = static_cast<int>(axis_table.size());
+static_assert(
+    [] {
+      for (int i = 0; i < axis_count; ++i) {
+        if (static_cast<int>(axis_table[static_cast<std::size_t>(i)].axis) != i) return false;
+      }
+      return true;
+    }(),
+    "fourway: axis_table lists every Axis once, in enumerator order");
+
+/// Every axis, innermost first.
+inline constexpr std::array<Axis, axis_count> all_axes = [] {
+  std::array<Axis, axis_count> out{};
+  for (int i = 0; i < axis_count; ++i)
+    out[static_cast<std::size_t>(i)] = axis_table[static_cast<std::size_t>(i)].axis;
+  return out;
+}();
+
+/// The axis whose degree is not given but derived: what the world leaves, world / (product of
+/// the others). Its policy (DataParallel or Sharded<S>) takes any number of ranks.
+inline constexpr Axis derived_axis = Axis::dp;
 
 constexpr std::string_view axis_name(Axis a) {
-  switch (a) {
-    case Axis::tp: return "tp";
-    case Axis::pp: return "pp";
-    case Axis::dp: return "dp";
-  }
-  return "?";
+  const auto i = static_cast<std::size_t>(a);
+  return i < axis_table.size() ? axis_table[i].name : std::string_view{"?"};
+}
+/// The policy that owns axis `a`, e.g. "TensorParallel" (for messages).
+constexpr std::string_view axis_policy(Axis a) {
+  const auto i = static_cast<std::size_t>(a);
+  return i < axis_table.size() ? axis_table[i].policy : std::string_view{"?"};
 }
 
 // ---- pipeline schedules -------------------------------------------------------------------------
@@ -51,11 +90,28 @@ concept pipeline_schedule = std::same_as<S, GPipe> || std::same_as<S, OneFOneB>;
 
 // ---- the policies -------------------------------------------------------------------------------
 
+/// What a data-parallel policy shards over its group, read from a ZeRO stage: 1 shards the
+/// optimizer state (fp32 masters and moments), 2 also the gradients, 3 also the parameters.
+/// The one place a stage number becomes these properties; `DataParallel` and `Sharded<S>` carry
+/// them as `shards_*` members, and code that holds a stage only at run time (the planner, the
+/// parameter layout) asks `zero_sharding(stage)`.
+struct ZeroSharding {
+  bool shards_optimizer_state = false;
+  bool shards_grads = false;
+  bool shards_params = false;
+};
+constexpr ZeroSharding zero_sharding(int stage) {
+  return ZeroSharding{stage >= 1, stage >= 2, stage >= 3};
+}
+
 /// Replicas of the whole model; gradients all-reduced (bucketed, overlapped with backward).
 struct DataParallel {
   static constexpr Axis axis = Axis::dp;
   static constexpr int degree = dynamic;
   static constexpr int stage = 0;  // ZeRO stage 0: nothing sharded
+  static constexpr bool shards_optimizer_state = zero_sharding(stage).shards_optimizer_state;
+  static constexpr bool shards_grads = zero_sharding(stage).shards_grads;
+  static constexpr bool shards_params = zero_sharding(stage).shards_params;
   static constexpr std::string_view name = "DataParallel";
 };
 
@@ -69,6 +125,9 @@ struct Sharded {
   static constexpr Axis axis = Axis::dp;
   static constexpr int degree = dynamic;
   static constexpr int stage = Stage;
+  static constexpr bool shards_optimizer_state = zero_sharding(Stage).shards_optimizer_state;
+  static constexpr bool shards_grads = zero_sharding(Stage).shards_grads;
+  static constexpr bool shards_params = zero_sharding(Stage).shards_params;
   static constexpr std::string_view name = "Sharded";
 };
 

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "fourway/mesh/policies.hpp"
 #include "fourway/plan/hardware.hpp"
 #include "fourway/plan/model_state.hpp"
 
@@ -100,20 +101,17 @@ constexpr DataParallelTraffic data_parallel_traffic(std::int64_t padded_params, 
       t.exposed_seconds += s;
     }
   };
-  switch (zero_stage) {
-    case 0: add(Collective::all_reduce, 1, true); break;
-    case 1:
-      add(Collective::reduce_scatter, 1, true);
-      add(Collective::all_gather, 1, false);
-      break;
-    case 2:
-      add(Collective::reduce_scatter, m, true);
-      add(Collective::all_gather, 1, false);
-      break;
-    default:
-      add(Collective::all_gather, 2 * m, true);
-      add(Collective::reduce_scatter, m, true);
-      break;
+  const ZeroSharding z = zero_sharding(zero_stage);
+  if (!z.shards_optimizer_state) {
+    add(Collective::all_reduce, 1, true);
+  } else if (!z.shards_params) {
+    // Gradients reduce-scattered once a step, or every micro-batch when they are sharded; the
+    // updated shards all-gathered after the step.
+    add(Collective::reduce_scatter, z.shards_grads ? m : 1, true);
+    add(Collective::all_gather, 1, false);
+  } else {
+    add(Collective::all_gather, 2 * m, true);
+    add(Collective::reduce_scatter, m, true);
   }
   return t;
 }

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "fourway/core/error.hpp"
+#include "fourway/mesh/policies.hpp"
 
 namespace fourway::plan {
 
@@ -128,7 +129,8 @@ struct ModelStateBytes {
 /// pipeline parallelism) in a data-parallel group of `dp` ranks under ZeRO `zero_stage`.
 /// What is sharded holds `shard_elements(params, dp, padding)` elements; what is replicated
 /// holds the whole padded flat buffer, `dp` shards (the padding is allocated and counted like any
-/// other element, parallel/flat_layout.hpp) — `params` itself under stage 0, which shards nothing.
+/// other element, parallel/dp/flat_layout.hpp) — `params` itself under stage 0, which shards
+/// nothing.
 constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision precision,
                                             int zero_stage, int dp,
                                             Padding padding = Padding::flat(),
@@ -137,14 +139,16 @@ constexpr ModelStateBytes model_state_bytes(std::int64_t params, Precision preci
   detail::require(dp >= 1, "fourway: data-parallel degree ", dp, " must be >= 1");
   detail::require(optimizer.state_bytes_per_param >= 0,
                   "fourway: optimizer state bytes per parameter must be >= 0");
+  const ZeroSharding z = zero_sharding(zero_stage);
   const std::int64_t shard = shard_elements(params, dp, padding);
-  const std::int64_t full = zero_stage == 0 ? params : shard * dp;  // nothing sharded, no padding
+  // Nothing sharded: no padding either.
+  const std::int64_t full = z.shards_optimizer_state ? shard * dp : params;
   const std::int64_t w = working_bytes(precision);
   ModelStateBytes b;
-  b.weights = (zero_stage >= 3 ? shard : full) * w;
-  b.grads = (zero_stage >= 2 ? shard : full) * w;
-  b.master_weights = (zero_stage >= 1 ? shard : full) * master_bytes(precision);
-  b.optimizer_state = (zero_stage >= 1 ? shard : full) * optimizer.state_bytes_per_param;
+  b.weights = (z.shards_params ? shard : full) * w;
+  b.grads = (z.shards_grads ? shard : full) * w;
+  b.master_weights = (z.shards_optimizer_state ? shard : full) * master_bytes(precision);
+  b.optimizer_state = (z.shards_optimizer_state ? shard : full) * optimizer.state_bytes_per_param;
   return b;
 }
 

@@ -317,8 +317,9 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     // deferred construction, positioned reads and in-place writes: the states and nothing more
     sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
     const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
-    sp.data_parallel = data_parallel_traffic(s.zero >= 1 ? padded : sp.params, s.precision, s.zero,
-                                             s.dp, s.micro_batches, dp_link);
+    sp.data_parallel =
+        data_parallel_traffic(zero_sharding(s.zero).shards_optimizer_state ? padded : sp.params,
+                              s.precision, s.zero, s.dp, s.micro_batches, dp_link);
     if (model.arch) {
       const Architecture& a = *model.arch;
       // Without a pipeline, micro-batches run forward and backward one after another.
@@ -354,7 +355,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.recompute_working = 0;
         }
       }
-      if (own && s.zero == 2) {
+      if (own && zero_sharding(s.zero).shards_grads && !zero_sharding(s.zero).shards_params) {
         // The buckets the head's backward adds to (ln_f's, the first in backward order, and
         // wte's, the last) hold full gradients from the start of backward, when the activations
         // peak, until their reduce-scatter.
@@ -363,7 +364,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
         sp.zero2_buckets = static_cast<double>(full * w);
       }
-      if (s.zero == 3 && s.dp > 1) {
+      if (zero_sharding(s.zero).shards_params && s.dp > 1) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
@@ -415,9 +416,10 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     }
     for (const StagePlan& sp : plan.stages) {
       const double backward = 2.0 / 3.0 * sp.seconds_per_micro_batch;
-      const double window = s.zero <= 1   ? backward
-                            : s.zero == 2 ? m * backward
-                                          : m * sp.seconds_per_micro_batch;
+      const ZeroSharding z = zero_sharding(s.zero);
+      const double window = !z.shards_grads    ? backward
+                            : !z.shards_params ? m * backward
+                                               : m * sp.seconds_per_micro_batch;
       const DataParallelTraffic& d = sp.data_parallel;
       data = std::max(
           data, d.exposed_seconds + std::max(0.0, d.overlappable_seconds - o.overlap * window));
@@ -492,7 +494,9 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       for (int zero = 0; zero <= 3; ++zero) {
         if (space.zero && *space.zero != zero) continue;
         if (o.footprint == Footprint::fourway && pp > 1) continue;
-        if (dp == 1 && zero > 0 && !space.zero) continue;  // nothing to shard over
+        if (dp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero) {
+          continue;  // nothing to shard over
+        }
         for (Checkpointing r :
              {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
           if (space.checkpointing && *space.checkpointing != r) continue;

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "fourway/mesh/policies.hpp"
 #include "fourway/plan/planner.hpp"
 
 namespace fourway::plan {
@@ -87,7 +88,9 @@ inline std::string table(const Plan& p) {
         w.activations);
     if (s.checkpointing != Checkpointing::none)
       row("recomputation working set (1 layer)", w.recompute_working);
-    if (s.zero == 3 && s.dp > 1) row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
+    if (zero_sharding(s.zero).shards_params && s.dp > 1) {
+      row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
+    }
     if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
   }
   row("step peak", w.step_peak());

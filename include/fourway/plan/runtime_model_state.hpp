@@ -2,8 +2,8 @@
 //! accountant's under `ShardedStrategy<Stage>` byte for byte, padding included.
 //!
 //! `ShardedStrategy` (train/sharded_strategy.hpp) pads each *segment* of its flat buffer to a
-//! multiple of the group size N (parallel/flat_layout.hpp): under stages 1 and 2 the segments are
-//! gradient buckets, packed greedily by `plan_buckets` in the order backward completes the
+//! multiple of the group size N (parallel/dp/flat_layout.hpp): under stages 1 and 2 the segments
+//! are gradient buckets, packed greedily by `plan_buckets` in the order backward completes the
 //! gradients; under stage 3 they are the FSDP units (embedding with the tied `wte`, each block,
 //! the final norm). Stage 0 shards nothing and pads nothing. The backward order of a GPT-2's
 //! parameters:
@@ -28,7 +28,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/mesh/policies.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/plan/architecture.hpp"
 #include "fourway/plan/model_state.hpp"
@@ -86,7 +87,7 @@ inline std::vector<std::int64_t> runtime_segments(const Architecture& a, int zer
                                                   std::int64_t bucket_bytes, Precision p,
                                                   const TensorSplit& t = {}) {
   check_zero_stage(zero_stage);
-  if (zero_stage == 3) return runtime_units(a, t);
+  if (zero_sharding(zero_stage).shards_params) return runtime_units(a, t);
   const std::vector<std::int64_t> numels = gpt2_backward_numels(a, t);
   std::vector<std::int64_t> segments;
   for (const auto& bucket : plan_buckets(numels, bucket_bytes, working_bytes(p))) {
@@ -136,9 +137,10 @@ inline DataParallelBytes runtime_data_parallel_bytes(const Architecture& a, Prec
   const double n = dp;
   const double w = static_cast<double>(working_bytes(p));
   const double m = micro_batches;
-  const double scalars = zero_stage == 0 ? 1 : 2;  // loss sum; + global Σg² from stage 1
+  const ZeroSharding z = zero_sharding(zero_stage);
+  const double scalars = z.shards_optimizer_state ? 2 : 1;  // loss sum; + global Σg² from stage 1
   b.all_reduce = scalars * 8.0 * 2.0 * (n - 1) / n;
-  if (zero_stage == 0) {
+  if (!z.shards_optimizer_state) {
     b.all_reduce += static_cast<double>(total_params(a)) * w * 2.0 * (n - 1) / n;
     return b;
   }
@@ -146,10 +148,10 @@ inline DataParallelBytes runtime_data_parallel_bytes(const Architecture& a, Prec
   double shard = 0;
   for (std::int64_t s : segs) shard += static_cast<double>(ceil_div(s, dp));
   const double part = (n - 1) * w;  // bytes per element of a rank's part
-  if (zero_stage == 1) {
+  if (!z.shards_grads) {
     b.reduce_scatter = shard * part;
     b.all_gather = shard * part;
-  } else if (zero_stage == 2) {
+  } else if (!z.shards_params) {
     b.reduce_scatter = m * shard * part;
     b.all_gather = shard * part;
   } else {

@@ -63,6 +63,7 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
@@ -99,6 +100,8 @@ class PipelineStrategy {
   /// The ZeRO strategy over `dp` that owns the rank's chunks when Zero >= 1.
   using sharded_type = ShardedStrategy<(Zero > 0 ? Zero : 1), chunk_set_type, P, B, Comm>;
   static constexpr int zero_stage = Zero;
+  /// The data-parallel policy across the replicas: the code below asks it what is sharded.
+  using dp_policy = data_parallel_policy_t<Zero>;
 
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
@@ -125,13 +128,13 @@ class PipelineStrategy {
                                          : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
         chunks_(build_chunks(ctx, cfg, seed)),
         tie_(make_tie_group()),
-        state_(ctx, Zero == 0 ? segments() : std::vector<StateSegment>{}),
+        state_(ctx, !dp_policy::shards_optimizer_state ? segments() : std::vector<StateSegment>{}),
         scalars_(ctx) {
     check<ConfigError>(partition_.chunks() == table_.chunks(), "fourway: ", options_.cuts.size(),
                        " cut points make ", partition_.chunks(), " chunks but the schedule '",
                        table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
                        table_.chunks() - 1, " cut points");
-    if constexpr (Zero == 0) {
+    if constexpr (!dp_policy::shards_optimizer_state) {
       std::size_t i = 0;
       visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
     } else {
@@ -162,7 +165,7 @@ class PipelineStrategy {
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
   void begin_step() {
-    if constexpr (Zero == 0) {
+    if constexpr (!dp_policy::shards_optimizer_state) {
       for (auto& c : chunks_)
         if (c) zero_grad(*ctx_, *c);
     } else {
@@ -212,7 +215,7 @@ class PipelineStrategy {
   StepReport finish_step(const StepControl& c) {
     phases_.clear();
     auto t = phase_start();
-    if constexpr (Zero > 0) {
+    if constexpr (dp_policy::shards_optimizer_state) {
       tie_embedding_gradients();  // on the full, accumulated gradients
       t = phase_end("tied embedding sum", t);
       sharded_->end_micro_batch(0, 1);  // ZeRO-2/3: the reduce-scatter; ZeRO-3: weights freed
@@ -289,7 +292,7 @@ class PipelineStrategy {
   /// collective over `dp` (each unit is gathered for the call); otherwise just `f()`.
   template <class F>
   void with_gathered_parameters(F&& f) {
-    if constexpr (Zero == 3) {
+    if constexpr (dp_policy::shards_params) {
       sharded_->with_gathered_parameters(f);
     } else {
       f();
@@ -302,7 +305,7 @@ class PipelineStrategy {
   /// the first step.
   template <class Source>
   void load_weights(Source&& read) {
-    if constexpr (Zero > 0) {
+    if constexpr (dp_policy::shards_optimizer_state) {
       sharded_->load_weights(read);
     } else {
       constexpr std::int64_t piece = 1 << 16;

@@ -52,12 +52,12 @@
 #include "fourway/core/tensor.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/parallel/data_parallel.hpp"
-#include "fourway/parallel/flat_layout.hpp"
-#include "fourway/parallel/gradient_reducer.hpp"
-#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/dp/data_parallel.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
+#include "fourway/parallel/dp/gradient_reducer.hpp"
+#include "fourway/parallel/dp/parameter_layout.hpp"
+#include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/step_scalars.hpp"
-#include "fourway/parallel/unit_gatherer.hpp"
 #include "fourway/parallel/work_queue.hpp"
 #include "fourway/train/strategy.hpp"
 
@@ -99,6 +99,8 @@ class ShardedStrategy {
   using param_type = typename P::param_type;
   using T = param_type;
   static constexpr int stage = Stage;
+  /// The policy tag of the stage: the code below asks it what is sharded.
+  using policy = data_parallel_policy_t<Stage>;
 
   /// The model hooks: FSDP gathers and releases, bucket collectives as gradients complete.
   struct Hooks {
@@ -119,15 +121,16 @@ class ShardedStrategy {
         rank_(comm.rank()),
         size_(comm.size()),
         params_(model, Stage, size_, options.bucket_bytes),
-        owner_rank_(Stage == 0 ? 0 : rank_),
+        owner_rank_(policy::shards_optimizer_state ? rank_ : 0),
         tiles_(shard_tiles()),
         state_(ctx, state_segments()),
         weights_(place_weights()),
         reducer_(ctx, comm, params_, queue_, options.overlap),
-        gatherer_(ctx, comm, params_, queue_, Stage == 3 ? weights_.data() : nullptr),
+        gatherer_(ctx, comm, params_, queue_, policy::shards_params ? weights_.data() : nullptr),
         scalars_(ctx) {
     for (int s = 0; s < params_.segment_count(); ++s) {
-      params_.bind_weights(s, Stage <= 2 ? weights_.data() + layout().segment(s).offset : nullptr);
+      params_.bind_weights(
+          s, !policy::shards_params ? weights_.data() + layout().segment(s).offset : nullptr);
     }
     hooks_.s = this;
   }
@@ -147,7 +150,7 @@ class ShardedStrategy {
   void begin_micro_batch(int i, int n) { reducer_.begin_micro_batch(i, n); }
   void end_micro_batch(int /*i*/, int /*n*/) {
     reducer_.end_micro_batch();
-    if constexpr (Stage == 3) gatherer_.release_all();
+    if constexpr (policy::shards_params) gatherer_.release_all();
   }
   StepReport finish_step(const StepControl& c) {
     reducer_.before_step();
@@ -156,7 +159,8 @@ class ShardedStrategy {
     StepReport r;
     if constexpr (model_parallel_model<Model>) {
       ss = model_parallel_sum_squares();  // this rank's counted tiles only
-      if constexpr (Stage == 0) {         // replicas hold the same gradients: no Σg² over dp
+      if constexpr (!policy::shards_optimizer_state) {
+        // replicas hold the same gradients: no Σg² over dp
         r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
       } else {
         const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
@@ -164,11 +168,12 @@ class ShardedStrategy {
         ss = sums[1];
       }
       model_->sum_over_model_parallel(ss);
-    } else if constexpr (Stage == 0) {  // every rank holds the same reduced gradients: Σg² is local
+    } else if constexpr (!policy::shards_optimizer_state) {
+      // every rank holds the same reduced gradients: Σg² is local
       ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
       r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
     } else {
-      if constexpr (Stage == 1) {
+      if constexpr (!policy::shards_grads) {
         for (int s = 0; s < layout().segment_count(); ++s) {
           ss += ops::sum_squares(*ctx_, reducer_.full() + layout().owned_begin(s, rank_),
                                  layout().segment(s).shard);
@@ -185,7 +190,7 @@ class ShardedStrategy {
     bindings.reserve(tiles_.size());
     for (const auto& t : tiles_) bindings.push_back({weight_at(t), grad_at(t)});
     r = apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
-    if constexpr (Stage == 1 || Stage == 2) {
+    if constexpr (policy::shards_optimizer_state && !policy::shards_params) {
       if (!r.skipped) gather_working_weights();
     }
     return r;
@@ -210,7 +215,9 @@ class ShardedStrategy {
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
       state_.init_master(*ctx_, i, weight_at(tiles_[i]));
     }
-    if constexpr (Stage == 1 || Stage == 2) gather_working_weights();
+    if constexpr (policy::shards_optimizer_state && !policy::shards_params) {
+      gather_working_weights();
+    }
   }
 
   /// Hands every element this rank writes to a checkpoint to `put(param, first, host, count)`
@@ -250,7 +257,7 @@ class ShardedStrategy {
       const auto& seg = layout().segment(s);
       const T* base = nullptr;
       Tensor<T, B> tmp;
-      if constexpr (Stage == 3) {
+      if constexpr (policy::shards_params) {
         tmp = Tensor<T, B>(Shape{seg.padded}, MemTag::workspace, ctx_->memory());
         comm_->all_gather(weights_.data() + seg.shard_offset, tmp.data(), seg.shard);
         base = tmp.data() - seg.offset;
@@ -272,7 +279,7 @@ class ShardedStrategy {
   /// or evaluate). A collective under stage 3, where every segment is gathered for the call.
   template <class F>
   void with_gathered_parameters(F&& f) {
-    if constexpr (Stage == 3) {
+    if constexpr (policy::shards_params) {
       queue_.wait_all();
       for (int u = 0; u < params_.units(); ++u) gatherer_.start(u);
       for (int u = 0; u < params_.units(); ++u) gatherer_.acquire(u);
@@ -293,8 +300,8 @@ class ShardedStrategy {
     const FlatLayout& l = layout();
     std::ostringstream os;
     os << "rank " << rank_ << "/" << size_ << " stage " << Stage << ": " << l.segment_count()
-       << (Stage == 3 ? " units" : " buckets") << ", " << l.numel() << " parameters";
-    if constexpr (Stage == 0) {
+       << (policy::shards_params ? " units" : " buckets") << ", " << l.numel() << " parameters";
+    if constexpr (!policy::shards_optimizer_state) {
       os << ", holds all of them";
     } else {
       os << " padded to " << l.padded() << " (+" << l.padding() << "), owns a shard of "
@@ -359,9 +366,10 @@ class ShardedStrategy {
   /// (only the rank's own elements under stage 3), and the fp32 masters initialised from them.
   Tensor<T, B> place_weights() {
     const FlatLayout& l = layout();
-    Tensor<T, B> w(Shape{Stage <= 2 ? l.padded() : l.shard()}, MemTag::weights, ctx_->memory());
+    Tensor<T, B> w(Shape{policy::shards_params ? l.shard() : l.padded()}, MemTag::weights,
+                   ctx_->memory());
     ops::fill(*ctx_, w.data(), w.numel(), zero());
-    if constexpr (Stage <= 2) {
+    if constexpr (!policy::shards_params) {
       for (const auto& slot : l.slots()) {
         write_initial_values(*ctx_, params_.parameter(slot.param), w.data() + slot.offset, 0,
                              slot.numel);
@@ -375,8 +383,9 @@ class ShardedStrategy {
       }
     }
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
-      state_.init_master(*ctx_, i,
-                         w.data() + (Stage <= 2 ? tiles_[i].flat_offset : tiles_[i].shard_offset));
+      state_.init_master(
+          *ctx_, i,
+          w.data() + (policy::shards_params ? tiles_[i].shard_offset : tiles_[i].flat_offset));
     }
     return w;
   }
@@ -402,7 +411,7 @@ class ShardedStrategy {
       if (t.slot < 0) continue;
       const auto& slot = l.slots()[t.slot];
       std::int64_t lo = 0, hi = t.count;
-      if (split && Stage == 0) {
+      if (split && !policy::shards_optimizer_state) {
         const std::int64_t part = shard_numel(t.count, size_);
         lo = std::min(t.count, rank_ * part);
         hi = std::min(t.count, lo + part);
@@ -415,10 +424,10 @@ class ShardedStrategy {
   }
 
   T* weight_at(const Tile& t) const {
-    return weights_.data() + (Stage <= 2 ? t.flat_offset : t.shard_offset);
+    return weights_.data() + (policy::shards_params ? t.shard_offset : t.flat_offset);
   }
   const T* grad_at(const Tile& t) const {
-    if constexpr (Stage <= 1) {
+    if constexpr (!policy::shards_grads) {
       return reducer_.full() + t.flat_offset;
     } else {
       return reducer_.shard() + t.shard_offset;
@@ -442,17 +451,19 @@ class ShardedStrategy {
 
   void pre_forward(int u) {
     if (u == 0) reducer_.begin_forward();
-    if constexpr (Stage == 3) {
+    if constexpr (policy::shards_params) {
       gatherer_.acquire(u);
       if (options_.overlap) gatherer_.start(u + 1 < units() ? u + 1 : units() - 1);
     }
   }
   void post_forward(int u) {
-    if constexpr (Stage == 3) gatherer_.release(u, u + 1 < units() ? u + 1 : units() - 1);
+    if constexpr (policy::shards_params) {
+      gatherer_.release(u, u + 1 < units() ? u + 1 : units() - 1);
+    }
   }
   void pre_backward(int u) {
     queue_.poll();
-    if constexpr (Stage == 3) {
+    if constexpr (policy::shards_params) {
       gatherer_.acquire(u);
       if (options_.overlap && u > 0) gatherer_.start(u - 1);
     }
@@ -460,7 +471,7 @@ class ShardedStrategy {
   }
   void post_backward(int u) {
     reducer_.post_backward(u);
-    if constexpr (Stage == 3) gatherer_.release(u, u > 0 ? u - 1 : -1);
+    if constexpr (policy::shards_params) gatherer_.release(u, u > 0 ? u - 1 : -1);
     queue_.poll();
   }
 

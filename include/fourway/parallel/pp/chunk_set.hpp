@@ -1,5 +1,5 @@
 //! `pp::ChunkSet<T, B, Comm>`: the pipeline chunks one rank holds, seen as one model by the
-//! data-parallel machinery (ShardedStrategy, parallel/parameter_layout.hpp), so that ZeRO 1-3
+//! data-parallel machinery (ShardedStrategy, parallel/dp/parameter_layout.hpp), so that ZeRO 1-3
 //! across the replicas of a pipeline stage reuses the sharding of the flat layout unchanged.
 //!
 //!   units            chunk 0's units, then chunk 1's (ZB-V and interleaved ranks hold two or

@@ -27,13 +27,16 @@
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/dp/data_parallel.hpp"
+#include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/work_queue.hpp"
 
 namespace fourway {
 
 template <int Stage, class T, class B, class Comm>
 class GradientReducer {
+  using policy = data_parallel_policy_t<Stage>;
+
  public:
   GradientReducer(const Context<B>& ctx, Comm& comm, const ParameterLayout<T, B>& layout,
                   WorkQueue& queue, bool overlap)
@@ -45,7 +48,7 @@ class GradientReducer {
         rank_(comm.rank()) {
     const FlatLayout& flat = layout.flat();
     const int segments = flat.segment_count();
-    if constexpr (Stage <= 1) {
+    if constexpr (!policy::shards_grads) {
       full_g_ = Tensor<T, B>(Shape{flat.padded()}, MemTag::grads, ctx.memory());
       ops::fill(ctx, full_g_.data(), full_g_.numel(), zero());
     } else {
@@ -55,7 +58,8 @@ class GradientReducer {
       grad_pending_.assign(static_cast<std::size_t>(segments), 0);
     }
     for (int s = 0; s < segments; ++s) {
-      layout.bind_grads(s, Stage <= 1 ? full_g_.data() + flat.segment(s).offset : nullptr);
+      layout.bind_grads(s,
+                        !policy::shards_grads ? full_g_.data() + flat.segment(s).offset : nullptr);
     }
     reduced_.assign(static_cast<std::size_t>(segments), 0);
   }
@@ -68,7 +72,7 @@ class GradientReducer {
   [[nodiscard]] T* shard() const { return shard_g_.data(); }
 
   void begin_step() {
-    if constexpr (Stage <= 1) {
+    if constexpr (!policy::shards_grads) {
       ops::fill(*ctx_, full_g_.data(), full_g_.numel(), zero());
     } else {
       ops::fill(*ctx_, shard_g_.data(), shard_g_.numel(), zero());
@@ -79,19 +83,19 @@ class GradientReducer {
     micro_count_ = n;
   }
   void end_micro_batch() {
-    if constexpr (Stage >= 2) {
+    if constexpr (policy::shards_grads) {
       if (!overlap_) launch_all();
     }
   }
   /// From `pre_forward(0)`: every segment may be reduced again in this micro-batch.
   void begin_forward() { std::fill(reduced_.begin(), reduced_.end(), 0); }
   void pre_backward(int u) {
-    if constexpr (Stage >= 2) {
+    if constexpr (policy::shards_grads) {
       for (int s : layout_->unit_segments(u)) bind_bucket_grad(s);
     }
   }
   void post_backward(int u) {
-    if (overlap_ && (Stage >= 2 || micro_ == micro_count_ - 1)) {
+    if (overlap_ && (policy::shards_grads || micro_ == micro_count_ - 1)) {
       for (int s = 0; s < layout_->segment_count(); ++s) {
         if (layout_->ready_unit(s) == u) launch(s);
       }
@@ -99,7 +103,7 @@ class GradientReducer {
   }
   /// From `finish_step`, before the queue is waited on.
   void before_step() {
-    if constexpr (Stage <= 1) {
+    if constexpr (!policy::shards_grads) {
       if (!overlap_) launch_all();
     }
   }
@@ -119,11 +123,11 @@ class GradientReducer {
     done = 1;
     const FlatLayout& flat = layout_->flat();
     const auto& seg = flat.segment(s);
-    if constexpr (Stage == 0) {
+    if constexpr (!policy::shards_optimizer_state) {
       queue_->push(comm_->all_reduce_async(full_g_.data() + seg.offset, full_g_.data() + seg.offset,
                                            seg.numel, ReduceOp::sum),
                    s);
-    } else if constexpr (Stage == 1) {
+    } else if constexpr (!policy::shards_grads) {
       queue_->push(comm_->reduce_scatter_async(full_g_.data() + seg.offset,
                                                full_g_.data() + flat.owned_begin(s, rank_),
                                                seg.shard, ReduceOp::sum),

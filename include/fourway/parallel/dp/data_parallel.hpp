@@ -14,6 +14,8 @@
 //!                                                 [b2]──ar b2──▶ wait all ▶ AdamW
 //! ```
 //! Any other policy tag is a compile error: a strategy is never silently replaced by another.
+//! `data_parallel_policy_t<Stage>` maps back, so code holding a stage number asks the tag what is
+//! sharded (`shards_optimizer_state`, `shards_grads`, `shards_params`, mesh/policies.hpp).
 #pragma once
 
 #include <type_traits>
@@ -41,5 +43,19 @@ struct data_parallel_stage<Sharded<S>> : std::integral_constant<int, S> {};
 
 template <class Policy>
 inline constexpr int data_parallel_stage_v = data_parallel_stage<Policy>::value;
+
+/// The policy tag of a ZeRO stage (the inverse of `data_parallel_stage`): `DataParallel` for 0,
+/// `Sharded<S>` otherwise. Strategies and parts templated on the stage number branch on this
+/// tag's `shards_optimizer_state`, `shards_grads` and `shards_params`, never on the number.
+template <int Stage>
+struct data_parallel_policy {
+  using type = Sharded<Stage>;
+};
+template <>
+struct data_parallel_policy<0> {
+  using type = DataParallel;
+};
+template <int Stage>
+using data_parallel_policy_t = typename data_parallel_policy<Stage>::type;
 
 }  // namespace fourway

@@ -20,7 +20,8 @@
 #include "fourway/core/shape.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/parameter.hpp"
-#include "fourway/parallel/flat_layout.hpp"
+#include "fourway/mesh/policies.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
 
 namespace fourway {
 
@@ -89,8 +90,9 @@ class ParameterLayout {
                          "' belongs to no unit of the model; every parameter must be visited by "
                          "visit_unit_parameters");
     }
+    const ZeroSharding sharding = zero_sharding(stage);
     std::vector<std::vector<std::pair<int, std::int64_t>>> segs;
-    if (stage == 3) {
+    if (sharding.shards_params) {
       segs.resize(static_cast<std::size_t>(U));
       for (std::size_t i = 0; i < params_.size(); ++i) {
         segs[static_cast<std::size_t>(last_unit[i])].emplace_back(static_cast<int>(i),
@@ -105,6 +107,7 @@ class ParameterLayout {
         }
       }
       std::vector<std::int64_t> numels;
+      numels.reserve(order.size());
       for (int i : order) numels.push_back(shapes_[static_cast<std::size_t>(i)].numel());
       for (const auto& bucket : plan_buckets(numels, bucket_bytes, sizeof(T))) {
         auto& seg = segs.emplace_back();
@@ -117,7 +120,7 @@ class ParameterLayout {
         ready_unit_.push_back(ready);
       }
     }
-    FlatLayout layout(segs, stage == 0 ? 1 : size);
+    FlatLayout layout(segs, sharding.shards_optimizer_state ? size : 1);
     std::vector<int> segment_of(params_.size(), 0);
     for (const auto& slot : layout.slots()) {
       segment_of[static_cast<std::size_t>(slot.param)] = slot.segment;

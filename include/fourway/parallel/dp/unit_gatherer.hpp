@@ -20,7 +20,7 @@
 #include "fourway/comm/communicator.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/parallel/parameter_layout.hpp"
+#include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/work_queue.hpp"
 
 namespace fourway {
