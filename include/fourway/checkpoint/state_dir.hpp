@@ -262,7 +262,8 @@ inline StateIndex parse_state_index(std::string_view text, const std::string& so
   using detail::json_int;
   using detail::json_member;
   using detail::json_string;
-  const auto doc = detail::StJson(text, source, 8).parse_document();
+  // A file holds one slice per (parameter, part) it owns: far more than a safetensors shape.
+  const auto doc = detail::StJson(text, source, 8, std::size_t{1} << 24).parse_document();
   StateIndex x;
   check<CheckpointError>(
       json_string(json_member(doc, "format", source), source + ": format") == "fourway-state",

@@ -37,8 +37,8 @@
 namespace fourway {
 
 struct CheckpointOptions {
-  std::filesystem::path root;  // checkpoints go to root/step-NNNNNNNN
-  int keep = 0;                // > 0: keep the newest `keep` committed checkpoints
+  std::filesystem::path root;               // checkpoints go to root/step-NNNNNNNN
+  int keep = 0;                             // > 0: keep the newest `keep` committed checkpoints
   std::map<std::string, std::string> meta;  // the program's own (data position, corpus, ...)
   std::function<void(SavePhase)> at_phase;  // tests: fault injection between phases
 };
@@ -107,11 +107,13 @@ std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const Check
   save.meta["saved_by_ranks"] = std::to_string(comm.size());
   const auto runs = s.saved_state_runs();
   using Run = typename decltype(runs)::value_type;
-  return save_state_dir(comm.rank(), comm.size(), host_flag_gather(comm), save,
-                        state_pieces(std::span<const Run>(runs)), [&](StateSink& sink) {
-                          s.save_state([&](std::size_t piece, std::int64_t offset,
-                                           std::span<const float> v) { sink.put(piece, offset, v); });
-                        });
+  return save_state_dir(
+      comm.rank(), comm.size(), host_flag_gather(comm), save,
+      state_pieces(std::span<const Run>(runs)), [&](StateSink& sink) {
+        s.save_state([&](std::size_t piece, std::int64_t offset, std::span<const float> v) {
+          sink.put(piece, offset, v);
+        });
+      });
 }
 
 /// A committed checkpoint directory, or the newest one under a root of them.
@@ -141,22 +143,21 @@ StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesyste
       const StateTensor* saved = d.index().tensor(t.name);
       check<CheckpointError>(saved != nullptr, "fourway: checkpoint ", where, " has no tensor \"",
                              t.name, "\"; it was saved from another model");
-      check<CheckpointError>(saved->shape == t.shape, "fourway: checkpoint ", where, ": \"",
-                             t.name, "\" has shape ", detail::dims_text(saved->shape),
-                             ", the model has ", detail::dims_text(t.shape),
-                             "; it was saved from another model");
+      check<CheckpointError>(saved->shape == t.shape, "fourway: checkpoint ", where, ": \"", t.name,
+                             "\" has shape ", detail::dims_text(saved->shape), ", the model has ",
+                             detail::dims_text(t.shape), "; it was saved from another model");
     }
     const auto adam_step = detail::meta_number<int>(d.index(), "adam_step", where);
-    s.load_state(adam_step, [&](const std::string& tensor, std::int64_t first, std::int64_t n,
-                                float* host) {
-      std::int64_t got = 0;
-      d.read(tensor, first, n, [&](std::int64_t offset, std::span<const float> v) {
-        std::copy(v.begin(), v.end(), host + offset);
-        got += static_cast<std::int64_t>(v.size());
-      });
-      check<CheckpointError>(got == n, "fourway: checkpoint ", where, " gave ", got, " of ", n,
-                             " elements of \"", tensor, "\"");
-    });
+    s.load_state(adam_step,
+                 [&](const std::string& tensor, std::int64_t first, std::int64_t n, float* host) {
+                   std::int64_t got = 0;
+                   d.read(tensor, first, n, [&](std::int64_t offset, std::span<const float> v) {
+                     std::copy(v.begin(), v.end(), host + offset);
+                     got += static_cast<std::int64_t>(v.size());
+                   });
+                   check<CheckpointError>(got == n, "fourway: checkpoint ", where, " gave ", got,
+                                          " of ", n, " elements of \"", tensor, "\"");
+                 });
     trainer.restore_progress(detail::meta_number<long>(d.index(), "iteration", where),
                              detail::meta_number<float>(d.index(), "loss_scale", where),
                              detail::meta_number<int>(d.index(), "loss_scale_clean_run", where),
@@ -165,8 +166,8 @@ StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesyste
   } catch (const std::exception& e) {
     error = e.what();
   }
-  detail::agree_or_throw(host_flag_gather(comm), "resuming from " + where, error, [] {},
-                         "; the run was not resumed");
+  detail::agree_or_throw(
+      host_flag_gather(comm), "resuming from " + where, error, [] {}, "; the run was not resumed");
   s.sync_loaded_state();
   return index;
 }
