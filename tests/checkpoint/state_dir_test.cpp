@@ -286,3 +286,38 @@ TEST(StateDir, AnIndexWithAHoleOrAnOverlapIsRefused) {
   msg = error_of([&] { (void)fw::parse_state_index(fw::to_json(x), "idx"); });
   EXPECT_NE(msg.find("may not leave the directory"), std::string::npos) << msg;
 }
+
+#ifdef FOURWAY_CKPT_EXE
+#include "support/program.hpp"
+
+TEST(FourwayCkpt, InfoPrintsStepMetaTensorsAndChecksumsAndFailsOnACorruptFile) {
+  const auto root = scratch("ckpt_info");
+  const auto dir = save_solo(root, 12);
+  const auto info = [&](const std::string& path) {
+    return fw::test::run_program(FOURWAY_CKPT_EXE, "info '" + path + "'", "fourway_ckpt_test");
+  };
+  auto r = info(root.string());  // a root: the newest checkpoint under it
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint " + dir.string() + "\nstep 12, format version 1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("note                   solo"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 tensors, 103 elements (F32)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(10, 7)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checksums: ok"), std::string::npos) << r.out;
+  {
+    std::fstream f(dir / "rank-00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  r = info(dir.string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("BAD"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("rank-00000.safetensors: CRC-32C"), std::string::npos) << r.err;
+  r = info((root / "nothing").string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("holds no committed checkpoint"), std::string::npos) << r.err;
+  r = fw::test::run_program(FOURWAY_CKPT_EXE, "show x", "fourway_ckpt_test");
+  EXPECT_EQ(r.status, 2);
+}
+#endif

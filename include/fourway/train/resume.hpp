@@ -82,14 +82,15 @@ std::vector<StateTensor> state_tensors(Model& model) {
 }
 }  // namespace detail
 
-/// Saves the run (see the file comment); a collective of `comm`, the strategy's group. Returns
+/// Saves the run (see the file comment); a collective of the strategy's group, rank `rank` of
+/// `world`, agreeing through `flags` (host_flag_gather(comm) for host communicators). Returns
 /// the committed directory, root/step-<trainer.iteration()>.
-template <class TrainerT, communicator Comm>
-std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const CheckpointOptions& o) {
+template <class TrainerT>
+std::filesystem::path save_checkpoint(TrainerT& trainer, int rank, int world,
+                                      const FlagGather& flags, const CheckpointOptions& o) {
   auto& s = trainer.strategy();
-  check<ConfigError>(s.dp_size() == comm.size(), "fourway: save_checkpoint needs the strategy's ",
-                     "group: the strategy has ", s.dp_size(), " ranks, the communicator ",
-                     comm.size());
+  check<ConfigError>(s.dp_size() == world, "fourway: save_checkpoint needs the strategy's ",
+                     "group: the strategy has ", s.dp_size(), " ranks, the group ", world);
   using T = typename std::remove_cvref_t<decltype(s)>::precision_type::param_type;
   StateSave save;
   save.root = o.root;
@@ -104,16 +105,20 @@ std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const Check
   save.meta["loss_scale_clean_run"] = std::to_string(trainer.loss_scaler().clean_run());
   save.meta["skipped_steps"] = std::to_string(trainer.loss_scaler().skipped_steps());
   save.meta["precision"] = std::string(dtype_name(dtype_of<T>::value));
-  save.meta["saved_by_ranks"] = std::to_string(comm.size());
+  save.meta["saved_by_ranks"] = std::to_string(world);
   const auto runs = s.saved_state_runs();
   using Run = typename decltype(runs)::value_type;
   return save_state_dir(
-      comm.rank(), comm.size(), host_flag_gather(comm), save,
-      state_pieces(std::span<const Run>(runs)), [&](StateSink& sink) {
+      rank, world, flags, save, state_pieces(std::span<const Run>(runs)), [&](StateSink& sink) {
         s.save_state([&](std::size_t piece, std::int64_t offset, std::span<const float> v) {
           sink.put(piece, offset, v);
         });
       });
+}
+
+template <class TrainerT, communicator Comm>
+std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const CheckpointOptions& o) {
+  return save_checkpoint(trainer, comm.rank(), comm.size(), host_flag_gather(comm), o);
 }
 
 /// A committed checkpoint directory, or the newest one under a root of them.
@@ -128,9 +133,11 @@ inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& p) 
 }
 
 /// Resumes the run from `path` (a checkpoint or a root of them; see the file comment); a
-/// collective of `comm`. Returns the index, whose `meta` holds the program's own entries.
-template <class TrainerT, communicator Comm>
-StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesystem::path& path) {
+/// collective of the strategy's group agreeing through `flags`. Returns the index, whose `meta`
+/// holds the program's own entries.
+template <class TrainerT>
+StateIndex resume_checkpoint(TrainerT& trainer, const FlagGather& flags,
+                             const std::filesystem::path& path) {
   auto& s = trainer.strategy();
   StateIndex index;
   std::string error;
@@ -167,9 +174,14 @@ StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesyste
     error = e.what();
   }
   detail::agree_or_throw(
-      host_flag_gather(comm), "resuming from " + where, error, [] {}, "; the run was not resumed");
+      flags, "resuming from " + where, error, [] {}, "; the run was not resumed");
   s.sync_loaded_state();
   return index;
+}
+
+template <class TrainerT, communicator Comm>
+StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesystem::path& path) {
+  return resume_checkpoint(trainer, host_flag_gather(comm), path);
 }
 
 }  // namespace fourway
