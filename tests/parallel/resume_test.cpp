@@ -128,14 +128,33 @@ Segment run_stage(const Plan& p) {
   return out;
 }
 
+/// The stages each precision is tested under (fewer instantiations, faster to build): fp32 all
+/// four, bf16 ZeRO-1 and ZeRO-3, fp16 ZeRO-2.
+template <class T>
+constexpr bool tested(int stage) {
+  if constexpr (std::is_same_v<T, float>) return true;
+  if constexpr (std::is_same_v<T, fw::bf16>) return stage == 1 || stage == 3;
+  return stage == 2;
+}
+
 template <class T>
 Segment run(const Plan& p) {
   if (p.mesh.ranks == 0) return run_single<T>(p);
+  Segment none;
+  none.errors.assign(1, "this test does not instantiate stage " + std::to_string(p.mesh.stage));
   switch (p.mesh.stage) {
-    case 0: return run_stage<T, 0>(p);
-    case 1: return run_stage<T, 1>(p);
-    case 2: return run_stage<T, 2>(p);
-    default: return run_stage<T, 3>(p);
+    case 0:
+      if constexpr (tested<T>(0)) return run_stage<T, 0>(p);
+      return none;
+    case 1:
+      if constexpr (tested<T>(1)) return run_stage<T, 1>(p);
+      return none;
+    case 2:
+      if constexpr (tested<T>(2)) return run_stage<T, 2>(p);
+      return none;
+    default:
+      if constexpr (tested<T>(3)) return run_stage<T, 3>(p);
+      return none;
   }
 }
 
