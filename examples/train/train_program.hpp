@@ -42,6 +42,7 @@
 #include "fourway/tools/progress.hpp"
 #include "fourway/train/corpus.hpp"
 #include "fourway/train/log.hpp"
+#include "fourway/train/resume.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
@@ -74,6 +75,11 @@ struct Options {
   bool checkpoint_activations = false;
   std::string log_json;
   std::string save;
+  // checkpoints and resuming (docs/train.md)
+  std::string save_dir;
+  int save_every = 0;
+  int keep = 0;
+  std::string resume;
   bool quiet = false;
   bool memory_report = false;
   double memory_cap_gb = 0.0;      // per rank, 1 GB = 1e9 B; 0: the target's default
@@ -131,6 +137,12 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "recompute each block's activations in backward")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
+      .add("save-dir", &o.save_dir, "DIR",
+           "save resumable checkpoints (optimizer state, step, data position) under DIR")
+      .add("save-every", &o.save_every, "N", "checkpoint every N steps (and after the last)")
+      .add("keep", &o.keep, "K", "keep only the newest K checkpoints (0: all)")
+      .add("resume", &o.resume, "DIR",
+           "resume from a checkpoint (or the newest under a --save-dir), on any dp/ZeRO mesh")
       .add_switch("memory-report", &o.memory_report,
                   "print every rank's per-tag memory table (whole-run peaks) at the end")
       .add("memory-cap-gb", &o.memory_cap_gb, "GB",
@@ -177,6 +189,62 @@ inline void check_output_dir(const char* flag, const std::string& file) {
   fw::check<fw::ConfigError>(std::filesystem::is_directory(dir, ec), "fourway: --", flag,
                              " cannot create ", file, ": directory ", dir.string(),
                              " does not exist");
+}
+
+/// --save-dir, --save-every, --keep, --resume: the checks every path makes before training.
+inline void check_checkpoint_flags(const Options& o) {
+  fw::check<fw::ConfigError>(o.save_every >= 0 && o.keep >= 0, "fourway: --save-every (",
+                             o.save_every, ") and --keep (", o.keep, ") must be >= 0");
+  fw::check<fw::ConfigError>(!o.save_dir.empty() || (o.save_every == 0 && o.keep == 0),
+                             "fourway: --save-every and --keep need --save-dir DIR");
+  fw::check<fw::ConfigError>(
+      (o.save_dir.empty() && o.resume.empty()) || (o.tp == 1 && !o.sequence_parallel && o.pp == 1),
+      "fourway: --save-dir and --resume cover one rank and --ranks/--zero meshes; with --tp or "
+      "--pp save the final weights with --save and start from them with --init-from");
+}
+
+/// --resume: restores the trainer and the loader's position; returns the step it resumes after.
+template <class TrainerT>
+int resume_run(TrainerT& trainer, const fw::FlagGather& flags, const Options& o,
+               fw::TokenLoader& loader, bool lead) {
+  if (o.resume.empty()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const fw::StateIndex index = fw::resume_checkpoint(trainer, flags, o.resume);
+  const auto pos = index.meta.find("data_position");
+  fw::check<fw::CheckpointError>(pos != index.meta.end(), "fourway: ", o.resume,
+                                 " does not record a data position; it was not saved by "
+                                 "fourway-train");
+  loader.reset(std::stoll(pos->second));
+  const auto done = static_cast<int>(trainer.iteration());
+  fw::check<fw::ConfigError>(done <= o.steps, "fourway: ", o.resume, " is at step ", done,
+                             " but --steps is ", o.steps, "; raise --steps to continue");
+  if (lead) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("resumed from %s at step %d (saved by %s ranks) in %.3f s\n",
+                fw::resolve_checkpoint(o.resume).string().c_str(), done,
+                index.meta.count("saved_by_ranks") ? index.meta.at("saved_by_ranks").c_str() : "?",
+                s);
+  }
+  return done;
+}
+
+/// --save-dir: a checkpoint after `step` when --save-every says so, and after the last step.
+template <class TrainerT>
+void save_if_due(TrainerT& trainer, int rank, int world, const fw::FlagGather& flags,
+                 const Options& o, const fw::TokenLoader& loader, int step, bool lead) {
+  if (o.save_dir.empty()) return;
+  if (step != o.steps && (o.save_every == 0 || step % o.save_every != 0)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  fw::CheckpointOptions c;
+  c.root = o.save_dir;
+  c.keep = o.keep;
+  c.meta["data_position"] = std::to_string(loader.position());
+  c.meta["data"] = o.data;
+  const auto dir = fw::save_checkpoint(trainer, rank, world, flags, c);
+  if (lead && !o.quiet) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), s);
+  }
 }
 
 /// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
@@ -352,6 +420,8 @@ int train(const Options& o) {
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
   fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o), ctx, model, make_adamw(o));
+  const fw::FlagGather alone = [](std::int64_t mine) { return std::vector<std::int64_t>{mine}; };
+  const int resumed = resume_run(trainer, alone, o, loader, true);
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
@@ -361,7 +431,7 @@ int train(const Options& o) {
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
   double first_loss = 0.0, last_loss = 0.0;
 
-  for (int step = 1; step <= o.steps; ++step) {
+  for (int step = resumed + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const fw::SequenceBatch b = loader.next();
     const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
@@ -373,11 +443,12 @@ int train(const Options& o) {
     const fw::StepRecord r = step_record(step, loss, rep, ms, tokens_per_step, lr);
     log.write(r, {&memory});
     if (!o.quiet) progress.update(r);
-    if (step == 1) first_loss = loss;
+    if (step == resumed + 1) first_loss = loss;
     last_loss = loss;
+    save_if_due(trainer, 0, 1, alone, o, loader, step, true);
   }
   progress.finish();
-  std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+  std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
   if (!o.save.empty()) {
     fw::save_gpt2(ctx, model, o.save);
     std::printf("saved %s\n", o.save.c_str());
@@ -489,12 +560,16 @@ void train_ranks(const Options& o) {
     }
     dp.barrier();
 
+    const fw::FlagGather flags = [&](std::int64_t mine) {
+      return all_gather_words(w, ctx, &mine, 1);
+    };
+    const int resumed = resume_run(trainer, flags, o, loader, lead);
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
-    for (int step = 1; step <= o.steps; ++step) {
+    for (int step = resumed + 1; step <= o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const fw::SequenceBatch b = loader.next();
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
@@ -514,6 +589,7 @@ void train_ranks(const Options& o) {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const fw::StepRecord r =
           step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
+      save_if_due(trainer, w.rank(), n, flags, o, loader, step, lead);
       std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
       if (!o.log_json.empty()) {
         if constexpr (std::is_same_v<W, fw::LocalWorld>) {
@@ -551,17 +627,14 @@ void train_ranks(const Options& o) {
           }
         }
       }
-      if (step == 1) first_loss = loss;
+      if (step == resumed + 1) first_loss = loss;
       last_loss = loss;
     }
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
     }
     if (!o.save.empty()) {  // every rank writes its own elements into one file; nothing gathered
-      const fw::FlagGather flags = [&](std::int64_t mine) {
-        return all_gather_words(w, ctx, &mine, 1);
-      };
       const auto t0 = std::chrono::steady_clock::now();
       const std::uint64_t wrote =
           fw::save_gpt2_sharded(trainer.strategy(), w.rank(), flags, o.save);
@@ -660,6 +733,7 @@ int run_program(int argc, char** argv) {
   }
   try {
     Target::check_device();
+    check_checkpoint_flags(o);
     check_positive("batch", o.batch);
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);

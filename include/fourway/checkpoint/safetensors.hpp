@@ -147,8 +147,10 @@ class StJson {
     std::vector<Value> items;  // array
   };
 
-  StJson(std::string_view text, std::string_view source, int max_depth)
-      : s_(text), source_(source), max_depth_(max_depth) {}
+  /// `max_array_items` defaults to the safetensors bound: no array there is longer than a shape.
+  StJson(std::string_view text, std::string_view source, int max_depth,
+         std::size_t max_array_items = 64)
+      : s_(text), source_(source), max_depth_(max_depth), max_array_items_(max_array_items) {}
 
   Value parse_document() {
     skip_ws();
@@ -215,8 +217,8 @@ class StJson {
       if (eat(']')) return v;
       for (;;) {
         skip_ws();
-        // no safetensors array is longer than a shape; bounding them bounds the parser's memory
-        if (v.items.size() >= max_array_items) fail(cat("array longer than ", max_array_items));
+        // bounding arrays bounds the parser's memory
+        if (v.items.size() >= max_array_items_) fail(cat("array longer than ", max_array_items_));
         v.items.push_back(parse_value(depth + 1));
         skip_ws();
         if (eat(']')) return v;
@@ -334,10 +336,10 @@ class StJson {
     }
   }
 
-  static constexpr std::size_t max_array_items = 64;
   std::string_view s_;
   std::string_view source_;
   int max_depth_;
+  std::size_t max_array_items_;
   std::size_t pos_ = 0;
 };
 

@@ -224,8 +224,10 @@ FlagGather host_flag_gather(Comm& comm) {
 
 namespace detail {
 /// Every rank learns which ranks failed a phase; throws CheckpointError on all of them if any.
-inline void agree_or_throw(const FlagGather& flags, const std::string& what,
-                           const std::string& my_error, const std::function<void()>& cleanup) {
+inline void agree_or_throw(
+    const FlagGather& flags, const std::string& what, const std::string& my_error,
+    const std::function<void()>& cleanup,
+    std::string_view outcome = "; no file was written under the final name") {
   const std::vector<std::int64_t> all = flags(my_error.empty() ? 1 : 0);
   std::string failed;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -234,8 +236,7 @@ inline void agree_or_throw(const FlagGather& flags, const std::string& what,
   if (failed.empty()) return;
   cleanup();
   throw CheckpointError(cat("fourway: ", what, " failed on rank(s) ", failed,
-                            my_error.empty() ? "" : "; here: ", my_error,
-                            "; no file was written under the final name"));
+                            my_error.empty() ? "" : "; here: ", my_error, outcome));
 }
 }  // namespace detail
 

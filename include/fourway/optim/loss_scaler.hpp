@@ -63,6 +63,18 @@ class LossScaler {
   [[nodiscard]] long skipped_steps() const { return skipped_; }
   [[nodiscard]] const LossScalerConfig& config() const { return cfg_; }
 
+  /// Restores the dynamic state saved in a checkpoint (the configuration stays this scaler's).
+  void restore(float scale, int clean_run, long skipped) {
+    check<CheckpointError>(std::isfinite(scale) && scale > 0.0f && clean_run >= 0 && skipped >= 0,
+                           "fourway: a checkpoint's loss scaler state (scale ", scale,
+                           ", clean run ", clean_run, ", skipped ", skipped, ") is invalid");
+    check<CheckpointError>(enabled_ || scale == 1.0f, "fourway: the checkpoint was saved with loss ",
+                           "scale ", scale, " but this run does not scale the loss (fp16 only)");
+    scale_ = scale;
+    clean_run_ = clean_run;
+    skipped_ = skipped;
+  }
+
   /// Records the outcome of one step. Returns true when the step was applied (no overflow).
   bool update(bool found_inf) {
     if (found_inf) {

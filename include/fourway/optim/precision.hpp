@@ -118,6 +118,11 @@ class MasterState {
   [[nodiscard]] int step() const { return step_; }
   /// Called by the optimizer after each applied (not skipped) update.
   void advance() { ++step_; }
+  /// Sets the update count when optimizer state is restored from a checkpoint.
+  void restore_step(int step) {
+    check<CheckpointError>(step >= 0, "fourway: a checkpoint's Adam step must be >= 0, got ", step);
+    step_ = step;
+  }
 
  private:
   std::vector<StateSegment> segments_;

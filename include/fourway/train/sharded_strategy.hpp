@@ -235,6 +235,33 @@ class ShardedStrategy {
     });
   }
 
+  /// Checkpoints (state_runs.hpp): hands this rank's optimizer state to `put(tensor, first,
+  /// values)` — its shard under stages 1-3, its 1/N of every parameter under stage 0, so over
+  /// the group every element once. Nothing is gathered.
+  [[nodiscard]] std::vector<StateRun<T, B>> saved_state_runs() const { return state_runs(true); }
+  template <class Put>
+  void save_state(Put&& put) {
+    queue_.wait_all();
+    const auto runs = state_runs(true);
+    save_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), put);
+  }
+  /// Fills the masters, moments and working weights this rank owns (stage 0: all of them) from
+  /// `read(tensor, first, n, host)`, whatever mesh wrote them. No communication: after every
+  /// rank loaded (and agreed it did), `sync_loaded_state()` all-gathers the working weights
+  /// under stages 1-2 (a collective there, a no-op otherwise).
+  template <class Read>
+  void load_state(int adam_step, Read&& read) {
+    queue_.wait_all();
+    const auto runs = state_runs(false);
+    load_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), read);
+    state_.restore_step(adam_step);
+  }
+  void sync_loaded_state() {
+    if constexpr (policy::shards_optimizer_state && !policy::shards_params) {
+      gather_working_weights();
+    }
+  }
+
   // ---- inspection -----------------------------------------------------------------------------
   [[nodiscard]] const FlatLayout& layout() const { return params_.flat(); }
   [[nodiscard]] const MasterState<T, B>& state() const { return state_; }
@@ -410,17 +437,38 @@ class ShardedStrategy {
     for (const auto& t : tiles_) {
       if (t.slot < 0) continue;
       const auto& slot = l.slots()[t.slot];
-      std::int64_t lo = 0, hi = t.count;
-      if (split && !policy::shards_optimizer_state) {
-        const std::int64_t part = shard_numel(t.count, size_);
-        lo = std::min(t.count, rank_ * part);
-        hi = std::min(t.count, lo + part);
-      }
+      const auto [lo, hi] = owned_range(t, split);
       for (std::int64_t at = lo; at < hi; at += chunk) {
         const std::int64_t n = std::min(chunk, hi - at);
         f(slot, t.flat_offset - slot.offset + at, weight_at(t) + at, n);
       }
     }
+  }
+
+  /// The elements [lo, hi) of tile `t` this rank visits: all of them, or with `split` when the
+  /// optimizer state is not sharded (every rank holds everything) the rank's 1/N.
+  std::pair<std::int64_t, std::int64_t> owned_range(const Tile& t, bool split) const {
+    if (!split || policy::shards_optimizer_state) return {0, t.count};
+    const std::int64_t part = shard_numel(t.count, size_);
+    const std::int64_t lo = std::min(t.count, rank_ * part);
+    return {lo, std::min(t.count, lo + part)};
+  }
+
+  /// The rank's state as runs of parameter elements; with `split`, stage 0 keeps only the
+  /// rank's 1/N of each parameter (the part it writes).
+  std::vector<StateRun<T, B>> state_runs(bool split) const {
+    std::vector<StateRun<T, B>> runs;
+    for (std::size_t i = 0; i < tiles_.size(); ++i) {
+      const Tile& t = tiles_[i];
+      if (t.slot < 0) continue;
+      const auto& slot = layout().slots()[t.slot];
+      const auto [lo, hi] = owned_range(t, split);
+      if (hi > lo) {
+        runs.push_back({&params_.parameter(slot.param), t.flat_offset - slot.offset + lo, hi - lo,
+                        i, lo, weight_at(t) + lo});
+      }
+    }
+    return runs;
   }
 
   T* weight_at(const Tile& t) const {

@@ -50,6 +50,7 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/train/state_runs.hpp"
 
 namespace fourway {
 
@@ -147,6 +148,23 @@ class SingleRank {
   [[nodiscard]] const MasterState<param_type, B>& state() const { return state_; }
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
+  /// Checkpoints (state_runs.hpp): the one rank holds every parameter as one run.
+  [[nodiscard]] std::vector<StateRun<param_type, B>> saved_state_runs() const {
+    return state_runs();
+  }
+  template <class Put>
+  void save_state(Put&& put) const {
+    const auto runs = state_runs();
+    save_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), put);
+  }
+  template <class Read>
+  void load_state(int adam_step, Read&& read) {
+    const auto runs = state_runs();
+    load_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), read);
+    state_.restore_step(adam_step);
+  }
+  void sync_loaded_state() {}
+
   void begin_step() { zero_grad(*ctx_, *model_); }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
@@ -166,6 +184,14 @@ class SingleRank {
   }
 
  private:
+  std::vector<StateRun<param_type, B>> state_runs() const {
+    std::vector<StateRun<param_type, B>> runs;
+    model_->visit_parameters([&](auto& p) {
+      runs.push_back({&p, 0, p.weight.numel(), runs.size(), 0, p.weight.data()});
+    });
+    return runs;
+  }
+
   static std::vector<StateSegment> segments_of(Model& model) {
     std::vector<StateSegment> segs;
     std::int64_t off = 0;

@@ -182,6 +182,13 @@ class Trainer {
   /// Calls of `step` so far (skipped fp16 steps included); the learning-rate schedule's index.
   [[nodiscard]] long iteration() const { return iteration_; }
   [[nodiscard]] const TrainerOptions& options() const { return opts_; }
+  /// Restores the step counter (the schedule's index) and the loss scaler from a checkpoint.
+  void restore_progress(long iteration, float loss_scale, int clean_run, long skipped) {
+    check<CheckpointError>(iteration >= 0, "fourway: a checkpoint's iteration must be >= 0, got ",
+                           iteration);
+    scaler_.restore(loss_scale, clean_run, skipped);
+    iteration_ = iteration;
+  }
 
  private:
   /// The micro-batch's tokens as a (b, T) tensor of the backend: a view of the host batch on
