@@ -240,6 +240,41 @@ inline void agree_or_throw(
 }
 }  // namespace detail
 
+/// Where a file assembled piece by piece puts everything: its header text, each tensor's first
+/// byte and size, and the file's size.
+struct PieceLayout {
+  std::string header;
+  std::vector<std::uint64_t> begins, sizes;
+  std::uint64_t total = 0;
+
+  PieceLayout(const std::map<std::string, std::string>& metadata,
+              const std::vector<CollectiveTensor>& tensors) {
+    std::vector<SafetensorsWriter::HeaderEntry> entries;
+    entries.reserve(tensors.size());
+    for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes()});
+    header = SafetensorsWriter::header(metadata, entries);
+    total = 8 + header.size();
+    for (const auto& t : tensors) {
+      begins.push_back(total);
+      sizes.push_back(t.bytes());
+      total += t.bytes();
+    }
+  }
+
+  /// Writes the length field and the header at offset 0 of `fd` and sizes the file; false (errno
+  /// set) on failure.
+  [[nodiscard]] bool write_head(int fd) const {
+    std::vector<unsigned char> head(8);
+    for (int i = 0; i < 8; ++i) {
+      head[static_cast<std::size_t>(i)] =
+          static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
+    }
+    head.insert(head.end(), header.begin(), header.end());
+    return ::pwrite(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
+           ::ftruncate(fd, static_cast<off_t>(total)) == 0;
+  }
+};
+
 /// Writes `path` (see the file comment) from the pieces each rank's `write_mine(PieceSink&)`
 /// puts; a collective of the group whose `flags` agree on success (`rank` 0 creates, renames and
 /// cleans up). Returns the bytes this rank wrote.
@@ -249,19 +284,7 @@ std::uint64_t write_safetensors_collective(int rank, const FlagGather& flags,
                                            const std::map<std::string, std::string>& metadata,
                                            const std::vector<CollectiveTensor>& tensors,
                                            WriteMine&& write_mine) {
-  std::vector<SafetensorsWriter::HeaderEntry> entries;
-  entries.reserve(tensors.size());
-  for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes()});
-  const std::string header = SafetensorsWriter::header(metadata, entries);
-  std::vector<std::uint64_t> begins, sizes;
-  begins.reserve(tensors.size());
-  sizes.reserve(tensors.size());
-  std::uint64_t at = 8 + header.size();
-  for (const auto& t : tensors) {
-    begins.push_back(at);
-    sizes.push_back(t.bytes());
-    at += t.bytes();
-  }
+  const PieceLayout layout(metadata, tensors);
   auto tmp = path;
   tmp += ".tmp";
   const bool lead = rank == 0;
@@ -277,14 +300,7 @@ std::uint64_t write_safetensors_collective(int rank, const FlagGather& flags,
       const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       check<CheckpointError>(fd >= 0, "fourway: cannot create ", tmp.string(), ": ",
                              std::strerror(errno));
-      std::vector<unsigned char> head(8);
-      for (int i = 0; i < 8; ++i)
-        head[static_cast<std::size_t>(i)] =
-            static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
-      head.insert(head.end(), header.begin(), header.end());
-      const bool ok =
-          ::pwrite(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
-          ::ftruncate(fd, static_cast<off_t>(at)) == 0;
+      const bool ok = layout.write_head(fd);
       const int err = errno;
       (void)::close(fd);
       check<CheckpointError>(ok, "fourway: writing the header of ", tmp.string(),
@@ -300,7 +316,7 @@ std::uint64_t write_safetensors_collective(int rank, const FlagGather& flags,
     check<CheckpointError>(fd >= 0, "fourway: rank ", rank, " cannot open ", tmp.string(), ": ",
                            std::strerror(errno));
     try {
-      PieceSink sink(fd, tmp.string(), begins, sizes);
+      PieceSink sink(fd, tmp.string(), layout.begins, layout.sizes);
       write_mine(sink);
       written = sink.written();
       check<CheckpointError>(::fsync(fd) == 0, "fourway: fsync of ", tmp.string(),

@@ -496,33 +496,16 @@ std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flag
       tensors.push_back(
           {StateSlice{p.tensor, p.first, p.count, 0}.entry_name(), StDtype::F32, {p.count}});
     }
-    std::vector<SafetensorsWriter::HeaderEntry> entries;
-    for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes()});
-    const std::string header = SafetensorsWriter::header(
-        {{"format", "fourway-state"}, {"rank", std::to_string(rank)}}, entries);
-    std::vector<std::uint64_t> begins, sizes;
-    std::uint64_t at = 8 + header.size();
-    for (const auto& t : tensors) {
-      begins.push_back(at);
-      sizes.push_back(t.bytes());
-      at += t.bytes();
-    }
+    const PieceLayout layout({{"format", "fourway-state"}, {"rank", std::to_string(rank)}},
+                             tensors);
     const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     check<CheckpointError>(fd >= 0, "fourway: rank ", rank, " cannot create ", file.string(), ": ",
                            std::strerror(errno));
     std::vector<StateSlice> slices;
     try {
-      std::vector<unsigned char> head(8);
-      for (int i = 0; i < 8; ++i) {
-        head[static_cast<std::size_t>(i)] =
-            static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
-      }
-      head.insert(head.end(), header.begin(), header.end());
-      check<CheckpointError>(
-          ::pwrite(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
-              ::ftruncate(fd, static_cast<off_t>(at)) == 0,
-          "fourway: writing the header of ", file.string(), " failed: ", std::strerror(errno));
-      PieceSink raw(fd, file.string(), begins, sizes);
+      check<CheckpointError>(layout.write_head(fd), "fourway: writing the header of ",
+                             file.string(), " failed: ", std::strerror(errno));
+      PieceSink raw(fd, file.string(), layout.begins, layout.sizes);
       StateSink sink(raw, mine);
       write_mine(sink);
       slices = sink.slices();
@@ -536,8 +519,8 @@ std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flag
                            " failed: ", std::strerror(errno));
     std::uint64_t bytes = 0;
     const std::uint32_t crc = detail::file_crc32c(file, &bytes);
-    check<CheckpointError>(bytes == at, "fourway: ", file.string(), " holds ", bytes,
-                           " B after writing, expected ", at);
+    check<CheckpointError>(bytes == layout.total, "fourway: ", file.string(), " holds ", bytes,
+                           " B after writing, expected ", layout.total);
     // The manifest: what rank 0 puts into the index for this file.
     const fs::path manifest = tmp / (detail::rank_file_name(rank) + ".manifest");
     {

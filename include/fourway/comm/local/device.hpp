@@ -96,15 +96,7 @@ class LocalDevice : protected LocalRendezvous {
     cuda::check_cuda(cudaEventRecord(ready, cuda_stream()), "cudaEventRecord");
     me = enter(me);
     if (me.op == CommOp::all_reduce || me.op == CommOp::reduce_scatter) enable_peer_access(me);
-    const auto& slots = g().slots[me.seq % 2];
-    for (int q = 0; q < size(); ++q) {
-      if (q == s_->rank) continue;
-      cuda::check_cuda(
-          cudaStreamWaitEvent(
-              cuda_stream(),
-              static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].ready_event), 0),
-          "cudaStreamWaitEvent");
-    }
+    wait_for_peers(me, &detail::LocalSlot::ready_event);
     return me;
   }
 
@@ -112,14 +104,19 @@ class LocalDevice : protected LocalRendezvous {
     cuda::check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(me.done_event), cuda_stream()),
                      "cudaEventRecord");
     leave(me);
+    wait_for_peers(me, &detail::LocalSlot::done_event);
+  }
+
+  /// The rank's stream waits for event `which` of every peer's slot of `me`'s call.
+  template <class Event>
+  void wait_for_peers(const detail::LocalSlot& me, Event detail::LocalSlot::*which) {
     const auto& slots = g().slots[me.seq % 2];
     for (int q = 0; q < size(); ++q) {
       if (q == s_->rank) continue;
-      cuda::check_cuda(
-          cudaStreamWaitEvent(
-              cuda_stream(),
-              static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].done_event), 0),
-          "cudaStreamWaitEvent");
+      cuda::check_cuda(cudaStreamWaitEvent(
+                           cuda_stream(),
+                           static_cast<cudaEvent_t>(slots[static_cast<std::size_t>(q)].*which), 0),
+                       "cudaStreamWaitEvent");
     }
   }
 
