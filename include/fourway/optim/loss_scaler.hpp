@@ -68,8 +68,9 @@ class LossScaler {
     check<CheckpointError>(std::isfinite(scale) && scale > 0.0f && clean_run >= 0 && skipped >= 0,
                            "fourway: a checkpoint's loss scaler state (scale ", scale,
                            ", clean run ", clean_run, ", skipped ", skipped, ") is invalid");
-    check<CheckpointError>(enabled_ || scale == 1.0f, "fourway: the checkpoint was saved with loss ",
-                           "scale ", scale, " but this run does not scale the loss (fp16 only)");
+    check<CheckpointError>(enabled_ || scale == 1.0f,
+                           "fourway: the checkpoint was saved with loss ", "scale ", scale,
+                           " but this run does not scale the loss (fp16 only)");
     scale_ = scale;
     clean_run_ = clean_run;
     skipped_ = skipped;
