@@ -349,11 +349,17 @@ struct StatePiece {
 };
 
 /// Receives a rank's values: `put(piece, offset, values)` for each piece in increasing offsets
-/// (pieces may interleave); each piece's checksum is computed as its values arrive.
+/// (pieces may interleave); each piece's checksum is computed as its values arrive, and so is
+/// the whole file's, from `file_head` (the checksum of the bytes before the values) on, as long
+/// as the values arrive in file order.
 class StateSink {
  public:
-  StateSink(PieceSink& out, std::vector<StatePiece> pieces)
-      : out_(&out), pieces_(std::move(pieces)), crcs_(pieces_.size()), done_(pieces_.size(), 0) {}
+  StateSink(PieceSink& out, std::vector<StatePiece> pieces, Crc32c file_head = {})
+      : out_(&out),
+        pieces_(std::move(pieces)),
+        crcs_(pieces_.size()),
+        done_(pieces_.size(), 0),
+        file_crc_(file_head) {}
 
   void put(std::size_t piece, std::int64_t offset, std::span<const float> values) {
     check<CheckpointError>(
@@ -366,7 +372,25 @@ class StateSink {
                                              bytes.size());
     out_->write(piece, static_cast<std::uint64_t>(offset) * sizeof(float), raw);
     crcs_[piece].update(raw);
+    if (in_order_) {
+      while (next_ < pieces_.size() && done_[next_] == pieces_[next_].count) ++next_;
+      if (piece == next_) {
+        file_crc_.update(raw);
+      } else {
+        in_order_ = false;  // the file's checksum has to be read back
+      }
+    }
     done_[piece] += static_cast<std::int64_t>(values.size());
+  }
+
+  /// The CRC-32C of the whole file when every value arrived in file order and every piece is
+  /// complete; nothing otherwise.
+  [[nodiscard]] std::optional<std::uint32_t> file_crc() const {
+    if (!in_order_) return std::nullopt;
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      if (done_[i] != pieces_[i].count) return std::nullopt;
+    }
+    return file_crc_.value();
   }
 
   /// The slices written, with their checksums; throws if a piece was left short.
@@ -386,6 +410,9 @@ class StateSink {
   std::vector<StatePiece> pieces_;
   std::vector<Crc32c> crcs_;
   std::vector<std::int64_t> done_;
+  Crc32c file_crc_;
+  std::size_t next_ = 0;  // the first piece not yet complete, while in order
+  bool in_order_ = true;
 };
 
 /// What a save writes besides the values.
@@ -514,13 +541,15 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
   check<CheckpointError>(fd >= 0, "fourway: rank ", rank, " cannot create ", file.string(), ": ",
                          std::strerror(errno));
   std::vector<StateSlice> slices;
+  std::optional<std::uint32_t> streamed_crc;  // the file's checksum, when written in order
   try {
     check<CheckpointError>(layout.write_head(fd), "fourway: writing the header of ", file.string(),
                            " failed: ", std::strerror(errno));
     PieceSink raw(fd, file.string(), layout.begins, layout.sizes);
-    StateSink sink(raw, mine);
+    StateSink sink(raw, mine, Crc32c().update(layout.head()));
     write_mine(sink);
     slices = sink.slices();
+    streamed_crc = sink.file_crc();
     check<CheckpointError>(::fsync(fd) == 0, "fourway: fsync of ", file.string(),
                            " failed: ", std::strerror(errno));
   } catch (...) {
@@ -530,7 +559,14 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
   check<CheckpointError>(::close(fd) == 0, "fourway: closing ", file.string(),
                          " failed: ", std::strerror(errno));
   std::uint64_t bytes = 0;
-  const std::uint32_t crc = detail::file_crc32c(file, &bytes);
+  std::uint32_t crc = 0;
+  if (streamed_crc) {  // no second pass over the file
+    std::error_code ec;
+    bytes = std::filesystem::file_size(file, ec);
+    crc = *streamed_crc;
+  } else {
+    crc = detail::file_crc32c(file, &bytes);
+  }
   check<CheckpointError>(bytes == layout.total, "fourway: ", file.string(), " holds ", bytes,
                          " B after writing, expected ", layout.total);
   // The manifest: what rank 0 puts into the index for this file.
