@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -38,7 +39,7 @@
 namespace fourway {
 
 /// A rank's pieces and their values in host memory it owns (one contiguous buffer, reused from
-/// one save to the next when the pieces keep their sizes).
+/// one save to the next while it is large enough; never zero-filled: `put` sets every value).
 class StateSnapshot {
  public:
   /// Sizes the buffer for `pieces` (their values are then set with `put`).
@@ -50,7 +51,13 @@ class StateSnapshot {
       begins_.push_back(n);
       n += static_cast<std::size_t>(p.count);
     }
-    values_.resize(n);
+    if (n > capacity_) {
+      values_.reset();
+      values_ = std::unique_ptr<float[]>(new float[n]);  // default-initialised: no pass over it
+      capacity_ = n;
+    }
+    size_ = n;
+    filled_ = 0;
   }
   /// Copies `v` to elements [offset, offset + v.size()) of piece `piece`.
   void put(std::size_t piece, std::int64_t offset, std::span<const float> v) {
@@ -58,24 +65,35 @@ class StateSnapshot {
                                offset + static_cast<std::int64_t>(v.size()) <= pieces_[piece].count,
                            "fourway: ", v.size(), " values at ", offset, " do not fit piece ",
                            piece, " of the snapshot");
-    std::copy(v.begin(), v.end(),
-              values_.begin() + static_cast<std::ptrdiff_t>(begins_[piece]) + offset);
+    std::copy(v.begin(), v.end(), values_.get() + begins_[piece] + offset);
+    filled_ += v.size();
+  }
+  /// Throws unless as many values were put as the pieces hold (each is put once).
+  void check_complete() const {
+    check<CheckpointError>(filled_ == size_, "fourway: the state snapshot got ", filled_,
+                           " of its ", size_,
+                           " values; the strategy did not hand over all it owns");
   }
   [[nodiscard]] const std::vector<StatePiece>& pieces() const { return pieces_; }
-  [[nodiscard]] std::uint64_t bytes() const { return values_.size() * sizeof(float); }
-  /// Pushes every piece to `sink` (what `write_state_file` asks for).
+  [[nodiscard]] std::uint64_t bytes() const { return size_ * sizeof(float); }
+  /// Pushes every piece to `sink` (what `write_state_file` asks for) in pieces of 2^16 values,
+  /// as the synchronous save does: each piece is written and checksummed while in cache.
   void write_to(StateSink& sink) const {
+    constexpr std::int64_t chunk = 1 << 16;
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
-      sink.put(k, 0,
-               std::span<const float>(values_.data() + begins_[k],
-                                      static_cast<std::size_t>(pieces_[k].count)));
+      const float* at = values_.get() + begins_[k];
+      for (std::int64_t i = 0; i < pieces_[k].count; i += chunk) {
+        const std::int64_t n = std::min(chunk, pieces_[k].count - i);
+        sink.put(k, i, std::span<const float>(at + i, static_cast<std::size_t>(n)));
+      }
     }
   }
 
  private:
   std::vector<StatePiece> pieces_;
   std::vector<std::size_t> begins_;
-  std::vector<float> values_;
+  std::unique_ptr<float[]> values_;
+  std::size_t size_ = 0, capacity_ = 0, filled_ = 0;
 };
 
 /// See the file comment.

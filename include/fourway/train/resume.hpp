@@ -156,6 +156,7 @@ void save_checkpoint_async(TrainerT& trainer, AsyncStateSave& pending, int rank,
     s.save_state([&](std::size_t piece, std::int64_t offset, std::span<const float> v) {
       snap.put(piece, offset, v);
     });
+    snap.check_complete();
   });
   detail::agree_or_throw(
       flags, "copying the state of step " + std::to_string(save.step) + " to host memory", error,
