@@ -8,7 +8,7 @@
 #     (a copy through memory, like a load) and `cat > /dev/null` (reading alone) for the load;
 #     the page cache is warm on every side; REPEATS times interleaved.
 #  2. the training loop's wall time (steps and saves) with no save, synchronous saves and
-#     --save-async saves every SAVE_EVERY steps, REPEATS times interleaved.
+#     --save-async saves every SAVE_EVERY steps, REPEATS times interleaved (order rotated).
 # Prints every run, then min / median / max and the ratios of the medians.
 # usage: benchmarks/train/checkpoint_bench.sh [BUILD_DIR] [REPEATS] [STEPS] [SAVE_EVERY] [WORK]
 #   WORK: a scratch folder on the disk to measure (default: mktemp -d; needs ~4 GB; removed).
@@ -72,9 +72,12 @@ fi
 
 if [[ " $parts " == *" 2 "* ]]; then
 echo "== 2. training loop: $steps steps, no save / sync / --save-async every $every, $repeats times"
+# The order rotates from run to run: this disk slows down after a few GB written, so a fixed
+# order would always hand the same variant the slowest disk.
+orders=("none sync async" "sync async none" "async none sync")
 for i in $(seq "$repeats"); do
   line="run $i:"
-  for variant in none sync async; do
+  for variant in ${orders[$(( (i - 1) % 3 ))]}; do
     flags=""
     [ "$variant" != none ] && flags="--save-dir $work/loop --save-every $every"
     [ "$variant" = async ] && flags="$flags --save-async"
