@@ -532,6 +532,7 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
   const fs::path tmp = detail::state_tmp_dir(s);
   const fs::path file = tmp / detail::rank_file_name(rank);
   std::vector<CollectiveTensor> tensors;
+  tensors.reserve(mine.size());
   for (const auto& p : mine) {
     tensors.push_back(
         {StateSlice{p.tensor, p.first, p.count, 0}.entry_name(), StDtype::F32, {p.count}});
@@ -590,7 +591,8 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
 inline std::filesystem::path finish_state_save(int rank, int world, const FlagGather& flags,
                                                const StateSave& s, const std::string& write_error) {
   namespace fs = std::filesystem;
-  const fs::path final_dir = detail::state_final_dir(s), tmp = detail::state_tmp_dir(s);
+  fs::path final_dir = detail::state_final_dir(s);  // returned: not const, so it moves
+  const fs::path tmp = detail::state_tmp_dir(s);
   const bool lead = rank == 0;
   const auto phase = [&](SavePhase p) {
     if (s.at_phase) s.at_phase(p);
