@@ -79,6 +79,7 @@ struct Options {
   std::string save_dir;
   int save_every = 0;
   int keep = 0;
+  bool save_async = false;
   std::string resume;
   bool quiet = false;
   bool memory_report = false;
@@ -141,6 +142,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
            "save resumable checkpoints (optimizer state, step, data position) under DIR")
       .add("save-every", &o.save_every, "N", "checkpoint every N steps (and after the last)")
       .add("keep", &o.keep, "K", "keep only the newest K checkpoints (0: all)")
+      .add_switch("save-async", &o.save_async,
+                  "copy the state to host memory at the save step and write it in the "
+                  "background while training continues (one save in flight)")
       .add("resume", &o.resume, "DIR",
            "resume from a checkpoint (or the newest under a --save-dir), on any dp/ZeRO mesh")
       .add_switch("memory-report", &o.memory_report,
@@ -197,6 +201,9 @@ inline void check_checkpoint_flags(const Options& o) {
                              o.save_every, ") and --keep (", o.keep, ") must be >= 0");
   fw::check<fw::ConfigError>(!o.save_dir.empty() || (o.save_every == 0 && o.keep == 0),
                              "fourway: --save-every and --keep need --save-dir DIR");
+  fw::check<fw::ConfigError>(!o.save_dir.empty() || !o.save_async,
+                             "fourway: --save-async needs --save-dir DIR (it writes the "
+                             "checkpoints of --save-every in the background)");
   fw::check<fw::ConfigError>(
       (o.save_dir.empty() && o.resume.empty()) || (o.tp == 1 && !o.sequence_parallel && o.pp == 1),
       "fourway: --save-dir and --resume cover one rank and --ranks/--zero meshes; with --tp or "
@@ -228,23 +235,64 @@ int resume_run(TrainerT& trainer, const fw::FlagGather& flags, const Options& o,
   return done;
 }
 
+/// --save-async: commits the save in flight when every rank has written it (`wait`: blocks for
+/// it, at the end of the run). A collective; nothing happens without a save in flight.
+inline void finish_saves(fw::AsyncStateSave& pending, const fw::FlagGather& flags, const Options& o,
+                         bool wait, bool lead) {
+  if (!pending.in_flight()) return;
+  const auto dir = wait ? pending.wait(flags) : pending.poll(flags);
+  if (dir && lead && !o.quiet) {
+    std::printf(
+        "checkpoint %s committed (async): written in %.3f s in the background (rank 0), "
+        "committed %.3f s after the copy%s\n",
+        dir->string().c_str(), pending.write_seconds(), pending.seconds_since_start(),
+        wait ? " (waited for)" : "");
+  }
+}
+
+/// The wall time of the training loop, its checkpoints included (the cost of the saves,
+/// synchronous or not, is the difference to the same run without --save-dir).
+inline void print_loop_time(const Options& o, std::chrono::steady_clock::time_point start,
+                            int steps) {
+  if (o.quiet) return;
+  std::printf("training loop: %d steps in %.3f s%s\n", steps,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              o.save_dir.empty() ? "" : ", checkpoints included");
+}
+
 /// --save-dir: a checkpoint after `step` when --save-every says so, and after the last step.
+/// With --save-async the state is copied to `pending`'s host buffer here and written in the
+/// background; `finish_saves` commits it.
 template <class TrainerT>
-void save_if_due(TrainerT& trainer, int rank, int world, const fw::FlagGather& flags,
-                 const Options& o, const fw::TokenLoader& loader, int step, bool lead) {
+void save_if_due(TrainerT& trainer, fw::AsyncStateSave& pending, int rank, int world,
+                 const fw::FlagGather& flags, const Options& o, const fw::TokenLoader& loader,
+                 int step, bool lead) {
   if (o.save_dir.empty()) return;
   if (step != o.steps && (o.save_every == 0 || step % o.save_every != 0)) return;
-  const auto t0 = std::chrono::steady_clock::now();
   fw::CheckpointOptions c;
   c.root = o.save_dir;
   c.keep = o.keep;
   c.meta["data_position"] = std::to_string(loader.position());
   c.meta["data"] = o.data;
-  const auto dir = fw::save_checkpoint(trainer, rank, world, flags, c);
-  if (lead && !o.quiet) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), s);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (o.save_async) {
+    finish_saves(pending, flags, o, true, lead);  // one save in flight: the previous one first
+    const auto t1 = std::chrono::steady_clock::now();
+    fw::save_checkpoint_async(trainer, pending, rank, world, flags, c);
+    if (lead && !o.quiet) {
+      std::printf(
+          "checkpoint step %d: %llu B copied to host in %.3f s (rank 0); writing in the "
+          "background\n",
+          step, static_cast<unsigned long long>(pending.snapshot_bytes()),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+    }
+    return;
   }
+  const auto dir = fw::save_checkpoint(trainer, rank, world, flags, c);
+  if (lead && !o.quiet) std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), seconds());
 }
 
 /// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
@@ -422,6 +470,7 @@ int train(const Options& o) {
   fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o), ctx, model, make_adamw(o));
   const fw::FlagGather alone = [](std::int64_t mine) { return std::vector<std::int64_t>{mine}; };
   const int resumed = resume_run(trainer, alone, o, loader, true);
+  fw::AsyncStateSave pending;  // --save-async
 
   fw::JsonLog log;
   if (!o.log_json.empty()) log = fw::JsonLog(o.log_json);
@@ -431,6 +480,7 @@ int train(const Options& o) {
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
   double first_loss = 0.0, last_loss = 0.0;
 
+  const auto loop_start = std::chrono::steady_clock::now();
   for (int step = resumed + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const fw::SequenceBatch b = loader.next();
@@ -445,8 +495,11 @@ int train(const Options& o) {
     if (!o.quiet) progress.update(r);
     if (step == resumed + 1) first_loss = loss;
     last_loss = loss;
-    save_if_due(trainer, 0, 1, alone, o, loader, step, true);
+    save_if_due(trainer, pending, 0, 1, alone, o, loader, step, true);
+    finish_saves(pending, alone, o, false, true);
   }
+  finish_saves(pending, alone, o, true, true);
+  print_loop_time(o, loop_start, o.steps - resumed);
   progress.finish();
   std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
   if (!o.save.empty()) {
@@ -564,11 +617,13 @@ void train_ranks(const Options& o) {
       return all_gather_words(w, ctx, &mine, 1);
     };
     const int resumed = resume_run(trainer, flags, o, loader, lead);
+    fw::AsyncStateSave pending;  // --save-async
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
+    const auto loop_start = std::chrono::steady_clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const fw::SequenceBatch b = loader.next();
@@ -589,7 +644,8 @@ void train_ranks(const Options& o) {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const fw::StepRecord r =
           step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
-      save_if_due(trainer, w.rank(), n, flags, o, loader, step, lead);
+      save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
+      finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
       if (!o.log_json.empty()) {
         if constexpr (std::is_same_v<W, fw::LocalWorld>) {
@@ -630,6 +686,8 @@ void train_ranks(const Options& o) {
       if (step == resumed + 1) first_loss = loss;
       last_loss = loss;
     }
+    finish_saves(pending, flags, o, true, lead);  // the program does not exit before its commit
+    if (lead) print_loop_time(o, loop_start, o.steps - resumed);
     if (lead) {
       progress.finish();
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);

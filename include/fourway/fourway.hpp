@@ -19,6 +19,7 @@
 #include "fourway/backend/host/softmax.hpp"
 #include "fourway/backend/matmul.hpp"
 #include "fourway/backend/ops.hpp"
+#include "fourway/checkpoint/async_state_save.hpp"
 #include "fourway/checkpoint/crc32c.hpp"
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/checkpoint/safetensors.hpp"

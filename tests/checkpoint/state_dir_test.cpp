@@ -7,13 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "fourway/checkpoint/async_state_save.hpp"
 #include "fourway/checkpoint/crc32c.hpp"
 #include "fourway/comm/local_world.hpp"
 
@@ -65,6 +69,11 @@ void push_values(fw::StateSink& sink, const std::vector<fw::StatePiece>& pieces)
     sink.put(k, static_cast<std::int64_t>(v.size() / 2),
              std::span<const float>(v).subspan(v.size() / 2));
   }
+}
+
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 fw::FlagGather solo() {
@@ -270,6 +279,32 @@ TEST(StateDir, AFailureOnOneRankIsAnErrorOnEveryRankAndNothingIsCommitted) {
   EXPECT_FALSE(fs::exists(root / ".step-00000009.tmp"));
 }
 
+TEST(StateDir, ValuesPushedOutOfFileOrderGiveTheSameFileAndChecksums) {
+  // The file's CRC-32C is computed while writing when the values come in file order (every
+  // test above), and read back from the file when they do not: both must equal the re-read.
+  const auto in_order = scratch("in_order"), mixed = scratch("mixed");
+  (void)save_solo(in_order, 4);
+  const auto mine = pieces_of(0, 1);
+  fw::StateSave s{mixed, 4, kTensors, {{"note", "solo"}}, 0, {}};
+  (void)fw::save_state_dir(0, 1, solo(), s, mine, [&](fw::StateSink& sink) {
+    std::vector<std::vector<float>> v(mine.size());
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      for (std::int64_t i = 0; i < mine[k].count; ++i) {
+        v[k].push_back(value(mine[k].tensor == "a" ? 0 : 1, mine[k].first + i));
+      }
+    }
+    sink.put(1, 0, std::span<const float>(v[1]).first(5));  // "b" starts before "a"
+    sink.put(0, 0, v[0]);
+    sink.put(1, 5, std::span<const float>(v[1]).subspan(5));
+  });
+  for (const auto& root : {in_order, mixed}) {
+    EXPECT_TRUE(fw::StateDir::open(root / "step-00000004").verify_files().empty()) << root;
+  }
+  EXPECT_EQ(file_text(mixed / "step-00000004" / "index.json"),
+            file_text(in_order / "step-00000004" / "index.json"));
+  expect_reads_back(mixed / "step-00000004");
+}
+
 TEST(StateDir, AnIndexWithAHoleOrAnOverlapIsRefused) {
   fw::StateIndex x;
   x.tensors = {{"a", {10}}};
@@ -285,6 +320,120 @@ TEST(StateDir, AnIndexWithAHoleOrAnOverlapIsRefused) {
   x.files[1].name = "../escape";
   msg = error_of([&] { (void)fw::parse_state_index(fw::to_json(x), "idx"); });
   EXPECT_NE(msg.find("may not leave the directory"), std::string::npos) << msg;
+}
+
+namespace {
+/// Fills `snap` with rank r's values (the same function push_values writes).
+void fill_snapshot(fw::StateSnapshot& snap, const std::vector<fw::StatePiece>& pieces) {
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const int t = pieces[k].tensor == "a" ? 0 : 1;
+    std::vector<float> v;
+    for (std::int64_t i = 0; i < pieces[k].count; ++i) v.push_back(value(t, pieces[k].first + i));
+    snap.put(k, 0, v);
+  }
+}
+
+}  // namespace
+
+TEST(AsyncStateSave, WritesInTheBackgroundAndCommitsTheSameBytesAsTheSynchronousSave) {
+  const auto sync_root = scratch("async_sync"), async_root = scratch("async");
+  std::atomic<bool> release{false};
+  std::vector<int> polled(3, -1);
+  fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
+    const auto flags = fw::host_flag_gather(w.comm());
+    const auto mine = pieces_of(w.rank(), 3);
+    (void)fw::save_state_dir(w.rank(), 3, flags, fw::StateSave{sync_root, 7, kTensors, {}, 0, {}},
+                             mine, [&](fw::StateSink& sink) { push_values(sink, mine); });
+    fw::AsyncStateSave pending;
+    fill_snapshot(pending.snapshot(mine), mine);
+    // Rank 2's write waits until every rank polled once: the first poll sees it unfinished.
+    fw::StateSave s{async_root, 7, kTensors, {}, 0, [&](fw::SavePhase p) {
+                      if (p == fw::SavePhase::write && w.rank() == 2) {
+                        while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                      }
+                    }};
+    pending.start(w.rank(), 3, flags, s);
+    EXPECT_TRUE(pending.in_flight());
+    const auto early = pending.poll(flags);
+    polled[static_cast<std::size_t>(w.rank())] = early.has_value() ? 1 : 0;
+    w.comm().barrier();
+    EXPECT_TRUE(fw::committed_checkpoints(async_root).empty());  // not yet committed
+    w.comm().barrier();
+    release = true;
+    const auto dir = pending.wait(flags);
+    ASSERT_TRUE(dir.has_value());
+    EXPECT_EQ(*dir, async_root / "step-00000007");
+    EXPECT_FALSE(pending.in_flight());
+    EXPECT_FALSE(pending.wait(flags).has_value());  // nothing in flight: no collective, nothing
+  });
+  EXPECT_EQ(polled, (std::vector<int>{0, 0, 0}));
+  for (const char* f : {"index.json", "rank-00000.safetensors", "rank-00001.safetensors",
+                        "rank-00002.safetensors"}) {
+    EXPECT_EQ(file_text(async_root / "step-00000007" / f),
+              file_text(sync_root / "step-00000007" / f))
+        << f;
+  }
+  expect_reads_back(async_root / "step-00000007");
+  EXPECT_FALSE(fs::exists(async_root / ".step-00000007.tmp"));
+}
+
+TEST(AsyncStateSave, ABackgroundWriteErrorOnOneRankIsRaisedOnEveryRankAndNothingIsCommitted) {
+  const auto root = scratch("async_fail");
+  std::vector<std::string> errors(3);
+  fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
+    const auto flags = fw::host_flag_gather(w.comm());
+    const auto mine = pieces_of(w.rank(), 3);
+    fw::AsyncStateSave pending;
+    fill_snapshot(pending.snapshot(mine), mine);
+    const auto training_thread = std::this_thread::get_id();
+    fw::StateSave s{root, 9, kTensors, {}, 0, [&](fw::SavePhase p) {
+                      if (p == fw::SavePhase::write && w.rank() == 1) {
+                        EXPECT_NE(std::this_thread::get_id(), training_thread);  // background
+                        throw std::runtime_error("No space left on device");
+                      }
+                    }};
+    pending.start(w.rank(), 3, flags, s);
+    errors[static_cast<std::size_t>(w.rank())] = error_of([&] { (void)pending.wait(flags); });
+    EXPECT_FALSE(pending.in_flight());
+  });
+  for (int r = 0; r < 3; ++r) {
+    const auto& e = errors[static_cast<std::size_t>(r)];
+    EXPECT_NE(e.find("writing the state files of " + (root / "step-00000009").string() +
+                     " failed on rank(s) 1"),
+              std::string::npos)
+        << r << ": " << e;
+    EXPECT_NE(e.find("nothing was committed"), std::string::npos) << e;
+  }
+  EXPECT_NE(errors[1].find("No space left on device"), std::string::npos) << errors[1];
+  EXPECT_TRUE(fw::committed_checkpoints(root).empty());
+  EXPECT_FALSE(fs::exists(root / ".step-00000009.tmp"));
+}
+
+TEST(AsyncStateSave, OneSaveInFlightAndKeepPrunesOnlyAfterTheCommit) {
+  const auto root = scratch("async_keep");
+  fw::AsyncStateSave pending;
+  const auto mine = pieces_of(0, 1);
+  std::vector<std::string> seen;  // step : committed checkpoints when its prune phase began
+  for (int step = 1; step <= 3; ++step) {
+    // the previous save commits first (nothing the first time)
+    EXPECT_EQ(pending.wait(solo()).has_value(), step > 1);
+    fill_snapshot(pending.snapshot(mine), mine);
+    fw::StateSave s{root, step, kTensors, {}, 1, [&, step](fw::SavePhase p) {
+                      if (p != fw::SavePhase::prune) return;
+                      seen.push_back(std::to_string(step) + ":" +
+                                     std::to_string(fw::committed_checkpoints(root).size()));
+                    }};
+    pending.start(0, 1, solo(), s);
+    // While a save is in flight its snapshot is being written: a new one is refused.
+    const auto msg = error_of([&] { (void)pending.snapshot(mine); });
+    EXPECT_NE(msg.find("still being written; wait() for it"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(fw::committed_checkpoints(root), std::vector<fs::path>{root / "step-00000002"});
+  ASSERT_TRUE(pending.wait(solo()).has_value());
+  EXPECT_EQ(fw::committed_checkpoints(root), std::vector<fs::path>{root / "step-00000003"});
+  // Before each prune, the new checkpoint was already committed next to the kept one.
+  EXPECT_EQ(seen, (std::vector<std::string>{"1:1", "2:2", "3:2"}));
+  expect_reads_back(root / "step-00000003");
 }
 
 #ifdef FOURWAY_CKPT_EXE

@@ -8,10 +8,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "parallel_harness.hpp"
@@ -20,9 +25,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+fs::path scratch_path(const std::string& name) {
+  return fs::temp_directory_path() / ("fourway_resume_" + std::to_string(::getpid())) / name;
+}
+
 fs::path scratch(const std::string& name) {
-  const auto dir =
-      fs::temp_directory_path() / ("fourway_resume_" + std::to_string(::getpid())) / name;
+  const auto dir = scratch_path(name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -51,6 +59,8 @@ struct Plan {
   fs::path save_root;  // save at the end (empty: no save)
   fw::LossScalerConfig scaler{};
   fw::models::GptConfig model = harness::tiny_gpt();
+  int async_at = -1;  // >= 0: save asynchronously to save_root at this iteration, train on to
+                      // `until` while the background write is held back, then wait for it
 };
 
 template <class TrainerT, class Comm>
@@ -65,10 +75,23 @@ void train_segment(TrainerT& t, Comm& comm, const Plan& p, Segment& out, int ran
   }
   if (rank == 0) out.iteration = t.iteration();
   std::vector<float> losses;
+  fw::AsyncStateSave pending;
+  std::atomic<bool> trained{false};
+  const auto hold_write = [&](fw::SavePhase phase) {  // runs on the background thread
+    if (phase != fw::SavePhase::write) return;
+    while (!trained) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   for (long s = t.iteration(); s < p.until; ++s) {
+    if (s == p.async_at) {
+      fw::save_checkpoint_async(t, pending, comm,
+                                fw::CheckpointOptions{p.save_root, 0, {}, hold_write});
+    }
     losses.push_back(t.step(harness::batch(static_cast<int>(s)).view()));
   }
-  if (!p.save_root.empty()) {
+  trained = true;  // the state has moved on since the copy; now let the write run
+  if (p.async_at >= 0) {
+    EXPECT_TRUE(pending.wait(fw::host_flag_gather(comm)).has_value());
+  } else if (!p.save_root.empty()) {
     (void)fw::save_checkpoint(t, comm, fw::CheckpointOptions{p.save_root, 0, {}, {}});
   }
   if (rank == 0) {
@@ -170,16 +193,19 @@ std::string label(MeshSpec m) {
 /// Returns the first (saved) segment.
 template <class T>
 Segment expect_resume(MeshSpec from, MeshSpec to, int k, int total, bool bitwise,
-                      fw::LossScalerConfig scaler = {}) {
-  SCOPED_TRACE(label(from) + " -> " + label(to));
+                      fw::LossScalerConfig scaler = {}, int async_extra = 0) {
+  SCOPED_TRACE(label(from) + " -> " + label(to) + (async_extra ? " (async save)" : ""));
   const auto root = scratch("ckpt");
   const Segment whole = run<T>(Plan{to, total, {}, {}, scaler});
-  const Segment first = run<T>(Plan{from, k, {}, root, scaler});
+  Plan saving{from, k + async_extra, {}, root, scaler};
+  if (async_extra > 0) saving.async_at = k;  // the state moves on for async_extra steps
+  const Segment first = run<T>(saving);
   const Segment rest = run<T>(Plan{to, total, root, {}, scaler});
   for (const auto& e : rest.errors) EXPECT_EQ(e, "");
   if (!rest.errors.empty() && !rest.errors[0].empty()) return first;
   EXPECT_EQ(rest.iteration, k);
-  EXPECT_EQ(first.losses.size() + rest.losses.size(), whole.losses.size());
+  EXPECT_EQ(first.losses.size() - static_cast<std::size_t>(async_extra) + rest.losses.size(),
+            whole.losses.size());
   EXPECT_EQ(rest.params.size(), whole.params.size());
   if (rest.params.size() != whole.params.size()) return first;
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-3;
@@ -234,6 +260,54 @@ TEST(Resume, OnAnotherMeshTheRunContinuesWithinTheCrossMeshTolerance) {
   expect_resume<float>({4, 0}, {0, 0}, 3, 6, false);  // dp4 -> one rank
   expect_resume<float>({0, 0}, {4, 2}, 3, 6, false);  // one rank -> dp4 ZeRO-2
   expect_resume<fw::bf16>({3, 1}, {2, 3}, 2, 4, false);
+}
+
+namespace {
+
+/// The bytes of a file.
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// --save-async's library side: the state is copied at iteration 3, training goes on to 5 while
+// the background write is held back, and then the files are written. They must hold the state
+// of iteration 3 — byte for byte what a synchronous save at 3 writes, index included — and a
+// resume from them must continue bitwise as the uninterrupted run. (A write that read the live
+// state instead of its copy would hold iteration 5's values and fail both.)
+template <class T>
+void expect_async_save_is_the_sync_save(MeshSpec mesh) {
+  SCOPED_TRACE(label(mesh));
+  const Segment first = expect_resume<T>(mesh, mesh, 3, 6, true, {}, 2);
+  const Segment whole = run<T>(Plan{mesh, 5, {}, {}});
+  EXPECT_EQ(first.losses, whole.losses);  // saving asynchronously did not disturb the run
+  const auto async_dir = scratch_path("ckpt") / "step-00000003";
+  const auto sync_root = scratch("sync");
+  (void)run<T>(Plan{mesh, 3, {}, sync_root});
+  const auto sync_dir = sync_root / "step-00000003";
+  std::vector<std::string> names, async_names;
+  for (const auto& e : fs::directory_iterator(sync_dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  for (const auto& e : fs::directory_iterator(async_dir)) {
+    async_names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  std::sort(async_names.begin(), async_names.end());
+  EXPECT_EQ(async_names, names);
+  EXPECT_EQ(names.size(), static_cast<std::size_t>(std::max(mesh.ranks, 1) + 1));
+  for (const auto& n : names) {
+    EXPECT_EQ(file_bytes(async_dir / n), file_bytes(sync_dir / n)) << n;
+  }
+}
+
+}  // namespace
+
+TEST(Resume, AnAsyncSaveHoldsItsStepsStateWhileTrainingContinuesAndResumesBitwise) {
+  expect_async_save_is_the_sync_save<float>({0, 0});
+  expect_async_save_is_the_sync_save<float>({2, 3});
+  expect_async_save_is_the_sync_save<float>({3, 0});
+  expect_async_save_is_the_sync_save<fw::bf16>({2, 1});
 }
 
 TEST(Resume, ACorruptSliceOrAnotherModelIsAnErrorOnEveryRank) {

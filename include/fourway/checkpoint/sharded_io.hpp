@@ -261,15 +261,20 @@ struct PieceLayout {
     }
   }
 
+  /// The file's first bytes: the little-endian length field and the header.
+  [[nodiscard]] std::vector<unsigned char> head() const {
+    std::vector<unsigned char> out(8 + header.size());
+    for (std::size_t i = 0; i < 8; ++i) {
+      out[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
+    }
+    std::copy(header.begin(), header.end(), out.begin() + 8);
+    return out;
+  }
+
   /// Writes the length field and the header at offset 0 of `fd` and sizes the file; false (errno
   /// set) on failure.
   [[nodiscard]] bool write_head(int fd) const {
-    std::vector<unsigned char> head(8);
-    for (int i = 0; i < 8; ++i) {
-      head[static_cast<std::size_t>(i)] =
-          static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
-    }
-    head.insert(head.end(), header.begin(), header.end());
+    const std::vector<unsigned char> head = this->head();
     return ::pwrite(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
            ::ftruncate(fd, static_cast<off_t>(total)) == 0;
   }

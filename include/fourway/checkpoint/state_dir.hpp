@@ -349,11 +349,17 @@ struct StatePiece {
 };
 
 /// Receives a rank's values: `put(piece, offset, values)` for each piece in increasing offsets
-/// (pieces may interleave); each piece's checksum is computed as its values arrive.
+/// (pieces may interleave); each piece's checksum is computed as its values arrive, and so is
+/// the whole file's, from `file_head` (the checksum of the bytes before the values) on, as long
+/// as the values arrive in file order.
 class StateSink {
  public:
-  StateSink(PieceSink& out, std::vector<StatePiece> pieces)
-      : out_(&out), pieces_(std::move(pieces)), crcs_(pieces_.size()), done_(pieces_.size(), 0) {}
+  StateSink(PieceSink& out, std::vector<StatePiece> pieces, Crc32c file_head = {})
+      : out_(&out),
+        pieces_(std::move(pieces)),
+        crcs_(pieces_.size()),
+        done_(pieces_.size(), 0),
+        file_crc_(file_head) {}
 
   void put(std::size_t piece, std::int64_t offset, std::span<const float> values) {
     check<CheckpointError>(
@@ -366,7 +372,25 @@ class StateSink {
                                              bytes.size());
     out_->write(piece, static_cast<std::uint64_t>(offset) * sizeof(float), raw);
     crcs_[piece].update(raw);
+    if (in_order_) {
+      while (next_ < pieces_.size() && done_[next_] == pieces_[next_].count) ++next_;
+      if (piece == next_) {
+        file_crc_.update(raw);
+      } else {
+        in_order_ = false;  // the file's checksum has to be read back
+      }
+    }
     done_[piece] += static_cast<std::int64_t>(values.size());
+  }
+
+  /// The CRC-32C of the whole file when every value arrived in file order and every piece is
+  /// complete; nothing otherwise.
+  [[nodiscard]] std::optional<std::uint32_t> file_crc() const {
+    if (!in_order_) return std::nullopt;
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      if (done_[i] != pieces_[i].count) return std::nullopt;
+    }
+    return file_crc_.value();
   }
 
   /// The slices written, with their checksums; throws if a piece was left short.
@@ -386,6 +410,9 @@ class StateSink {
   std::vector<StatePiece> pieces_;
   std::vector<Crc32c> crcs_;
   std::vector<std::int64_t> done_;
+  Crc32c file_crc_;
+  std::size_t next_ = 0;  // the first piece not yet complete, while in order
+  bool in_order_ = true;
 };
 
 /// What a save writes besides the values.
@@ -437,38 +464,43 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
   return all.back();
 }
 
-/// Saves this rank's pieces (see the file comment); a collective of `world` ranks whose `flags`
-/// agree after every phase. `write_mine(StateSink&)` pushes the values of `mine`. Returns the
-/// committed directory.
-template <class WriteMine>
-std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flags,
-                                     const StateSave& s, std::vector<StatePiece> mine,
-                                     WriteMine&& write_mine) {
-  namespace fs = std::filesystem;
-  const fs::path final_dir = s.root / detail::step_dir_name(s.step);
-  const fs::path tmp = s.root / ("." + detail::step_dir_name(s.step) + ".tmp");
-  const bool lead = rank == 0;
-  const auto phase = [&](SavePhase p) {
-    if (s.at_phase) s.at_phase(p);
-  };
-  const auto remove_tmp = [&] {
-    if (lead) {
+namespace detail {
+inline std::filesystem::path state_final_dir(const StateSave& s) {
+  return s.root / step_dir_name(s.step);
+}
+inline std::filesystem::path state_tmp_dir(const StateSave& s) {
+  return s.root / ("." + step_dir_name(s.step) + ".tmp");
+}
+/// Rank 0 removes the temporary directory of a failed save (the cleanup of `agree_or_throw`).
+inline std::function<void()> remove_state_tmp(int rank, const StateSave& s) {
+  return [rank, tmp = state_tmp_dir(s)] {
+    if (rank == 0) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      std::filesystem::remove_all(tmp, ec);
     }
   };
-  std::string error;
-  const auto guarded = [&](auto&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  };
+}
+/// Runs `f`, turning an exception into its message in `error`.
+template <class F>
+void guarded(std::string& error, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+}
+}  // namespace detail
 
-  phase(SavePhase::create);
-  if (lead) {
-    guarded([&] {
+/// The create phase of a save (a collective; see the file comment): rank 0 refuses to overwrite
+/// a committed step, removes stale temporary directories and creates this save's; every rank
+/// learns the outcome.
+inline void begin_state_save(int rank, const FlagGather& flags, const StateSave& s) {
+  namespace fs = std::filesystem;
+  const fs::path final_dir = detail::state_final_dir(s), tmp = detail::state_tmp_dir(s);
+  if (s.at_phase) s.at_phase(SavePhase::create);
+  std::string error;
+  if (rank == 0) {
+    detail::guarded(error, [&] {
       std::error_code ec;
       fs::create_directories(s.root, ec);
       check<CheckpointError>(!ec, "fourway: cannot create ", s.root.string(), ": ", ec.message());
@@ -485,63 +517,94 @@ std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flag
                              tmp.string(), ": ", ec ? ec.message() : "it exists");
     });
   }
-  detail::agree_or_throw(flags, "creating " + tmp.string(), error, remove_tmp,
-                         detail::nothing_committed);
+  detail::agree_or_throw(flags, "creating " + tmp.string(), error,
+                         detail::remove_state_tmp(rank, s), detail::nothing_committed);
+}
 
-  phase(SavePhase::write);
-  guarded([&] {
-    const fs::path file = tmp / detail::rank_file_name(rank);
-    std::vector<CollectiveTensor> tensors;
-    for (const auto& p : mine) {
-      tensors.push_back(
-          {StateSlice{p.tensor, p.first, p.count, 0}.entry_name(), StDtype::F32, {p.count}});
-    }
-    const PieceLayout layout({{"format", "fourway-state"}, {"rank", std::to_string(rank)}},
-                             tensors);
-    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    check<CheckpointError>(fd >= 0, "fourway: rank ", rank, " cannot create ", file.string(), ": ",
-                           std::strerror(errno));
-    std::vector<StateSlice> slices;
-    try {
-      check<CheckpointError>(layout.write_head(fd), "fourway: writing the header of ",
-                             file.string(), " failed: ", std::strerror(errno));
-      PieceSink raw(fd, file.string(), layout.begins, layout.sizes);
-      StateSink sink(raw, mine);
-      write_mine(sink);
-      slices = sink.slices();
-      check<CheckpointError>(::fsync(fd) == 0, "fourway: fsync of ", file.string(),
-                             " failed: ", std::strerror(errno));
-    } catch (...) {
-      (void)::close(fd);
-      throw;
-    }
-    check<CheckpointError>(::close(fd) == 0, "fourway: closing ", file.string(),
+/// The write phase on one rank (no communication): its file in the temporary directory from
+/// `write_mine(StateSink&)`, fsynced and checksummed, then its manifest. Throws on failure; the
+/// caller hands the message to `finish_state_save`, which agrees it over the group.
+template <class WriteMine>
+void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece>& mine,
+                      WriteMine&& write_mine) {
+  namespace fs = std::filesystem;
+  if (s.at_phase) s.at_phase(SavePhase::write);
+  const fs::path tmp = detail::state_tmp_dir(s);
+  const fs::path file = tmp / detail::rank_file_name(rank);
+  std::vector<CollectiveTensor> tensors;
+  tensors.reserve(mine.size());
+  for (const auto& p : mine) {
+    tensors.push_back(
+        {StateSlice{p.tensor, p.first, p.count, 0}.entry_name(), StDtype::F32, {p.count}});
+  }
+  const PieceLayout layout({{"format", "fourway-state"}, {"rank", std::to_string(rank)}}, tensors);
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  check<CheckpointError>(fd >= 0, "fourway: rank ", rank, " cannot create ", file.string(), ": ",
+                         std::strerror(errno));
+  std::vector<StateSlice> slices;
+  std::optional<std::uint32_t> streamed_crc;  // the file's checksum, when written in order
+  try {
+    check<CheckpointError>(layout.write_head(fd), "fourway: writing the header of ", file.string(),
                            " failed: ", std::strerror(errno));
-    std::uint64_t bytes = 0;
-    const std::uint32_t crc = detail::file_crc32c(file, &bytes);
-    check<CheckpointError>(bytes == layout.total, "fourway: ", file.string(), " holds ", bytes,
-                           " B after writing, expected ", layout.total);
-    // The manifest: what rank 0 puts into the index for this file.
-    const fs::path manifest = tmp / (detail::rank_file_name(rank) + ".manifest");
-    {
-      std::ofstream m(manifest, std::ios::trunc);
-      m << "file " << bytes << ' ' << detail::hex32(crc) << '\n';
-      for (const auto& sl : slices) {
-        m << sl.first << ' ' << sl.count << ' ' << detail::hex32(sl.crc) << ' ' << sl.tensor
-          << '\n';
-      }
-      m.flush();
-      check<CheckpointError>(m.good(), "fourway: writing ", manifest.string(), " failed");
+    PieceSink raw(fd, file.string(), layout.begins, layout.sizes);
+    StateSink sink(raw, mine, Crc32c().update(layout.head()));
+    write_mine(sink);
+    slices = sink.slices();
+    streamed_crc = sink.file_crc();
+    check<CheckpointError>(::fsync(fd) == 0, "fourway: fsync of ", file.string(),
+                           " failed: ", std::strerror(errno));
+  } catch (...) {
+    (void)::close(fd);
+    throw;
+  }
+  check<CheckpointError>(::close(fd) == 0, "fourway: closing ", file.string(),
+                         " failed: ", std::strerror(errno));
+  std::uint64_t bytes = 0;
+  std::uint32_t crc = 0;
+  if (streamed_crc) {  // no second pass over the file
+    std::error_code ec;
+    bytes = std::filesystem::file_size(file, ec);
+    crc = *streamed_crc;
+  } else {
+    crc = detail::file_crc32c(file, &bytes);
+  }
+  check<CheckpointError>(bytes == layout.total, "fourway: ", file.string(), " holds ", bytes,
+                         " B after writing, expected ", layout.total);
+  // The manifest: what rank 0 puts into the index for this file.
+  const fs::path manifest = tmp / (detail::rank_file_name(rank) + ".manifest");
+  {
+    std::ofstream m(manifest, std::ios::trunc);
+    m << "file " << bytes << ' ' << detail::hex32(crc) << '\n';
+    for (const auto& sl : slices) {
+      m << sl.first << ' ' << sl.count << ' ' << detail::hex32(sl.crc) << ' ' << sl.tensor << '\n';
     }
-    check<CheckpointError>(detail::fsync_path(manifest, false), "fourway: fsync of ",
-                           manifest.string(), " failed");
-  });
-  detail::agree_or_throw(flags, "writing the state files of " + final_dir.string(), error,
+    m.flush();
+    check<CheckpointError>(m.good(), "fourway: writing ", manifest.string(), " failed");
+  }
+  check<CheckpointError>(detail::fsync_path(manifest, false), "fourway: fsync of ",
+                         manifest.string(), " failed");
+}
+
+/// The rest of a save (a collective; see the file comment): every rank's write outcome
+/// (`write_error`, empty when its `write_state_file` succeeded) is agreed, then rank 0 writes the
+/// index, commits and prunes, each phase agreed. Returns the committed directory.
+inline std::filesystem::path finish_state_save(int rank, int world, const FlagGather& flags,
+                                               const StateSave& s, const std::string& write_error) {
+  namespace fs = std::filesystem;
+  fs::path final_dir = detail::state_final_dir(s);  // returned: not const, so it moves
+  const fs::path tmp = detail::state_tmp_dir(s);
+  const bool lead = rank == 0;
+  const auto phase = [&](SavePhase p) {
+    if (s.at_phase) s.at_phase(p);
+  };
+  const auto remove_tmp = detail::remove_state_tmp(rank, s);
+  detail::agree_or_throw(flags, "writing the state files of " + final_dir.string(), write_error,
                          remove_tmp, detail::nothing_committed);
 
+  std::string error;
   phase(SavePhase::index);
   if (lead) {
-    guarded([&] {
+    detail::guarded(error, [&] {
       StateIndex x;
       x.step = s.step;
       x.meta = s.meta;
@@ -588,7 +651,7 @@ std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flag
 
   phase(SavePhase::commit);
   if (lead) {
-    guarded([&] {
+    detail::guarded(error, [&] {
       std::error_code ec;
       fs::rename(tmp, final_dir, ec);
       check<CheckpointError>(!ec, "fourway: cannot rename ", tmp.string(), " to ",
@@ -611,6 +674,20 @@ std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flag
     }
   }
   return final_dir;
+}
+
+/// Saves this rank's pieces (see the file comment); a collective of `world` ranks whose `flags`
+/// agree after every phase. `write_mine(StateSink&)` pushes the values of `mine`. Returns the
+/// committed directory. (`begin_state_save`, `write_state_file` and `finish_state_save` are its
+/// phases; checkpoint/async_state_save.hpp runs the write in the background.)
+template <class WriteMine>
+std::filesystem::path save_state_dir(int rank, int world, const FlagGather& flags,
+                                     const StateSave& s, std::vector<StatePiece> mine,
+                                     WriteMine&& write_mine) {
+  begin_state_save(rank, flags, s);
+  std::string error;
+  detail::guarded(error, [&] { write_state_file(rank, s, mine, write_mine); });
+  return finish_state_save(rank, world, flags, s, error);
 }
 
 /// A committed checkpoint opened for reading: element ranges of global tensors, from whichever

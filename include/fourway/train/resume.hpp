@@ -15,6 +15,10 @@
 //! and only then runs the strategy's own collectives (the weight all-gather of ZeRO-1/2).
 //! Resuming on the mesh that saved is bitwise the uninterrupted run; on another mesh it differs
 //! only by the reduction order of later steps.
+//!
+//! `save_checkpoint_async(trainer, pending, ...)` is the same save with the file writes in the
+//! background (checkpoint/async_state_save.hpp): the rank's state is copied to host memory at the
+//! call, training continues, and `pending.poll` / `pending.wait` commit it later.
 #pragma once
 
 #include <charconv>
@@ -25,8 +29,11 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "fourway/checkpoint/async_state_save.hpp"
 #include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/checkpoint/state_dir.hpp"
 #include "fourway/comm/communicator.hpp"
@@ -82,12 +89,10 @@ std::vector<StateTensor> state_tensors(Model& model) {
 }
 }  // namespace detail
 
-/// Saves the run (see the file comment); a collective of the strategy's group, rank `rank` of
-/// `world`, agreeing through `flags` (host_flag_gather(comm) for host communicators). Returns
-/// the committed directory, root/step-<trainer.iteration()>.
+/// What a save of the run writes besides the values (the index's tensors and metadata), rank
+/// `world`'s group of the strategy.
 template <class TrainerT>
-std::filesystem::path save_checkpoint(TrainerT& trainer, int rank, int world,
-                                      const FlagGather& flags, const CheckpointOptions& o) {
+StateSave checkpoint_save(TrainerT& trainer, int world, const CheckpointOptions& o) {
   auto& s = trainer.strategy();
   check<ConfigError>(s.dp_size() == world, "fourway: save_checkpoint needs the strategy's ",
                      "group: the strategy has ", s.dp_size(), " ranks, the group ", world);
@@ -106,19 +111,68 @@ std::filesystem::path save_checkpoint(TrainerT& trainer, int rank, int world,
   save.meta["skipped_steps"] = std::to_string(trainer.loss_scaler().skipped_steps());
   save.meta["precision"] = std::string(dtype_name(dtype_of<T>::value));
   save.meta["saved_by_ranks"] = std::to_string(world);
+  return save;
+}
+
+/// The pieces this rank of the strategy writes (its runs' parts, state_runs.hpp).
+template <class Strategy>
+std::vector<StatePiece> checkpoint_pieces(const Strategy& s) {
   const auto runs = s.saved_state_runs();
   using Run = typename decltype(runs)::value_type;
+  return state_pieces(std::span<const Run>(runs));
+}
+
+/// Saves the run (see the file comment); a collective of the strategy's group, rank `rank` of
+/// `world`, agreeing through `flags` (host_flag_gather(comm) for host communicators). Returns
+/// the committed directory, root/step-<trainer.iteration()>.
+template <class TrainerT>
+std::filesystem::path save_checkpoint(TrainerT& trainer, int rank, int world,
+                                      const FlagGather& flags, const CheckpointOptions& o) {
+  auto& s = trainer.strategy();
   return save_state_dir(
-      rank, world, flags, save, state_pieces(std::span<const Run>(runs)), [&](StateSink& sink) {
+      rank, world, flags, checkpoint_save(trainer, world, o), checkpoint_pieces(s),
+      [&](StateSink& sink) {
         s.save_state([&](std::size_t piece, std::int64_t offset, std::span<const float> v) {
           sink.put(piece, offset, v);
         });
       });
 }
 
+/// Starts an asynchronous save of the run (see checkpoint/async_state_save.hpp); a collective
+/// like `save_checkpoint`. The save in flight in `pending`, if any, is finished first (its
+/// errors are raised here); then this rank's state is copied into `pending`'s host snapshot and
+/// the files are written in the background while the caller trains on. The checkpoint is
+/// committed by a later `pending.poll(flags)` or `pending.wait(flags)`, which must run before the
+/// program exits. The files and the index equal those of `save_checkpoint` at the same step.
+template <class TrainerT>
+void save_checkpoint_async(TrainerT& trainer, AsyncStateSave& pending, int rank, int world,
+                           const FlagGather& flags, const CheckpointOptions& o) {
+  (void)pending.wait(flags);  // one save in flight, one snapshot in host memory
+  auto& s = trainer.strategy();
+  StateSave save = checkpoint_save(trainer, world, o);
+  StateSnapshot& snap = pending.snapshot(checkpoint_pieces(s));
+  std::string error;
+  detail::guarded(error, [&] {
+    s.save_state([&](std::size_t piece, std::int64_t offset, std::span<const float> v) {
+      snap.put(piece, offset, v);
+    });
+    snap.check_complete();
+  });
+  detail::agree_or_throw(
+      flags, "copying the state of step " + std::to_string(save.step) + " to host memory", error,
+      [] {}, detail::nothing_committed);
+  pending.start(rank, world, flags, std::move(save));
+}
+
 template <class TrainerT, communicator Comm>
 std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const CheckpointOptions& o) {
   return save_checkpoint(trainer, comm.rank(), comm.size(), host_flag_gather(comm), o);
+}
+
+template <class TrainerT, communicator Comm>
+void save_checkpoint_async(TrainerT& trainer, AsyncStateSave& pending, Comm& comm,
+                           const CheckpointOptions& o) {
+  save_checkpoint_async(trainer, pending, comm.rank(), comm.size(), host_flag_gather(comm), o);
 }
 
 /// A committed checkpoint directory, or the newest one under a root of them.
