@@ -5,8 +5,48 @@
 //                                                  one process per GPU (node-local rank)
 // Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
-#include "cuda_target.cuh"
+#include "fourway/backend/cuda/backend.cuh"
+#include "train_program.hpp"
+#if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
+#include "fourway/comm/nccl_mpi.cuh"
+#endif
 
-int main(int argc, char** argv) {
-  return fourway_train::run_program<fourway_train::CudaTarget>(argc, argv);
-}
+namespace {
+
+struct CudaTarget {
+  using backend = fw::Cuda;
+  static constexpr const char* program = "fourway-train-cuda";
+  static void check_device() {
+    fw::check<fw::DeviceError>(fw::cuda::device_count() > 0,
+                               "fourway: no CUDA device is visible (none found by "
+                               "cudaGetDeviceCount; check the driver and CUDA_VISIBLE_DEVICES); "
+                               "run fourway-train-cuda on a GPU machine, or fourway-train on the "
+                               "host");
+  }
+  static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device) {
+    return fw::Context<fw::Cuda>(m, device);
+  }
+  /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
+  static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }
+  template <class Fn>
+  static void launch_processes(const fourway_train::Options& o, Fn fn) {
+    if (o.backend == "nccl") {
+#if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
+      fn.template operator()<fw::NcclWorld>();
+      return;
+#else
+      throw fw::ConfigError(
+          "fourway: --backend nccl, but fourway-train-cuda was built without NCCL or MPI; "
+          "install both (libnccl-dev, Open MPI) and reconfigure, or use --backend local");
+#endif
+    }
+    throw fw::ConfigError(
+        "fourway: --backend mpi moves host memory and fourway-train-cuda keeps its tensors on "
+        "the GPU; use --backend nccl under mpirun (one process per GPU), --backend local (all "
+        "ranks on one GPU), or the host fourway-train for --backend mpi");
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return fourway_train::run_program<CudaTarget>(argc, argv); }

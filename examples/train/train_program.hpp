@@ -775,18 +775,6 @@ int train_parallel(const Options& o) {
 
 namespace fourway_train {
 
-/// Trains in precision T: the pipeline, the (data, ZeRO or tensor) parallel or the one-rank path,
-/// as the flags ask. Each target compiles its three precisions in their own translation units
-/// (explicit instantiations in train_precision.cpp / train_cuda_precision.cu, declared `extern`
-/// in host_target.hpp / cuda_target.cuh), so a 2-core build compiles them side by side.
-template <class Target, class T>
-int train_in(const Options& o) {
-  if (o.pp > 1) return train_pipeline<Target, T>(o);
-  fw::check<fw::ConfigError>(o.pp == 1, "fourway: --pp must be >= 1, got ", o.pp);
-  if (o.parallel()) return train_parallel<Target, T>(o);
-  return train<Target, T>(o);
-}
-
 /// The whole program: parses the flags, trains, and turns every error into one line on stderr.
 template <class Target>
 int run_program(int argc, char** argv) {
@@ -808,9 +796,20 @@ int run_program(int argc, char** argv) {
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
-    if (o.precision == "bf16") return train_in<Target, fw::bf16>(o);
-    if (o.precision == "fp16") return train_in<Target, fw::fp16>(o);
-    return train_in<Target, float>(o);
+    if (o.pp > 1) {
+      if (o.precision == "bf16") return train_pipeline<Target, fw::bf16>(o);
+      if (o.precision == "fp16") return train_pipeline<Target, fw::fp16>(o);
+      return train_pipeline<Target, float>(o);
+    }
+    fw::check<fw::ConfigError>(o.pp == 1, "fourway: --pp must be >= 1, got ", o.pp);
+    if (o.parallel()) {
+      if (o.precision == "bf16") return train_parallel<Target, fw::bf16>(o);
+      if (o.precision == "fp16") return train_parallel<Target, fw::fp16>(o);
+      return train_parallel<Target, float>(o);
+    }
+    if (o.precision == "bf16") return train<Target, fw::bf16>(o);
+    if (o.precision == "fp16") return train<Target, fw::fp16>(o);
+    return train<Target, float>(o);
   } catch (const fw::Error& e) {
     std::fprintf(stderr, "\n%s: %s\n", Target::program, e.what());
   } catch (const std::bad_alloc&) {
