@@ -35,6 +35,7 @@
 #include "fourway/comm/local/comm.hpp"
 #include "fourway/comm/local/device.hpp"
 #include "fourway/comm/local/executor.hpp"
+#include "fourway/comm/local/gate.hpp"
 #include "fourway/comm/local/mailbox.hpp"
 #include "fourway/comm/local/reduce.hpp"
 #include "fourway/comm/local/rendezvous.hpp"

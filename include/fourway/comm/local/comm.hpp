@@ -2,17 +2,16 @@
 //! operations, the host collectives and `LocalWorld::launch`.
 //!
 //! Collectives are shared-memory and bandwidth-optimal: at entry every rank publishes its buffer
-//! pointers; then rank r alone owns slice r of the result. For all_reduce it reads slice r of
-//! every rank's send buffer, reduces in the fixed order rank 0, 1, ..., N-1 (fp32 accumulation for
-//! 16-bit types) and writes the result into slice r of *every* rank's recv buffer; each rank thus
-//! reads N·count/N and writes N·count/N elements, as a ring would, but in one pass. A second
+//! pointers; then each piece of the result is computed once, in one pass. For all_reduce, piece s
+//! is read from every rank's send buffer, reduced in the fixed order rank 0, 1, ..., N-1 (fp32
+//! accumulation for 16-bit types) and written into piece s of *every* rank's recv buffer; with
+//! the pieces spread evenly, each rank reads and writes count elements, as a ring would. A second
 //! rendezvous ("done") keeps every buffer alive until all readers finished. The reduction order
-//! never depends on timing or slicing, so results are bitwise identical run to run (and equal to
-//! the one-rank reduction of the same inputs in the same order).
+//! never depends on timing or on who computes a piece, so results are bitwise identical run to run
+//! (and equal to the one-rank reduction of the same inputs in the same order).
 //!
 //!     rank:        0            1            2
 //!     send:   [a0|a1|a2]   [b0|b1|b2]   [c0|c1|c2]
-//!     owner:   r0 r1 r2     r0 r1 r2     r0 r1 r2      slice s is reduced by rank s:
 //!     recv:   [S0|S1|S2]   [S0|S1|S2]   [S0|S1|S2]     Ss = (as + bs) + cs, written to all
 //!
 //! Point-to-point is eager: `send` copies the message into the (src, dst, tag) mailbox of the
@@ -23,15 +22,25 @@
 //! the descriptors are already in shared memory), so mismatched calls throw CommMismatch on every
 //! rank instead of reading out of bounds.
 //!
-//! Async forms run on one worker thread per communicator, in call order; a blocking call runs on
-//! the caller's thread when that worker is idle, else after the queued work.
+//! The reductions and copies of all_reduce, reduce_scatter and all_gather are cut into 64 KiB
+//! chunks that any rank of the group may claim (`share_chunks`): a slice is no longer bound to
+//! its owner, so a rank that is blocked does the work of a peer that is still computing. The
+//! element-wise order of every reduction is the same whoever runs a chunk.
 //!
-//! Traffic is *measured*: each rank counts, per op, the bytes its copy loops read out of peers'
-//! buffers (`in`) and write into peers' buffers (`out`), as they do it (`LocalComm::traffic()`).
-//! An all_reduce of P bytes on N ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the
-//! same total as a ring); reduce_scatter and all_gather move (N−1)·P_rank in; a broadcast moves P
-//! into each non-root rank; send/recv count the message out of the sender and into the receiver.
-//! Copies within a rank's own buffers are not traffic.
+//! Async forms run on one worker thread per communicator, in call order; a blocking call runs on
+//! the caller's thread when that worker is idle, else after the queued work. The worker claims
+//! chunks only while the rank's own thread is blocked on the communicator (comm/local/gate.hpp):
+//! with one core per rank, overlapped communication uses the cores of ranks that wait instead of
+//! competing with a rank's compute.
+//!
+//! Traffic is counted per rank and op as the collective runs (`LocalComm::traffic()`): the bytes
+//! read out of peers' buffers (`in`) and written into peers' buffers (`out`) for the part of the
+//! result the rank owns (its balanced slice of an all_reduce, its block of a reduce_scatter or of
+//! an all_gather's receive), whichever rank's thread ran the chunks. An all_reduce of P bytes on N
+//! ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the same total as a ring);
+//! reduce_scatter and all_gather move (N−1)·P_rank in; a broadcast moves P into each non-root
+//! rank; send/recv count the message out of the sender and into the receiver. Copies within a
+//! rank's own buffers are not traffic.
 #pragma once
 
 #include <algorithm>
@@ -200,6 +209,7 @@ class LocalComm : private detail::LocalMailbox {
     check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
     if (s_->exec.idle()) {
       s_->call = resolve(o);
+      const detail::LocalGate::Blocked blocked(*s_->gate);  // this thread moves data too
       f();
       return;
     }
@@ -208,7 +218,7 @@ class LocalComm : private detail::LocalMailbox {
   template <class F>
   Work run_async(const CallOptions& o, F f) {
     check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
-    auto st = std::make_shared<detail::CompletionState>();
+    auto st = std::make_shared<detail::LocalWorkState>(s_->gate);
     s_->exec.post([st, s = s_.get(), call = resolve(o), f = std::move(f)]() mutable {
       try {
         s->call = call;
@@ -239,12 +249,18 @@ class LocalComm : private detail::LocalMailbox {
       src[q] = static_cast<const T*>(s.send);
       dst[q] = static_cast<T*>(s.recv);
     }
+    // Chunk c reduces elements [c·k, (c+1)·k) of every send buffer into every recv buffer.
+    constexpr std::int64_t k = chunk_elements<T>;
+    const bool streaming = detail::streams_result(count * n, sizeof(T));
+    share_chunks(me, pieces_of<T>(count), [&](std::int64_t c) {
+      detail::reduce_range<T>(src.data(), n, dst.data(), n, c * k, std::min(count, (c + 1) * k), op,
+                              streaming);
+    });
+    // Credited by slice, whichever rank ran the chunks: slice r is this rank's share of reading
+    // every peer's send buffer and writing every peer's recv buffer.
     const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
-    detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op);
-    // slice [lo, hi) was read from every peer's send buffer and written into every peer's recv
     const std::int64_t slice = (hi - lo) * static_cast<std::int64_t>(sizeof(T));
     add_traffic(CommOp::all_reduce, slice * (n - 1), slice * (n - 1));
-    leave(me);
   }
 
   template <class T>
@@ -258,16 +274,25 @@ class LocalComm : private detail::LocalMailbox {
     const auto me = enter(slot<T>(CommOp::reduce_scatter, count, send, recv, op));
     auto& group = g();
     const int n = group.size;
-    detail::RankPointers<const T*> src(n);
-    for (int q = 0; q < n; ++q) {
-      src[q] = static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send) +
-               static_cast<std::int64_t>(s_->rank) * count;
-    }
-    T* out = recv;
-    detail::reduce_range<T>(src.data(), n, &out, 1, 0, count, op);
-    // block `rank` was read from every peer's send buffer; the result stays in this rank's recv
+    const auto& slots = group.slots[me.seq % 2];
+    // Chunk c reduces piece c % pieces of block b = c / pieces of every send buffer into rank
+    // b's recv buffer.
+    constexpr std::int64_t k = chunk_elements<T>;
+    const std::int64_t pieces = pieces_of<T>(count);
+    const bool streaming = detail::streams_result(count, sizeof(T));
+    share_chunks(me, pieces * n, [&](std::int64_t c) {
+      const auto b = static_cast<int>(c / pieces);
+      const std::int64_t lo = (c % pieces) * k;
+      detail::RankPointers<const T*> src(n);
+      for (int q = 0; q < n; ++q) {
+        src[q] = static_cast<const T*>(slots[static_cast<std::size_t>(q)].send) +
+                 static_cast<std::int64_t>(b) * count;
+      }
+      T* out = static_cast<T*>(slots[static_cast<std::size_t>(b)].recv);
+      detail::reduce_range<T>(src.data(), n, &out, 1, lo, std::min(count, lo + k), op, streaming);
+    });
+    // Credited to the block's owner: block `rank` read from every peer's send buffer
     add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
-    leave(me);
   }
 
   template <class T>
@@ -280,17 +305,25 @@ class LocalComm : private detail::LocalMailbox {
 #endif
     const auto me = enter(slot<T>(CommOp::all_gather, count, send, recv));
     auto& group = g();
-    std::int64_t from_peers = 0;
-    for (int q = 0; q < group.size; ++q) {
-      const T* src =
-          static_cast<const T*>(group.slots[me.seq % 2][static_cast<std::size_t>(q)].send);
-      T* dst = recv + static_cast<std::int64_t>(q) * count;
-      if (src != dst && count > 0)
-        std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(T));
-      if (q != s_->rank) from_peers += count * static_cast<std::int64_t>(sizeof(T));
-    }
-    add_traffic(CommOp::all_gather, from_peers, 0);
-    leave(me);
+    const int n = group.size;
+    const auto& slots = group.slots[me.seq % 2];
+    // Chunk c copies piece c % pieces of rank q's send buffer into block q of rank d's recv
+    // buffer, (d, q) = (c / pieces / n, c / pieces % n).
+    constexpr std::int64_t k = chunk_elements<T>;
+    const std::int64_t pieces = pieces_of<T>(count);
+    share_chunks(me, pieces * n * n, [&](std::int64_t c) {
+      const std::int64_t block = c / pieces;
+      const auto d = static_cast<std::size_t>(block / n);
+      const auto q = static_cast<std::size_t>(block % n);
+      const std::int64_t lo = (c % pieces) * k;
+      const T* src = static_cast<const T*>(slots[q].send) + lo;
+      T* dst = static_cast<T*>(slots[d].recv) + static_cast<std::int64_t>(q) * count + lo;
+      if (src != dst) {
+        std::memcpy(dst, src, static_cast<std::size_t>(std::min(k, count - lo)) * sizeof(T));
+      }
+    });
+    // Credited to the receiving rank: its recv took every peer's block
+    add_traffic(CommOp::all_gather, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
   }
 
   template <class T>
@@ -308,6 +341,18 @@ class LocalComm : private detail::LocalMailbox {
     if (root != s_->rank)
       add_traffic(CommOp::broadcast, count * static_cast<std::int64_t>(sizeof(T)), 0);
     leave(me);
+  }
+
+  /// Elements of one shared chunk (comm/local/rendezvous.hpp `share_chunks`): 64 KiB, small
+  /// enough that a poll between layers (`Work::test`) costs little, large enough that claiming
+  /// (one atomic add) is noise.
+  template <class T>
+  static constexpr std::int64_t chunk_elements = std::int64_t{65536} /
+                                                 static_cast<std::int64_t>(sizeof(T));
+  /// Chunks of at most chunk_elements<T> that cover `count` elements.
+  template <class T>
+  static std::int64_t pieces_of(std::int64_t count) {
+    return (count + chunk_elements<T> - 1) / chunk_elements<T>;
   }
 
   void barrier_now() {

@@ -38,8 +38,9 @@ class LocalRendezvous : protected LocalCommBase {
 
   /// Waits until `ready()` holds. `ready` may be evaluated without the lock when `spin`;
   /// `missing()` lists the group ranks waited for; `what()` describes the wait for messages.
+  /// `timed`: the call's deadline applies (a wait for this rank's own thread has none).
   template <class Ready, class Missing, class What>
-  void wait_until(bool spin, Ready ready, Missing missing, What what) const {
+  void wait_until(bool spin, Ready ready, Missing missing, What what, bool timed = true) const {
     auto& group = g();
     auto& world = *group.world;
     const auto start = std::chrono::steady_clock::now();
@@ -74,6 +75,10 @@ class LocalRendezvous : protected LocalCommBase {
           throw CommError(detail::cat("fourway: ", what(), " cannot complete: ", group.who(q),
                                       " returned from its function without joining it"));
         }
+      }
+      if (!timed) {
+        world.cv.wait(lock);
+        continue;
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
@@ -125,13 +130,51 @@ class LocalRendezvous : protected LocalCommBase {
     me.seq = ++s_->seq;
     if (group.world->aborted.load()) throw_aborted(op_context(me));
     // No lock: a peer reads this slot only after it sees `arrived` (release / acquire), and this
-    // slot parity is rewritten two collectives later, after every peer has left this one.
+    // slot parity is rewritten two collectives later, after every peer has left this one. The
+    // same holds for the parity's chunk counter, which rank 0 resets.
     group.slots[me.seq % 2][static_cast<std::size_t>(s_->rank)] = me;
+    if (s_->rank == 0) group.next_chunk[me.seq % 2].store(0, std::memory_order_relaxed);
     group.arrived[s_->rank].store(me.seq, std::memory_order_release);
     group.world->notify();
     wait_for_all(group.arrived.get(), me, " (arrival)");
     verify(me);
     return me;
+  }
+
+  /// Runs the `total` chunks of collective `me` (`chunk(c)` for c in [0, total)) shared with its
+  /// peers, then leaves it. Each chunk is claimed once, by whichever rank gets it first; this
+  /// rank claims only while its gate is open (comm/local/gate.hpp), else it sleeps until the
+  /// gate opens or its peers have claimed every chunk, and offers the chunks to its own thread
+  /// meanwhile. A chunk's result never depends on who ran it, so results stay bitwise fixed.
+  template <class Chunk>
+  void share_chunks(const detail::LocalSlot& me, std::int64_t total, Chunk chunk) {
+    auto& group = g();
+    auto& next = group.next_chunk[me.seq % 2];
+    auto& gate = *s_->gate;
+    auto claim_one = [&] {
+      // a failed world stops here: leave() below throws its failure
+      if (group.world->aborted.load(std::memory_order_relaxed)) return false;
+      const std::int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= total) return false;
+      if (c == total - 1) group.world->notify();  // sleeping ranks wait for the last claim
+      chunk(c);
+      return true;
+    };
+    auto claimed = [&] { return next.load(std::memory_order_relaxed) >= total; };
+    {
+      const LocalGate::Offer offer(gate, claim_one);
+      for (;;) {
+        if (gate.open()) {
+          if (!claim_one()) break;
+          continue;
+        }
+        if (claimed()) break;
+        wait_until(
+            false, [&] { return gate.open() || claimed(); }, [] { return std::vector<int>{}; },
+            [&] { return op_context(me) + " (waiting for this rank's thread)"; }, false);
+      }
+    }
+    leave(me);
   }
 
   /// Marks this rank's part of collective `seq` finished and waits for every rank's.

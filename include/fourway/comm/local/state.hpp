@@ -23,6 +23,7 @@
 
 #include "fourway/comm/call_desc.hpp"
 #include "fourway/comm/local/executor.hpp"
+#include "fourway/comm/local/gate.hpp"
 #include "fourway/comm/types.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
@@ -139,6 +140,9 @@ struct LocalGroup {
   std::vector<LocalSlot> slots[2];
   std::unique_ptr<std::atomic<std::uint64_t>[]> arrived;
   std::unique_ptr<std::atomic<std::uint64_t>[]> done;
+  // The next unclaimed chunk of the collective of each sequence parity (share_chunks); reset by
+  // rank 0 when it enters, before it publishes its arrival.
+  std::atomic<std::int64_t> next_chunk[2] = {0, 0};
   std::map<std::tuple<int, int, int>, std::deque<LocalMessage>> mail;  // (src, dst, tag)
   // Host message buffers handed back by receivers, reused by senders: a steady stream of large
   // messages then costs two memcpys, not fresh pages every time. At most `pool_max` are kept.
@@ -190,7 +194,14 @@ inline std::string exception_message(const std::exception_ptr& e) {
 /// stable address when the communicator moves).
 struct LocalRankState {
   LocalRankState(std::shared_ptr<LocalGroup> g, int r)
-      : group(std::move(g)), rank(r), call{group->options.deadline, nullptr} {}
+      : group(std::move(g)),
+        rank(r),
+        call{group->options.deadline, nullptr},
+        gate(std::make_shared<LocalGate>([w = group->world] { w->notify(); })) {}
+  LocalRankState(const LocalRankState&) = delete;
+  LocalRankState& operator=(const LocalRankState&) = delete;
+  // Queued work still runs: its worker may now move data (comm/local/gate.hpp), then is joined.
+  ~LocalRankState() { gate->open_forever(); }
   std::shared_ptr<LocalGroup> group;
   int rank;
   std::uint64_t seq = 0;    // collectives entered
@@ -204,7 +215,8 @@ struct LocalRankState {
   std::array<std::atomic<std::uint64_t>, comm_op_count> moved_in{};   // bytes read from peers
   std::array<std::atomic<std::uint64_t>, comm_op_count> moved_out{};  // bytes written to peers
   LocalEvents events;
-  LocalExecutor exec;  // last: joined before the rest is destroyed
+  std::shared_ptr<LocalGate> gate;  // when the worker may move data (comm/local/gate.hpp)
+  LocalExecutor exec;               // last: joined before the rest is destroyed
 };
 
 /// The root of LocalComm's parts (rendezvous, device part, mailbox, LocalComm itself): the
