@@ -10,14 +10,18 @@
 # AdamW, clip 1.0, fp32), one thread per rank (OPENBLAS_NUM_THREADS=1 / torch.set_num_threads(1)),
 # buckets of $BUCKET_MB MiB on both sides (default 4: the 17 MB of gradients make 5 buckets, so
 # there is something to overlap; at 25 MiB fourway would put the whole model in one bucket).
-# Each run does 2 warm-up steps, then reports the median step time of the timed
-# steps. Ratios < 1 mean fourway is faster.
+# Each run does 2 warm-up steps, then reports the median step time of its timed steps; the whole
+# set of runs is repeated ROUNDS times (default 3), interleaved, and each figure is reported as
+# min / median / max over the rounds, ratios as ratios of the medians. Ratios < 1 mean fourway is
+# faster. The checks against the targets of docs/BENCHMARKS.md come last.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build/default}
 steps=${STEPS:-8}
 bucket=${BUCKET_MB:-4}
+rounds=${ROUNDS:-3}
 warmup=2
+source "$here/../stats.sh"  # stats, median, ratio, machine, load1
 exe=$build/examples/train/fourway-train
 [ -x "$exe" ] || { echo "no $exe: build the fourway-train target first" >&2; exit 1; }
 model="--layers 4 --dim 256 --heads 8 --vocab 4096 --seq 128 --batch 8"
@@ -44,33 +48,55 @@ fourway() {  # fourway <name> <flags...>: prints "<name> <ms> <bytes/rank/step>"
     --log-json "$tmp/$name.jsonl" --quiet "$@" > /dev/null
   local bytes
   bytes=$(tail -1 "$tmp/$name.jsonl" | grep -o '"comm_modelled_bytes_per_rank":[0-9.]*' | cut -d: -f2)
-  echo "$name $(median_ms "$tmp/$name.jsonl") ${bytes:--}"
+  echo "$(median_ms "$tmp/$name.jsonl") ${bytes:--}"
 }
 
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (the figures are only meaningful on an idle machine)"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "model: $model, fp32, buckets $bucket MiB, $steps timed steps after $warmup warm-up"
-res=()
-res+=("$(fourway dp2_overlap --ranks 2 --zero 0 --bucket-mb $bucket)")
-res+=("$(fourway dp2_no_overlap --ranks 2 --zero 0 --bucket-mb $bucket --no-overlap)")
-for z in 1 2 3; do res+=("$(fourway zero$z --ranks 2 --zero $z --bucket-mb $bucket)"); done
-res+=("$(fourway zero3_no_prefetch --ranks 2 --zero 3 --no-overlap)")
-res+=("$(fourway one_rank --ranks 1 --zero 0)")
-pt=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 "$here/ddp_torch.py" --ranks 2 --threads 1 --layers 4 --dim 256 --heads 8 \
-     --vocab 4096 --seq 128 --batch 8 --steps "$steps" --warmup $warmup --bucket-mb "$bucket")
-pt_ms=$(echo "$pt" | sed -E 's/.*"ms_per_step": ([0-9.]+).*/\1/')
-
-printf '\n%-22s %10s %12s %16s\n' "run" "ms/step" "tokens/s" "comm B/rank/step"
-for r in "${res[@]}"; do
-  set -- $r
-  printf '%-22s %10.1f %12.0f %16s\n' "fourway $1" "$2" "$(echo "1024 * 1000 / $2" | bc -l)" "$3"
+echo "machine: $(machine); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "model: $model, fp32, buckets $bucket MiB, $steps timed steps after $warmup warm-up, $rounds rounds"
+runs="dp2_overlap dp2_no_overlap zero1 zero1_no_overlap zero2 zero2_no_overlap zero3 zero3_no_prefetch one_rank pytorch"
+flags() {  # the fourway-train flags of a run
+  case $1 in
+    dp2_overlap) echo "--ranks 2 --zero 0 --bucket-mb $bucket" ;;
+    dp2_no_overlap) echo "--ranks 2 --zero 0 --bucket-mb $bucket --no-overlap" ;;
+    zero[123]) echo "--ranks 2 --zero ${1#zero} --bucket-mb $bucket" ;;
+    zero[12]_no_overlap) echo "--ranks 2 --zero ${1:4:1} --bucket-mb $bucket --no-overlap" ;;
+    zero3_no_prefetch) echo "--ranks 2 --zero 3 --bucket-mb $bucket --no-overlap" ;;
+    one_rank) echo "--ranks 1 --zero 0" ;;
+  esac
+}
+for i in $(seq "$rounds"); do
+  line="round $i (load $(load1)):"
+  for r in $runs; do
+    if [ "$r" = pytorch ]; then
+      pt=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 "$here/ddp_torch.py" \
+           --ranks 2 --threads 1 --layers 4 --dim 256 --heads 8 --vocab 4096 --seq 128 --batch 8 \
+           --steps "$steps" --warmup $warmup --bucket-mb "$bucket")
+      ms=$(echo "$pt" | sed -E 's/.*"ms_per_step": ([0-9.]+).*/\1/')
+      bytes=-
+    else
+      read -r ms bytes <<< "$(fourway "$r" $(flags "$r"))"
+    fi
+    echo "$ms" >> "$tmp/$r.ms"
+    echo "$bytes" > "$tmp/$r.bytes"
+    line+=" $r $ms"
+  done
+  echo "$line"
 done
-printf '%-22s %10.1f %12.0f %16s\n' "pytorch ddp gloo x2" "$pt_ms" "$(echo "1024 * 1000 / $pt_ms" | bc -l)" "-"
-ms() { for r in "${res[@]}"; do set -- $r; if [ "$1" = "$want" ]; then echo "$2"; fi; done; }
-want=dp2_overlap; dp=$(ms)
-want=dp2_no_overlap; dpn=$(ms)
-want=zero3; z3=$(ms)
+
+med() { median < "$tmp/$1.ms"; }
+printf '\n%-20s %-28s %12s %16s\n' "run" "ms/step min / median / max" "tokens/s" "comm B/rank/step"
+for r in $runs; do
+  printf '%-20s %-28s %12.0f %16s\n' "$r" "$(stats < "$tmp/$r.ms")" \
+    "$(echo "1024 * 1000 / $(med "$r")" | bc -l)" "$(cat "$tmp/$r.bytes")"
+done
 echo
-printf 'ratio fourway DP=2 / PyTorch DDP step time   %.3f (target <= 1.0)\n' "$(echo "$dp / $pt_ms" | bc -l)"
-printf 'overlap gain: no-overlap / overlap step time %.3f\n' "$(echo "$dpn / $dp" | bc -l)"
-printf 'ZeRO-3 / DP step time                        %.3f\n' "$(echo "$z3 / $dp" | bc -l)"
+echo "ratios of the medians (targets in docs/BENCHMARKS.md):"
+show() { printf '  %-44s %s  %s\n' "$1" "$2" "$3"; }
+show "fourway DP=2 / PyTorch DDP, step time" "$(ratio "$(med dp2_overlap)" "$(med pytorch)")" "(target <= 1.0)"
+show "two ranks / one rank, tokens/s" "$(ratio "$(med one_rank)" "$(med dp2_overlap)")" "(target >= 1.7)"
+for pair in dp2_overlap:dp2_no_overlap zero1:zero1_no_overlap zero2:zero2_no_overlap \
+            zero3:zero3_no_prefetch; do
+  show "overlap on / off, step time, ${pair%%:*}" "$(ratio "$(med "${pair%%:*}")" "$(med "${pair#*:}")")" \
+    "(target <= 1.0)"
+done
+show "ZeRO-3 / DP, step time" "$(ratio "$(med zero3)" "$(med dp2_overlap)")" ""

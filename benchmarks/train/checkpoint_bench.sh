@@ -28,13 +28,10 @@ mesh="--ranks 4 --zero 3"
 
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
-# min / median / max of the numbers on stdin
-stats() { sort -g | awk '{v[NR]=$1} END {printf "%.3f / %.3f / %.3f", v[1], v[int((NR+1)/2)], v[NR]}'; }
-median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+source "$(cd "$(dirname "$0")" && pwd)/../stats.sh"  # stats, median, machine
 record() { echo "$2" >> "$work/$1.txt"; }
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
-  "$(free -g | awk '/Mem:/ {print $2}') GB; disk: $(df -h "$work" | awk 'NR==2 {print $1}')"
+echo "machine: $(machine); disk: $(df -h "$work" | awk 'NR==2 {print $1}')"
 echo "load at start: $(uptime)"
 
 if [[ " $parts " == *" 1 "* ]]; then
