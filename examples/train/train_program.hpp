@@ -52,6 +52,12 @@ namespace fw = fourway;
 
 namespace fourway_train {
 
+using Clock = std::chrono::steady_clock;
+/// Wall seconds since `t0`.
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 struct Options {
   std::string init_from;
   int layers = 4;
@@ -215,7 +221,7 @@ template <class TrainerT>
 int resume_run(TrainerT& trainer, const fw::FlagGather& flags, const Options& o,
                fw::TokenLoader& loader, bool lead) {
   if (o.resume.empty()) return 0;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   const fw::StateIndex index = fw::resume_checkpoint(trainer, flags, o.resume);
   const auto pos = index.meta.find("data_position");
   fw::check<fw::CheckpointError>(pos != index.meta.end(), "fourway: ", o.resume,
@@ -226,7 +232,7 @@ int resume_run(TrainerT& trainer, const fw::FlagGather& flags, const Options& o,
   fw::check<fw::ConfigError>(done <= o.steps, "fourway: ", o.resume, " is at step ", done,
                              " but --steps is ", o.steps, "; raise --steps to continue");
   if (lead) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds_since(t0);
     std::printf("resumed from %s at step %d (saved by %s ranks) in %.3f s\n",
                 fw::resolve_checkpoint(o.resume).string().c_str(), done,
                 index.meta.count("saved_by_ranks") ? index.meta.at("saved_by_ranks").c_str() : "?",
@@ -252,11 +258,9 @@ inline void finish_saves(fw::AsyncStateSave& pending, const fw::FlagGather& flag
 
 /// The wall time of the training loop, its checkpoints included (the cost of the saves,
 /// synchronous or not, is the difference to the same run without --save-dir).
-inline void print_loop_time(const Options& o, std::chrono::steady_clock::time_point start,
-                            int steps) {
+inline void print_loop_time(const Options& o, Clock::time_point start, int steps) {
   if (o.quiet) return;
-  std::printf("training loop: %d steps in %.3f s%s\n", steps,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+  std::printf("training loop: %d steps in %.3f s%s\n", steps, seconds_since(start),
               o.save_dir.empty() ? "" : ", checkpoints included");
 }
 
@@ -274,25 +278,23 @@ void save_if_due(TrainerT& trainer, fw::AsyncStateSave& pending, int rank, int w
   c.keep = o.keep;
   c.meta["data_position"] = std::to_string(loader.position());
   c.meta["data"] = o.data;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   if (o.save_async) {
     finish_saves(pending, flags, o, true, lead);  // one save in flight: the previous one first
-    const auto t1 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     fw::save_checkpoint_async(trainer, pending, rank, world, flags, c);
     if (lead && !o.quiet) {
       std::printf(
           "checkpoint step %d: %llu B copied to host in %.3f s (rank 0); writing in the "
           "background\n",
-          step, static_cast<unsigned long long>(pending.snapshot_bytes()),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+          step, static_cast<unsigned long long>(pending.snapshot_bytes()), seconds_since(t0));
     }
     return;
   }
+  const auto t0 = Clock::now();
   const auto dir = fw::save_checkpoint(trainer, rank, world, flags, c);
-  if (lead && !o.quiet) std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), seconds());
+  if (lead && !o.quiet) {
+    std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), seconds_since(t0));
+  }
 }
 
 /// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
@@ -480,15 +482,14 @@ int train(const Options& o) {
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
   double first_loss = 0.0, last_loss = 0.0;
 
-  const auto loop_start = std::chrono::steady_clock::now();
+  const auto loop_start = Clock::now();
   for (int step = resumed + 1; step <= o.steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     const fw::SequenceBatch b = loader.next();
     const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
     const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
     const fw::StepReport& rep = trainer.last_report();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = 1e3 * seconds_since(t0);
 
     const fw::StepRecord r = step_record(step, loss, rep, ms, tokens_per_step, lr);
     log.write(r, {&memory});
@@ -574,10 +575,10 @@ void train_ranks(const Options& o) {
     fw::Trainer<S> trainer(trainer_options(o), ctx, model, dp, make_adamw(o), so);
     std::string loaded;
     if (ckpt) {  // positioned reads of the elements this rank owns, converted on the way
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       fw::load_gpt2_sharded(trainer.strategy(), *ckpt);
       w.comm().barrier();  // every rank has its weights
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = seconds_since(t0);
       if (lead) std::printf("loaded %s in %.3f s on %d ranks\n", o.init_from.c_str(), s, n);
       loaded = fw::detail::cat("  read ", ckpt->bytes_read(), " B of ", o.init_from, " (",
                                std::filesystem::file_size(o.init_from), " B)\n");
@@ -623,9 +624,9 @@ void train_ranks(const Options& o) {
     fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
-    const auto loop_start = std::chrono::steady_clock::now();
+    const auto loop_start = Clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       const fw::SequenceBatch b = loader.next();
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       dp.counters().reset();
@@ -640,8 +641,7 @@ void train_ranks(const Options& o) {
       if constexpr (std::is_same_v<W, fw::LocalWorld>) {
         measured = static_cast<long long>(dp.inner().traffic().total());
       }
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double ms = 1e3 * seconds_since(t0);
       const fw::StepRecord r =
           step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
       save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
@@ -693,10 +693,10 @@ void train_ranks(const Options& o) {
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
     }
     if (!o.save.empty()) {  // every rank writes its own elements into one file; nothing gathered
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       const std::uint64_t wrote =
           fw::save_gpt2_sharded(trainer.strategy(), w.rank(), flags, o.save);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = seconds_since(t0);
       if (lead) {
         std::printf("saved %s in %.3f s on %d ranks (rank 0 wrote %llu B of it)\n", o.save.c_str(),
                     s, n, static_cast<unsigned long long>(wrote));

@@ -154,9 +154,7 @@ class AsyncStateSave {
   std::optional<std::filesystem::path> poll(const FlagGather& flags) {
     if (!in_flight_) return std::nullopt;
     const auto done = flags(written_.load(std::memory_order_acquire) ? 1 : 0);
-    for (auto d : done) {
-      if (d == 0) return std::nullopt;
-    }
+    if (std::ranges::any_of(done, [](auto d) { return d == 0; })) return std::nullopt;
     return finish(flags);
   }
 

@@ -4,11 +4,19 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include "fourway/core/error.hpp"
 
 namespace fourway {
+
+/// "(d0, d1, ...)": how messages print extents (Shape::str, checkpoint shapes).
+inline std::string dims_string(std::span<const std::int64_t> dims) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + ")";
+}
 
 class Shape {
  public:
@@ -47,9 +55,8 @@ class Shape {
     return true;
   }
   [[nodiscard]] std::string str() const {
-    std::string s = "(";
-    for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
-    return s + ")";
+    return dims_string(
+        std::span<const std::int64_t>(dims_.data(), static_cast<std::size_t>(rank_)));
   }
 
  private:

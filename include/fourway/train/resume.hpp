@@ -70,12 +70,6 @@ N meta_number(const StateIndex& x, const std::string& key, const std::string& so
   return v;
 }
 
-inline std::string dims_text(const std::vector<std::int64_t>& d) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + ")";
-}
-
 /// The global tensors of a model's optimizer state: three per parameter (state_runs.hpp).
 template <class Model>
 std::vector<StateTensor> state_tensors(Model& model) {
@@ -205,8 +199,8 @@ StateIndex resume_checkpoint(TrainerT& trainer, const FlagGather& flags,
       check<CheckpointError>(saved != nullptr, "fourway: checkpoint ", where, " has no tensor \"",
                              t.name, "\"; it was saved from another model");
       check<CheckpointError>(saved->shape == t.shape, "fourway: checkpoint ", where, ": \"", t.name,
-                             "\" has shape ", detail::dims_text(saved->shape), ", the model has ",
-                             detail::dims_text(t.shape), "; it was saved from another model");
+                             "\" has shape ", dims_string(saved->shape), ", the model has ",
+                             dims_string(t.shape), "; it was saved from another model");
     }
     const auto adam_step = detail::meta_number<int>(d.index(), "adam_step", where);
     s.load_state(adam_step,
