@@ -250,11 +250,10 @@ class LocalComm : private detail::LocalMailbox {
       dst[q] = static_cast<T*>(s.recv);
     }
     // Chunk c reduces elements [c·k, (c+1)·k) of every send buffer into every recv buffer.
-    constexpr std::int64_t k = chunk_elements<T>;
     const bool streaming = detail::streams_result(count * n, sizeof(T));
     share_chunks(me, pieces_of<T>(count), [&](std::int64_t c) {
-      detail::reduce_range<T>(src.data(), n, dst.data(), n, c * k, std::min(count, (c + 1) * k), op,
-                              streaming);
+      const auto [lo, hi] = piece<T>(count, c);
+      detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op, streaming);
     });
     // Credited by slice, whichever rank ran the chunks: slice r is this rank's share of reading
     // every peer's send buffer and writing every peer's recv buffer.
@@ -277,19 +276,18 @@ class LocalComm : private detail::LocalMailbox {
     const auto& slots = group.slots[me.seq % 2];
     // Chunk c reduces piece c % pieces of block b = c / pieces of every send buffer into rank
     // b's recv buffer.
-    constexpr std::int64_t k = chunk_elements<T>;
     const std::int64_t pieces = pieces_of<T>(count);
     const bool streaming = detail::streams_result(count, sizeof(T));
     share_chunks(me, pieces * n, [&](std::int64_t c) {
       const auto b = static_cast<int>(c / pieces);
-      const std::int64_t lo = (c % pieces) * k;
+      const auto [lo, hi] = piece<T>(count, c % pieces);
       detail::RankPointers<const T*> src(n);
       for (int q = 0; q < n; ++q) {
         src[q] = static_cast<const T*>(slots[static_cast<std::size_t>(q)].send) +
                  static_cast<std::int64_t>(b) * count;
       }
       T* out = static_cast<T*>(slots[static_cast<std::size_t>(b)].recv);
-      detail::reduce_range<T>(src.data(), n, &out, 1, lo, std::min(count, lo + k), op, streaming);
+      detail::reduce_range<T>(src.data(), n, &out, 1, lo, hi, op, streaming);
     });
     // Credited to the block's owner: block `rank` read from every peer's send buffer
     add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
@@ -309,18 +307,15 @@ class LocalComm : private detail::LocalMailbox {
     const auto& slots = group.slots[me.seq % 2];
     // Chunk c copies piece c % pieces of rank q's send buffer into block q of rank d's recv
     // buffer, (d, q) = (c / pieces / n, c / pieces % n).
-    constexpr std::int64_t k = chunk_elements<T>;
     const std::int64_t pieces = pieces_of<T>(count);
     share_chunks(me, pieces * n * n, [&](std::int64_t c) {
       const std::int64_t block = c / pieces;
       const auto d = static_cast<std::size_t>(block / n);
       const auto q = static_cast<std::size_t>(block % n);
-      const std::int64_t lo = (c % pieces) * k;
+      const auto [lo, hi] = piece<T>(count, c % pieces);
       const T* src = static_cast<const T*>(slots[q].send) + lo;
       T* dst = static_cast<T*>(slots[d].recv) + static_cast<std::int64_t>(q) * count + lo;
-      if (src != dst) {
-        std::memcpy(dst, src, static_cast<std::size_t>(std::min(k, count - lo)) * sizeof(T));
-      }
+      if (src != dst) std::memcpy(dst, src, static_cast<std::size_t>(hi - lo) * sizeof(T));
     });
     // Credited to the receiving rank: its recv took every peer's block
     add_traffic(CommOp::all_gather, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
@@ -353,6 +348,12 @@ class LocalComm : private detail::LocalMailbox {
   template <class T>
   static std::int64_t pieces_of(std::int64_t count) {
     return (count + chunk_elements<T> - 1) / chunk_elements<T>;
+  }
+  /// Elements [lo, hi) of piece `p` of `count` elements.
+  template <class T>
+  static std::pair<std::int64_t, std::int64_t> piece(std::int64_t count, std::int64_t p) {
+    const std::int64_t lo = p * chunk_elements<T>;
+    return {lo, std::min(count, lo + chunk_elements<T>)};
   }
 
   void barrier_now() {
