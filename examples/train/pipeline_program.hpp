@@ -231,6 +231,21 @@ inline IdlePrediction predict_idle(const fw::schedule::Table& t,
   return out;
 }
 
+/// The map's `layers` entry of a pipeline rank: the chunks it holds, e.g.
+/// "chunk 0: blocks [0,2), embedding; chunk 3: blocks [6,8), head (a copy of wte)".
+template <class Strategy>
+std::string chunks_text(Strategy& st) {
+  std::string out;
+  const fw::pp::Partition& part = st.partition();
+  for (int c = 0; c < part.chunks(); ++c) {
+    if (st.chunk(c) == nullptr) continue;
+    out += fw::detail::cat(out.empty() ? "" : "; ", "chunk ", c, ": blocks [", part.first(c), ",",
+                           part.end(c), ")", c == 0 ? ", embedding" : "",
+                           c == part.chunks() - 1 ? ", head (a copy of wte)" : "");
+  }
+  return out;
+}
+
 template <class Target, class T, class W, int Zero>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
@@ -274,9 +289,6 @@ void train_pipeline_ranks(const Options& o) {
       st.load_weights(fw::gpt2_element_reader(*ckpt, fw::inspect_gpt2(*ckpt)));
       ckpt.reset();
     }
-    if (lead && Zero > 0)
-      std::printf("ZeRO-%d across the %d replicas of each stage (docs/pipeline.md): %s\n", Zero,
-                  n / o.pp, st.sharded()->describe().c_str());
     const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     if (lead) {
@@ -290,6 +302,23 @@ void train_pipeline_ranks(const Options& o) {
           o.batch / n * o.pp / o.micro_batches, st.partition().describe().c_str());
       std::printf("%s", fw::schedule::to_string(st.table()).c_str());
     }
+    fw::RankHoldings held;  // the map: who holds what
+    held.rank = w.rank();
+    held.position = mesh.position(w.rank());
+    held.layers = chunks_text(st);
+    if constexpr (Zero > 0) {
+      held.set_sharding<typename S::dp_policy>(fw::optimizer_pieces(*st.sharded()));
+      held.layout = st.sharded()->describe();
+    } else {
+      held.set_sharding<typename S::dp_policy>({});
+    }
+    held.count_bytes(w.memory());
+    held.one_rank_bytes =  // the whole model's parameters, described (nothing allocated)
+        static_cast<std::size_t>(
+            fw::models::Gpt<T, B>::deferred(ctx, cfg, o.seed).num_parameters()) *
+        fw::Precision<T>::bytes_per_param;
+    print_map(
+        lead, w.rank(), n, [&] { w.comm().barrier(); }, held.text());
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);

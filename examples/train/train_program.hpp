@@ -35,12 +35,14 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/mesh/mesh.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/tools/cli.hpp"
 #include "fourway/tools/progress.hpp"
 #include "fourway/train/corpus.hpp"
+#include "fourway/train/holdings.hpp"
 #include "fourway/train/log.hpp"
 #include "fourway/train/resume.hpp"
 #include "fourway/train/sharded_strategy.hpp"
@@ -541,6 +543,26 @@ inline fw::Batch batch_share(const fw::SequenceBatch& b, int r, int n) {
                    std::span<const std::int32_t>(b.targets).subspan(at, len), rows, b.T};
 }
 
+/// The map's `layers` entry of a rank that holds the whole model.
+inline std::string whole_model_text(const fw::models::GptConfig& cfg) {
+  return fw::detail::cat("all ", cfg.layers, cfg.layers == 1 ? " block" : " blocks",
+                         ", embedding and head");
+}
+
+/// The map (train/holdings.hpp): every rank's `entry`, printed by that rank in rank order, after
+/// a heading from the lead; `barrier()` is a collective over all `size` ranks.
+template <class Barrier>
+void print_map(bool lead, int rank, int size, Barrier&& barrier, const std::string& entry) {
+  if (lead) std::printf("map: who holds what (docs/mesh.md)\n");
+  for (int q = 0; q < size; ++q) {
+    barrier();
+    if (q != rank) continue;
+    std::fputs(entry.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  barrier();
+}
+
 /// Trains on the ranks of world kind W with ShardedStrategy<Stage> (0 = DataParallel). Every rank
 /// builds the model and reads the data; the Trainer gives each its share of the global batch.
 template <class Target, class T, int Stage, class W>
@@ -597,22 +619,17 @@ void train_ranks(const Options& o) {
                   Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(),
                   n, o.backend.c_str(), static_cast<double>(o.bucket_mb));
     }
-    // who holds what, and the memory by tag, rank by rank
-    const auto state = [&](const fw::MemoryAccountant& m) {
-      return m.current(fw::MemTag::weights) + m.current(fw::MemTag::grads) +
-             m.current(fw::MemTag::master_weights) + m.current(fw::MemTag::optimizer_state);
-    };
-    const std::size_t alone = static_cast<std::size_t>(psi) * fw::Precision<T>::bytes_per_param;
-    for (int q = 0; q < n; ++q) {
-      dp.barrier();
-      if (q != w.rank()) continue;
-      std::printf("%s\n  model states %zu B (one rank alone: %zu B, %.2fx)\n%s%s",
-                  trainer.strategy().describe().c_str(), state(w.memory()), alone,
-                  static_cast<double>(alone) / static_cast<double>(state(w.memory())),
-                  loaded.c_str(), w.memory().table().c_str());
-      std::fflush(stdout);
-    }
-    dp.barrier();
+    // the map: who holds what, and the memory by tag, rank by rank
+    fw::RankHoldings held;
+    held.rank = w.rank();
+    held.position = fw::Mesh<fw::DataParallel>(n).position(w.rank());
+    held.layers = whole_model_text(cfg);
+    held.set_sharding<fw::data_parallel_policy_t<Stage>>(fw::optimizer_pieces(trainer.strategy()));
+    held.layout = trainer.strategy().describe();
+    held.count_bytes(w.memory());
+    held.one_rank_bytes = static_cast<std::size_t>(psi) * fw::Precision<T>::bytes_per_param;
+    print_map(
+        lead, w.rank(), n, [&] { dp.barrier(); }, held.text() + loaded + w.memory().table());
 
     const fw::FlagGather flags = [&](std::int64_t mine) {
       return all_gather_words(w, ctx, &mine, 1);

@@ -15,6 +15,7 @@
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/parallel/tp/placement.hpp"
 #include "fourway/train/tensor_parallel.hpp"
 
 namespace fourway_train {
@@ -75,9 +76,20 @@ void train_tp_ranks(const Options& o) {
           mesh.tp(), o.sequence_parallel ? " (sequence parallel)" : "",
           Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(), dp,
           w.size(), o.backend.c_str(), cfg.vocab, static_cast<long long>(model.padded_vocab()));
-      std::printf("rank 0 holds %zu B of weights (MemTag::weights)\n",
-                  w.memory().current(fw::MemTag::weights));
     }
+    fw::RankHoldings held;  // the map: who holds what
+    held.rank = w.rank();
+    held.position = mesh.position(w.rank());
+    held.layers = whole_model_text(cfg);
+    held.tp_slice = fw::tp::describe_slice(model.placements(), mesh.tp(), model.tp_rank());
+    held.set_sharding<fw::data_parallel_policy_t<Stage>>(fw::optimizer_pieces(trainer.strategy()));
+    held.layout = trainer.strategy().describe();
+    held.count_bytes(w.memory());
+    std::int64_t psi = 0;  // the unsplit model's parameters
+    for (const auto& p : model.placements()) psi += p.full_numel();
+    held.one_rank_bytes = static_cast<std::size_t>(psi) * fw::Precision<T>::bytes_per_param;
+    print_map(
+        lead, w.rank(), w.size(), [&] { world.barrier(); }, held.text());
 
     std::ofstream log;
     if (lead && !o.log_json.empty()) {

@@ -104,6 +104,7 @@
 #include "fourway/schedule/simulate.hpp"
 #include "fourway/schedule/table.hpp"
 #include "fourway/train/corpus.hpp"
+#include "fourway/train/holdings.hpp"
 #include "fourway/train/log.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/resume.hpp"

@@ -133,6 +133,14 @@ TEST(Mesh, LayoutIsTensorParallelInnermost) {
   EXPECT_EQ(m.describe(), "tp=2 pp=2 dp=2 (8 ranks)");
 }
 
+TEST(Mesh, PositionListsEveryAxisInnermostFirst) {
+  const Full m(8);  // rank = tp + 2 * (pp + 2 * dp)
+  EXPECT_EQ(m.position(0), "tp 0/2, pp 0/2, dp 0/2");
+  EXPECT_EQ(m.position(5), "tp 1/2, pp 0/2, dp 1/2");
+  EXPECT_EQ(m.position(6), "tp 0/2, pp 1/2, dp 1/2");
+  EXPECT_EQ(fw::Mesh<fw::DataParallel>(3).position(2), "tp 0/1, pp 0/1, dp 2/3");
+}
+
 TEST(Mesh, DataParallelDegreeIsWhatTheWorldLeaves) {
   EXPECT_EQ(Full(16).dp(), 4);
   using DynTp = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>;

@@ -263,6 +263,15 @@ class Mesh {
     for (Axis a : all_axes) out += detail::cat(axis_name(a), "=", deg_[index(a)], " ");
     return out + detail::cat("(", world_, " ranks)");
   }
+  /// Where `rank` sits, coordinate / degree on every axis: "tp 1/2, pp 0/2, dp 1/2".
+  [[nodiscard]] std::string position(int rank) const {
+    const Coord c = coord_of(rank);
+    std::string out;
+    for (Axis a : all_axes) {
+      out += detail::cat(out.empty() ? "" : ", ", axis_name(a), " ", c[a], "/", deg_[index(a)]);
+    }
+    return out;
+  }
 
  private:
   static constexpr int index(Axis a) { return static_cast<int>(a); }

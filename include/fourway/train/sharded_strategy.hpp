@@ -326,8 +326,8 @@ class ShardedStrategy {
   [[nodiscard]] std::string describe() const {
     const FlatLayout& l = layout();
     std::ostringstream os;
-    os << "rank " << rank_ << "/" << size_ << " stage " << Stage << ": " << l.segment_count()
-       << (policy::shards_params ? " units" : " buckets") << ", " << l.numel() << " parameters";
+    os << l.segment_count() << (policy::shards_params ? " units" : " buckets") << ", " << l.numel()
+       << " parameters";
     if constexpr (!policy::shards_optimizer_state) {
       os << ", holds all of them";
     } else {

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -108,6 +109,35 @@ inline std::int64_t padded_vocab(std::int64_t vocab, int n, int alignment) {
                      "tp and alignment >= 1, got ", vocab, ", ", n, ", ", alignment);
   const std::int64_t m = static_cast<std::int64_t>(n) * alignment;
   return (vocab + m - 1) / m * m;
+}
+
+/// What rank r of n holds of the tensors in `table`, for the map fourway-train prints
+/// (train/holdings.hpp): "column slice 1/2 of 8 tensors, row slice 1/2 of 4, vocab rows
+/// [2048,4096) of wte.weight, 13 replicated" (slices numbered like ranks, from 0).
+inline std::string describe_slice(std::span<const Placement> table, int n, int r) {
+  int column = 0, row = 0, replicated = 0;
+  std::string vocab;
+  for (const Placement& p : table) {
+    switch (p.split) {
+      case Split::column: ++column; break;
+      case Split::row: ++row; break;
+      case Split::replicated: ++replicated; break;
+      case Split::vocab:
+        vocab += detail::cat(vocab.empty() ? "" : ", ", "vocab rows [", p.vocab_start(n, r), ",",
+                             p.vocab_start(n, r) + p.valid_rows(n, r), ") of ", p.name);
+        if (p.valid_rows(n, r) < p.local_rows(n)) {
+          vocab += detail::cat(" (+", p.local_rows(n) - p.valid_rows(n, r), " padding rows)");
+        }
+        break;
+    }
+  }
+  std::string out;
+  const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
+  if (column > 0) add(detail::cat("column slice ", r, "/", n, " of ", column, " tensors"));
+  if (row > 0) add(detail::cat("row slice ", r, "/", n, " of ", row));
+  if (!vocab.empty()) add(vocab);
+  if (replicated > 0) add(detail::cat(replicated, " replicated"));
+  return out;
 }
 
 }  // namespace fourway::tp
