@@ -257,6 +257,12 @@ class Gpt {
   }
 
   Embedding<T, B>& embedding() { return embedding_; }
+  /// The token embedding, which the LM head shares (tied).
+  Parameter<T, B>& wte() { return embedding_.wte(); }
+  /// What one unit hands the next for a micro-batch of b sequences of T tokens: (b, T, C).
+  [[nodiscard]] Shape boundary_shape(std::int64_t b, std::int64_t Tn) const {
+    return Shape{b, Tn, cfg_.dim};
+  }
   Block& block(int i) {
     check_block(i);
     return blocks_[local_block(i)].inner();

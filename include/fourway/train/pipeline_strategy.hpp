@@ -1,6 +1,8 @@
 //! `PipelineStrategy<Precision, B, Comm>`: a GPT cut into pipeline chunks over the ranks of one
 //! pipeline group, run by a schedule table (schedule/), as a training strategy
-//! (train/strategy.hpp).
+//! (train/strategy.hpp). The chunks are `models::Gpt` parts, or with the fifth parameter any
+//! `pp::pipeline_chunk` a factory builds: `tp::Gpt` parts make every stage tensor-parallel
+//! (the 3D mesh: tp inside each stage, pp across stages, dp/ZeRO across the replicas).
 //!
 //!   construction   the schedule table for (kind, ranks, M, v) is made and checked (a bad request
 //!                  or table is a ScheduleError before any step); the model is cut into
@@ -15,6 +17,10 @@
 //!                  does; Σg² counts `wte` once (the first chunk's) and is all-reduced over the
 //!                  pipeline group, so clipping and the fp16 skip agree everywhere; AdamW runs on
 //!                  the rank's own parameters (both copies of `wte` take identical steps).
+//!
+//! Tensor-parallel chunks: the tied-embedding sum runs between the ranks of the same tp rank
+//! (they hold the same vocabulary slice); Σg² counts a replicated parameter on tp rank 0 only and
+//! is summed over the chunks' tp group too; the loss is already whole on every tp rank.
 //!
 //! The loss lives on the rank of the last chunk; `finish_step` sums it over the pipeline group
 //! (packed with Σg² in one `StepScalars` all-reduce) and the replicas, so every rank returns the
@@ -50,9 +56,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,7 +92,9 @@ struct PipelineOptions {
   std::vector<int> cuts;   // first block of every chunk after the first; empty: balanced
 };
 
-template <precision_policy P, backend B, communicator Comm, int Zero = 0>
+template <precision_policy P, backend B, communicator Comm, int Zero = 0,
+          class Chunk = models::Gpt<typename P::param_type, B>>
+requires pp::pipeline_chunk<Chunk, typename P::param_type, B>
 class PipelineStrategy {
   static_assert(Zero >= 0 && Zero <= 3,
                 "fourway: PipelineStrategy<P, B, Comm, Zero> needs Zero 0 (DataParallel across the "
@@ -95,8 +105,10 @@ class PipelineStrategy {
   using backend_type = B;
   using param_type = typename P::param_type;
   using T = param_type;
-  using model_type = models::Gpt<T, B>;
-  using chunk_set_type = pp::ChunkSet<T, B, Comm>;
+  using model_type = Chunk;
+  using chunk_set_type = pp::ChunkSet<T, B, Comm, Chunk>;
+  /// Builds one chunk: the units a `models::GptPart` names, values as the whole model's.
+  using chunk_factory = std::function<std::unique_ptr<Chunk>(const models::GptPart&)>;
   /// The ZeRO strategy over `dp` that owns the rank's chunks when Zero >= 1.
   using sharded_type = ShardedStrategy<(Zero > 0 ? Zero : 1), chunk_set_type, P, B, Comm>;
   static constexpr int zero_stage = Zero;
@@ -105,7 +117,8 @@ class PipelineStrategy {
 
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, cfg, seed, pp, nullptr, std::move(options), optimizer) {}
+      : PipelineStrategy(ctx, cfg, gpt_parts(ctx, cfg, seed), pp, nullptr, std::move(options),
+                         optimizer) {}
 
   /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
   /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
@@ -113,10 +126,27 @@ class PipelineStrategy {
   /// are reduce-scattered over `dp` once per step and the rank keeps 1/D of the optimizer state.
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, cfg, seed, pp, &dp, std::move(options), optimizer) {}
+      : PipelineStrategy(ctx, cfg, gpt_parts(ctx, cfg, seed), pp, &dp, std::move(options),
+                         optimizer) {}
+
+  /// Chunks from `make(part)`, e.g. this rank's `tp::Gpt` slices of each part (their tp group
+  /// is the mesh's tp group; `pp` and `dp` are the groups of this rank's tp coordinate).
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, chunk_factory make,
+                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, cfg, std::move(make), pp, &dp, std::move(options), optimizer) {}
 
  private:
-  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+  static chunk_factory gpt_parts(const Context<B>& ctx, const models::GptConfig& cfg,
+                                 std::uint64_t seed) {
+    static_assert(std::is_same_v<Chunk, models::Gpt<T, B>>,
+                  "fourway: PipelineStrategy builds models::Gpt chunks from (cfg, seed); other "
+                  "chunk types (tp::Gpt) need the constructor taking a chunk factory");
+    return [&ctx, cfg, seed](const models::GptPart& part) {
+      return std::make_unique<Chunk>(ctx, cfg, seed, part);
+    };
+  }
+
+  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, chunk_factory make,
                    Comm& pp, Comm* dp, PipelineOptions options, AdamW optimizer)
       : ctx_(&ctx),
         pp_(&pp),
@@ -126,7 +156,7 @@ class PipelineStrategy {
         table_(make_table(pp.size(), 1)),
         partition_(options_.cuts.empty() ? pp::Partition::balanced(cfg, table_.chunks())
                                          : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
-        chunks_(build_chunks(ctx, cfg, seed)),
+        chunks_(build_chunks(make)),
         tie_(make_tie_group()),
         state_(ctx, !dp_policy::shards_optimizer_state ? segments() : std::vector<StateSegment>{}),
         scalars_(ctx) {
@@ -134,6 +164,10 @@ class PipelineStrategy {
                        " cut points make ", partition_.chunks(), " chunks but the schedule '",
                        table_.name, "' runs ", table_.chunks(), " (stages x virtual stages); give ",
                        table_.chunks() - 1, " cut points");
+    std::vector<model_type*> mine;
+    for (auto& c : chunks_)
+      if (c) mine.push_back(c.get());
+    set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp);
     if constexpr (!dp_policy::shards_optimizer_state) {
       std::size_t i = 0;
       visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
@@ -141,10 +175,6 @@ class PipelineStrategy {
       check<ConfigError>(dp_ != nullptr, "fourway: ZeRO-", Zero,
                          " across pipeline replicas needs the dp group; use the constructor "
                          "taking (pp, dp)");
-      std::vector<model_type*> mine;
-      for (auto& c : chunks_)
-        if (c) mine.push_back(c.get());
-      set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp);
       // collectives are issued where the step needs them (see begin_step / finish_step)
       sharded_ = std::make_unique<sharded_type>(
           ctx, *set_, *dp_, optimizer, ShardedOptions{.bucket_bytes = 0, .overlap = false});
@@ -190,12 +220,12 @@ class PipelineStrategy {
                        options_.micro_batches, " micro-batches but the Trainer runs ", M,
                        "; give both the same --micro-batches");
     const std::int64_t Tn = batch.T;
-    const std::int64_t elements = b * Tn * first_chunk()->config().dim;
+    const std::int64_t elements = first_chunk()->boundary_shape(b, Tn).numel();
     if (!executor_ || elements != elements_) {
       elements_ = elements;
       std::vector<model_type*> ptrs;
       for (auto& c : chunks_) ptrs.push_back(c.get());
-      executor_ = std::make_unique<pp::Executor<T, B, Comm>>(
+      executor_ = std::make_unique<pp::Executor<T, B, Comm, Chunk>>(
           *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
     }
     std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
@@ -238,15 +268,18 @@ class PipelineStrategy {
     tie_embedding_gradients();
     if (tied) t = phase_end("tied embedding sum", t);
     double ss = 0.0;
-    const Parameter<T, B>* skip = tied_copy();
+    int i = 0;  // the tied copy and (tp) replicated parameters off tp rank 0 are not counted
     visit_parameters([&](Parameter<T, B>& p) {
-      if (&p != skip) ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+      if (set_->counts_in_norm(i++))
+        ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
     });
     t = phase_end("sum of squares", t);
     // one packed all-reduce over the pipeline: the loss (on the last stage) and every stage's
     // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
     const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
     ss = sums[1];
+    if constexpr (requires { first_chunk()->sum_over_model_parallel(ss); })
+      first_chunk()->sum_over_model_parallel(ss);  // every tp rank's slices
     t = phase_end("step scalars all-reduce", t);
     StepReport r;
     r.loss_sum = sums[0];
@@ -304,6 +337,7 @@ class PipelineStrategy {
   /// ZeRO 1-3 (`ShardedStrategy::load_weights`: a collective over `dp` under ZeRO-1/2). Before
   /// the first step.
   template <class Source>
+  requires std::is_same_v<Chunk, models::Gpt<T, B>>  // tp::Gpt chunks load in the factory
   void load_weights(Source&& read) {
     if constexpr (dp_policy::shards_optimizer_state) {
       sharded_->load_weights(read);
@@ -338,14 +372,14 @@ class PipelineStrategy {
                                             options_.virtual_stages, elements});
   }
 
-  std::vector<std::unique_ptr<model_type>> build_chunks(const Context<B>& ctx,
-                                                        const models::GptConfig& cfg,
-                                                        std::uint64_t seed) const {
+  std::vector<std::unique_ptr<model_type>> build_chunks(const chunk_factory& make) const {
     std::vector<std::unique_ptr<model_type>> out(static_cast<std::size_t>(table_.chunks()));
     for (int c = 0; c < table_.chunks(); ++c) {
-      if (table_.rank_of(c) == pp_->rank())
-        out[static_cast<std::size_t>(c)] =
-            std::make_unique<model_type>(ctx, cfg, seed, partition_.part(c));
+      if (table_.rank_of(c) == pp_->rank()) {
+        out[static_cast<std::size_t>(c)] = make(partition_.part(c));
+        check<ConfigError>(out[static_cast<std::size_t>(c)] != nullptr,
+                           "fourway: the pipeline's chunk factory built no chunk ", c);
+      }
     }
     return out;
   }
@@ -382,7 +416,7 @@ class PipelineStrategy {
   /// The last chunk's copy of wte when it is a copy (the model has more than one chunk).
   Parameter<T, B>* tied_copy() const {
     model_type* last = last_chunk();
-    return last != nullptr && table_.chunks() > 1 ? &last->embedding().wte() : nullptr;
+    return last != nullptr && table_.chunks() > 1 ? &last->wte() : nullptr;
   }
 
   void tie_embedding_gradients() {
@@ -390,12 +424,12 @@ class PipelineStrategy {
     model_type* first = chunks_.front().get();
     model_type* last = last_chunk();
     if (first != nullptr && last != nullptr) {  // one rank holds both ends
-      auto& g0 = first->embedding().wte().grad;
-      auto& g1 = last->embedding().wte().grad;
+      auto& g0 = first->wte().grad;
+      auto& g1 = last->wte().grad;
       Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), g0.numel());
       Ops<B>::copy(*ctx_, g1.data(), g0.data(), g0.numel());
     } else if (first != nullptr || last != nullptr) {
-      auto& g = (first != nullptr ? first : last)->embedding().wte().grad;
+      auto& g = (first != nullptr ? first : last)->wte().grad;
       tie_->all_reduce(g.data(), g.data(), g.numel(), ReduceOp::sum);
     }
   }
@@ -440,7 +474,7 @@ class PipelineStrategy {
   std::unique_ptr<sharded_type> sharded_;
   NoHooks hooks_;
   std::vector<Tensor<std::int32_t, B>> staged_;
-  std::unique_ptr<pp::Executor<T, B, Comm>> executor_;
+  std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> executor_;
   std::int64_t elements_ = -1;  // message size the executor's table was made for
   bool time_phases_ = false;
   std::vector<Phase> phases_;

@@ -7,8 +7,11 @@
 //!   parameters       chunk by chunk in `Gpt::visit_parameters` order; the tied `wte` once per
 //!                    chunk that holds it (both copies are sharded and stepped alike)
 //!   counts_in_norm   false for the LM head's copy of `wte` (the last chunk's, when the model
-//!                    has more than one chunk): Σg² counts the tied embedding once
-//!   sum_over_model_parallel   Σg² summed over the pipeline group (every stage's parameters)
+//!                    has more than one chunk): Σg² counts the tied embedding once; for
+//!                    tensor-parallel chunks (tp::Gpt) also what the chunk says (a replicated
+//!                    parameter counts on tp rank 0 only)
+//!   sum_over_model_parallel   Σg² summed over the pipeline group (every stage's parameters),
+//!                    then over the chunks' tensor-parallel group when they have one
 //!
 //! Holds pointers to the chunks and the pipeline communicator, which must outlive it.
 #pragma once
@@ -24,19 +27,25 @@
 
 namespace fourway::pp {
 
-template <class T, class B, class Comm>
+template <class T, class B, class Comm, class Chunk = models::Gpt<T, B>>
 class ChunkSet {
  public:
   using value_type = T;
-  using chunk_type = models::Gpt<T, B>;
+  using chunk_type = Chunk;
 
   /// `chunks`: this rank's chunks in model order; `tied_copy`: the LM head's copy of `wte` on
   /// this rank (null when the rank holds none or the model is one chunk).
   ChunkSet(std::vector<chunk_type*> chunks, const Parameter<T, B>* tied_copy, Comm& pp)
       : chunks_(std::move(chunks)), pp_(&pp) {
     check<ConfigError>(!chunks_.empty(), "fourway: a pipeline rank with no chunk");
-    visit_parameters([&](Parameter<T, B>& p) { counted_.push_back(&p != tied_copy); });
     for (auto* c : chunks_) {
+      int i = 0;
+      c->visit_parameters([&](Parameter<T, B>& p) {
+        bool counted = &p != tied_copy;
+        if constexpr (requires { c->counts_in_norm(i); }) counted = counted && c->counts_in_norm(i);
+        counted_.push_back(counted);
+        ++i;
+      });
       first_unit_.push_back(units_);
       units_ += c->units();
     }
@@ -59,7 +68,11 @@ class ChunkSet {
   [[nodiscard]] bool counts_in_norm(int param) const {
     return counted_.at(static_cast<std::size_t>(param));
   }
-  void sum_over_model_parallel(double& x) { pp_->all_reduce(&x, &x, 1, ReduceOp::sum); }
+  void sum_over_model_parallel(double& x) {
+    pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    if constexpr (requires { chunks_.front()->sum_over_model_parallel(x); })
+      chunks_.front()->sum_over_model_parallel(x);
+  }
 
  private:
   std::vector<chunk_type*> chunks_;

@@ -1,6 +1,7 @@
 //! `pp::Executor`: runs any schedule table that `schedule::check` accepts on one pipeline rank,
 //! over the chunks of a GPT this rank holds (one `models::Gpt` part per chunk, parallel/pp/
-//! partition.hpp), for one optimizer step.
+//! partition.hpp, or one `tp::Gpt` part: a pipeline of tensor-parallel stages), for one
+//! optimizer step. What passes between chunks has the chunk's `boundary_shape(b, T)`.
 //!
 //! Semantics (`schedule::Blocking::eager`, what the checker proved the table safe under):
 //!   - actions run in the table's order; a run of consecutive p2p actions is one group: its
@@ -72,11 +73,27 @@ struct ExecSpan {
   double end = 0.0;
 };
 
-template <floating_dtype T, backend B, p2p_communicator Comm>
+/// What the executor runs a chunk with: a model part's units one at a time (models::Gpt and
+/// tp::Gpt both are).
+template <class M, class T, class B>
+concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash& s,
+                                  const Tensor<T, B>& x, const Tensor<std::int32_t, B>& ids,
+                                  std::int64_t n) {
+  { m.part() } -> std::convertible_to<models::GptPart>;
+  { m.boundary_shape(n, n) } -> std::same_as<Shape>;
+  { m.forward_embedding(ctx, ids, s) } -> std::same_as<Tensor<T, B>>;
+  { m.forward_block(ctx, 0, x, s) } -> std::same_as<Tensor<T, B>>;
+  { m.forward_head(ctx, x, ids, s) } -> std::convertible_to<float>;
+  { m.backward_head(ctx, s, 1.0f) } -> std::same_as<Tensor<T, B>>;
+  { m.backward_block(ctx, 0, x, s) } -> std::same_as<Tensor<T, B>>;
+  m.backward_embedding(ctx, x, s);
+  m.wte();
+};
+
+template <floating_dtype T, backend B, p2p_communicator Comm, class Model = models::Gpt<T, B>>
+requires pipeline_chunk<Model, T, B>
 class Executor {
  public:
-  using Model = models::Gpt<T, B>;
-
   /// `chunks[c]` is chunk c's model part when this rank holds chunk c, else null.
   Executor(const Context<B>& ctx, Comm& comm, const schedule::Table& table,
            std::vector<Model*> chunks)
@@ -125,6 +142,11 @@ class Executor {
     const std::int64_t b = mbs[0].tokens.shape()[0];
     const std::int64_t Tn = mbs[0].tokens.shape()[1];
     dims_ = {b, Tn, first_chunk().config().dim};
+    boundary_ = first_chunk().boundary_shape(b, Tn);
+    for (Model* m : chunks_) {  // a chunk without the embedding cannot see T in its input
+      if constexpr (requires { m->set_sequence_length(Tn); })
+        if (m != nullptr) m->set_sequence_length(Tn);
+    }
     slots_.clear();
     slots_.resize(static_cast<std::size_t>(table_.micro_batches * C));
     pending_.clear();
@@ -193,7 +215,7 @@ class Executor {
   }
   Slot& slot(int mb, int c) { return slots_[idx(mb * table_.chunks() + c)]; }
   [[nodiscard]] bool local(int c) const { return table_.rank_of(c) == comm_->rank(); }
-  [[nodiscard]] Shape shape() const { return Shape{dims_[0], dims_[1], dims_[2]}; }
+  [[nodiscard]] Shape shape() const { return boundary_; }
 
   double compute(const schedule::Action& a, std::span<const MicroBatch<B>> mbs, float grad_scale) {
     const int mb = a.micro_batch;
@@ -355,7 +377,8 @@ class Executor {
   std::vector<Pending> pending_;
   std::vector<ExecSpan> spans_;
   std::function<void(const schedule::Action&)> on_compute_;
-  std::array<std::int64_t, 3> dims_{};
+  std::array<std::int64_t, 3> dims_{};  // b, T, C (the messages' header)
+  Shape boundary_;                      // what passes between chunks
   std::chrono::steady_clock::time_point t0_{};
 };
 

@@ -18,6 +18,14 @@
 //! rank's B·T/N rows (contiguous chunks of the flattened (B, T) rows).
 //! Initial values equal fw::models::Gpt's for the same seed (the full tensor is drawn from the
 //! (seed, name) stream and sliced), so every N starts from the one-rank model.
+//!
+//! A `models::GptPart` builds only some units, as fw::models::Gpt does (a pipeline chunk under
+//! tensor parallelism, train/pipeline_strategy.hpp): blocks [first_block, end_block), the
+//! embedding and/or the head; `placements()` and `visit_parameters` list only what the part holds
+//! (the vocabulary slice of `wte` once if it holds either end). The pieces `forward_embedding`,
+//! `forward_block`, `forward_head` and their backwards run one unit at a time (the pipeline
+//! executor's interface); what passes between units is `boundary_shape(b, T)`: (b, T, C), or
+//! this rank's (b·T/N, C) rows under sequence parallelism.
 #pragma once
 
 #include <algorithm>
@@ -131,22 +139,28 @@ class Gpt {
     float loss = 0.0f;
   };
 
-  /// Builds this rank's slices of GPT-2 (the values of fw::models::Gpt(ctx, cfg, seed)).
+  /// Builds this rank's slices of GPT-2 (the values of fw::models::Gpt(ctx, cfg, seed)); with
+  /// `part`, only those units.
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed = 0,
-      TpOptions options = {})
+      TpOptions options = {}, models::GptPart part = {})
       : cfg_(cfg),
         tp_(&tp),
         n_(tp.size()),
         rank_(tp.rank()),
         sp_(options.sequence_parallel),
-        table_(gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)),
-        ln_f_(ctx, "ln_f", cfg.dim) {
-    const Placement& vocab = table_.front();
-    wte_ = Parameter<T, B>(ctx, vocab.name, Shape{vocab.local_rows(n_), vocab.cols});
-    wpe_ = Parameter<T, B>(ctx, "wpe.weight", Shape{cfg.max_seq, cfg.dim});
+        part_(resolved_part(cfg, part)),
+        vocab_(gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)
+                   .front()),
+        table_(held_placements(
+            gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed))),
+        ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
+    wte_ = Parameter<T, B>(ctx, vocab_.name,
+                           holds_wte() ? Shape{vocab_.local_rows(n_), vocab_.cols} : Shape{1, 1});
+    wpe_ = Parameter<T, B>(ctx, "wpe.weight",
+                           part_.embedding ? Shape{cfg.max_seq, cfg.dim} : Shape{1, 1});
     const Init init = Init::gpt2(seed, cfg.layers);
-    blocks_.reserve(static_cast<std::size_t>(cfg.layers));
-    for (int i = 0; i < cfg.layers; ++i) {
+    blocks_.reserve(static_cast<std::size_t>(part_.end_block - part_.first_block));
+    for (int i = part_.first_block; i < part_.end_block; ++i) {
       blocks_.emplace_back(Block(ctx, "h." + std::to_string(i), cfg.dim, cfg.heads, init, tp, sp_));
     }
     load_runs(ctx, [&](const Placement& p, std::int64_t first, std::int64_t count, float* out) {
@@ -155,36 +169,56 @@ class Gpt {
   }
 
   [[nodiscard]] const models::GptConfig& config() const { return cfg_; }
+  /// The units this object holds (end_block resolved).
+  [[nodiscard]] const models::GptPart& part() const { return part_; }
+  [[nodiscard]] bool whole() const {
+    return part_.embedding && part_.head && part_.first_block == 0 &&
+           part_.end_block == cfg_.layers;
+  }
+  /// Holds this rank's vocabulary slice of wte: as the embedding, the tied head, or both.
+  [[nodiscard]] bool holds_wte() const { return part_.embedding || part_.head; }
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
-  [[nodiscard]] int units() const { return cfg_.layers + 2; }
+  [[nodiscard]] int units() const {
+    return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
+  }
   [[nodiscard]] int tp_size() const { return n_; }
   [[nodiscard]] int tp_rank() const { return rank_; }
   [[nodiscard]] bool sequence_parallel() const { return sp_; }
   /// How every parameter is split, in `visit_parameters` order.
   [[nodiscard]] const std::vector<Placement>& placements() const { return table_; }
-  [[nodiscard]] std::int64_t padded_vocab() const { return table_.front().padded_rows; }
+  [[nodiscard]] std::int64_t padded_vocab() const { return vocab_.padded_rows; }
+  /// This rank's slice of wte (the embedding's and the tied head's; a placeholder when the part
+  /// holds neither end).
+  Parameter<T, B>& wte() { return wte_; }
+  /// What one unit hands the next for a micro-batch of b sequences of T tokens.
+  [[nodiscard]] Shape boundary_shape(std::int64_t b, std::int64_t Tn) const {
+    return sp_ ? Shape{b * Tn / n_, cfg_.dim} : Shape{b, Tn, cfg_.dim};
+  }
+  /// The sequence length the blocks run at (a chunk without the embedding cannot read it from
+  /// the token ids; under sequence parallelism its input rows do not show it).
+  void set_sequence_length(std::int64_t Tn) {
+    for (auto& b : blocks_) b.inner().set_sequence_length(Tn);
+  }
 
   template <class Hooks = NoHooks>
   float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
                 const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
+    check<ConfigError>(whole(), "fourway: tp::Gpt::forward runs the whole model; this part holds ",
+                       "blocks [", part_.first_block, ", ", part_.end_block,
+                       "): run it with forward_embedding / forward_block / forward_head");
     check<ShapeError>(targets.shape() == tokens.shape() && tokens.shape().rank() == 2,
                       "fourway: tp::Gpt expects tokens and targets (B, T) of one shape, got ",
                       tokens.shape().str(), " and ", targets.shape().str());
     hooks.pre_forward(0);
     Tensor<T, B> x = forward_embedding(ctx, tokens, s);
     hooks.post_forward(0);
-    if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
     for (int i = 0; i < cfg_.layers; ++i) {
       hooks.pre_forward(i + 1);
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      auto& bs = s.blocks[static_cast<std::size_t>(i)];
-      b.inner().set_sequence_length(tokens.shape()[1]);
-      x = cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+      x = forward_block(ctx, i, x, s);
       hooks.post_forward(i + 1);
     }
     hooks.pre_forward(head_unit());
-    s.targets = targets.view();
-    s.loss = head_forward(ctx, x, s);
+    forward_head(ctx, x, targets, s);
     hooks.post_forward(head_unit());
     return s.loss;
   }
@@ -194,43 +228,92 @@ class Gpt {
     check<ShapeError>(!s.stats.empty() && s.blocks.size() == blocks_.size(),
                       "fourway: tp::Gpt backward without a matching forward (empty stash)");
     hooks.pre_backward(head_unit());
-    Tensor<T, B> dx = head_backward(ctx, s, grad_scale);
+    Tensor<T, B> dx = backward_head(ctx, s, grad_scale);
     hooks.post_backward(head_unit());
     for (int i = cfg_.layers; i-- > 0;) {
       hooks.pre_backward(i + 1);
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      auto& bs = s.blocks[static_cast<std::size_t>(i)];
-      dx = cfg_.checkpoint ? b.backward(ctx, dx, bs) : b.inner().backward(ctx, dx, bs.inner);
+      dx = backward_block(ctx, i, dx, s);
       hooks.post_backward(i + 1);
     }
     hooks.pre_backward(0);
-    embedding_backward(ctx, dx, s);
+    backward_embedding(ctx, dx, s);
     hooks.post_backward(0);
     s = Stash{};
+  }
+
+  // ---- one unit at a time (a pipeline chunk runs only its own units; forward/backward above
+  // are these in order). Each forward piece keeps its part of the micro-batch in `s`.
+
+  /// Unit 0: token ids (B, T) -> boundary_shape(B, T).
+  Tensor<T, B> forward_embedding(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                                 Stash& s) {
+    check<ConfigError>(part_.embedding, "fourway: tp::Gpt part without the embedding");
+    check<ShapeError>(tokens.shape().rank() == 2, "fourway: tp::Gpt expects token ids (B, T), got ",
+                      tokens.shape().str());
+    set_sequence_length(tokens.shape()[1]);
+    return embed(ctx, tokens, s);
+  }
+  /// Unit i+1: block i; the blocks run at the last `set_sequence_length`.
+  Tensor<T, B> forward_block(const Context<B>& ctx, int i, const Tensor<T, B>& x, Stash& s) {
+    auto& b = blocks_[local_block(i)];
+    if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
+    auto& bs = s.blocks[local_block(i)];
+    return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+  }
+  /// Unit L+1: ln_f, the vocabulary-parallel head and the mean cross-entropy of `targets` (B, T).
+  float forward_head(const Context<B>& ctx, const Tensor<T, B>& x,
+                     const Tensor<std::int32_t, B>& targets, Stash& s) {
+    check<ConfigError>(part_.head, "fourway: tp::Gpt part without the head");
+    check<ShapeError>(
+        targets.shape().rank() == 2 && x.numel() == targets.numel() * cfg_.dim / (sp_ ? n_ : 1),
+        "fourway: tp::Gpt head got x ", x.shape().str(), " for targets ", targets.shape().str());
+    s.targets = targets.view();
+    s.loss = head_forward(ctx, x, s);
+    return s.loss;
+  }
+  /// Unit L+1 backward: d(grad_scale × mean loss) / dx; adds to ln_f's and wte's gradients.
+  Tensor<T, B> backward_head(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f) {
+    check<ShapeError>(!s.stats.empty(), "fourway: tp::Gpt head backward without its forward");
+    return head_backward(ctx, s, grad_scale);
+  }
+  /// Unit i+1 backward: block i.
+  Tensor<T, B> backward_block(const Context<B>& ctx, int i, const Tensor<T, B>& dy, Stash& s) {
+    auto& b = blocks_[local_block(i)];
+    check<ShapeError>(s.blocks.size() == blocks_.size(), "fourway: tp::Gpt block ", i,
+                      " backward without its forward");
+    auto& bs = s.blocks[local_block(i)];
+    return cfg_.checkpoint ? b.backward(ctx, dy, bs) : b.inner().backward(ctx, dy, bs.inner);
+  }
+  /// Unit 0 backward: adds to wte's and wpe's gradients.
+  void backward_embedding(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    check<ConfigError>(part_.embedding, "fourway: tp::Gpt part without the embedding");
+    embedding_backward(ctx, dy, s);
   }
 
   /// Hugging Face order (as fw::models::Gpt): wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
   template <class F>
   void visit_parameters(F&& f) {
-    f(wte_);
-    f(wpe_);
+    if (holds_wte()) f(wte_);
+    if (part_.embedding) f(wpe_);
     for (auto& b : blocks_) b.visit_parameters(f);
-    ln_f_.visit_parameters(f);
+    if (part_.head) ln_f_.visit_parameters(f);
   }
 
-  /// The FSDP units of fw::models::Gpt: 0 = wte, wpe; 1..L = blocks; L+1 = ln_f and wte.
+  /// The FSDP units of fw::models::Gpt: 0 = wte, wpe; 1..L = blocks; L+1 = ln_f and wte (a
+  /// part's units are its own, in model order).
   template <class F>
   void visit_unit_parameters(int u, F&& f) {
     check<ConfigError>(u >= 0 && u < units(), "fourway: tp::Gpt unit ", u, " does not exist; ",
                        "units are 0 .. ", units() - 1);
-    if (u == 0) {
+    const int first = part_.embedding ? 1 : 0;
+    if (part_.embedding && u == 0) {
       f(wte_);
       f(wpe_);
-    } else if (u == head_unit()) {
+    } else if (part_.head && u == units() - 1) {
       ln_f_.visit_parameters(f);
       f(wte_);
     } else {
-      blocks_[static_cast<std::size_t>(u - 1)].visit_parameters(f);
+      blocks_[static_cast<std::size_t>(u - first)].visit_parameters(f);
     }
   }
 
@@ -328,7 +411,37 @@ class Gpt {
 
  private:
   [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
-  [[nodiscard]] const Placement& vocab() const { return table_.front(); }
+  [[nodiscard]] const Placement& vocab() const { return vocab_; }
+  [[nodiscard]] std::size_t local_block(int i) const {
+    check<ConfigError>(i >= part_.first_block && i < part_.end_block, "fourway: tp::Gpt block ", i,
+                       " is not in this part, which holds blocks [", part_.first_block, ", ",
+                       part_.end_block, ")");
+    return static_cast<std::size_t>(i - part_.first_block);
+  }
+  static models::GptPart resolved_part(const models::GptConfig& cfg, models::GptPart p) {
+    if (p.end_block < 0) p.end_block = cfg.layers;
+    check<ConfigError>(
+        0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= cfg.layers,
+        "fourway: GptPart blocks [", p.first_block, ", ", p.end_block,
+        ") are not a range of the model's ", cfg.layers, " blocks");
+    return p;
+  }
+  /// The rows of the whole table this part holds, in `visit_parameters` order.
+  std::vector<Placement> held_placements(std::vector<Placement> all) const {
+    std::vector<Placement> out;
+    const auto block_of = [](const std::string& name) {
+      return name.starts_with("h.") ? std::stoi(name.substr(2)) : -1;
+    };
+    for (auto& p : all) {
+      const int b = block_of(p.name);
+      const bool held = p.split == Split::vocab  ? holds_wte()
+                        : p.name == "wpe.weight" ? part_.embedding
+                        : b >= 0                 ? b >= part_.first_block && b < part_.end_block
+                                                 : part_.head;  // ln_f
+      if (held) out.push_back(std::move(p));
+    }
+    return out;
+  }
   [[nodiscard]] std::int64_t vocab_start() const { return vocab().vocab_start(n_, rank_); }
   [[nodiscard]] std::int64_t vocab_valid() const { return vocab().valid_rows(n_, rank_); }
 
@@ -341,8 +454,7 @@ class Gpt {
     }
   }
 
-  Tensor<T, B> forward_embedding(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
-                                 Stash& s) {
+  Tensor<T, B> embed(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens, Stash& s) {
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
     const std::int64_t C = cfg_.dim;
@@ -449,9 +561,11 @@ class Gpt {
   int n_;
   int rank_;
   bool sp_;
-  std::vector<Placement> table_;
-  Parameter<T, B> wte_;  // (Vp/N, C) this rank's vocabulary rows
-  Parameter<T, B> wpe_;  // (max_seq, C)
+  models::GptPart part_;
+  Placement vocab_;               // wte's row of the whole table
+  std::vector<Placement> table_;  // the rows of what this part holds
+  Parameter<T, B> wte_;           // (Vp/N, C) this rank's vocabulary rows
+  Parameter<T, B> wpe_;           // (max_seq, C)
   std::vector<Checkpointed<Block>> blocks_;
   LayerNorm<T, B> ln_f_;
 };

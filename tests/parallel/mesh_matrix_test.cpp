@@ -1,0 +1,314 @@
+// The equivalence matrix: `MeshStrategy<Mesh<...>>` (train/mesh_strategy.hpp) on LocalWorlds of
+// 3 to 8 ranks against the one-rank run of the same GPT on the same data, 20 steps in fp32:
+// every loss and every unsplit parameter (gathered from the mesh) within 1e-5 relative. Data
+// parallel, ZeRO 1-3, tensor parallel, pipelines (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) and
+// their compositions up to tp2·pp2·dp2 at every ZeRO stage, odd worlds, checkpointing, sequence
+// parallelism, and bf16 within its documented bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fourway/comm/local_world.hpp"
+#include "fourway/mesh/groups.hpp"
+#include "fourway/mesh/mesh.hpp"
+#include "fourway/train/mesh_strategy.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
+#include "parallel_harness.hpp"
+
+namespace {
+
+using fw::schedule::Kind;
+
+// lr 1e-3 as in pipeline_test.cpp: rounding of reordered sums stays near 1e-7 relative, so 1e-5
+// separates rounding from a wrong gradient
+constexpr float kLr = 1e-3f;
+constexpr int kSteps = 20;
+constexpr double kFp32Tol = 1e-5;
+constexpr double kBf16LossTol = 1e-3;  // as pipeline_test.cpp and sharded_test.cpp
+
+/// 8 heads so that tp 2, 4 and 8 split them; 4 layers for 4 stages (or 2 x 2 virtual).
+fw::models::GptConfig matrix_gpt(bool checkpoint) {
+  fw::models::GptConfig c = harness::tiny_gpt(checkpoint);
+  c.layers = 4;
+  c.heads = 8;
+  c.dim = 16;
+  return c;
+}
+
+struct Case {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int zero = 0;
+  Kind schedule = Kind::one_f_one_b;
+  int micro_batches = 1;  // per replica (pipelines)
+  int virtual_stages = 1;
+  bool checkpoint = false;
+  bool sequence_parallel = false;
+  [[nodiscard]] int ranks() const { return tp * pp * dp; }
+  [[nodiscard]] std::string name() const {
+    std::string s = fw::detail::cat("tp", tp, "·pp", pp, "·dp", dp, " zero", zero);
+    if (pp > 1)
+      s += fw::detail::cat(" ", fw::schedule::kind_name(schedule), " m=", micro_batches,
+                           virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "");
+    if (checkpoint) s += " ckpt";
+    if (sequence_parallel) s += " sp";
+    return s;
+  }
+};
+
+struct Result {
+  std::vector<float> losses;                         // rank 0's
+  std::map<std::string, std::vector<float>> params;  // the unsplit model
+};
+
+template <class T>
+Result run_one_rank(bool checkpoint, int micro_batches, int steps) {
+  fw::MemoryAccountant mem(0);
+  fw::Context<fw::Host> ctx(mem);
+  fw::models::Gpt<T, fw::Host> model(ctx, matrix_gpt(checkpoint), harness::kSeed);
+  fw::TrainerOptions opts;
+  opts.micro_batches = micro_batches;
+  fw::Trainer<fw::SingleRank<fw::models::Gpt<T, fw::Host>, fw::Precision<T>, fw::Host>> t(
+      opts, ctx, model, harness::adamw(kLr));
+  Result r;
+  for (int s = 0; s < steps; ++s) r.losses.push_back(t.step(harness::batch(s).view()));
+  model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
+    auto& v = r.params[p.name];
+    for (std::int64_t i = 0; i < p.numel(); ++i) v.push_back(fw::convert<float>(p.weight[i]));
+  });
+  return r;
+}
+
+template <class MeshT, class T>
+Result run_mesh(const Case& c, int steps) {
+  using Comm = fw::LocalComm;
+  using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
+  Result r;
+  std::mutex mu;
+  fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
+    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+    fw::MeshGroups<Comm> groups(mesh, w.comm());
+    fw::MeshOptions mo;
+    mo.pipeline.schedule = c.schedule;
+    mo.pipeline.micro_batches = c.micro_batches;
+    mo.pipeline.virtual_stages = c.virtual_stages;
+    mo.tensor.sequence_parallel = c.sequence_parallel;
+    mo.sharded.bucket_bytes = 512;  // several buckets
+    fw::TrainerOptions to;
+    to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, matrix_gpt(c.checkpoint), harness::kSeed, mo,
+                     harness::adamw(kLr));
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s) losses.push_back(t.step(harness::batch(s).view()));
+    const auto full = t.strategy().full_parameters();
+    std::lock_guard lock(mu);
+    if (w.rank() == 0) {
+      r.losses = losses;
+      for (const auto& nt : full) r.params[nt.name] = nt.values;
+    }
+    EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses)
+        << c.name() << ": rank " << w.rank() << " reports another loss";
+  });
+  return r;
+}
+
+/// The mesh type for the case: which axes are there decides the strategy; degrees are dynamic.
+template <class T, int Z>
+Result run_case_zero(const Case& c, int steps) {
+  using Dp = std::conditional_t<Z == 0, fw::DataParallel, fw::Sharded<Z == 0 ? 1 : Z>>;
+  constexpr int d = fw::dynamic;
+  if (c.tp > 1 && c.pp > 1)
+    return run_mesh<fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>, T>(c, steps);
+  if (c.tp > 1) return run_mesh<fw::Mesh<fw::TensorParallel<d>, Dp>, T>(c, steps);
+  if (c.pp > 1) return run_mesh<fw::Mesh<fw::Pipeline<d, d>, Dp>, T>(c, steps);
+  return run_mesh<fw::Mesh<Dp>, T>(c, steps);
+}
+
+template <class T>
+Result run_case(const Case& c, int steps) {
+  switch (c.zero) {
+    case 1: return run_case_zero<T, 1>(c, steps);
+    case 2: return run_case_zero<T, 2>(c, steps);
+    case 3: return run_case_zero<T, 3>(c, steps);
+    default: return run_case_zero<T, 0>(c, steps);
+  }
+}
+
+double relative_loss_difference(const Result& got, const Result& ref) {
+  double d = 0;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    d = std::max(d, std::abs(double(got.losses[s]) - ref.losses[s]) / std::abs(ref.losses[s]));
+  return d;
+}
+
+/// Losses within `tol` relative per step; every tensor within `tol` relative (L2). The attention
+/// key bias has an exactly zero gradient: rounding noise that Adam scales to steps of about lr is
+/// all it gets, so it is held to that bound instead (as in pipeline_test.cpp).
+void expect_close(const Result& got, const Result& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (std::size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], ref.losses[s], tol * std::abs(ref.losses[s]))
+        << what << " step " << s;
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  const auto C = static_cast<std::size_t>(matrix_gpt(false).dim);
+  double worst = 0;
+  for (const auto& [name, want] : ref.params) {
+    auto it = got.params.find(name);
+    ASSERT_NE(it, got.params.end()) << what << ": the mesh lost " << name;
+    auto a = it->second;
+    auto b = want;
+    ASSERT_EQ(a.size(), b.size()) << what << " " << name;
+    if (name.ends_with("attn.c_attn.bias")) {
+      for (std::size_t k = C; k < 2 * C; ++k)
+        EXPECT_LE(std::abs(a[k] - b[k]), 2.0 * kLr * kSteps) << what << " " << name << "[" << k;
+      a.erase(a.begin() + static_cast<std::ptrdiff_t>(C),
+              a.begin() + static_cast<std::ptrdiff_t>(2 * C));
+      b.erase(b.begin() + static_cast<std::ptrdiff_t>(C),
+              b.begin() + static_cast<std::ptrdiff_t>(2 * C));
+    }
+    const double e = harness::rel_err(a, b);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, tol) << what << " " << name;
+  }
+  std::printf("%-40s max relative difference: loss %.2e, parameters %.2e\n", what.c_str(),
+              relative_loss_difference(got, ref), worst);
+}
+
+/// The one-rank reference for a case: the same micro-batching of the global batch (dp x m pieces),
+/// cached per (checkpointing, pieces).
+const Result& reference(const Case& c) {
+  static std::map<std::pair<bool, int>, Result> refs;
+  const int pieces = c.dp * (c.pp > 1 ? c.micro_batches : 1);
+  const auto key = std::make_pair(c.checkpoint, pieces);
+  if (!refs.contains(key)) refs[key] = run_one_rank<float>(c.checkpoint, pieces, kSteps);
+  return refs.at(key);
+}
+
+void expect_matrix(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    ASSERT_EQ(harness::kBatch % (c.dp * (c.pp > 1 ? c.micro_batches : 1)), 0) << c.name();
+    expect_close(run_case<float>(c, kSteps), reference(c), kFp32Tol, c.name());
+  }
+}
+
+Case mesh(int tp, int pp, int dp, int zero = 0) {
+  Case c;
+  c.tp = tp;
+  c.pp = pp;
+  c.dp = dp;
+  c.zero = zero;
+  c.micro_batches = pp > 1 ? 2 : 1;
+  return c;
+}
+Case with(Case c, Kind k, int m, int v = 1) {
+  c.schedule = k;
+  c.micro_batches = m;
+  c.virtual_stages = v;
+  return c;
+}
+Case checkpointed(Case c) {
+  c.checkpoint = true;
+  return c;
+}
+Case sequence_parallel(Case c) {
+  c.sequence_parallel = true;
+  return c;
+}
+
+// ---- eight ranks ------------------------------------------------------------------------------
+
+TEST(MeshMatrix, DataParallelAndZeroOnEight) {
+  expect_matrix(
+      {mesh(1, 1, 8, 0), mesh(1, 1, 8, 1), checkpointed(mesh(1, 1, 8, 2)), mesh(1, 1, 8, 3)});
+}
+
+TEST(MeshMatrix, TensorParallelOnEight) {
+  expect_matrix({mesh(2, 1, 4, 0), sequence_parallel(mesh(4, 1, 2, 1)), mesh(8, 1, 1, 0)});
+}
+
+TEST(MeshMatrix, PipelinesOnEight) {
+  expect_matrix({with(mesh(1, 2, 4), Kind::gpipe, 3), with(mesh(1, 2, 4, 1), Kind::one_f_one_b, 3),
+                 with(mesh(1, 4, 2), Kind::gpipe, 4),
+                 checkpointed(with(mesh(1, 4, 2, 2), Kind::one_f_one_b, 4)),
+                 with(mesh(1, 2, 4), Kind::zb_h1, 2)});
+}
+
+TEST(MeshMatrix, ThreeAxesOnEightAtEveryZeroStage) {
+  expect_matrix({with(mesh(2, 2, 2, 0), Kind::one_f_one_b, 4),
+                 with(mesh(2, 2, 2, 1), Kind::gpipe, 2),
+                 checkpointed(with(mesh(2, 2, 2, 2), Kind::one_f_one_b, 3)),
+                 with(mesh(2, 2, 2, 3), Kind::one_f_one_b, 4)});
+}
+
+TEST(MeshMatrix, TensorAndPipelineOnEight) {
+  expect_matrix({with(mesh(2, 4, 1), Kind::one_f_one_b, 4), with(mesh(4, 2, 1), Kind::gpipe, 2),
+                 with(mesh(2, 2, 2, 1), Kind::interleaved, 2, 2),
+                 sequence_parallel(with(mesh(2, 2, 2, 3), Kind::zb_v, 2))});
+}
+
+// ---- odd worlds -------------------------------------------------------------------------------
+
+TEST(MeshMatrix, OddWorlds) {
+  expect_matrix({with(mesh(1, 3, 1), Kind::one_f_one_b, 3), with(mesh(2, 3, 1, 1), Kind::gpipe, 4),
+                 checkpointed(with(mesh(1, 3, 2, 3), Kind::one_f_one_b, 3)), mesh(1, 1, 3, 2)});
+}
+
+// ---- bf16 -------------------------------------------------------------------------------------
+
+TEST(MeshMatrix, Bf16ThreeAxesWithinTolerance) {
+  constexpr int steps = 10;
+  for (int zero : {0, 3}) {
+    Case c = with(mesh(2, 2, 2, zero), Kind::one_f_one_b, 2);
+    const Result ref = run_one_rank<fw::bf16>(false, c.dp * c.micro_batches, steps);
+    const double d = relative_loss_difference(run_case<fw::bf16>(c, steps), ref);
+    std::printf("bf16 %s: max relative loss difference to one rank %.3g\n", c.name().c_str(), d);
+    EXPECT_LE(d, kBf16LossTol) << c.name();
+  }
+}
+
+// ---- the 1x1x1 mesh and what cannot run ---------------------------------------------------------
+
+TEST(MeshMatrix, OneRankMeshIsTheOneRankRun) {
+  const Result got = run_mesh<fw::Mesh<>, float>(Case{}, kSteps);
+  const Result& ref = reference(Case{});
+  EXPECT_EQ(got.losses, ref.losses) << "the 1x1x1 mesh adds nothing to the one-rank step";
+  expect_close(got, ref, kFp32Tol, "Mesh<> on one rank");
+}
+
+TEST(MeshMatrix, RefusesWhatCannotRun) {
+  // tp 3 does not divide 8 heads: the tp::Gpt error names the numbers
+  Case c = mesh(3, 1, 1);
+  try {
+    (void)run_mesh<fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>, float>(c, 1);
+    ADD_FAILURE() << "tp 3 over 8 heads ran";
+  } catch (const fw::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("heads=8 divisible by 3"), std::string::npos) << e.what();
+  }
+  // a static Pipeline<2, 4> and options asking for another M
+  fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
+    using M = fw::Mesh<fw::Pipeline<2, 4>>;
+    const M mesh(w.size());
+    fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
+    fw::MeshOptions mo;
+    mo.pipeline.micro_batches = 3;
+    try {
+      fw::MeshStrategy<M, fw::Precision<float>, fw::Host, fw::LocalComm> s(
+          w.ctx(), mesh, groups, matrix_gpt(false), harness::kSeed, mo);
+      ADD_FAILURE() << "M = 3 ran on Pipeline<2, 4>";
+    } catch (const fw::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("runs 4 micro-batches but the options ask for 3"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+}  // namespace
