@@ -1,8 +1,10 @@
-// fourway-train --pp S: the pipeline path of the program (train_program.hpp includes it).
-// S stages on S ranks of --backend local or mpi, a schedule table checked before the first step,
-// each stage building (and with --init-from loading) only its own layers, --save gathering every
-// stage's parameters on rank 0 into one ordinary GPT-2 file, and --trace writing the ranks'
-// actions as Chrome trace events. docs/pipeline.md.
+// fourway-train --pp S [--tp N] [--dp D]: the pipeline path of the program (train_program.hpp
+// includes it), on fw::MeshStrategy over fw::Mesh<[TensorParallel,] Pipeline, DataParallel |
+// Sharded<Z>>: S stages, each split over N tensor-parallel ranks, in D replicas (N·S·D ranks of
+// --backend local or mpi), a schedule table checked before the first step, each rank building
+// (and with --init-from loading) only its own layers and slices, --save gathering the unsplit
+// model on rank 0 into one ordinary GPT-2 file, and --trace writing the ranks' actions as Chrome
+// trace events. docs/pipeline.md, docs/mesh.md.
 #pragma once
 
 #include <algorithm>
@@ -17,15 +19,19 @@
 #include <vector>
 
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
+#include "fourway/checkpoint/tp_checkpoint.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/parallel/tp/placement.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/schedule/simulate.hpp"
 #include "fourway/tools/progress.hpp"
 #include "fourway/train/log.hpp"
+#include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/token_data.hpp"
 #include "fourway/train/trainer.hpp"
@@ -246,49 +252,104 @@ std::string chunks_text(Strategy& st) {
   return out;
 }
 
-template <class Target, class T, class W, int Zero>
+/// The mesh of the pipeline path: tensor parallelism inside each stage when `Tp`, then the
+/// pipeline, then DataParallel (Zero 0) or Sharded<Zero> across the replicas.
+template <bool Tp, int Zero>
+using PipelineMesh = std::conditional_t<
+    Tp,
+    fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::Pipeline<fw::dynamic, fw::dynamic>,
+             std::conditional_t<Zero == 0, fw::DataParallel, fw::Sharded<Zero == 0 ? 1 : Zero>>>,
+    fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>,
+             std::conditional_t<Zero == 0, fw::DataParallel, fw::Sharded<Zero == 0 ? 1 : Zero>>>>;
+
+/// The unsplit model (`MeshStrategy::full_parameters`, Hugging Face order) as a GPT-2 file.
+template <class T>
+void save_full(const fw::models::GptConfig& cfg, const std::vector<fw::NamedTensor>& full,
+               const std::string& path) {
+  fw::SafetensorsWriter out;
+  out.set_metadata("format", "pt");
+  const auto table = fw::tp::gpt_placements(cfg, 1, 1);  // names and unsplit shapes
+  fw::check<fw::ConfigError>(table.size() == full.size(), "fourway: saving ", full.size(),
+                             " tensors of a model that has ", table.size());
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    fw::check<fw::ConfigError>(table[i].name == full[i].name, "fourway: saving ", full[i].name,
+                               " where the model has ", table[i].name);
+    std::vector<T> host(full[i].values.size());
+    for (std::size_t k = 0; k < host.size(); ++k) host[k] = fw::convert<T>(full[i].values[k]);
+    out.add<T>(table[i].name, fw::detail::hf_shape(table[i]), std::span<const T>(host));
+  }
+  out.write(path);
+}
+
+template <class Target, class T, class W, int Zero, bool Tp = false>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = typename W::comm_type;
-  using S = fw::PipelineStrategy<fw::Precision<T>, B, Comm, Zero>;
+  using MeshT = PipelineMesh<Tp, Zero>;
+  using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)
   fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
-    fw::check<fw::ConfigError>(n % o.pp == 0 && (o.dp == 0 || o.dp * o.pp == n), "fourway: --pp ",
-                               o.pp, " x --dp ", o.dp, " does not make the ", n,
-                               " ranks; give --ranks = --pp x --dp");
+    const int tp_degree = Tp ? o.tp : 1;
+    fw::check<fw::ConfigError>(
+        n % (o.pp * tp_degree) == 0 && (o.dp == 0 || o.dp * o.pp * tp_degree == n),
+        "fourway: --tp ", tp_degree, " x --pp ", o.pp, " x --dp ", o.dp, " does not make the ", n,
+        " ranks; give --ranks = --tp x --pp x --dp");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
-    // S stages x D replicas as a mesh: pp the inner axis (rank = stage + S * replica)
-    const fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>, fw::DataParallel> mesh(n, {.pp = o.pp});
+    // N tp ranks x S stages x D replicas (rank = tp + N * (stage + S * replica))
+    const MeshT mesh(n, {.tp = tp_degree, .pp = o.pp});
     fw::MeshGroups<Comm> groups(mesh, w.comm());
+    Comm& tpg = groups.tp();
     Comm& pp = groups.pp();
     Comm& dp = groups.dp();
-    const bool replica0 = mesh.coord_of(w.rank()).dp == 0;
+    const auto coord = mesh.coord_of(w.rank());
+    const bool replica0 = coord.dp == 0;
     if constexpr (B::on_device) {
+      tpg.set_stream(ctx.stream());
       pp.set_stream(ctx.stream());
       dp.set_stream(ctx.stream());
     }
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
-    fw::PipelineOptions po;
-    po.schedule = schedule_kind(o.schedule);
-    po.micro_batches = o.micro_batches;
-    po.virtual_stages = o.virtual_stages > 0                             ? o.virtual_stages
-                        : po.schedule == fw::schedule::Kind::zb_v        ? 2
-                        : po.schedule == fw::schedule::Kind::interleaved ? 2
-                                                                         : 1;
+    const int replicas = n / (o.pp * tp_degree);
+    fw::check<fw::ConfigError>(
+        o.batch % (replicas * o.micro_batches) == 0, "fourway: the global batch of B=", o.batch,
+        " sequences does not ", "split into ", replicas, " replicas x ", o.micro_batches,
+        " micro-batches; use a --batch that is a multiple of ", replicas * o.micro_batches);
+    fw::check<fw::ConfigError>(
+        !o.sequence_parallel ||
+            (static_cast<long long>(o.batch / replicas / o.micro_batches) * o.seq) % tp_degree == 0,
+        "fourway: --sequence-parallel splits the ", o.batch / replicas / o.micro_batches * o.seq,
+        " rows of a micro-batch (batch/dp/micro-batches x seq) over tp=", tp_degree,
+        " ranks; choose --batch, --micro-batches and --seq so that tp divides them");
+    fw::MeshOptions mo;
+    mo.pipeline.schedule = schedule_kind(o.schedule);
+    mo.pipeline.micro_batches = o.micro_batches;
+    mo.pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages
+                                 : mo.pipeline.schedule == fw::schedule::Kind::zb_v        ? 2
+                                 : mo.pipeline.schedule == fw::schedule::Kind::interleaved ? 2
+                                                                                           : 1;
+    mo.tensor.sequence_parallel = o.sequence_parallel;
+    mo.tensor.vocab_alignment = o.vocab_align;
+    typename S::loader load;
+    if constexpr (Tp) {  // each chunk reads the runs of its own slices, positioned
+      if (ckpt)
+        load = [&](const fw::Context<B>& c, auto& chunk) { fw::load_gpt2_tp(c, *ckpt, chunk); };
+    }
     fw::TrainerOptions to;
     to.micro_batches = o.micro_batches;
-    fw::Trainer<S> trainer(to, ctx, cfg, o.seed, pp, dp, po, make_adamw(o));
+    fw::Trainer<S> trainer(to, ctx, mesh, groups, cfg, o.seed, mo, make_adamw(o), load);
     auto& st = trainer.strategy();
     st.time_phases(!o.trace.empty());
-    if (ckpt) {  // positioned reads of this rank's tensors (under ZeRO: of the elements it owns)
-      st.load_weights(fw::gpt2_element_reader(*ckpt, fw::inspect_gpt2(*ckpt)));
-      ckpt.reset();
+    if constexpr (!Tp) {
+      if (ckpt) {  // positioned reads of this rank's tensors (under ZeRO: of the elements it owns)
+        st.load_weights(fw::gpt2_element_reader(*ckpt, fw::inspect_gpt2(*ckpt)));
+      }
     }
+    ckpt.reset();
     const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     if (lead) {
@@ -296,16 +357,28 @@ void train_pipeline_ranks(const Options& o) {
                   data.size(), cfg.layers, o.precision.c_str(),
                   o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
       std::printf(
-          "pipeline: %s over %d stages x %d replicas (%s), %d micro-batches of %d "
+          "pipeline: %s over %d stages x %d replicas%s (%s), %d micro-batches of %d "
           "sequences per replica, chunks %s\n",
-          std::string(st.table().name).c_str(), o.pp, n / o.pp, o.backend.c_str(), o.micro_batches,
-          o.batch / n * o.pp / o.micro_batches, st.partition().describe().c_str());
+          std::string(st.table().name).c_str(), o.pp, replicas,
+          Tp ? fw::detail::cat(", each stage TensorParallel tp=", tp_degree,
+                               o.sequence_parallel ? " (sequence parallel)" : "")
+                   .c_str()
+             : "",
+          o.backend.c_str(), o.micro_batches, o.batch / replicas / o.micro_batches,
+          st.partition().describe().c_str());
       std::printf("%s", fw::schedule::to_string(st.table()).c_str());
     }
     fw::RankHoldings held;  // the map: who holds what
     held.rank = w.rank();
     held.position = mesh.position(w.rank());
     held.layers = chunks_text(st);
+    if constexpr (Tp) {
+      std::vector<fw::tp::Placement> slices;  // of every chunk this rank holds
+      for (int c = 0; c < st.table().chunks(); ++c)
+        if (auto* chunk = st.chunk(c))
+          slices.insert(slices.end(), chunk->placements().begin(), chunk->placements().end());
+      held.tp_slice = fw::tp::describe_slice(slices, tp_degree, coord.tp);
+    }
     if constexpr (Zero > 0) {
       held.set_sharding<typename S::dp_policy>(fw::optimizer_pieces(*st.sharded()));
       held.layout = st.sharded()->describe();
@@ -363,8 +436,9 @@ void train_pipeline_ranks(const Options& o) {
         const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
         std::string line = fw::step_json(r, mems);
         char extra[96];
-        std::snprintf(extra, sizeof extra, ",\"ranks\":%d,\"pp\":%d,\"micro_batches\":%d", n, o.pp,
-                      o.micro_batches);
+        std::snprintf(extra, sizeof extra,
+                      ",\"ranks\":%d,\"tp\":%d,\"pp\":%d,\"zero\":%d,\"micro_batches\":%d", n,
+                      tp_degree, o.pp, Zero, o.micro_batches);
         line.insert(line.size() - 1, extra);
         log << line << '\n';
         log.flush();
@@ -412,10 +486,15 @@ void train_pipeline_ranks(const Options& o) {
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
-      // ZeRO-3: every replica gathers its stage's weights over dp for the call
-      st.with_gathered_parameters([&] {
-        if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
-      });
+      if constexpr (Tp) {  // gathered over tp, then over pp (a collective over the whole mesh)
+        const auto full = st.full_parameters();
+        if (lead) save_full<T>(cfg, full, o.save);
+      } else {
+        // ZeRO-3: every replica gathers its stage's weights over dp for the call
+        st.with_gathered_parameters([&] {
+          if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
+        });
+      }
       if (lead) std::printf("saved %s\n", o.save.c_str());
     }
     w.comm().barrier();
@@ -456,16 +535,27 @@ int train_pipeline(const Options& o) {
       " sequences does not split into ", o.micro_batches,
       " micro-batches; use a --batch that is a multiple of ", o.micro_batches);
   (void)schedule_kind(o.schedule);
+  check_positive("tp", o.tp);
+  fw::check<fw::ConfigError>(!o.sequence_parallel || o.tp > 1,
+                             "fourway: --sequence-parallel splits along tensor-parallel ranks; "
+                             "give --tp N > 1 with it");
+  // the tensor-parallel axis is a second instantiation: only a run with --tp > 1 pays for it
+  const auto run = [&]<class W>(const Options& opts) {
+    with_zero_stage(opts.zero, [&]<int Z>() {
+      if (opts.tp > 1) {
+        train_pipeline_ranks<Target, T, W, Z, true>(opts);
+      } else {
+        train_pipeline_ranks<Target, T, W, Z, false>(opts);
+      }
+    });
+  };
   if (o.backend == "local") {
     Options local = o;
-    local.ranks = o.ranks == 0 ? o.pp * std::max(o.dp, 1) : o.ranks;
-    with_zero_stage(o.zero,
-                    [&]<int Z>() { train_pipeline_ranks<Target, T, fw::LocalWorld, Z>(local); });
+    local.ranks = o.ranks == 0 ? o.tp * o.pp * std::max(o.dp, 1) : o.ranks;
+    run.template operator()<fw::LocalWorld>(local);
     return 0;
   }
-  Target::launch_processes(o, [&]<class W>() {
-    with_zero_stage(o.zero, [&]<int Z>() { train_pipeline_ranks<Target, T, W, Z>(o); });
-  });
+  Target::launch_processes(o, [&]<class W>() { run.template operator()<W>(o); });
   return 0;
 }
 

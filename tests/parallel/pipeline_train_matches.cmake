@@ -6,10 +6,16 @@
 # With INIT set, every run starts --init-from a file of other weights (another seed) than the
 # flags' model, and the pipeline (with EXTRA) must also give that file back bit for bit after
 # --steps 0.
-# Arguments: TRAIN, COMPARE, WEIGHTS, PP, M, SCHEDULES, WORK, [MPIEXEC, NPFLAG, EXTRA, REF_M, INIT].
+# With MPIEXEC and NP, mpirun starts NP processes (default PP) and EXTRA goes to both runs: the
+# mesh under MPI against the same mesh on LocalWorld (e.g. --tp;2;--dp;2 with NP 8).
+# Arguments: TRAIN, COMPARE, WEIGHTS, PP, M, SCHEDULES, WORK,
+#            [MPIEXEC, NPFLAG, NP, EXTRA, REF_M, INIT].
 file(MAKE_DIRECTORY ${WORK})
 if(NOT REF_M)
   set(REF_M ${M})
+endif()
+if(NOT NP)
+  set(NP ${PP})
 endif()
 set(common --heads 4 --seq 16 --batch 8 --grad-clip 1.0 --weight-decay 0.1 --quiet)
 if(INIT)
@@ -39,8 +45,8 @@ list(APPEND common_steps ${common} --steps 5)
 set(ref_log ${WORK}/ref.jsonl)
 set(ref_w ${WORK}/ref.safetensors)
 if(MPIEXEC)
-  execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${M} --pp ${PP} --log-json ${ref_log}
-                          --save ${ref_w}
+  execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${M} --pp ${PP} ${EXTRA}
+                          --log-json ${ref_log} --save ${ref_w}
                   RESULT_VARIABLE rc OUTPUT_QUIET)
 else()
   execute_process(COMMAND ${TRAIN} ${common_steps} --micro-batches ${REF_M} --log-json ${ref_log}
@@ -54,9 +60,9 @@ foreach(schedule ${SCHEDULES})
   set(log ${WORK}/${schedule}.jsonl)
   set(w ${WORK}/${schedule}.safetensors)
   if(MPIEXEC)
-    execute_process(COMMAND ${MPIEXEC} ${NPFLAG} ${PP} --oversubscribe --allow-run-as-root
+    execute_process(COMMAND ${MPIEXEC} ${NPFLAG} ${NP} --oversubscribe --allow-run-as-root
                             --bind-to none ${TRAIN} ${common_steps} --micro-batches ${M} --backend mpi
-                            --pp ${PP}
+                            --pp ${PP} ${EXTRA}
                             --schedule ${schedule} --log-json ${log} --save ${w}
                     RESULT_VARIABLE rc OUTPUT_QUIET)
   else()

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -108,12 +109,16 @@ class MeshStrategy
   /// Each rank's model: the whole model, its tp slices, or the type of its pipeline chunks.
   using rank_model_type = typename types::model;
 
-  /// Builds this rank's part of `cfg` (values of models::Gpt(ctx, cfg, seed)) as the mesh says.
-  /// `groups` belongs to this rank and must outlive the strategy.
+  /// Sets a freshly built rank model (the whole model, its tp slices, or one pipeline chunk) to
+  /// its starting values before the strategy copies them, e.g. `load_gpt2_tp` from a file.
+  using loader = std::function<void(const Context<B>&, rank_model_type&)>;
+
+  /// Builds this rank's part of `cfg` (values of models::Gpt(ctx, cfg, seed), or what `load`
+  /// sets) as the mesh says. `groups` belongs to this rank and must outlive the strategy.
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const models::GptConfig& cfg, std::uint64_t seed, MeshOptions options = {},
-               AdamW optimizer = AdamW{}) requires(!traits::pipeline)
-      : owned_model{make_model(ctx, cfg, seed, ready(groups), options)},
+               AdamW optimizer = AdamW{}, const loader& load = {}) requires(!traits::pipeline)
+      : owned_model{make_model(ctx, cfg, seed, ready(groups), options, load)},
         base_type(ctx, *this->owned, groups.dp(), optimizer, options.sharded),
         mesh_(mesh),
         groups_(&groups),
@@ -122,10 +127,10 @@ class MeshStrategy
 
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const models::GptConfig& cfg, std::uint64_t seed, MeshOptions options = {},
-               AdamW optimizer = AdamW{}) requires(traits::pipeline)
+               AdamW optimizer = AdamW{}, const loader& load = {}) requires(traits::pipeline)
       : owned_model{(ready(groups), nullptr)},
-        base_type(ctx, cfg, chunk_factory(ctx, cfg, seed, groups, options.tensor), groups.pp(),
-                  groups.dp(), pipeline_options(options.pipeline), optimizer),
+        base_type(ctx, cfg, chunk_factory(ctx, cfg, seed, groups, options.tensor, load),
+                  groups.pp(), groups.dp(), pipeline_options(options.pipeline), optimizer),
         mesh_(mesh),
         groups_(&groups),
         cfg_(cfg),
@@ -196,32 +201,38 @@ class MeshStrategy
   static std::unique_ptr<rank_model_type> make_model(const Context<B>& ctx,
                                                      const models::GptConfig& cfg,
                                                      std::uint64_t seed, MeshGroups<Comm>& groups,
-                                                     const MeshOptions& options) {
+                                                     const MeshOptions& options,
+                                                     const loader& load) {
+    std::unique_ptr<rank_model_type> m;
     if constexpr (traits::tensor_parallel) {
-      return std::make_unique<rank_model_type>(ctx, cfg, groups.tp(), seed, options.tensor);
+      m = std::make_unique<rank_model_type>(ctx, cfg, groups.tp(), seed, options.tensor);
     } else {
       (void)groups;
-      (void)options;  // deferred: the strategy materialises what this rank owns
-      return std::make_unique<rank_model_type>(rank_model_type::deferred(ctx, cfg, seed));
+      (void)options;  // deferred unless loaded: the strategy materialises what this rank owns
+      m = load ? std::make_unique<rank_model_type>(ctx, cfg, seed)
+               : std::make_unique<rank_model_type>(rank_model_type::deferred(ctx, cfg, seed));
     }
+    if (load) load(ctx, *m);
+    return m;
   }
 
   /// The pipeline's chunk factory (a pipeline mesh only).
   static auto chunk_factory(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
-                            MeshGroups<Comm>& groups, tp::TpOptions tensor) {
+                            MeshGroups<Comm>& groups, tp::TpOptions tensor, const loader& load) {
     using factory = typename base_type::chunk_factory;
-    if constexpr (traits::tensor_parallel) {
-      Comm* tpc = &groups.tp();
-      return factory([&ctx, cfg, seed, tpc, tensor](const models::GptPart& part) {
-        return std::make_unique<rank_model_type>(ctx, cfg, *tpc, seed, tensor, part);
-      });
-    } else {
-      (void)groups;
-      (void)tensor;
-      return factory([&ctx, cfg, seed](const models::GptPart& part) {
-        return std::make_unique<rank_model_type>(ctx, cfg, seed, part);
-      });
-    }
+    Comm* tpc = &groups.tp();
+    return factory([&ctx, cfg, seed, tpc, tensor, load](const models::GptPart& part) {
+      std::unique_ptr<rank_model_type> m;
+      if constexpr (traits::tensor_parallel) {
+        m = std::make_unique<rank_model_type>(ctx, cfg, *tpc, seed, tensor, part);
+      } else {
+        (void)tpc;
+        (void)tensor;
+        m = std::make_unique<rank_model_type>(ctx, cfg, seed, part);
+      }
+      if (load) load(ctx, *m);
+      return m;
+    });
   }
 
   static PipelineOptions pipeline_options(PipelineOptions o) {
