@@ -110,6 +110,8 @@ struct Options {
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // 0: 2 for interleaved and zb-v, else 1
   std::string trace;
+  // the numerics check (check_program.hpp, docs/mesh.md)
+  bool check = false;
   [[nodiscard]] bool parallel() const {
     return ranks > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
   }
@@ -185,6 +187,10 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add("virtual-stages", &o.virtual_stages, "V",
            "model chunks per rank of the interleaved schedule (0: 2)")
       .add("trace", &o.trace, "FILE", "write Chrome trace events of the pipeline to FILE")
+      .add_switch("check", &o.check,
+                  "run the mesh and the one-rank run on the same batches for --steps steps and "
+                  "compare losses and step-1 gradients (exit 1 when outside the precision's "
+                  "bounds)")
       .add_switch("quiet", &o.quiet, "print no per-step progress");
   return p;
 }
@@ -756,6 +762,8 @@ void train_stage(const Options& o) {
 
 template <class Target, class T>
 int train_tp_parallel(const Options& o);  // train_tp.hpp
+template <class Target, class T>
+int run_check(const Options& o);  // check_program.hpp (instantiated in train_check.cpp)
 
 template <class Target, class T>
 int train_parallel(const Options& o) {
@@ -813,6 +821,15 @@ int run_program(int argc, char** argv) {
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
+    if (o.check) {
+      if constexpr (requires { Target::has_check; }) {
+        if (o.precision == "bf16") return run_check<Target, fw::bf16>(o);
+        if (o.precision == "fp16") return run_check<Target, fw::fp16>(o);
+        return run_check<Target, float>(o);
+      } else {
+        throw fw::ConfigError("fourway: --check runs in the host build, fourway-train");
+      }
+    }
     if (o.pp > 1) {
       if (o.precision == "bf16") return train_pipeline<Target, fw::bf16>(o);
       if (o.precision == "fp16") return train_pipeline<Target, fw::fp16>(o);

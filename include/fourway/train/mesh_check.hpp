@@ -1,0 +1,262 @@
+//! `check_mesh`: the numerics check users run — a mesh against the one-rank run of the same model
+//! on the same data, with bounds derived from the precision (what torchtitan's loss_compare and
+//! Megatron's ε-bound tests do by hand).
+//!
+//!   losses     the configured mesh and the one-rank run train `steps` steps from the same
+//!              initial weights on the same global batches; per step, |Δloss| / |loss₁|
+//!   gradients  a probe step on fresh copies of both (the same initial weights, the first batch):
+//!              AdamW with eps = E = 1e8, lr = K·E (K = 1e4), no weight decay, no clipping, moves
+//!              every fp32 master by K·g/(1 + |g|/E), i.e. K·g to 1e-8 relative, so the unsplit
+//!              parameters before and after give g = (w₀ − w₁)/K on both sides; per tensor the
+//!              largest relative (L2) difference ‖g − g₁‖ / max(‖g₁‖, 1e-4·‖G₁‖) (G: every
+//!              gradient, so a tensor whose gradient is zero, e.g. the attention key bias, is
+//!              held to noise at 1e-4 of the global norm, not divided by zero). Under fp16 a probe
+//!              step skipped by the loss scaler is repeated (same batch) until one is applied.
+//!
+//! Bounds (relative), chosen from the precision's rounding (fp32 2^-24, bf16 2^-9, fp16 2^-12 per
+//! rounding, accumulated over reordered sums; the equivalence matrix measures fp32 meshes at
+//! 6.6e-8 in loss and 2e-6 in parameters after 20 steps, bf16 at 3.4e-5 in loss):
+//! ```
+//!   precision   loss per step   gradient per tensor (step 1)
+//!   fp32        1e-5            1e-4
+//!   bf16        2e-2            1e-1
+//!   fp16        1e-2            5e-2
+//! ```
+//! The one-rank run uses dp·M micro-batches of the same rows (the mesh's summation granularity).
+//! It runs on world rank 0 only and the report is broadcast, so every rank returns the same
+//! report; the check holds the whole model on rank 0 (and the unsplit parameters on every rank
+//! for the probe): it is for meshes of a model that fits on one rank, as any such comparison is.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fourway/core/error.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/mesh/groups.hpp"
+#include "fourway/optim/adamw.hpp"
+#include "fourway/optim/precision.hpp"
+#include "fourway/train/mesh_strategy.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fourway {
+
+/// The bounds of a check (relative); `for_precision<T>()` gives the documented ones.
+struct CheckBounds {
+  double loss = 1e-5;
+  double gradient = 1e-4;
+  template <class T>
+  static constexpr CheckBounds for_precision() {
+    if constexpr (std::is_same_v<T, bf16>) {
+      return {2e-2, 1e-1};
+    } else if constexpr (std::is_same_v<T, fp16>) {
+      return {1e-2, 5e-2};
+    } else {
+      return {1e-5, 1e-4};
+    }
+  }
+};
+
+struct CheckOptions {
+  int steps = 5;
+  CheckBounds bounds{};  // the precision's unless set_bounds
+  bool set_bounds = false;
+};
+
+/// What `check_mesh` found; identical on every rank.
+struct CheckReport {
+  std::vector<double> mesh_loss, one_rank_loss;  // per step
+  std::vector<std::string> tensors;              // Hugging Face order
+  std::vector<double> gradient_difference;       // per tensor, step 1 (the probe)
+  CheckBounds bounds;
+
+  [[nodiscard]] double loss_difference(std::size_t s) const {
+    return std::abs(mesh_loss[s] - one_rank_loss[s]) / std::max(std::abs(one_rank_loss[s]), 1e-30);
+  }
+  [[nodiscard]] double worst_loss_difference() const {
+    double d = 0;
+    for (std::size_t s = 0; s < mesh_loss.size(); ++s) d = std::max(d, loss_difference(s));
+    return d;
+  }
+  [[nodiscard]] std::size_t worst_tensor() const {
+    return static_cast<std::size_t>(
+        std::max_element(gradient_difference.begin(), gradient_difference.end()) -
+        gradient_difference.begin());
+  }
+  [[nodiscard]] bool ok() const {
+    return worst_loss_difference() <= bounds.loss &&
+           (gradient_difference.empty() || gradient_difference[worst_tensor()] <= bounds.gradient);
+  }
+  /// Per step the two losses and their difference, the largest gradient differences, a verdict.
+  [[nodiscard]] std::string text() const {
+    std::string out = detail::cat("check: the mesh against the one-rank run, ", mesh_loss.size(),
+                                  " steps (bounds: loss ", bounds.loss, ", gradient ",
+                                  bounds.gradient, " relative)\n");
+    char line[200];
+    for (std::size_t s = 0; s < mesh_loss.size(); ++s) {
+      std::snprintf(line, sizeof line,
+                    "  step %zu: loss %.7f vs %.7f, relative difference %.2e%s\n", s + 1,
+                    mesh_loss[s], one_rank_loss[s], loss_difference(s),
+                    loss_difference(s) <= bounds.loss ? "" : "  OUTSIDE");
+      out += line;
+    }
+    std::vector<std::size_t> order(tensors.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return gradient_difference[a] > gradient_difference[b];
+    });
+    out += detail::cat("  step 1 gradients, largest relative differences of ", tensors.size(),
+                       " tensors:\n");
+    for (std::size_t k = 0; k < std::min<std::size_t>(5, order.size()); ++k) {
+      const std::size_t i = order[k];
+      std::snprintf(line, sizeof line, "    %-28s %.2e%s\n", tensors[i].c_str(),
+                    gradient_difference[i],
+                    gradient_difference[i] <= bounds.gradient ? "" : "  OUTSIDE");
+      out += line;
+    }
+    out += ok() ? "check passed: every loss and gradient within its bound\n"
+                : "check FAILED: the mesh does not compute what one rank computes\n";
+    return out;
+  }
+};
+
+namespace detail {
+
+/// The probe optimizer: moves every master by K·g (see the top of this file).
+inline constexpr double probe_k = 1e4;
+inline AdamW probe_adamw() {
+  AdamWConfig c;
+  c.eps = 1e8f;
+  c.lr = static_cast<float>(probe_k * 1e8);
+  c.weight_decay = 0.0f;
+  c.max_grad_norm = 0.0f;
+  return AdamW(c);
+}
+
+/// Steps `t` on `batch` until the step is applied (fp16: the loss scaler skips overflowing ones).
+template <class TrainerT>
+void probe_step(TrainerT& t, const Batch& batch) {
+  for (int tries = 0; tries < 64; ++tries) {
+    (void)t.step(batch);
+    if (!t.last_report().skipped) return;
+  }
+  throw ConfigError("fourway: check: 64 probe steps in a row were skipped for inf/NaN gradients");
+}
+
+inline std::vector<std::vector<float>> difference_over_k(const std::vector<NamedTensor>& before,
+                                                         const std::vector<NamedTensor>& after) {
+  std::vector<std::vector<float>> g(before.size());
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    g[i].resize(before[i].values.size());
+    for (std::size_t k = 0; k < g[i].size(); ++k)
+      g[i][k] = static_cast<float>((double(before[i].values[k]) - after[i].values[k]) / probe_k);
+  }
+  return g;
+}
+
+}  // namespace detail
+
+/// Runs the mesh `MeshT` (every rank calls it with its groups; a collective over `world`) and,
+/// on world rank 0, the one-rank run of `cfg`, and compares them (see the top of this file).
+/// `batch_at(step)` gives the global batch of step `step` (0-based; the probe uses step 0's);
+/// its spans must stay valid until the next call. `load` / `load_one_rank` set the initial
+/// weights of the mesh's rank models / of the one-rank model (empty: the seed's).
+template <class MeshT, precision_policy P, backend B, communicator Comm>
+CheckReport check_mesh(
+    const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups, Comm& world,
+    const models::GptConfig& cfg, std::uint64_t seed, const MeshOptions& options,
+    const AdamW& optimizer, const TrainerOptions& trainer,
+    const std::function<Batch(int)>& batch_at, CheckOptions check_options = {},
+    const typename MeshStrategy<MeshT, P, B, Comm>::loader& load = {},
+    const std::function<void(const Context<B>&, models::Gpt<typename P::param_type, B>&)>&
+        load_one_rank = {}) {
+  using T = typename P::param_type;
+  using S = MeshStrategy<MeshT, P, B, Comm>;
+  using Whole = models::Gpt<T, B>;
+  check<ConfigError>(check_options.steps >= 1, "fourway: check needs steps >= 1, got ",
+                     check_options.steps);
+  CheckReport r;
+  r.bounds = check_options.set_bounds ? check_options.bounds : CheckBounds::for_precision<T>();
+  const bool lead = world.rank() == 0;
+  const int steps = check_options.steps;
+  // the mesh: the configured run, then the probe on a fresh copy
+  {
+    Trainer<S> t(trainer, ctx, mesh, groups, cfg, seed, options, optimizer, load);
+    for (int s = 0; s < steps; ++s) r.mesh_loss.push_back(t.step(batch_at(s)));
+  }
+  std::vector<std::vector<float>> g_mesh;
+  {
+    Trainer<S> t(trainer, ctx, mesh, groups, cfg, seed, options, detail::probe_adamw(), load);
+    const auto before = t.strategy().full_parameters();
+    detail::probe_step(t, batch_at(0));
+    const auto after = t.strategy().full_parameters();
+    g_mesh = detail::difference_over_k(before, after);
+    for (const auto& nt : before) r.tensors.push_back(nt.name);
+  }
+  // the one-rank run on rank 0: dp·M micro-batches of the same rows
+  std::vector<double> numbers(static_cast<std::size_t>(steps) + r.tensors.size(), 0.0);
+  if (lead) {
+    TrainerOptions one = trainer;
+    one.micro_batches = trainer.micro_batches * mesh.dp();
+    const auto build = [&]() {
+      Whole m(ctx, cfg, seed);
+      if (load_one_rank) load_one_rank(ctx, m);
+      return m;
+    };
+    {
+      Whole m = build();
+      Trainer<SingleRank<Whole, P, B>> t(one, ctx, m, optimizer);
+      for (int s = 0; s < steps; ++s) numbers[static_cast<std::size_t>(s)] = t.step(batch_at(s));
+    }
+    Whole m = build();
+    std::vector<NamedTensor> before, after;
+    const auto snapshot = [&](std::vector<NamedTensor>& out) {
+      m.visit_parameters([&](Parameter<T, B>& p) {
+        std::vector<T> host(static_cast<std::size_t>(p.numel()));
+        Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
+        NamedTensor nt{p.name, std::vector<float>(host.size())};
+        for (std::size_t k = 0; k < host.size(); ++k) nt.values[k] = convert<float>(host[k]);
+        out.push_back(std::move(nt));
+      });
+    };
+    snapshot(before);
+    {
+      Trainer<SingleRank<Whole, P, B>> t(one, ctx, m, detail::probe_adamw());
+      detail::probe_step(t, batch_at(0));
+    }
+    snapshot(after);
+    const auto g_ref = detail::difference_over_k(before, after);
+    check<ConfigError>(g_ref.size() == g_mesh.size(), "fourway: check: the mesh has ",
+                       g_mesh.size(), " tensors, the one-rank model ", g_ref.size());
+    double global = 0;
+    for (const auto& g : g_ref)
+      for (float v : g) global += double(v) * v;
+    const double floor = 1e-4 * std::sqrt(global);
+    for (std::size_t i = 0; i < g_ref.size(); ++i) {
+      check<ConfigError>(g_ref[i].size() == g_mesh[i].size() && before[i].name == r.tensors[i],
+                         "fourway: check: tensor ", r.tensors[i], " does not match the one-rank ",
+                         before[i].name);
+      double num = 0, den = 0;
+      for (std::size_t k = 0; k < g_ref[i].size(); ++k) {
+        const double d = double(g_mesh[i][k]) - g_ref[i][k];
+        num += d * d;
+        den += double(g_ref[i][k]) * g_ref[i][k];
+      }
+      numbers[static_cast<std::size_t>(steps) + i] =
+          std::sqrt(num) / std::max(std::sqrt(den), floor);
+    }
+  }
+  if (world.size() > 1)
+    world.broadcast(numbers.data(), static_cast<std::int64_t>(numbers.size()), 0);
+  r.one_rank_loss.assign(numbers.begin(), numbers.begin() + steps);
+  r.gradient_difference.assign(numbers.begin() + steps, numbers.end());
+  return r;
+}
+
+}  // namespace fourway
