@@ -23,23 +23,11 @@
 
 namespace fourway_train {
 
-/// The mesh type of a run: the axes the flags ask for, degrees given at run time.
-template <bool Tp, bool Pp, int Zero>
-struct CheckMeshOf {
-  using Dp = std::conditional_t<Zero == 0, fw::DataParallel, fw::Sharded<Zero == 0 ? 1 : Zero>>;
-  static constexpr int d = fw::dynamic;
-  using type = std::conditional_t<
-      Tp,
-      std::conditional_t<Pp, fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>,
-                         fw::Mesh<fw::TensorParallel<d>, Dp>>,
-      std::conditional_t<Pp, fw::Mesh<fw::Pipeline<d, d>, Dp>, fw::Mesh<Dp>>>;
-};
-
 template <class Target, class T, bool Tp, bool Pp, int Zero>
 bool check_ranks(const Options& o, int ranks) {
   using B = typename Target::backend;
   using Comm = fw::LocalComm;
-  using MeshT = typename CheckMeshOf<Tp, Pp, Zero>::type;
+  using MeshT = typename MeshOf<Tp, Pp, Zero>::type;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   bool ok = false;
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
@@ -56,18 +44,7 @@ bool check_ranks(const Options& o, int ranks) {
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     std::vector<fw::SequenceBatch> batches;  // random access: both runs see step s's batch
     for (int s = 0; s < o.steps; ++s) batches.push_back(loader.next());
-    fw::MeshOptions mo;
-    mo.pipeline.schedule = schedule_kind(o.schedule);
-    mo.pipeline.micro_batches = o.micro_batches;
-    mo.pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages
-                                 : mo.pipeline.schedule == fw::schedule::Kind::zb_v        ? 2
-                                 : mo.pipeline.schedule == fw::schedule::Kind::interleaved ? 2
-                                                                                           : 1;
-    mo.tensor.sequence_parallel = o.sequence_parallel;
-    mo.tensor.vocab_alignment = o.vocab_align;
-    mo.sharded.bucket_bytes =
-        static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
-    mo.sharded.overlap = !o.no_overlap;
+    const fw::MeshOptions mo = mesh_options(o);
     typename S::loader load;
     std::function<void(const fw::Context<B>&, fw::models::Gpt<T, B>&)> load_one_rank;
     if (ckpt) {

@@ -252,15 +252,34 @@ std::string chunks_text(Strategy& st) {
   return out;
 }
 
-/// The mesh of the pipeline path: tensor parallelism inside each stage when `Tp`, then the
-/// pipeline, then DataParallel (Zero 0) or Sharded<Zero> across the replicas.
-template <bool Tp, int Zero>
-using PipelineMesh = std::conditional_t<
-    Tp,
-    fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::Pipeline<fw::dynamic, fw::dynamic>,
-             std::conditional_t<Zero == 0, fw::DataParallel, fw::Sharded<Zero == 0 ? 1 : Zero>>>,
-    fw::Mesh<fw::Pipeline<fw::dynamic, fw::dynamic>,
-             std::conditional_t<Zero == 0, fw::DataParallel, fw::Sharded<Zero == 0 ? 1 : Zero>>>>;
+/// The mesh a run's flags name, degrees given at run time: tensor parallelism when `Tp`, a
+/// pipeline when `Pp`, then DataParallel (Zero 0) or Sharded<Zero> across the replicas.
+template <bool Tp, bool Pp, int Zero>
+struct MeshOf {
+  using Dp = fw::data_parallel_policy_t<Zero>;
+  static constexpr int d = fw::dynamic;
+  using type = std::conditional_t<
+      Tp,
+      std::conditional_t<Pp, fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>,
+                         fw::Mesh<fw::TensorParallel<d>, Dp>>,
+      std::conditional_t<Pp, fw::Mesh<fw::Pipeline<d, d>, Dp>, fw::Mesh<Dp>>>;
+};
+
+/// The pipeline's, tensor parallelism's and ZeRO's run-time options from the flags.
+inline fw::MeshOptions mesh_options(const Options& o) {
+  fw::MeshOptions mo;
+  mo.pipeline.schedule = schedule_kind(o.schedule);
+  mo.pipeline.micro_batches = o.micro_batches;
+  mo.pipeline.virtual_stages = o.virtual_stages > 0                               ? o.virtual_stages
+                               : mo.pipeline.schedule == fw::schedule::Kind::zb_v ? 2
+                               : mo.pipeline.schedule == fw::schedule::Kind::interleaved ? 2
+                                                                                         : 1;
+  mo.tensor.sequence_parallel = o.sequence_parallel;
+  mo.tensor.vocab_alignment = o.vocab_align;
+  mo.sharded.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
+  mo.sharded.overlap = !o.no_overlap;
+  return mo;
+}
 
 /// The unsplit model (`MeshStrategy::full_parameters`, Hugging Face order) as a GPT-2 file.
 template <class T>
@@ -285,7 +304,7 @@ template <class Target, class T, class W, int Zero, bool Tp = false>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = typename W::comm_type;
-  using MeshT = PipelineMesh<Tp, Zero>;
+  using MeshT = typename MeshOf<Tp, true, Zero>::type;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)
@@ -325,15 +344,7 @@ void train_pipeline_ranks(const Options& o) {
         "fourway: --sequence-parallel splits the ", o.batch / replicas / o.micro_batches * o.seq,
         " rows of a micro-batch (batch/dp/micro-batches x seq) over tp=", tp_degree,
         " ranks; choose --batch, --micro-batches and --seq so that tp divides them");
-    fw::MeshOptions mo;
-    mo.pipeline.schedule = schedule_kind(o.schedule);
-    mo.pipeline.micro_batches = o.micro_batches;
-    mo.pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages
-                                 : mo.pipeline.schedule == fw::schedule::Kind::zb_v        ? 2
-                                 : mo.pipeline.schedule == fw::schedule::Kind::interleaved ? 2
-                                                                                           : 1;
-    mo.tensor.sequence_parallel = o.sequence_parallel;
-    mo.tensor.vocab_alignment = o.vocab_align;
+    const fw::MeshOptions mo = mesh_options(o);
     typename S::loader load;
     if constexpr (Tp) {  // each chunk reads the runs of its own slices, positioned
       if (ckpt)

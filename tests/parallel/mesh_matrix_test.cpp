@@ -123,7 +123,7 @@ Result run_mesh(const Case& c, int steps) {
 /// The mesh type for the case: which axes are there decides the strategy; degrees are dynamic.
 template <class T, int Z>
 Result run_case_zero(const Case& c, int steps) {
-  using Dp = std::conditional_t<Z == 0, fw::DataParallel, fw::Sharded<Z == 0 ? 1 : Z>>;
+  using Dp = fw::data_parallel_policy_t<Z>;
   constexpr int d = fw::dynamic;
   if (c.tp > 1 && c.pp > 1)
     return run_mesh<fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>, T>(c, steps);
