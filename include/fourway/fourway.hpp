@@ -106,6 +106,7 @@
 #include "fourway/train/corpus.hpp"
 #include "fourway/train/holdings.hpp"
 #include "fourway/train/log.hpp"
+#include "fourway/train/mesh_check.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/resume.hpp"

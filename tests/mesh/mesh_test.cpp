@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace fw = fourway;
@@ -139,6 +140,24 @@ TEST(Mesh, PositionListsEveryAxisInnermostFirst) {
   EXPECT_EQ(m.position(5), "tp 1/2, pp 0/2, dp 1/2");
   EXPECT_EQ(m.position(6), "tp 0/2, pp 1/2, dp 1/2");
   EXPECT_EQ(fw::Mesh<fw::DataParallel>(3).position(2), "tp 0/1, pp 0/1, dp 2/3");
+}
+
+TEST(Mesh, PoliciesInAnyOrderGiveTheSameLayout) {
+  // the layout is the axes' (tp fastest, then pp, then dp), not the order the policies are written
+  using Reversed = fw::Mesh<fw::Sharded<3>, fw::Pipeline<2, 4>, fw::TensorParallel<2>>;
+  using Middle = fw::Mesh<fw::Pipeline<2, 4>, fw::Sharded<3>, fw::TensorParallel<2>>;
+  const Full canonical(8);
+  const Reversed reversed(8);
+  const Middle middle(8);
+  EXPECT_EQ(reversed.describe(), canonical.describe());
+  EXPECT_EQ(middle.describe(), canonical.describe());
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(reversed.coord_of(r), canonical.coord_of(r)) << r;
+    EXPECT_EQ(middle.coord_of(r), canonical.coord_of(r)) << r;
+    EXPECT_EQ(reversed.position(r), canonical.position(r)) << r;
+  }
+  static_assert(std::is_same_v<Reversed::policy_on<fw::Axis::dp>, fw::Sharded<3>>);
+  static_assert(Reversed::static_degree(fw::Axis::tp) == 2);
 }
 
 TEST(Mesh, DataParallelDegreeIsWhatTheWorldLeaves) {

@@ -283,6 +283,18 @@ TEST(MeshMatrix, OneRankMeshIsTheOneRankRun) {
   expect_close(got, ref, kFp32Tol, "Mesh<> on one rank");
 }
 
+TEST(MeshMatrix, PoliciesInAnyOrder) {
+  // the order the policies are written changes nothing: the same ranks, the same numbers
+  using Reversed = fw::Mesh<fw::Sharded<1>, fw::Pipeline<fw::dynamic, fw::dynamic>,
+                            fw::TensorParallel<fw::dynamic>>;
+  const Case c = with(mesh(2, 2, 2, 1), Kind::one_f_one_b, 2);
+  const Result got = run_mesh<Reversed, float>(c, kSteps);
+  const Result canonical = run_case<float>(c, kSteps);
+  EXPECT_EQ(got.losses, canonical.losses);
+  EXPECT_EQ(got.params, canonical.params);
+  expect_close(got, reference(c), kFp32Tol, "reversed " + c.name());
+}
+
 TEST(MeshMatrix, RefusesWhatCannotRun) {
   // tp 3 does not divide 8 heads: the tp::Gpt error names the numbers
   Case c = mesh(3, 1, 1);

@@ -1,7 +1,9 @@
 //! Mesh<Policies...>: named, ordered axes and the constexpr rank <-> coordinate map.
 //!
 //! Every mesh has the three axes tp, pp, dp (innermost first); an axis without a policy has
-//! degree 1. Ranks are laid out with tp fastest, so a tensor-parallel group is a run of
+//! degree 1. The policies may be written in any order: the layout below is the axes', not the
+//! list's (`Mesh<Sharded<1>, TensorParallel<2>>` places ranks as `Mesh<TensorParallel<2>,
+//! Sharded<1>>` does). Ranks are laid out with tp fastest, so a tensor-parallel group is a run of
 //! consecutive ranks (one node), then pp, then dp:
 //!
 //!     rank = tp + TP * (pp + PP * dp)          e.g. TP=2, PP=2, DP=2 (8 ranks):
@@ -104,13 +106,6 @@ constexpr int policies_on(Axis a) {
   (void)a;  // unused for Mesh<>
   return ((Ps::axis == a ? 1 : 0) + ... + 0);
 }
-template <class... Ps>
-constexpr bool axes_innermost_first() {
-  int last = -1;
-  bool ok = true;
-  ((ok = ok && static_cast<int>(Ps::axis) >= last, last = static_cast<int>(Ps::axis)), ...);
-  return ok;
-}
 template <Axis A, class... Ps>
 struct policy_on {
   using type = void;
@@ -137,9 +132,6 @@ class Mesh {
   static_assert(detail::policies_on<Policies...>(derived_axis) <= 1,
                 "fourway: Mesh<...> has more than one data-parallel policy; use one of "
                 "fw::DataParallel or fw::Sharded<Stage> (Sharded replaces DataParallel)");
-  static_assert(detail::axes_innermost_first<Policies...>(),
-                "fourway: Mesh<...> lists axes innermost first: TensorParallel, then Pipeline, "
-                "then DataParallel or Sharded");
 
  public:
   /// The policy on axis `A`, or void when the mesh has none.

@@ -75,10 +75,19 @@ struct mesh_traits {
   }();
 };
 
+/// Whether `M` is a `fw::Mesh<...>`.
+template <class M>
+inline constexpr bool is_mesh = false;
+template <class... Ps>
+inline constexpr bool is_mesh<Mesh<Ps...>> = true;
+
 namespace detail {
 
 template <class MeshT, class P, class B, class Comm>
 struct mesh_strategy_types {
+  static_assert(is_mesh<MeshT>,
+                "fourway: MeshStrategy<M, P, B, Comm> needs M = fw::Mesh<policies...>, e.g. "
+                "fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 4>, fw::Sharded<1>>");
   using T = typename P::param_type;
   using traits = mesh_traits<MeshT>;
   using model = std::conditional_t<traits::tensor_parallel, tp::Gpt<T, B, Comm>, models::Gpt<T, B>>;

@@ -1,8 +1,0 @@
-#include "fourway/mesh/mesh.hpp"
-namespace fw = fourway;
-#ifdef FOURWAY_COMPILE_FAIL_CONTROL
-using M = fw::Mesh<fw::TensorParallel<2>, fw::Sharded<3>>;
-#else
-using M = fw::Mesh<fw::Sharded<3>, fw::TensorParallel<2>>;
-#endif
-int main() { return M(4).tp(); }
