@@ -94,6 +94,14 @@ inline std::string table(const Plan& p) {
     if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
   }
   row("step peak", w.step_peak());
+  if (s.pp > 1) {  // what each pipeline rank holds (tp and dp ranks of a stage alike)
+    for (const StagePlan& sp : p.stages) {
+      row("model states of pipeline rank " + std::to_string(sp.stage) + " (" +
+              std::to_string(sp.layers) + " layers)",
+          static_cast<double>(sp.states.total()));
+    }
+    row("model states per GPU (the largest)", static_cast<double>(p.states_per_gpu().total()));
+  }
   row("construction / load / save peak", std::max({w.construct_peak, w.load_peak, w.save_peak}));
   row("total (whole run)", w.total());
   os << "  " << std::string(82, '-') << "\n";
