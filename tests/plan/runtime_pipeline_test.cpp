@@ -2,11 +2,14 @@
 // 0-3 (`fw::MeshStrategy` over a Pipeline axis on a LocalWorld), the memory accountant's
 // model-state bytes after a step equal the planner's per-rank figure
 // (plan/runtime_pipeline_state.hpp) exactly, and the planner's per-GPU figure (`make_plan` with
-// `--footprint fourway`) is the largest of them. Expected values come from the planner, measured
-// values from the runtime.
+// `--footprint fourway`) is the largest of them; for gpipe and 1f1b also the activation peak (the
+// fullest tp rank of each stage exactly, every rank within 10%) and, under ZeRO 0-1, the
+// whole-run peak within 10%. Expected values come from the planner, measured values from the
+// runtime.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <ostream>
@@ -70,6 +73,8 @@ struct Case {
 struct RankMeasure {
   int pp_rank = -1;
   fp::ModelStateBytes states;
+  std::int64_t activation_peak = 0;  // MemTag::activations over the whole run
+  std::int64_t total_peak = 0;       // every tag, the whole run (construction and the step)
 };
 
 fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
@@ -112,7 +117,9 @@ std::vector<RankMeasure> run(const Case& c) {
     to.micro_batches = c.micro_batches;
     fw::Trainer<S> t(to, w.ctx(), mesh, groups, gpt(), 11, mo, fw::AdamW{});
     (void)t.step(batch.view());
-    RankMeasure r{groups.pp().rank(), states_of(w.memory())};
+    RankMeasure r{groups.pp().rank(), states_of(w.memory()),
+                  static_cast<std::int64_t>(w.memory().peak(MemTag::activations)),
+                  static_cast<std::int64_t>(w.memory().total_peak())};
     std::lock_guard lock(mu);
     out[static_cast<std::size_t>(w.rank())] = r;
   });
@@ -172,8 +179,31 @@ void check(const Case& c) {
   const fp::Plan plan =
       fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
   ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.pp));
-  for (const RankMeasure& m : got)
-    EXPECT_EQ(m.states, plan.stages[static_cast<std::size_t>(m.pp_rank)].states);
+  // Activations: the plan counts the fullest tp rank of each stage (the most real vocabulary
+  // rows), exactly; every rank within 10%. The whole-run peak within 10% under ZeRO 0 and 1;
+  // under ZeRO 2 and 3 it is 10-22% above the plan (not modelled yet: docs/plan.md).
+  std::vector<std::int64_t> fullest(static_cast<std::size_t>(c.pp), 0);
+  for (const RankMeasure& m : got) {
+    const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(m.pp_rank)];
+    EXPECT_EQ(m.states, sp.states);
+    const double act = sp.activations + sp.recompute_working;
+    EXPECT_LE(std::abs(act - static_cast<double>(m.activation_peak)),
+              0.10 * static_cast<double>(m.activation_peak))
+        << "planner " << act << " B, accountant " << m.activation_peak << " B";
+    auto& f = fullest[static_cast<std::size_t>(m.pp_rank)];
+    f = std::max(f, m.activation_peak);
+    if (c.zero <= 1) {
+      EXPECT_LE(std::abs(sp.total() - static_cast<double>(m.total_peak)),
+                0.10 * static_cast<double>(m.total_peak))
+          << "planner " << sp.total() << " B, accountant " << m.total_peak << " B";
+    }
+  }
+  for (int r = 0; r < c.pp; ++r) {
+    const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(r)];
+    EXPECT_EQ(sp.activations + sp.recompute_working,
+              static_cast<double>(fullest[static_cast<std::size_t>(r)]))
+        << "pipeline rank " << r;
+  }
   EXPECT_EQ(plan.states_per_gpu().total(), largest);
 }
 

@@ -157,11 +157,13 @@ inline std::vector<PipelineRankState> runtime_pipeline_states(
   return out;
 }
 
-/// Activations one micro-batch leaves on a pipeline rank's chunks after its forward (a model of
-/// the stashes, not yet held to the accountant): the embedding's output on the first chunk, each
-/// block's stash (its output only when checkpointed), the head on the last; `recompute` is one
-/// block's stash rebuilt in backward when checkpointing. Tensor-parallel chunks (tp > 1) keep
-/// their slices (runtime_activation.hpp) and are not checkpointed.
+/// Activations one micro-batch leaves on a pipeline rank's chunks after its forward: the
+/// embedding's output on the first chunk, the received input (b, T, C) — this rank's (b·T/tp, C)
+/// rows under sequence parallelism — on every other chunk, each block's stash (its output only
+/// when checkpointed), the head on the last; `recompute` is one block's stash rebuilt in backward
+/// when checkpointing. Tensor-parallel chunks (tp > 1) keep their slices (runtime_activation.hpp)
+/// and are not checkpointed. One chunk per rank (gpipe, 1f1b): the received input is a message
+/// from the previous rank.
 struct PipelineActivation {
   std::int64_t per_micro_batch = 0;
   std::int64_t recompute = 0;
@@ -182,10 +184,11 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                                : runtime_head_activation_bytes(g);
   const std::int64_t kept =
       checkpoint ? g.batch * g.seq * g.dim * working_bytes(g.precision) : block;
+  const std::int64_t received = runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel);
   PipelineActivation r;
   for (const auto& part : parts) {
-    r.per_micro_batch += (part.embedding ? emb : 0) + (part.end_block - part.first_block) * kept +
-                         (part.head ? head : 0);
+    r.per_micro_batch += (part.embedding ? emb : received) +
+                         (part.end_block - part.first_block) * kept + (part.head ? head : 0);
   }
   r.recompute = checkpoint ? block : 0;
   return r;
