@@ -97,6 +97,7 @@
 #include "fourway/plan/report.hpp"
 #include "fourway/plan/runtime_activation.hpp"
 #include "fourway/plan/runtime_model_state.hpp"
+#include "fourway/plan/runtime_pipeline_state.hpp"
 #include "fourway/plan/step_time.hpp"
 #include "fourway/schedule/action.hpp"
 #include "fourway/schedule/check.hpp"

@@ -44,6 +44,7 @@
 #include "fourway/plan/model_state.hpp"
 #include "fourway/plan/runtime_activation.hpp"
 #include "fourway/plan/runtime_model_state.hpp"
+#include "fourway/plan/runtime_pipeline_state.hpp"
 #include "fourway/plan/step_time.hpp"
 
 namespace fourway::plan {
@@ -75,6 +76,7 @@ struct Strategy {
   Precision precision = Precision::bf16;
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
+  int virtual_stages = 1;  // chunks per pipeline rank of the interleaved schedule
 
   [[nodiscard]] int gpus() const { return dp * tp * pp; }
   [[nodiscard]] std::int64_t global_batch() const { return micro_batch * micro_batches * dp; }
@@ -144,8 +146,9 @@ Strategy strategy_of(const Mesh<Policies...>& mesh, const MeshRun& run = {}) {
 
 /// Whose bytes a plan counts: the published models (ZeRO's states, Korthikanti's activations) for
 /// any mesh, or fourway's own runtime exactly (its padding per bucket or unit, its GPT-2 stash) for
-/// the meshes fourway runs today: GPT-2, data parallelism and ZeRO (tp = pp = 1), full
-/// checkpointing of whole blocks or none.
+/// the meshes fourway runs: GPT-2 over tp x pp x dp with ZeRO 0-3, full checkpointing of whole
+/// blocks or none. Pipeline meshes get one `StagePlan` per pipeline rank with that rank's chunks
+/// (plan/runtime_pipeline_state.hpp).
 enum class Footprint : std::uint8_t { published, fourway };
 
 struct Options {
@@ -169,7 +172,9 @@ struct StagePlan {
   double activations = 0;        // stored activations of all in-flight micro-batches
   double recompute_working = 0;  // one layer rebuilt during backward
   double zero3_gathered = 0;     // ZeRO-3: two gathered units + one unit's full gradients
+                                 // (fourway pipelines: every unit and full gradients, all step)
   double zero2_buckets = 0;      // ZeRO-2 (fourway): full gradients of the head's buckets
+                                 // (fourway pipelines: of every parameter, all step)
   // Peaks of the phases outside a step (modelled): construction, checkpoint load and save.
   double construct_peak = 0;
   double load_peak = 0;
@@ -220,7 +225,20 @@ struct Plan {
     return stages[static_cast<std::size_t>(worst_stage)];
   }
   [[nodiscard]] double usable_bytes() const { return memory_bytes - reserved_bytes; }
+  /// Model-state bytes per GPU: the largest over the pipeline ranks (every rank of a stage holds
+  /// alike).
+  [[nodiscard]] ModelStateBytes states_per_gpu() const {
+    ModelStateBytes m = stages.front().states;
+    for (const StagePlan& sp : stages)
+      if (sp.states.total() > m.total()) m = sp.states;
+    return m;
+  }
 };
+
+/// How fourway's `PipelineStrategy` runs the strategy's pipeline.
+inline PipelineSplit pipeline_split(const Strategy& s) {
+  return PipelineSplit{s.pp, s.schedule, s.micro_batches, s.virtual_stages};
+}
 
 /// Throws `ConfigError` naming the numbers and the fix when the mesh cannot exist.
 inline void validate(const Model& model, const Cluster& cluster, const Strategy& s,
@@ -253,9 +271,7 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
       detail::require(model.arch->family == Family::gpt2, "fourway: --footprint fourway models ",
                       "fourway's GPT-2; ", model.arch->name,
                       " is not one (use --footprint published)");
-      detail::require(s.pp == 1, "fourway: --footprint fourway models data, tensor and sequence ",
-                      "parallelism and ZeRO (pp = 1, got pp=", s.pp,
-                      "); use --footprint published for pipeline meshes");
+      if (s.pp > 1) check_pipeline_split(pipeline_split(s));
       detail::require(s.checkpointing != Checkpointing::selective,
                       "fourway: fourway checkpoints whole ",
                       "blocks; use --checkpoint-activations full or none with --footprint fourway");
@@ -308,12 +324,24 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.params = ceil_div(model.params, static_cast<std::int64_t>(s.tp) * s.pp);
     }
     const bool own = o.footprint == Footprint::fourway;
-    const TensorSplit split{s.tp, o.vocab_alignment};
-    if (own) sp.params = runtime_rank_params(*model.arch, split);  // wte's padding rows included
-    sp.states =
-        own ? runtime_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
-                                        o.optimizer, split)
-            : model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+    const bool own_pp = own && s.pp > 1;
+    // models::Gpt (tp = 1) does not pad the vocabulary; tp::Gpt pads it to tp·alignment
+    const TensorSplit split{s.tp, s.tp > 1 ? o.vocab_alignment : 1};
+    std::optional<PipelineRankState> rank;  // fourway's pipeline rank `st`
+    if (own_pp) {
+      rank = runtime_pipeline_rank_state(*model.arch, s.precision, s.zero, s.dp, pipeline_split(s),
+                                         st, o.optimizer, split);
+      sp.layers = rank->layers;
+      sp.params = rank->params;
+      sp.states = rank->states;
+    } else if (own) {
+      sp.params = runtime_rank_params(*model.arch, split);  // wte's padding rows included
+      sp.states = runtime_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
+                                            o.optimizer, split);
+    } else {
+      sp.states =
+          model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+    }
     // deferred construction, positioned reads and in-place writes: the states and nothing more
     sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
     const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
@@ -340,7 +368,14 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                    a.vocab,       a.layers, s.precision};
         const std::int64_t head = runtime_head_activation_bytes(g);
         const std::int64_t block = runtime_block_activation_bytes(g);
-        if (s.tp > 1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
+        if (own_pp) {  // the rank's chunks, `in_flight` micro-batches
+          const PipelineActivation act = runtime_pipeline_activation(
+              a, g, split, s.sequence_parallel, s.checkpointing == Checkpointing::full,
+              runtime_rank_parts(a, pipeline_split(s), st));
+          sp.activations = static_cast<double>(act.per_micro_batch * sp.in_flight);
+          sp.recompute_working = static_cast<double>(act.recompute);
+        } else if (s.tp >
+                   1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
           const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
           sp.activations =
               static_cast<double>(runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
@@ -355,7 +390,16 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.recompute_working = 0;
         }
       }
-      if (own && zero_sharding(s.zero).shards_grads && !zero_sharding(s.zero).shards_params) {
+      if (own_pp) {
+        // one accumulation window per step: full gradients (ZeRO-2), gathered units (ZeRO-3)
+        const auto weights = static_cast<double>(rank->in_step.weights - rank->states.weights);
+        const auto grads = static_cast<double>(rank->in_step.grads - rank->states.grads);
+        if (zero_sharding(s.zero).shards_params)
+          sp.zero3_gathered = weights + grads;
+        else
+          sp.zero2_buckets = grads;
+      } else if (own && zero_sharding(s.zero).shards_grads &&
+                 !zero_sharding(s.zero).shards_params) {
         // The buckets the head's backward adds to (ln_f's, the first in backward order, and
         // wte's, the last) hold full gradients from the start of backward, when the activations
         // peak, until their reduce-scatter.
@@ -364,7 +408,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
         sp.zero2_buckets = static_cast<double>(full * w);
       }
-      if (zero_sharding(s.zero).shards_params && s.dp > 1) {
+      if (zero_sharding(s.zero).shards_params && s.dp > 1 && !own_pp) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
@@ -493,7 +537,12 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
       for (int zero = 0; zero <= 3; ++zero) {
         if (space.zero && *space.zero != zero) continue;
-        if (o.footprint == Footprint::fourway && pp > 1) continue;
+        if (o.footprint == Footprint::fourway && pp > 1 &&
+            schedule::validate(
+                pipeline_split(Strategy{dp, tp, pp, zero, space.micro_batch, m, space.schedule})
+                    .request()) != schedule::RequestProblem::none) {
+          continue;  // the runtime refuses this schedule (e.g. 1f1b with m < pp)
+        }
         if (dp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero) {
           continue;  // nothing to shard over
         }

@@ -94,6 +94,14 @@ inline std::string table(const Plan& p) {
     if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
   }
   row("step peak", w.step_peak());
+  if (s.pp > 1) {  // what each pipeline rank holds (tp and dp ranks of a stage alike)
+    for (const StagePlan& sp : p.stages) {
+      row("model states of pipeline rank " + std::to_string(sp.stage) + " (" +
+              std::to_string(sp.layers) + " layers)",
+          static_cast<double>(sp.states.total()));
+    }
+    row("model states per GPU (the largest)", static_cast<double>(p.states_per_gpu().total()));
+  }
   row("construction / load / save peak", std::max({w.construct_peak, w.load_peak, w.save_peak}));
   row("total (whole run)", w.total());
   os << "  " << std::string(82, '-') << "\n";
@@ -195,6 +203,32 @@ inline std::string json(const Plan& p) {
   return os.str();
 }
 
+/// The command line that trains a plan with fourway-train (examples/train): on GPUs,
+/// `mpirun -np N fourway-train-cuda --backend nccl` and the plan's architecture, mesh, batch,
+/// micro-batches, schedule, precision and recomputation. fourway-train trains GPT-2 models only:
+/// for any other model (or a parameter count) the line says so.
+inline std::string train_command(const Plan& p) {
+  if (!p.model.arch || p.model.arch->family != Family::gpt2) {
+    return "fourway-train trains GPT-2 models; " + p.model.name() +
+           " is not one, so there is no fourway-train command for this plan";
+  }
+  const Architecture& a = *p.model.arch;
+  const Strategy& s = p.strategy;
+  std::ostringstream os;
+  os << "mpirun -np " << s.gpus() << " fourway-train-cuda --backend nccl --layers " << a.layers
+     << " --dim " << a.hidden << " --heads " << a.heads << " --seq " << a.seq << " --vocab "
+     << a.vocab << " --tp " << s.tp << " --pp " << s.pp << " --dp " << s.dp << " --zero " << s.zero
+     << " --batch " << s.global_batch() << " --micro-batches " << s.micro_batches;
+  if (s.pp > 1) os << " --schedule " << schedule_name(s.schedule);
+  os << " --precision " << precision_name(s.precision);
+  if (s.tp > 1 && s.sequence_parallel) os << " --sequence-parallel";
+  if (s.checkpointing != Checkpointing::none) os << " --checkpoint-activations";
+  if (s.checkpointing == Checkpointing::selective) {
+    os << "   (fourway-train recomputes whole blocks; the plan chose selective recomputation)";
+  }
+  return os.str();
+}
+
 /// The ranking of `--recommend`: the best `top` fitting meshes, then the chosen one's table.
 inline std::string recommendation_text(const Recommendation& r, std::size_t top = 10) {
   using detail::fixed;
@@ -222,7 +256,9 @@ inline std::string recommendation_text(const Recommendation& r, std::size_t top 
        << (p.time ? fixed(p.time->total_s, 3) : std::string("n/a")) << "\n";
   }
   if (*r.chosen >= top) os << "  (the recommended mesh is #" << *r.chosen + 1 << ")\n";
-  os << "\n" << r.why << "\n\n" << table(r.fitting[*r.chosen]);
+  os << "\n" << r.why << "\n";
+  os << "train it: " << train_command(r.fitting[*r.chosen]) << "\n\n"
+     << table(r.fitting[*r.chosen]);
   return os.str();
 }
 
@@ -235,8 +271,9 @@ inline std::string recommendation_json(const Recommendation& r, std::size_t top 
     os << ",\"recommended\":null,\"missing\":" << json_string(r.missing) << "}";
     return os.str();
   }
-  os << ",\"why\":" << json_string(r.why) << ",\"recommended\":" << json(r.fitting[*r.chosen])
-     << ",\"ranking\":[";
+  os << ",\"why\":" << json_string(r.why)
+     << ",\"train_command\":" << json_string(train_command(r.fitting[*r.chosen]))
+     << ",\"recommended\":" << json(r.fitting[*r.chosen]) << ",\"ranking\":[";
   for (std::size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const Plan& p = r.fitting[i];
     os << (i ? "," : "") << "{\"mesh\":" << json_string(detail::describe(p.strategy))

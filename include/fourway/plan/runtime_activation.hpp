@@ -85,22 +85,37 @@ constexpr std::int64_t runtime_tp_block_activation_bytes(const GptActivationShap
   return split + 6 * btc / tp * w + 2 * btc * w + 2 * (2 * bt / tp * 4);
 }
 
-/// Bytes one tensor-parallel rank keeps after the forward of one micro-batch (no checkpointing):
-/// the embedding's output (BTC, /tp under sequence parallelism), L blocks, and the head — ln_f
-/// (its output gathered again under sequence parallelism), the logits of the rank's
-/// `vocab_rows` real vocabulary rows, and three fp32 values per token (max, Σ exp, target logit).
-constexpr std::int64_t runtime_tp_activation_bytes(const GptActivationShape& x, int tp,
-                                                   bool sequence_parallel,
-                                                   std::int64_t vocab_rows) {
+/// Bytes one tensor-parallel rank keeps of the embedding: its output (BTC, /tp under sequence
+/// parallelism).
+constexpr std::int64_t runtime_tp_embedding_activation_bytes(const GptActivationShape& x, int tp,
+                                                             bool sequence_parallel) {
+  const std::int64_t part = sequence_parallel && tp > 1 ? tp : 1;
+  return x.batch * x.seq * x.dim / part * working_bytes(x.precision);
+}
+
+/// Bytes one tensor-parallel rank keeps of the head: ln_f (its output gathered again under
+/// sequence parallelism), the logits of the rank's `vocab_rows` real vocabulary rows, and three
+/// fp32 values per token (max, Σ exp, target logit).
+constexpr std::int64_t runtime_tp_head_activation_bytes(const GptActivationShape& x, int tp,
+                                                        bool sequence_parallel,
+                                                        std::int64_t vocab_rows) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t btc = x.batch * x.seq * x.dim;
   const std::int64_t bt = x.batch * x.seq;
   const bool sp = sequence_parallel && tp > 1;
   const std::int64_t part = sp ? tp : 1;
-  const std::int64_t emb = btc / part * w;
-  const std::int64_t head =
-      btc / part * w + 2 * (bt / part) * 4 + (sp ? btc * w : 0) + bt * vocab_rows * w + 3 * bt * 4;
-  return emb + x.layers * runtime_tp_block_activation_bytes(x, tp, sequence_parallel) + head;
+  return btc / part * w + 2 * (bt / part) * 4 + (sp ? btc * w : 0) + bt * vocab_rows * w +
+         3 * bt * 4;
+}
+
+/// Bytes one tensor-parallel rank keeps after the forward of one micro-batch (no checkpointing):
+/// the embedding's output, L blocks, and the head.
+constexpr std::int64_t runtime_tp_activation_bytes(const GptActivationShape& x, int tp,
+                                                   bool sequence_parallel,
+                                                   std::int64_t vocab_rows) {
+  return runtime_tp_embedding_activation_bytes(x, tp, sequence_parallel) +
+         x.layers * runtime_tp_block_activation_bytes(x, tp, sequence_parallel) +
+         runtime_tp_head_activation_bytes(x, tp, sequence_parallel, vocab_rows);
 }
 
 }  // namespace fourway::plan

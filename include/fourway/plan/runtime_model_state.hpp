@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/policies.hpp"
 #include "fourway/parallel/dp/flat_layout.hpp"
 #include "fourway/parallel/tp/placement.hpp"
@@ -69,17 +70,29 @@ inline std::vector<std::int64_t> gpt2_backward_numels(const Architecture& a,
   return e;
 }
 
-/// fourway's FSDP units of one tensor-parallel rank: the embedding (wte, wpe), each block, ln_f.
-inline std::vector<std::int64_t> runtime_units(const Architecture& a, const TensorSplit& t = {}) {
+/// The FSDP units of one part (`models::GptPart`: a pipeline chunk, or the whole model) on one
+/// tensor-parallel rank, in model order: the embedding (wte, wpe), each block, the head (ln_f, and
+/// the head's own copy of the tied wte when the part has no embedding).
+inline std::vector<std::int64_t> runtime_part_units(const Architecture& a, const TensorSplit& t,
+                                                    const models::GptPart& part) {
   const std::vector<std::int64_t> e = gpt2_backward_numels(a, t);
-  std::vector<std::int64_t> u = {e[e.size() - 1] + e[e.size() - 2]};
-  for (std::int64_t l = 0; l < a.layers; ++l) {
-    std::int64_t block = 0;
-    for (std::size_t k = 0; k < 12; ++k) block += e[2 + static_cast<std::size_t>(l) * 12 + k];
+  const std::int64_t wte = e[e.size() - 1], wpe = e[e.size() - 2], ln_f = e[0] + e[1];
+  const std::int64_t end = part.end_block < 0 ? a.layers : part.end_block;
+  std::vector<std::int64_t> u;
+  if (part.embedding) u.push_back(wte + wpe);
+  for (std::int64_t l = part.first_block; l < end; ++l) {
+    std::int64_t block = 0;  // block l's 12 tensors sit at 2 + (L-1-l)·12 in backward order
+    for (std::size_t k = 0; k < 12; ++k)
+      block += e[2 + static_cast<std::size_t>(a.layers - 1 - l) * 12 + k];
     u.push_back(block);
   }
-  u.push_back(e[0] + e[1]);
+  if (part.head) u.push_back(ln_f + (part.embedding ? 0 : wte));
   return u;
+}
+
+/// fourway's FSDP units of one tensor-parallel rank: the embedding (wte, wpe), each block, ln_f.
+inline std::vector<std::int64_t> runtime_units(const Architecture& a, const TensorSplit& t = {}) {
+  return runtime_part_units(a, t, models::GptPart{});
 }
 
 /// The segments `ShardedStrategy<zero_stage>` pads to a multiple of the group size.

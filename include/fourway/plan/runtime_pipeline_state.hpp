@@ -1,0 +1,197 @@
+//! fourway's pipeline runtime, rank by rank: which chunks a pipeline rank holds and its
+//! model-state bytes, equal to the memory accountant's under `PipelineStrategy<P, B, Comm, Zero>`
+//! (train/pipeline_strategy.hpp) byte for byte.
+//!
+//! The model is cut into stages·v chunks by `pp::Partition::balanced` (parallel/pp/partition.hpp)
+//! and chunk c lives on pipeline rank `table.rank_of(c)` of the schedule's table
+//! (schedule/generators.hpp): one chunk per rank for gpipe, 1f1b and zb-h1, v for interleaved,
+//! two (a V) for zb-v. A rank's parameters are its chunks' (`models::GptPart`): the first chunk
+//! holds wte and wpe, the last ln_f and its own copy of the tied wte (the LM head). Under tensor
+//! parallelism (tp > 1, `tp::Gpt` chunks) each holds its tp slices (`TensorSplit`).
+//!
+//!   ZeRO 0     the chunks' weights and gradients, fp32 masters (mixed precision) and Adam moments
+//!              of every parameter: nothing padded
+//!   ZeRO 1-2   `ShardedStrategy` over the rank's chunks (`pp::ChunkSet`) with `bucket_bytes = 0`:
+//!              one segment of everything, padded to a multiple of dp
+//!   ZeRO 3     one segment per FSDP unit, chunk by chunk, each chunk's units in model order
+//!              (embedding = wte + wpe, each block, head = ln_f + the head's copy of wte)
+//!
+//! Parts keep placeholders for the pieces they do not hold, weights and gradients in the working
+//! precision that no optimizer sees: `models::Gpt` a 1-row wte and wpe of width C and a 1-feature
+//! ln_f (weight, bias); `tp::Gpt` a 1x1 wte and wpe and the 1-feature ln_f.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fourway/core/error.hpp"
+#include "fourway/layers/gpt.hpp"
+#include "fourway/parallel/dp/flat_layout.hpp"
+#include "fourway/parallel/pp/partition.hpp"
+#include "fourway/plan/activation.hpp"
+#include "fourway/plan/architecture.hpp"
+#include "fourway/plan/model_state.hpp"
+#include "fourway/plan/runtime_activation.hpp"
+#include "fourway/plan/runtime_model_state.hpp"
+#include "fourway/schedule/generators.hpp"
+
+namespace fourway::plan {
+
+/// How `PipelineStrategy` runs: `stages` pipeline ranks, the schedule, its micro-batches and (for
+/// interleaved) chunks per rank.
+struct PipelineSplit {
+  int stages = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+  std::int64_t micro_batches = 1;
+  int virtual_stages = 1;
+
+  [[nodiscard]] schedule::Request request() const {
+    return schedule::Request{schedule, stages, static_cast<int>(micro_batches), virtual_stages};
+  }
+};
+
+/// Throws `ConfigError` with the schedule's own explanation when the runtime refuses the request.
+inline void check_pipeline_split(const PipelineSplit& s) {
+  const schedule::Request q = s.request();
+  const schedule::RequestProblem problem = schedule::validate(q);
+  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
+                  schedule::explain(q, problem));
+}
+
+/// The runtime's GptConfig of a GPT-2 architecture (what `pp::Partition::balanced` cuts).
+inline models::GptConfig runtime_gpt_config(const Architecture& a) {
+  models::GptConfig c;
+  c.layers = static_cast<int>(a.layers);
+  c.heads = static_cast<int>(a.heads);
+  c.dim = static_cast<int>(a.hidden);
+  c.vocab = static_cast<int>(a.vocab);
+  c.max_seq = static_cast<int>(a.seq);
+  return c;
+}
+
+/// The parts of the chunks pipeline rank `rank` holds, in model order.
+inline std::vector<models::GptPart> runtime_rank_parts(const Architecture& a,
+                                                       const PipelineSplit& s, int rank) {
+  check_pipeline_split(s);
+  detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
+  const schedule::Table table = schedule::make(s.request());
+  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
+  std::vector<models::GptPart> parts;
+  for (int c : table.chunks_of(rank)) parts.push_back(cut.part(c));
+  return parts;
+}
+
+/// Placeholder elements of a part (weights, and as many gradients): what it does not hold.
+inline std::int64_t runtime_placeholder_elements(const Architecture& a, const TensorSplit& t,
+                                                 const models::GptPart& part) {
+  const std::int64_t row = t.tp > 1 ? 1 : a.hidden;  // tp::Gpt 1x1, models::Gpt 1 x C
+  const bool wte = part.embedding || part.head;
+  return (wte ? 0 : row) + (part.embedding ? 0 : row) + (part.head ? 0 : 2);
+}
+
+/// The segments `ShardedStrategy<zero_stage>` pads over the rank's chunks: every unit under
+/// ZeRO-3, else the buckets of `bucket_bytes = 0` (one).
+inline std::vector<std::int64_t> runtime_pipeline_segments(
+    const Architecture& a, int zero_stage, Precision p, const TensorSplit& t,
+    const std::vector<models::GptPart>& parts) {
+  check_zero_stage(zero_stage);
+  std::vector<std::int64_t> units;
+  for (const auto& part : parts) {
+    for (std::int64_t u : runtime_part_units(a, t, part)) units.push_back(u);
+  }
+  if (zero_sharding(zero_stage).shards_params) return units;
+  std::vector<std::int64_t> segments;
+  for (const auto& bucket : plan_buckets(units, 0, working_bytes(p))) {
+    std::int64_t s = 0;
+    for (int i : bucket) s += units[static_cast<std::size_t>(i)];
+    segments.push_back(s);
+  }
+  return segments;
+}
+
+/// What one rank of a pipeline mesh holds: its blocks, its parameters, its model states.
+struct PipelineRankState {
+  std::int64_t layers = 0;  // blocks of the rank's chunks
+  std::int64_t params = 0;  // parameters the optimizer sees (placeholders not included)
+  ModelStateBytes states;   // between steps, as the accountant counts them
+  ModelStateBytes in_step;  // during a step (ZeRO-2: full gradients, ZeRO-3: gathered units)
+};
+
+/// Model-state bytes of pipeline rank `rank` (any tp and dp coordinate: they hold alike) of
+/// fourway's `PipelineStrategy<.., Zero = zero_stage>` over `dp` replicas.
+inline PipelineRankState runtime_pipeline_rank_state(const Architecture& a, Precision p,
+                                                     int zero_stage, int dp, const PipelineSplit& s,
+                                                     int rank,
+                                                     Optimizer optimizer = Optimizer::adam(),
+                                                     const TensorSplit& t = {}) {
+  const std::vector<models::GptPart> parts = runtime_rank_parts(a, s, rank);
+  PipelineRankState r;
+  std::int64_t placeholders = 0;
+  for (const auto& part : parts) {
+    r.layers += part.end_block - part.first_block;
+    for (std::int64_t u : runtime_part_units(a, t, part)) r.params += u;
+    placeholders += runtime_placeholder_elements(a, t, part);
+  }
+  const std::vector<std::int64_t> segments = runtime_pipeline_segments(a, zero_stage, p, t, parts);
+  r.states = model_state_bytes(r.params, p, zero_stage, dp, Padding::per_unit(segments), optimizer);
+  r.states.weights += placeholders * working_bytes(p);
+  r.states.grads += placeholders * working_bytes(p);
+  // The step holds full (padded) weights and gradients: one accumulation window (see
+  // pipeline_strategy.hpp's table); ZeRO-0 and 1 hold them between steps as well.
+  r.in_step = r.states;
+  const std::int64_t full =
+      (zero_stage == 0 ? r.params : shard_elements(r.params, dp, Padding::per_unit(segments)) * dp);
+  r.in_step.weights = (full + placeholders) * working_bytes(p);
+  r.in_step.grads = (full + placeholders) * working_bytes(p);
+  return r;
+}
+
+/// Every pipeline rank's state, rank by rank.
+inline std::vector<PipelineRankState> runtime_pipeline_states(
+    const Architecture& a, Precision p, int zero_stage, int dp, const PipelineSplit& s,
+    Optimizer optimizer = Optimizer::adam(), const TensorSplit& t = {}) {
+  std::vector<PipelineRankState> out;
+  for (int r = 0; r < s.stages; ++r)
+    out.push_back(runtime_pipeline_rank_state(a, p, zero_stage, dp, s, r, optimizer, t));
+  return out;
+}
+
+/// Activations one micro-batch leaves on a pipeline rank's chunks after its forward: the
+/// embedding's output on the first chunk, the received input (b, T, C) — this rank's (b·T/tp, C)
+/// rows under sequence parallelism — on every other chunk, each block's stash (its output only
+/// when checkpointed), the head on the last; `recompute` is one block's stash rebuilt in backward
+/// when checkpointing. Tensor-parallel chunks (tp > 1) keep their slices (runtime_activation.hpp)
+/// and are not checkpointed. One chunk per rank (gpipe, 1f1b): the received input is a message
+/// from the previous rank.
+struct PipelineActivation {
+  std::int64_t per_micro_batch = 0;
+  std::int64_t recompute = 0;
+};
+
+inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
+                                                      const GptActivationShape& g,
+                                                      const TensorSplit& t, bool sequence_parallel,
+                                                      bool checkpoint,
+                                                      const std::vector<models::GptPart>& parts) {
+  const bool tp = t.tp > 1;
+  const std::int64_t rows = std::min(runtime_vocab_rows(a, t), a.vocab);
+  const std::int64_t emb = tp ? runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel)
+                              : runtime_embedding_activation_bytes(g);
+  const std::int64_t block = tp ? runtime_tp_block_activation_bytes(g, t.tp, sequence_parallel)
+                                : runtime_block_activation_bytes(g);
+  const std::int64_t head = tp ? runtime_tp_head_activation_bytes(g, t.tp, sequence_parallel, rows)
+                               : runtime_head_activation_bytes(g);
+  const std::int64_t kept =
+      checkpoint ? g.batch * g.seq * g.dim * working_bytes(g.precision) : block;
+  const std::int64_t received = runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel);
+  PipelineActivation r;
+  for (const auto& part : parts) {
+    r.per_micro_batch += (part.embedding ? emb : received) +
+                         (part.end_block - part.first_block) * kept + (part.head ? head : 0);
+  }
+  r.recompute = checkpoint ? block : 0;
+  return r;
+}
+
+}  // namespace fourway::plan

@@ -1,0 +1,242 @@
+// The planner against fourway's pipeline runtime: for every rank of tp x pp x dp meshes at ZeRO
+// 0-3 (`fw::MeshStrategy` over a Pipeline axis on a LocalWorld), the memory accountant's
+// model-state bytes after a step equal the planner's per-rank figure
+// (plan/runtime_pipeline_state.hpp) exactly, and the planner's per-GPU figure (`make_plan` with
+// `--footprint fourway`) is the largest of them; for gpipe and 1f1b also the activation peak (the
+// fullest tp rank of each stage exactly, every rank within 10%) and, under ZeRO 0-1, the
+// whole-run peak within 10%. Expected values come from the planner, measured values from the
+// runtime.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <ostream>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fourway/backend/host/backend.hpp"
+#include "fourway/comm/local_world.hpp"
+#include "fourway/mesh/groups.hpp"
+#include "fourway/mesh/mesh.hpp"
+#include "fourway/plan/planner.hpp"
+#include "fourway/plan/runtime_pipeline_state.hpp"
+#include "fourway/train/mesh_strategy.hpp"
+#include "fourway/train/strategy.hpp"
+#include "fourway/train/trainer.hpp"
+
+namespace fourway::plan {
+// gtest prints a mismatch by tag, not as raw bytes
+inline void PrintTo(const ModelStateBytes& b, std::ostream* os) {
+  *os << "{weights " << b.weights << ", grads " << b.grads << ", masters " << b.master_weights
+      << ", optimizer " << b.optimizer_state << "}";
+}
+}  // namespace fourway::plan
+
+namespace fw = fourway;
+namespace fp = fourway::plan;
+using fw::MemTag;
+using fw::schedule::Kind;
+
+namespace {
+
+/// 8 heads so that tp 2 and 4 split them, 4 layers for 4 stages (or 2 x 2 virtual).
+fw::models::GptConfig gpt() {
+  fw::models::GptConfig c;
+  c.layers = 4;
+  c.heads = 8;
+  c.dim = 16;
+  c.vocab = 37;
+  c.max_seq = 9;
+  return c;
+}
+
+struct Case {
+  int tp = 1;
+  int pp = 2;
+  int dp = 1;
+  int zero = 0;
+  Kind schedule = Kind::one_f_one_b;
+  int micro_batches = 2;
+  int virtual_stages = 1;
+  [[nodiscard]] int ranks() const { return tp * pp * dp; }
+  [[nodiscard]] std::string name() const {
+    return fw::detail::cat("tp", tp, "·pp", pp, "·dp", dp, " zero", zero, " ",
+                           fw::schedule::kind_name(schedule), " m=", micro_batches,
+                           virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "");
+  }
+};
+
+struct RankMeasure {
+  int pp_rank = -1;
+  fp::ModelStateBytes states;
+  std::int64_t activation_peak = 0;  // MemTag::activations over the whole run
+  std::int64_t total_peak = 0;       // every tag, the whole run (construction and the step)
+};
+
+fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
+  return fp::ModelStateBytes{static_cast<std::int64_t>(m.current(MemTag::weights)),
+                             static_cast<std::int64_t>(m.current(MemTag::grads)),
+                             static_cast<std::int64_t>(m.current(MemTag::master_weights)),
+                             static_cast<std::int64_t>(m.current(MemTag::optimizer_state))};
+}
+
+fw::TokenBatch batch_of(const Case& c) {
+  const std::int64_t rows = 2LL * c.dp * c.micro_batches;  // 2 sequences per micro-batch
+  const std::int64_t Tn = gpt().max_seq;
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * (Tn + 1)));
+  for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % static_cast<unsigned>(gpt().vocab));
+  return fw::TokenBatch::from_rows(tokens, rows, Tn);
+}
+
+/// One step of the mesh; every rank's model-state bytes afterwards.
+template <class T, int Z, bool TensorParallel>
+std::vector<RankMeasure> run(const Case& c) {
+  using Dp = std::conditional_t<Z == 0, fw::DataParallel, fw::Sharded<Z == 0 ? 1 : Z>>;
+  constexpr int d = fw::dynamic;
+  using MeshT =
+      std::conditional_t<TensorParallel, fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>,
+                         fw::Mesh<fw::Pipeline<d, d>, Dp>>;
+  using Comm = fw::LocalComm;
+  using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
+  const fw::TokenBatch batch = batch_of(c);
+  std::vector<RankMeasure> out(static_cast<std::size_t>(c.ranks()));
+  std::mutex mu;
+  fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
+    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+    fw::MeshGroups<Comm> groups(mesh, w.comm());
+    fw::MeshOptions mo;
+    mo.pipeline.schedule = c.schedule;
+    mo.pipeline.micro_batches = c.micro_batches;
+    mo.pipeline.virtual_stages = c.virtual_stages;
+    fw::TrainerOptions to;
+    to.micro_batches = c.micro_batches;
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, gpt(), 11, mo, fw::AdamW{});
+    (void)t.step(batch.view());
+    RankMeasure r{groups.pp().rank(), states_of(w.memory()),
+                  static_cast<std::int64_t>(w.memory().peak(MemTag::activations)),
+                  static_cast<std::int64_t>(w.memory().total_peak())};
+    std::lock_guard lock(mu);
+    out[static_cast<std::size_t>(w.rank())] = r;
+  });
+  return out;
+}
+
+template <class T, bool TensorParallel>
+std::vector<RankMeasure> run_zero(const Case& c) {
+  switch (c.zero) {
+    case 1: return run<T, 1, TensorParallel>(c);
+    case 2: return run<T, 2, TensorParallel>(c);
+    case 3: return run<T, 3, TensorParallel>(c);
+    default: return run<T, 0, TensorParallel>(c);
+  }
+}
+
+template <class T>
+constexpr fp::Precision precision_of() {
+  return std::is_same_v<T, float> ? fp::Precision::fp32 : fp::Precision::bf16;
+}
+
+fp::Architecture arch() {
+  const auto c = gpt();
+  return fp::gpt2_shape(c.layers, c.dim, c.heads, c.vocab, c.max_seq);
+}
+
+/// Every rank's measured states equal the planner's figure for its pipeline rank; for gpipe and
+/// 1f1b also the plan's stage of that rank, and the plan's per-GPU states are the largest.
+template <class T>
+void check(const Case& c) {
+  SCOPED_TRACE(c.name());
+  const std::vector<RankMeasure> got = c.tp > 1 ? run_zero<T, true>(c) : run_zero<T, false>(c);
+  const fp::Precision p = precision_of<T>();
+  const fp::PipelineSplit split{c.pp, c.schedule, c.micro_batches, c.virtual_stages};
+  const fp::TensorSplit tsplit{c.tp, 1};
+  const std::vector<fp::PipelineRankState> want =
+      fp::runtime_pipeline_states(arch(), p, c.zero, c.dp, split, fp::Optimizer::adam(), tsplit);
+  std::int64_t largest = 0;
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r << ", pipeline rank " << got[r].pp_rank);
+    ASSERT_GE(got[r].pp_rank, 0);
+    EXPECT_EQ(got[r].states, want[static_cast<std::size_t>(got[r].pp_rank)].states);
+    largest = std::max(largest, got[r].states.total());
+  }
+  if (c.schedule != Kind::gpipe && c.schedule != Kind::one_f_one_b) return;
+  fp::Strategy st;
+  st.tp = c.tp;
+  st.pp = c.pp;
+  st.dp = c.dp;
+  st.zero = c.zero;
+  st.micro_batch = 2;
+  st.micro_batches = c.micro_batches;
+  st.schedule = c.schedule;
+  st.precision = p;
+  fp::Options o;
+  o.footprint = fp::Footprint::fourway;
+  const fp::Plan plan =
+      fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.pp));
+  // Activations: the plan counts the fullest tp rank of each stage (the most real vocabulary
+  // rows), exactly; every rank within 10%. The whole-run peak within 10% under ZeRO 0 and 1;
+  // under ZeRO 2 and 3 it is 10-22% above the plan (not modelled yet: docs/plan.md).
+  std::vector<std::int64_t> fullest(static_cast<std::size_t>(c.pp), 0);
+  for (const RankMeasure& m : got) {
+    const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(m.pp_rank)];
+    EXPECT_EQ(m.states, sp.states);
+    const double act = sp.activations + sp.recompute_working;
+    EXPECT_LE(std::abs(act - static_cast<double>(m.activation_peak)),
+              0.10 * static_cast<double>(m.activation_peak))
+        << "planner " << act << " B, accountant " << m.activation_peak << " B";
+    auto& f = fullest[static_cast<std::size_t>(m.pp_rank)];
+    f = std::max(f, m.activation_peak);
+    if (c.zero <= 1) {
+      EXPECT_LE(std::abs(sp.total() - static_cast<double>(m.total_peak)),
+                0.10 * static_cast<double>(m.total_peak))
+          << "planner " << sp.total() << " B, accountant " << m.total_peak << " B";
+    }
+  }
+  for (int r = 0; r < c.pp; ++r) {
+    const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(r)];
+    EXPECT_EQ(sp.activations + sp.recompute_working,
+              static_cast<double>(fullest[static_cast<std::size_t>(r)]))
+        << "pipeline rank " << r;
+  }
+  EXPECT_EQ(plan.states_per_gpu().total(), largest);
+}
+
+Case mesh(int tp, int pp, int dp, int zero, Kind k = Kind::one_f_one_b, int m = 2, int v = 1) {
+  return Case{tp, pp, dp, zero, k, m, v};
+}
+
+}  // namespace
+
+TEST(PlanRuntimePipeline, PipelineAndDataParallel) {
+  for (int zero : {0, 1, 3}) check<float>(mesh(1, 2, 4, zero, Kind::gpipe, 2));
+  check<float>(mesh(1, 4, 2, 2, Kind::one_f_one_b, 4));
+}
+
+TEST(PlanRuntimePipeline, ThreeAxesAtEveryZeroStage) {
+  for (int zero = 0; zero <= 3; ++zero) check<float>(mesh(2, 2, 2, zero, Kind::one_f_one_b, 2));
+}
+
+TEST(PlanRuntimePipeline, TensorAndPipeline) {
+  check<float>(mesh(2, 4, 1, 0, Kind::one_f_one_b, 4));
+  check<float>(mesh(4, 2, 1, 0, Kind::gpipe, 2));
+}
+
+TEST(PlanRuntimePipeline, OddStageCounts) {
+  check<float>(mesh(1, 3, 1, 0, Kind::one_f_one_b, 3));
+  check<float>(mesh(2, 3, 1, 0, Kind::gpipe, 2));
+  check<float>(mesh(1, 3, 2, 3, Kind::one_f_one_b, 3));
+}
+
+TEST(PlanRuntimePipeline, Bf16) { check<fw::bf16>(mesh(2, 2, 2, 1, Kind::gpipe, 2)); }
+
+// Two chunks per rank: interleaved (loop placement) and zb-v (the V).
+TEST(PlanRuntimePipeline, TwoChunksPerRank) {
+  check<float>(mesh(1, 2, 2, 3, Kind::interleaved, 2, 2));
+  check<float>(mesh(2, 2, 2, 1, Kind::zb_v, 2));
+}
