@@ -1,6 +1,8 @@
 //! `check_mesh`: the numerics check users run — a mesh against the one-rank run of the same model
 //! on the same data, with bounds derived from the precision (what torchtitan's loss_compare and
-//! Megatron's ε-bound tests do by hand).
+//! Megatron's ε-bound tests do by hand). `check_mesh` takes a GPT configuration and any mesh;
+//! `check_sharded` takes a model of the user's own (any `trainable_model` with named parameters
+//! and FSDP units) under DataParallel or ZeRO-1/2/3. Both share one comparison.
 //!
 //!   losses     the configured mesh and the one-rank run train `steps` steps from the same
 //!              initial weights on the same global batches; per step, |Δloss| / |loss₁|
@@ -33,7 +35,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fourway/core/error.hpp"
@@ -42,6 +46,7 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/train/mesh_strategy.hpp"
+#include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
 
@@ -162,76 +167,60 @@ inline std::vector<std::vector<float>> difference_over_k(const std::vector<Named
 
 }  // namespace detail
 
-/// Runs the mesh `MeshT` (every rank calls it with its groups; a collective over `world`) and,
-/// on world rank 0, the one-rank run of `cfg`, and compares them (see the top of this file).
-/// `batch_at(step)` gives the global batch of step `step` (0-based; the probe uses step 0's);
-/// its spans must stay valid until the next call. `load` / `load_one_rank` set the initial
-/// weights of the mesh's rank models / of the one-rank model (empty: the seed's).
-template <class MeshT, precision_policy P, backend B, communicator Comm>
-CheckReport check_mesh(
-    const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups, Comm& world,
-    const models::GptConfig& cfg, std::uint64_t seed, const MeshOptions& options,
-    const AdamW& optimizer, const TrainerOptions& trainer,
-    const std::function<Batch(int)>& batch_at, CheckOptions check_options = {},
-    const typename MeshStrategy<MeshT, P, B, Comm>::loader& load = {},
-    const std::function<void(const Context<B>&, models::Gpt<typename P::param_type, B>&)>&
-        load_one_rank = {}) {
-  using T = typename P::param_type;
-  using S = MeshStrategy<MeshT, P, B, Comm>;
-  using Whole = models::Gpt<T, B>;
+namespace detail {
+
+/// Every parameter of `m` as host floats, by name, in `visit_parameters` order.
+template <class Model, class B>
+std::vector<NamedTensor> model_values(const Context<B>& ctx, Model& m) {
+  std::vector<NamedTensor> out;
+  m.visit_parameters([&](auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
+    std::vector<T> host(static_cast<std::size_t>(p.numel()));
+    Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
+    NamedTensor nt{p.name, std::vector<float>(host.size())};
+    for (std::size_t k = 0; k < host.size(); ++k) nt.values[k] = convert<float>(host[k]);
+    out.push_back(std::move(nt));
+  });
+  return out;
+}
+
+/// The comparison both front ends share. `train(optimizer)` builds a fresh run of the mesh and
+/// returns it as a trainer (a unique_ptr); `full(trainer)` its unsplit parameters (a collective);
+/// `one_rank(optimizer)` a fresh one-rank run on world rank 0 ({model, trainer} pointers).
+template <class T, class Comm, class Train, class Full, class OneRank>
+CheckReport compare_with_one_rank(Comm& world, const AdamW& optimizer,
+                                  const std::function<Batch(int)>& batch_at,
+                                  const CheckOptions& check_options, Train&& train, Full&& full,
+                                  OneRank&& one_rank) {
   check<ConfigError>(check_options.steps >= 1, "fourway: check needs steps >= 1, got ",
                      check_options.steps);
   CheckReport r;
   r.bounds = check_options.set_bounds ? check_options.bounds : CheckBounds::for_precision<T>();
-  const bool lead = world.rank() == 0;
   const int steps = check_options.steps;
-  // the mesh: the configured run, then the probe on a fresh copy
-  {
-    Trainer<S> t(trainer, ctx, mesh, groups, cfg, seed, options, optimizer, load);
-    for (int s = 0; s < steps; ++s) r.mesh_loss.push_back(t.step(batch_at(s)));
+  {  // the mesh: the configured run, then the probe on a fresh copy
+    auto t = train(optimizer);
+    for (int s = 0; s < steps; ++s) r.mesh_loss.push_back(t->step(batch_at(s)));
   }
   std::vector<std::vector<float>> g_mesh;
   {
-    Trainer<S> t(trainer, ctx, mesh, groups, cfg, seed, options, detail::probe_adamw(), load);
-    const auto before = t.strategy().full_parameters();
-    detail::probe_step(t, batch_at(0));
-    const auto after = t.strategy().full_parameters();
-    g_mesh = detail::difference_over_k(before, after);
+    auto t = train(probe_adamw());
+    const std::vector<NamedTensor> before = full(*t);
+    probe_step(*t, batch_at(0));
+    g_mesh = difference_over_k(before, full(*t));
     for (const auto& nt : before) r.tensors.push_back(nt.name);
   }
-  // the one-rank run on rank 0: dp·M micro-batches of the same rows
   std::vector<double> numbers(static_cast<std::size_t>(steps) + r.tensors.size(), 0.0);
-  if (lead) {
-    TrainerOptions one = trainer;
-    one.micro_batches = trainer.micro_batches * mesh.dp();
-    const auto build = [&]() {
-      Whole m(ctx, cfg, seed);
-      if (load_one_rank) load_one_rank(ctx, m);
-      return m;
-    };
+  if (world.rank() == 0) {
     {
-      Whole m = build();
-      Trainer<SingleRank<Whole, P, B>> t(one, ctx, m, optimizer);
-      for (int s = 0; s < steps; ++s) numbers[static_cast<std::size_t>(s)] = t.step(batch_at(s));
+      auto run = one_rank(optimizer);
+      for (int s = 0; s < steps; ++s)
+        numbers[static_cast<std::size_t>(s)] = run.trainer->step(batch_at(s));
     }
-    Whole m = build();
-    std::vector<NamedTensor> before, after;
-    const auto snapshot = [&](std::vector<NamedTensor>& out) {
-      m.visit_parameters([&](Parameter<T, B>& p) {
-        std::vector<T> host(static_cast<std::size_t>(p.numel()));
-        Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
-        NamedTensor nt{p.name, std::vector<float>(host.size())};
-        for (std::size_t k = 0; k < host.size(); ++k) nt.values[k] = convert<float>(host[k]);
-        out.push_back(std::move(nt));
-      });
-    };
-    snapshot(before);
-    {
-      Trainer<SingleRank<Whole, P, B>> t(one, ctx, m, detail::probe_adamw());
-      detail::probe_step(t, batch_at(0));
-    }
-    snapshot(after);
-    const auto g_ref = detail::difference_over_k(before, after);
+    auto run = one_rank(probe_adamw());
+    const auto& ctx = run.trainer->strategy().context();
+    const std::vector<NamedTensor> before = model_values(ctx, *run.model);
+    probe_step(*run.trainer, batch_at(0));
+    const auto g_ref = difference_over_k(before, model_values(ctx, *run.model));
     check<ConfigError>(g_ref.size() == g_mesh.size(), "fourway: check: the mesh has ",
                        g_mesh.size(), " tensors, the one-rank model ", g_ref.size());
     double global = 0;
@@ -257,6 +246,94 @@ CheckReport check_mesh(
   r.one_rank_loss.assign(numbers.begin(), numbers.begin() + steps);
   r.gradient_difference.assign(numbers.begin() + steps, numbers.end());
   return r;
+}
+
+/// A one-rank run: the model and its trainer (the trainer points into the model).
+template <class Model, class P, class B>
+struct OneRankRun {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Trainer<SingleRank<Model, P, B>>> trainer;
+};
+
+}  // namespace detail
+
+/// Runs the mesh `MeshT` (every rank calls it with its groups; a collective over `world`) and,
+/// on world rank 0, the one-rank run of `cfg`, and compares them (see the top of this file).
+/// `batch_at(step)` gives the global batch of step `step` (0-based; the probe uses step 0's);
+/// its spans must stay valid until the next call. `load` / `load_one_rank` set the initial
+/// weights of the mesh's rank models / of the one-rank model (empty: the seed's).
+template <class MeshT, precision_policy P, backend B, communicator Comm>
+CheckReport check_mesh(
+    const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups, Comm& world,
+    const models::GptConfig& cfg, std::uint64_t seed, const MeshOptions& options,
+    const AdamW& optimizer, const TrainerOptions& trainer,
+    const std::function<Batch(int)>& batch_at, CheckOptions check_options = {},
+    const typename MeshStrategy<MeshT, P, B, Comm>::loader& load = {},
+    const std::function<void(const Context<B>&, models::Gpt<typename P::param_type, B>&)>&
+        load_one_rank = {}) {
+  using T = typename P::param_type;
+  using S = MeshStrategy<MeshT, P, B, Comm>;
+  using Whole = models::Gpt<T, B>;
+  TrainerOptions one = trainer;  // dp·M micro-batches of the same rows
+  one.micro_batches = trainer.micro_batches * mesh.dp();
+  return detail::compare_with_one_rank<T>(
+      world, optimizer, batch_at, check_options,
+      [&](const AdamW& opt) {
+        return std::make_unique<Trainer<S>>(trainer, ctx, mesh, groups, cfg, seed, options, opt,
+                                            load);
+      },
+      [](Trainer<S>& t) { return t.strategy().full_parameters(); },
+      [&](const AdamW& opt) {
+        detail::OneRankRun<Whole, P, B> run;
+        run.model = std::make_unique<Whole>(ctx, cfg, seed);
+        if (load_one_rank) load_one_rank(ctx, *run.model);
+        run.trainer = std::make_unique<Trainer<SingleRank<Whole, P, B>>>(one, ctx, *run.model, opt);
+        return run;
+      });
+}
+
+/// The same check for a model of your own under DataParallel (Stage 0) or ZeRO-1/2/3 over `dp`
+/// (a collective over `dp`, which is the world here): `make_model(ctx)` builds the model with
+/// its initial values (the same on every rank); any `trainable_model` whose parameters are
+/// `fw::Parameter`s with names works, e.g. one built from layers/.
+template <int Stage, precision_policy P, backend B, communicator Comm, class MakeModel>
+CheckReport check_sharded(const Context<B>& ctx, Comm& dp, MakeModel&& make_model,
+                          const AdamW& optimizer, const TrainerOptions& trainer,
+                          const std::function<Batch(int)>& batch_at,
+                          CheckOptions check_options = {}, ShardedOptions sharded = {}) {
+  using Model = std::remove_cvref_t<decltype(make_model(ctx))>;
+  using S = ShardedStrategy<Stage, Model, P, B, Comm>;
+  struct MeshRun {  // the strategy keeps a pointer to the model: both live here
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Trainer<S>> trainer;
+    float step(const Batch& b) { return trainer->step(b); }
+    [[nodiscard]] const StepReport& last_report() const { return trainer->last_report(); }
+  };
+  TrainerOptions one = trainer;
+  one.micro_batches = trainer.micro_batches * dp.size();
+  return detail::compare_with_one_rank<typename P::param_type>(
+      dp, optimizer, batch_at, check_options,
+      [&](const AdamW& opt) {
+        auto run = std::make_unique<MeshRun>();
+        run->model = std::make_unique<Model>(make_model(ctx));
+        run->trainer = std::make_unique<Trainer<S>>(trainer, ctx, *run->model, dp, opt, sharded);
+        return run;
+      },
+      [](MeshRun& run) {
+        auto values = run.trainer->strategy().gather_full_parameters();
+        std::vector<NamedTensor> out;
+        std::size_t i = 0;
+        run.model->visit_parameters([&](auto& p) {
+          out.push_back({p.name, std::move(values[i++])});
+        });
+        return out;
+      },
+      [&](const AdamW& opt) {
+        detail::OneRankRun<Model, P, B> run;
+        run.model = std::make_unique<Model>(make_model(ctx));
+        run.trainer = std::make_unique<Trainer<SingleRank<Model, P, B>>>(one, ctx, *run.model, opt);
+        return run;
+      });
 }
 
 }  // namespace fourway
