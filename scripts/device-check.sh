@@ -14,8 +14,8 @@
 #   gpt-step             one GPT step GPU vs host: small shapes, and GPT-2 124M's width, heads and
 #                        vocabulary at T = 1024 with 2 layers (fp32)
 #   train-cuda-vs-host   fourway-train-cuda vs fourway-train: 1 rank; 4-rank ZeRO-3 on LocalWorld on
-#                        one GPU (fp32, bf16) (examples/train/cuda_vs_host.sh)
-#   train-tp             2-rank tensor parallelism: NOT RUN (fourway-train has no TP yet)
+#                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32)
+#                        (examples/train/cuda_vs_host.sh)
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
 # (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN.
@@ -110,8 +110,7 @@ plan=(
   "racecheck-kernels|20|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
-  "train-cuda-vs-host|50|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16"
-  "train-tp|0|2-rank tensor parallelism on LocalWorld: NOT RUN, fourway-train has no TP yet"
+  "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
 )
 
 echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
@@ -292,7 +291,6 @@ else
     skip "$n" "build failed"
   done
 fi
-row train-tp "NOT RUN" 0 "2-rank TP: fourway-train has no tensor parallelism yet (not a failure)"
 
 {
   echo

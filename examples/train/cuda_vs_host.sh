@@ -4,6 +4,8 @@
 #   fp32, 1 rank                      relative 1e-4
 #   fp32, 4-rank LocalWorld ZeRO-3    relative 1e-4   (all ranks on one GPU, one stream each)
 #   bf16, 4-rank LocalWorld ZeRO-3    relative 5e-3
+#   fp32, tp2·dp2 ZeRO-1 (4 ranks)    relative 1e-4   (tensor parallelism)
+#   fp32, tp2·pp2·dp2 ZeRO-1 (8)      relative 1e-4   (the 3D mesh: p2p between stages too)
 # Tolerances: in fp32 only the summation order differs (cuBLAS vs the host GEMM, device vs host
 # collectives): ~1e-6 relative per step, grown by the AdamW steps; 1e-4 as in
 # tests/parallel/sharded_cuda_test.cu. In bf16 the whole effect of bf16 rounding on this run is
@@ -65,4 +67,6 @@ compare() {  # compare NAME TOL FLAGS...
 compare fp32-1rank 1e-4
 compare fp32-zero3-4ranks 1e-4 --ranks 4 --zero 3
 compare bf16-zero3-4ranks 5e-3 --ranks 4 --zero 3 --precision bf16
+compare fp32-tp2-dp2-zero1 1e-4 --tp 2 --dp 2 --zero 1
+compare fp32-tp2-pp2-dp2-zero1 1e-4 --tp 2 --pp 2 --dp 2 --zero 1 --micro-batches 2
 exit $status
