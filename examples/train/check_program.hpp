@@ -27,7 +27,7 @@ template <class Target, class T, bool Tp, bool Pp, int Zero>
 bool check_ranks(const Options& o, int ranks) {
   using B = typename Target::backend;
   using Comm = fw::LocalComm;
-  using MeshT = typename MeshOf<Tp, Pp, Zero>::type;
+  using MeshT = fw::dynamic_mesh_t<Tp, Pp, Zero>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   bool ok = false;
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {

@@ -252,19 +252,6 @@ std::string chunks_text(Strategy& st) {
   return out;
 }
 
-/// The mesh a run's flags name, degrees given at run time: tensor parallelism when `Tp`, a
-/// pipeline when `Pp`, then DataParallel (Zero 0) or Sharded<Zero> across the replicas.
-template <bool Tp, bool Pp, int Zero>
-struct MeshOf {
-  using Dp = fw::data_parallel_policy_t<Zero>;
-  static constexpr int d = fw::dynamic;
-  using type = std::conditional_t<
-      Tp,
-      std::conditional_t<Pp, fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>,
-                         fw::Mesh<fw::TensorParallel<d>, Dp>>,
-      std::conditional_t<Pp, fw::Mesh<fw::Pipeline<d, d>, Dp>, fw::Mesh<Dp>>>;
-};
-
 /// The pipeline's, tensor parallelism's and ZeRO's run-time options from the flags.
 inline fw::MeshOptions mesh_options(const Options& o) {
   fw::MeshOptions mo;
@@ -304,7 +291,7 @@ template <class Target, class T, class W, int Zero, bool Tp = false>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = typename W::comm_type;
-  using MeshT = typename MeshOf<Tp, true, Zero>::type;
+  using MeshT = fw::dynamic_mesh_t<Tp, true, Zero>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)

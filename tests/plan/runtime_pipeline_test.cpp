@@ -27,6 +27,7 @@
 #include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
+#include "parallel/parallel_harness.hpp"
 
 namespace fourway::plan {
 // gtest prints a mismatch by tag, not as raw bytes
@@ -42,17 +43,6 @@ using fw::MemTag;
 using fw::schedule::Kind;
 
 namespace {
-
-/// 8 heads so that tp 2 and 4 split them, 4 layers for 4 stages (or 2 x 2 virtual).
-fw::models::GptConfig gpt() {
-  fw::models::GptConfig c;
-  c.layers = 4;
-  c.heads = 8;
-  c.dim = 16;
-  c.vocab = 37;
-  c.max_seq = 9;
-  return c;
-}
 
 struct Case {
   int tp = 1;
@@ -86,21 +76,18 @@ fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
 
 fw::TokenBatch batch_of(const Case& c) {
   const std::int64_t rows = 2LL * c.dp * c.micro_batches;  // 2 sequences per micro-batch
-  const std::int64_t Tn = gpt().max_seq;
+  const std::int64_t Tn = harness::mesh_gpt().max_seq;
   std::mt19937 rng(7);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * (Tn + 1)));
-  for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % static_cast<unsigned>(gpt().vocab));
+  for (auto& t : tokens)
+    t = static_cast<std::int32_t>(rng() % static_cast<unsigned>(harness::mesh_gpt().vocab));
   return fw::TokenBatch::from_rows(tokens, rows, Tn);
 }
 
 /// One step of the mesh; every rank's model-state bytes afterwards.
 template <class T, int Z, bool TensorParallel>
 std::vector<RankMeasure> run(const Case& c) {
-  using Dp = std::conditional_t<Z == 0, fw::DataParallel, fw::Sharded<Z == 0 ? 1 : Z>>;
-  constexpr int d = fw::dynamic;
-  using MeshT =
-      std::conditional_t<TensorParallel, fw::Mesh<fw::TensorParallel<d>, fw::Pipeline<d, d>, Dp>,
-                         fw::Mesh<fw::Pipeline<d, d>, Dp>>;
+  using MeshT = fw::dynamic_mesh_t<TensorParallel, true, Z>;
   using Comm = fw::LocalComm;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
   const fw::TokenBatch batch = batch_of(c);
@@ -115,7 +102,7 @@ std::vector<RankMeasure> run(const Case& c) {
     mo.pipeline.virtual_stages = c.virtual_stages;
     fw::TrainerOptions to;
     to.micro_batches = c.micro_batches;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, gpt(), 11, mo, fw::AdamW{});
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(), 11, mo, fw::AdamW{});
     (void)t.step(batch.view());
     RankMeasure r{groups.pp().rank(), states_of(w.memory()),
                   static_cast<std::int64_t>(w.memory().peak(MemTag::activations)),
@@ -142,7 +129,7 @@ constexpr fp::Precision precision_of() {
 }
 
 fp::Architecture arch() {
-  const auto c = gpt();
+  const auto c = harness::mesh_gpt();
   return fp::gpt2_shape(c.layers, c.dim, c.heads, c.vocab, c.max_seq);
 }
 

@@ -95,6 +95,16 @@ void zero_grad(const Context<B>& ctx, Model& model) {
   });
 }
 
+/// `p`'s working weights copied to the host as float (a device sync on device backends).
+template <class T, class B>
+std::vector<float> parameter_values(const Context<B>& ctx, const Parameter<T, B>& p) {
+  std::vector<T> host(static_cast<std::size_t>(p.numel()));
+  Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
+  std::vector<float> out(host.size());
+  for (std::size_t k = 0; k < host.size(); ++k) out[k] = convert<float>(host[k]);
+  return out;
+}
+
 /// How a layer initialises its parameters: GPT-2 / nanoGPT (Radford et al. 2019; normal with
 /// std 0.02, residual output projections 0.02/sqrt(2 * layers), biases 0, LayerNorm gain 1).
 struct Init {

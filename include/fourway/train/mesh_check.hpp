@@ -173,14 +173,7 @@ namespace detail {
 template <class Model, class B>
 std::vector<NamedTensor> model_values(const Context<B>& ctx, Model& m) {
   std::vector<NamedTensor> out;
-  m.visit_parameters([&](auto& p) {
-    using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    std::vector<T> host(static_cast<std::size_t>(p.numel()));
-    Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
-    NamedTensor nt{p.name, std::vector<float>(host.size())};
-    for (std::size_t k = 0; k < host.size(); ++k) nt.values[k] = convert<float>(host[k]);
-    out.push_back(std::move(nt));
-  });
+  m.visit_parameters([&](auto& p) { out.push_back({p.name, parameter_values(ctx, p)}); });
   return out;
 }
 

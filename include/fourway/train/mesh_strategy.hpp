@@ -42,6 +42,7 @@
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/sharded_strategy.hpp"
@@ -74,6 +75,21 @@ struct mesh_traits {
     }
   }();
 };
+
+/// The mesh with a TensorParallel axis when `Tp`, a Pipeline axis when `Pp`, and DataParallel
+/// (Zero 0) or Sharded<Zero>, every degree `fw::dynamic`: the type a program instantiates when
+/// its axes are chosen at run time (fourway-train's flags, a test's list of meshes).
+template <bool Tp, bool Pp, int Zero>
+struct dynamic_mesh {
+  using dp = data_parallel_policy_t<Zero>;
+  using type = std::conditional_t<
+      Tp,
+      std::conditional_t<Pp, Mesh<TensorParallel<dynamic>, Pipeline<dynamic, dynamic>, dp>,
+                         Mesh<TensorParallel<dynamic>, dp>>,
+      std::conditional_t<Pp, Mesh<Pipeline<dynamic, dynamic>, dp>, Mesh<dp>>>;
+};
+template <bool Tp, bool Pp, int Zero>
+using dynamic_mesh_t = typename dynamic_mesh<Tp, Pp, Zero>::type;
 
 /// Whether `M` is a `fw::Mesh<...>`.
 template <class M>
@@ -174,7 +190,8 @@ class MeshStrategy
           if constexpr (traits::tensor_parallel) {
             v = chunk->gather_over_tp(chunk->local_parameters(ctx));
           } else {
-            chunk->visit_parameters([&](Parameter<T, B>& p) { v.push_back(host_values(ctx, p)); });
+            chunk->visit_parameters(
+                [&](Parameter<T, B>& p) { v.push_back(parameter_values(ctx, p)); });
           }
         }
       });
@@ -258,14 +275,6 @@ class MeshStrategy
     if constexpr (std::is_same_v<typename Pipe::schedule, GPipe>)
       o.schedule = schedule::Kind::gpipe;
     return o;
-  }
-
-  static std::vector<float> host_values(const Context<B>& ctx, Parameter<T, B>& p) {
-    std::vector<T> host(static_cast<std::size_t>(p.numel()));
-    Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
-    std::vector<float> v(host.size());
-    for (std::size_t k = 0; k < host.size(); ++k) v[k] = convert<float>(host[k]);
-    return v;
   }
 
   MeshT mesh_;

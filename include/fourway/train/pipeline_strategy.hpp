@@ -278,8 +278,7 @@ class PipelineStrategy {
     // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
     const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
     ss = sums[1];
-    if constexpr (requires { first_chunk()->sum_over_model_parallel(ss); })
-      first_chunk()->sum_over_model_parallel(ss);  // every tp rank's slices
+    set_->sum_over_tensor_parallel(ss);  // every tp rank's slices
     t = phase_end("step scalars all-reduce", t);
     StepReport r;
     r.loss_sum = sums[0];

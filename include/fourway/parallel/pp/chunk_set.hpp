@@ -70,6 +70,10 @@ class ChunkSet {
   }
   void sum_over_model_parallel(double& x) {
     pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+    sum_over_tensor_parallel(x);
+  }
+  /// x = Σ over the chunks' tensor-parallel group of x (nothing for chunks without one).
+  void sum_over_tensor_parallel(double& x) {
     if constexpr (requires { chunks_.front()->sum_over_model_parallel(x); })
       chunks_.front()->sum_over_model_parallel(x);
   }

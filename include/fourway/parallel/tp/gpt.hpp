@@ -143,16 +143,21 @@ class Gpt {
   /// `part`, only those units.
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed = 0,
       TpOptions options = {}, models::GptPart part = {})
+      : Gpt(ctx, cfg, tp, seed, options, part,
+            gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)) {}
+
+ private:
+  /// `all`: the whole model's placement table (this part keeps the rows it holds).
+  Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed,
+      TpOptions options, models::GptPart part, std::vector<Placement> all)
       : cfg_(cfg),
         tp_(&tp),
         n_(tp.size()),
         rank_(tp.rank()),
         sp_(options.sequence_parallel),
         part_(resolved_part(cfg, part)),
-        vocab_(gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)
-                   .front()),
-        table_(held_placements(
-            gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed))),
+        vocab_(all.front()),
+        table_(held_placements(std::move(all))),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     wte_ = Parameter<T, B>(ctx, vocab_.name,
                            holds_wte() ? Shape{vocab_.local_rows(n_), vocab_.cols} : Shape{1, 1});
@@ -168,6 +173,7 @@ class Gpt {
     });
   }
 
+ public:
   [[nodiscard]] const models::GptConfig& config() const { return cfg_; }
   /// The units this object holds (end_block resolved).
   [[nodiscard]] const models::GptPart& part() const { return part_; }
@@ -375,12 +381,7 @@ class Gpt {
   /// This rank's parameter values (as float), in `visit_parameters` order.
   std::vector<std::vector<float>> local_parameters(const Context<B>& ctx) {
     std::vector<std::vector<float>> out;
-    visit_parameters([&](Parameter<T, B>& p) {
-      std::vector<T> host(static_cast<std::size_t>(p.numel()));
-      Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.numel());
-      auto& v = out.emplace_back(host.size());
-      for (std::size_t k = 0; k < host.size(); ++k) v[k] = convert<float>(host[k]);
-    });
+    visit_parameters([&](Parameter<T, B>& p) { out.push_back(parameter_values(ctx, p)); });
     return out;
   }
 
