@@ -390,6 +390,11 @@ void train_pipeline_ranks(const Options& o) {
         fw::Precision<T>::bytes_per_param;
     print_map(
         lead, w.rank(), n, [&] { w.comm().barrier(); }, held.text());
+    const fw::FlagGather flags = [&](std::int64_t mine) {
+      return all_gather_words(w, ctx, &mine, 1);
+    };
+    const int resumed = resume_run(trainer, flags, o, loader, lead);
+    fw::AsyncStateSave pending;  // --save-async
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
@@ -400,7 +405,8 @@ void train_pipeline_ranks(const Options& o) {
     const auto us = [&](std::chrono::steady_clock::time_point t) {
       return std::chrono::duration<double, std::micro>(t - origin).count();
     };
-    for (int step = 1; step <= o.steps; ++step) {
+    const auto loop_start = std::chrono::steady_clock::now();
+    for (int step = resumed + 1; step <= o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const fw::SequenceBatch b = loader.next();
       const float lr = st.optimizer().lr_at(trainer.iteration());
@@ -429,6 +435,8 @@ void train_pipeline_ranks(const Options& o) {
       }
       const fw::StepRecord r =
           step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
+      save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
+      finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;
       if (log.is_open()) {
         const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
@@ -442,9 +450,11 @@ void train_pipeline_ranks(const Options& o) {
         log.flush();
       }
       if (!o.quiet) progress.update(r);
-      if (step == 1) first_loss = loss;
+      if (step == resumed + 1) first_loss = loss;
       last_loss = loss;
     }
+    finish_saves(pending, flags, o, true, lead);  // the program does not exit before its commit
+    if (lead) print_loop_time(o, loop_start, o.steps - resumed);
     {
       std::lock_guard lock(mu);
       trace.insert(trace.end(), mine.begin(), mine.end());
@@ -460,7 +470,7 @@ void train_pipeline_ranks(const Options& o) {
     pp.all_gather(local.data(), all.data(), static_cast<std::int64_t>(local.size()));
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
       std::vector<RankTimes> times;
       for (int q = 0; q < o.pp; ++q)
         times.emplace_back(all.data() + static_cast<std::size_t>(q) * local.size(), width);

@@ -156,7 +156,7 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "copy the state to host memory at the save step and write it in the "
                   "background while training continues (one save in flight)")
       .add("resume", &o.resume, "DIR",
-           "resume from a checkpoint (or the newest under a --save-dir), on any dp/ZeRO mesh")
+           "resume from a checkpoint (or the newest under a --save-dir), on any mesh")
       .add_switch("memory-report", &o.memory_report,
                   "print every rank's per-tag memory table (whole-run peaks) at the end")
       .add("memory-cap-gb", &o.memory_cap_gb, "GB",
@@ -218,10 +218,6 @@ inline void check_checkpoint_flags(const Options& o) {
   fw::check<fw::ConfigError>(!o.save_dir.empty() || !o.save_async,
                              "fourway: --save-async needs --save-dir DIR (it writes the "
                              "checkpoints of --save-every in the background)");
-  fw::check<fw::ConfigError>(
-      (o.save_dir.empty() && o.resume.empty()) || (o.tp == 1 && !o.sequence_parallel && o.pp == 1),
-      "fourway: --save-dir and --resume cover one rank and --ranks/--zero meshes; with --tp or "
-      "--pp save the final weights with --save and start from them with --init-from");
 }
 
 /// --resume: restores the trainer and the loader's position; returns the step it resumes after.
@@ -286,6 +282,7 @@ void save_if_due(TrainerT& trainer, fw::AsyncStateSave& pending, int rank, int w
   c.keep = o.keep;
   c.meta["data_position"] = std::to_string(loader.position());
   c.meta["data"] = o.data;
+  c.meta["seed"] = std::to_string(o.seed);  // of the init; a step draws no random numbers
   if (o.save_async) {
     finish_saves(pending, flags, o, true, lead);  // one save in flight: the previous one first
     const auto t0 = Clock::now();

@@ -91,6 +91,12 @@ void train_tp_ranks(const Options& o) {
     print_map(
         lead, w.rank(), w.size(), [&] { world.barrier(); }, held.text());
 
+    const fw::FlagGather flags = [&](std::int64_t mine) {
+      return all_gather_words(w, ctx, &mine, 1);
+    };
+    const int resumed = resume_run(trainer, flags, o, loader, lead);
+    fw::AsyncStateSave pending;  // --save-async
+
     std::ofstream log;
     if (lead && !o.log_json.empty()) {
       log.open(o.log_json, std::ios::trunc);
@@ -99,7 +105,8 @@ void train_tp_ranks(const Options& o) {
     fw::tools::Progress progress(o.steps);
     const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
     double first_loss = 0.0, last_loss = 0.0;
-    for (int step = 1; step <= o.steps; ++step) {
+    const auto loop_start = std::chrono::steady_clock::now();
+    for (int step = resumed + 1; step <= o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const fw::SequenceBatch b = loader.next();
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
@@ -117,6 +124,8 @@ void train_tp_ranks(const Options& o) {
       r.tokens_per_s = tokens_per_step / (ms / 1000.0);
       r.lr = lr;
       r.skipped = trainer.last_report().skipped;
+      save_if_due(trainer, pending, w.rank(), w.size(), flags, o, loader, step, lead);
+      finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;
       if (log.is_open()) {
         const std::vector<const fw::MemoryAccountant*> mems = {&w.memory()};
@@ -137,12 +146,14 @@ void train_tp_ranks(const Options& o) {
                       dp_bytes);
         }
       }
-      if (step == 1) first_loss = loss;
+      if (step == resumed + 1) first_loss = loss;
       last_loss = loss;
     }
+    finish_saves(pending, flags, o, true, lead);  // the program does not exit before its commit
+    if (lead) print_loop_time(o, loop_start, o.steps - resumed);
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps);
+      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {

@@ -65,6 +65,7 @@
 #include "fourway/layers/mlp.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/sequential.hpp"
+#include "fourway/layers/state_view.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"

@@ -60,11 +60,18 @@ std::vector<fw::StatePiece> pieces_of(int r, int n) {
   return out;
 }
 
+/// The global element of value j of piece p (run after run).
+std::int64_t element_of(const fw::StatePiece& p, std::int64_t j) {
+  return p.first + (j / p.count) * p.stride + j % p.count;
+}
+
 void push_values(fw::StateSink& sink, const std::vector<fw::StatePiece>& pieces) {
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const int t = pieces[k].tensor == "a" ? 0 : 1;
     std::vector<float> v;
-    for (std::int64_t i = 0; i < pieces[k].count; ++i) v.push_back(value(t, pieces[k].first + i));
+    for (std::int64_t i = 0; i < pieces[k].values(); ++i) {
+      v.push_back(value(t, element_of(pieces[k], i)));
+    }
     sink.put(k, 0, std::span<const float>(v).first(v.size() / 2));  // two puts, in order
     sink.put(k, static_cast<std::int64_t>(v.size() / 2),
              std::span<const float>(v).subspan(v.size() / 2));
@@ -305,6 +312,48 @@ TEST(StateDir, ValuesPushedOutOfFileOrderGiveTheSameFileAndChecksums) {
   expect_reads_back(mixed / "step-00000004");
 }
 
+// Tensor-parallel slices are boxes: "a" (10 x 7) split by columns, [0, 3) on rank 0 and [3, 7) on
+// ranks 1 (rows 0-4) and 2 (rows 5-9); "b" whole on rank 2. Every range reads back, interleaved
+// rows included, and a range inside rank 2's box touches rank 2's file only.
+TEST(StateDir, StridedSlicesOfThreeRanksReadBackAnyRange) {
+  const auto root = scratch("strided");
+  const std::vector<std::vector<fw::StatePiece>> mine{
+      {{"a", 0, 3, 7, 10}}, {{"a", 3, 4, 7, 5}}, {{"b", 0, 33}, {"a", 38, 4, 7, 5}}};
+  fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
+    fw::StateSave s{root, 3, kTensors, {}, 0, {}};
+    const auto& m = mine[static_cast<std::size_t>(w.rank())];
+    (void)fw::save_state_dir(w.rank(), 3, fw::host_flag_gather(w.comm()), s, m,
+                             [&](fw::StateSink& sink) { push_values(sink, m); });
+  });
+  const auto dir = root / "step-00000003";
+  EXPECT_NE(file_text(dir / "index.json").find("[\"a\",3,4,"), std::string::npos);
+  EXPECT_NE(file_text(dir / "index.json").find(",7,5]"), std::string::npos);
+  auto d = fw::StateDir::open(dir);
+  EXPECT_EQ(d.index().files[0].slices[0].rows, 10);
+  EXPECT_TRUE(d.verify_files().empty());
+  expect_reads_back(dir);
+  auto d2 = fw::StateDir::open(dir);
+  std::vector<float> got;
+  d2.read("a", 5 * 7 + 4, 2, [&](std::int64_t, std::span<const float> v) {
+    got.insert(got.end(), v.begin(), v.end());
+  });
+  EXPECT_EQ(got, (std::vector<float>{value(0, 39), value(0, 40)}));
+  const auto file2 = fs::file_size(dir / "rank-00002.safetensors");
+  EXPECT_EQ(d2.bytes_read(), file2 - 33u * 4);  // the header and rank 2's box of "a", verified
+  // Boxes that overlap, or runs of a slice that overlap each other, are refused.
+  fw::StateIndex x;
+  x.tensors = {{"a", {10, 7}}};
+  x.files = {{"rank-00000.safetensors", 1, 0, {{"a", 0, 3, 0, 7, 10}}},
+             {"rank-00001.safetensors", 1, 0, {{"a", 2, 5, 0, 7, 10}}}};
+  auto msg = error_of([&] { (void)fw::parse_state_index(fw::to_json(x), "idx"); });
+  EXPECT_NE(msg.find("overlap at element 2"), std::string::npos) << msg;
+  x.files[1].slices[0] = {"a", 3, 4, 0, 7, 10};
+  EXPECT_EQ(error_of([&] { (void)fw::parse_state_index(fw::to_json(x), "idx"); }), "no error");
+  x.files[1].slices[0] = {"a", 3, 4, 0, 3, 10};
+  msg = error_of([&] { (void)fw::parse_state_index(fw::to_json(x), "idx"); });
+  EXPECT_NE(msg.find("runs may not overlap"), std::string::npos) << msg;
+}
+
 TEST(StateDir, AnIndexWithAHoleOrAnOverlapIsRefused) {
   fw::StateIndex x;
   x.tensors = {{"a", {10}}};
@@ -447,7 +496,8 @@ TEST(FourwayCkpt, InfoPrintsStepMetaTensorsAndChecksumsAndFailsOnACorruptFile) {
   };
   auto r = info(root.string());  // a root: the newest checkpoint under it
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("checkpoint " + dir.string() + "\nstep 12, format version 1"),
+  EXPECT_NE(r.out.find("checkpoint " + dir.string() + "\nstep 12, format version " +
+                       std::to_string(fw::state_dir_format_version)),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("note                   solo"), std::string::npos) << r.out;

@@ -49,7 +49,7 @@ class StateSnapshot {
     std::size_t n = 0;
     for (const auto& p : pieces_) {
       begins_.push_back(n);
-      n += static_cast<std::size_t>(p.count);
+      n += static_cast<std::size_t>(p.values());
     }
     if (n > capacity_) {
       values_.reset();
@@ -61,10 +61,11 @@ class StateSnapshot {
   }
   /// Copies `v` to elements [offset, offset + v.size()) of piece `piece`.
   void put(std::size_t piece, std::int64_t offset, std::span<const float> v) {
-    check<CheckpointError>(piece < pieces_.size() && offset >= 0 &&
-                               offset + static_cast<std::int64_t>(v.size()) <= pieces_[piece].count,
-                           "fourway: ", v.size(), " values at ", offset, " do not fit piece ",
-                           piece, " of the snapshot");
+    check<CheckpointError>(
+        piece < pieces_.size() && offset >= 0 &&
+            offset + static_cast<std::int64_t>(v.size()) <= pieces_[piece].values(),
+        "fourway: ", v.size(), " values at ", offset, " do not fit piece ", piece,
+        " of the snapshot");
     std::copy(v.begin(), v.end(), values_.get() + begins_[piece] + offset);
     filled_ += v.size();
   }
@@ -82,8 +83,9 @@ class StateSnapshot {
     constexpr std::int64_t chunk = 1 << 16;
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
       const float* at = values_.get() + begins_[k];
-      for (std::int64_t i = 0; i < pieces_[k].count; i += chunk) {
-        const std::int64_t n = std::min(chunk, pieces_[k].count - i);
+      const std::int64_t total = pieces_[k].values();
+      for (std::int64_t i = 0; i < total; i += chunk) {
+        const std::int64_t n = std::min(chunk, total - i);
         sink.put(k, i, std::span<const float>(at + i, static_cast<std::size_t>(n)));
       }
     }

@@ -8,11 +8,13 @@
 //!
 //! The index records the format version, the step, free-form metadata (mesh, precision, Adam's
 //! step, the loss scaler, the data position, ...), every tensor's global shape and dtype, and
-//! for every file its size, its CRC-32C and the slices it holds ([first, first + count) of the
-//! flattened tensor, each with its own CRC-32C). Nothing in it depends on the mesh that wrote it,
-//! so a checkpoint loads onto any mesh: a rank asks for element ranges of global tensors and
-//! reads only the slices that overlap them (`StateDir::read`), verifying each slice's checksum
-//! the first time it touches it.
+//! for every file its size, its CRC-32C and the slices it holds, each with its own CRC-32C. A
+//! slice is `rows` runs of `count` elements of the flattened tensor, run i starting at element
+//! first + i·stride (rows = 1: one contiguous run, what data parallelism and ZeRO write; more: a
+//! box, e.g. a tensor-parallel column slice of a matrix). Nothing in it depends on the mesh that
+//! wrote it, so a checkpoint loads onto any mesh: a rank asks for element ranges of global
+//! tensors and reads only the slices that overlap them (`StateDir::read`), verifying each
+//! slice's checksum the first time it touches it.
 //!
 //! Saving is a collective of the ranks that hold state (`save_state_dir`); after each phase the
 //! ranks agree on success (`FlagGather`), so a failure anywhere is a `CheckpointError` on every
@@ -54,18 +56,25 @@
 #include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/core/error.hpp"
+#include "fourway/core/shape.hpp"
 
 namespace fourway {
 
-inline constexpr int state_dir_format_version = 1;
+/// Version 2 added strided slices (`rows` > 1); version 1 indexes are read as well.
+inline constexpr int state_dir_format_version = 2;
 
-/// One slice of a global tensor held by one file.
+/// One slice of a global tensor held by one file: `rows` runs of `count` elements, run i at
+/// element first + i·stride of the flattened tensor, stored one after the other.
 struct StateSlice {
   std::string tensor;
-  std::int64_t first = 0;  // element offset in the flattened global tensor
-  std::int64_t count = 0;
-  std::uint32_t crc = 0;  // CRC-32C of the slice's bytes
+  std::int64_t first = 0;   // element offset in the flattened global tensor
+  std::int64_t count = 0;   // elements per run
+  std::uint32_t crc = 0;    // CRC-32C of the slice's bytes
+  std::int64_t stride = 0;  // between runs (rows > 1 only)
+  std::int64_t rows = 1;
   [[nodiscard]] std::string entry_name() const { return tensor + "@" + std::to_string(first); }
+  [[nodiscard]] std::int64_t values() const { return count * rows; }
+  [[nodiscard]] std::int64_t run_first(std::int64_t i) const { return first + i * stride; }
 };
 
 struct StateFile {
@@ -248,7 +257,9 @@ inline std::string to_json(const StateIndex& x) {
       j += i ? "," : "";
       j += "[";
       detail::json_escape(j, s.tensor);
-      j += detail::cat(",", s.first, ",", s.count, ",\"", detail::hex32(s.crc), "\"]");
+      j += detail::cat(",", s.first, ",", s.count, ",\"", detail::hex32(s.crc), "\"");
+      if (s.rows > 1) j += detail::cat(",", s.stride, ",", s.rows);
+      j += "]";
     }
     j += "]}";
   }
@@ -258,6 +269,8 @@ inline std::string to_json(const StateIndex& x) {
 
 /// Parses and validates an index: every slice lies inside its tensor, and over all files the
 /// slices of each tensor cover it exactly once (so a load can never read a hole or two values).
+/// A slice is [tensor, first, count, crc32c] or, strided, [tensor, first, count, crc32c,
+/// stride, rows].
 inline StateIndex parse_state_index(std::string_view text, const std::string& source) {
   using detail::json_int;
   using detail::json_member;
@@ -269,9 +282,9 @@ inline StateIndex parse_state_index(std::string_view text, const std::string& so
       json_string(json_member(doc, "format", source), source + ": format") == "fourway-state",
       "fourway: ", source, " is not a fourway state index");
   x.version = static_cast<int>(json_int(json_member(doc, "version", source), "version"));
-  check<CheckpointError>(x.version == state_dir_format_version, "fourway: ", source,
-                         " has format version ", x.version, "; this build reads version ",
-                         state_dir_format_version);
+  check<CheckpointError>(x.version >= 1 && x.version <= state_dir_format_version,
+                         "fourway: ", source, " has format version ", x.version,
+                         "; this build reads versions 1 to ", state_dir_format_version);
   x.step = json_int(json_member(doc, "step", source), "step");
   const auto& meta = json_member(doc, "meta", source);
   for (std::size_t i = 0; i < meta.keys.size(); ++i) {
@@ -308,18 +321,31 @@ inline StateIndex parse_state_index(std::string_view text, const std::string& so
     f.crc =
         detail::parse_hex32(json_string(json_member(files.values[i], "crc32c", what), what), what);
     for (const auto& s : json_member(files.values[i], "slices", what).items) {
-      check<CheckpointError>(s.kind == detail::StJson::Kind::array && s.items.size() == 4,
-                             "fourway: ", what, ": a slice is [tensor, first, count, crc32c]");
+      check<CheckpointError>(
+          s.kind == detail::StJson::Kind::array && (s.items.size() == 4 || s.items.size() == 6),
+          "fourway: ", what,
+          ": a slice is [tensor, first, count, crc32c] or [tensor, first, count, crc32c, stride, "
+          "rows]");
       StateSlice sl{json_string(s.items[0], what), json_int(s.items[1], what),
                     json_int(s.items[2], what),
                     detail::parse_hex32(json_string(s.items[3], what), what)};
+      if (s.items.size() == 6) {
+        sl.stride = json_int(s.items[4], what);
+        sl.rows = json_int(s.items[5], what);
+      }
       const StateTensor* t = x.tensor(sl.tensor);
       check<CheckpointError>(t != nullptr, "fourway: ", what, " holds a slice of \"", sl.tensor,
                              "\", which the index does not describe");
-      check<CheckpointError>(sl.count > 0 && sl.first + sl.count <= t->numel(), "fourway: ", what,
-                             ": slice [", sl.first, ", ", sl.first + sl.count, ") of \"", sl.tensor,
+      check<CheckpointError>(sl.rows >= 1 && (sl.rows == 1 || sl.stride >= sl.count),
+                             "fourway: ", what, ": slice at ", sl.first, " of \"", sl.tensor,
+                             "\" has ", sl.rows, " runs of ", sl.count, " elements ", sl.stride,
+                             " apart; runs may not overlap");
+      check<CheckpointError>(sl.count > 0 && sl.run_first(sl.rows - 1) + sl.count <= t->numel(),
+                             "fourway: ", what, ": slice [", sl.first, ", ",
+                             sl.run_first(sl.rows - 1) + sl.count, ") of \"", sl.tensor,
                              "\" lies outside its ", t->numel(), " elements");
-      cover[sl.tensor].emplace_back(sl.first, sl.count);
+      auto& runs = cover[sl.tensor];
+      for (std::int64_t r = 0; r < sl.rows; ++r) runs.emplace_back(sl.run_first(r), sl.count);
       f.slices.push_back(std::move(sl));
     }
     x.files.push_back(std::move(f));
@@ -340,12 +366,16 @@ inline StateIndex parse_state_index(std::string_view text, const std::string& so
   return x;
 }
 
-/// What one rank contributes to a save: `count` elements of global tensor `tensor` from element
-/// `first`. The rank then pushes the values in order (`StateSink::put`).
+/// What one rank contributes to a save: `rows` runs of `count` elements of global tensor
+/// `tensor`, run i from element first + i·stride (a slice, StateSlice). The rank then pushes the
+/// values in order, run after run (`StateSink::put`).
 struct StatePiece {
   std::string tensor;
   std::int64_t first = 0;
   std::int64_t count = 0;
+  std::int64_t stride = 0;
+  std::int64_t rows = 1;
+  [[nodiscard]] std::int64_t values() const { return count * rows; }
 };
 
 /// Receives a rank's values: `put(piece, offset, values)` for each piece in increasing offsets
@@ -364,7 +394,7 @@ class StateSink {
   void put(std::size_t piece, std::int64_t offset, std::span<const float> values) {
     check<CheckpointError>(
         piece < pieces_.size() && offset == done_[piece] &&
-            offset + static_cast<std::int64_t>(values.size()) <= pieces_[piece].count,
+            offset + static_cast<std::int64_t>(values.size()) <= pieces_[piece].values(),
         "fourway: a state piece must be written in order and within its ", "count: piece ", piece,
         " at ", offset, " (+", values.size(), ")");
     const auto bytes = std::as_bytes(values);
@@ -373,7 +403,7 @@ class StateSink {
     out_->write(piece, static_cast<std::uint64_t>(offset) * sizeof(float), raw);
     crcs_[piece].update(raw);
     if (in_order_) {
-      while (next_ < pieces_.size() && done_[next_] == pieces_[next_].count) ++next_;
+      while (next_ < pieces_.size() && done_[next_] == pieces_[next_].values()) ++next_;
       if (piece == next_) {
         file_crc_.update(raw);
       } else {
@@ -388,7 +418,7 @@ class StateSink {
   [[nodiscard]] std::optional<std::uint32_t> file_crc() const {
     if (!in_order_) return std::nullopt;
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      if (done_[i] != pieces_[i].count) return std::nullopt;
+      if (done_[i] != pieces_[i].values()) return std::nullopt;
     }
     return file_crc_.value();
   }
@@ -397,10 +427,10 @@ class StateSink {
   [[nodiscard]] std::vector<StateSlice> slices() const {
     std::vector<StateSlice> out;
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      check<CheckpointError>(done_[i] == pieces_[i].count, "fourway: state piece \"",
-                             pieces_[i].tensor, "\" got ", done_[i], " of its ", pieces_[i].count,
-                             " elements");
-      out.push_back({pieces_[i].tensor, pieces_[i].first, pieces_[i].count, crcs_[i].value()});
+      const StatePiece& p = pieces_[i];
+      check<CheckpointError>(done_[i] == p.values(), "fourway: state piece \"", p.tensor, "\" got ",
+                             done_[i], " of its ", p.values(), " elements");
+      out.push_back({p.tensor, p.first, p.count, crcs_[i].value(), p.stride, p.rows});
     }
     return out;
   }
@@ -419,7 +449,9 @@ class StateSink {
 struct StateSave {
   std::filesystem::path root;
   std::int64_t step = 0;
-  std::vector<StateTensor> tensors;  // the global description (rank 0's is written)
+  /// The global description of the tensors this rank writes slices of (rank 0 writes the union
+  /// of every rank's into the index; a tensor named twice must have one shape).
+  std::vector<StateTensor> tensors;
   std::map<std::string, std::string> meta;
   int keep = 0;  // > 0: keep only the newest `keep` committed checkpoints (after the commit)
   /// Called by every rank before each phase (tests inject faults here).
@@ -534,8 +566,9 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
   std::vector<CollectiveTensor> tensors;
   tensors.reserve(mine.size());
   for (const auto& p : mine) {
-    tensors.push_back(
-        {StateSlice{p.tensor, p.first, p.count, 0}.entry_name(), StDtype::F32, {p.count}});
+    std::vector<std::int64_t> shape{p.count};
+    if (p.rows > 1) shape.insert(shape.begin(), p.rows);
+    tensors.push_back({StateSlice{p.tensor, p.first, p.count}.entry_name(), StDtype::F32, shape});
   }
   const PieceLayout layout({{"format", "fourway-state"}, {"rank", std::to_string(rank)}}, tensors);
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -575,8 +608,14 @@ void write_state_file(int rank, const StateSave& s, const std::vector<StatePiece
   {
     std::ofstream m(manifest, std::ios::trunc);
     m << "file " << bytes << ' ' << detail::hex32(crc) << '\n';
+    for (const auto& t : s.tensors) {
+      m << "tensor " << t.shape.size();
+      for (auto d : t.shape) m << ' ' << d;
+      m << ' ' << t.name << '\n';
+    }
     for (const auto& sl : slices) {
-      m << sl.first << ' ' << sl.count << ' ' << detail::hex32(sl.crc) << ' ' << sl.tensor << '\n';
+      m << "slice " << sl.first << ' ' << sl.count << ' ' << sl.stride << ' ' << sl.rows << ' '
+        << detail::hex32(sl.crc) << ' ' << sl.tensor << '\n';
     }
     m.flush();
     check<CheckpointError>(m.good(), "fourway: writing ", manifest.string(), " failed");
@@ -608,9 +647,7 @@ inline std::filesystem::path finish_state_save(int rank, int world, const FlagGa
       StateIndex x;
       x.step = s.step;
       x.meta = s.meta;
-      x.tensors = s.tensors;
-      std::sort(x.tensors.begin(), x.tensors.end(),
-                [](const StateTensor& a, const StateTensor& b) { return a.name < b.name; });
+      std::map<std::string, std::vector<std::int64_t>> shapes;  // every rank's tensors, once
       for (int r = 0; r < world; ++r) {
         const fs::path manifest = tmp / (detail::rank_file_name(r) + ".manifest");
         std::ifstream m(manifest);
@@ -622,17 +659,38 @@ inline std::filesystem::path finish_state_save(int rank, int world, const FlagGa
         m >> word >> f.bytes >> crc;
         check<CheckpointError>(word == "file", "fourway: ", manifest.string(), " is malformed");
         f.crc = detail::parse_hex32(crc, manifest.string());
-        StateSlice sl;
-        while (m >> sl.first >> sl.count >> crc) {
-          m.get();
-          std::getline(m, sl.tensor);
-          sl.crc = detail::parse_hex32(crc, manifest.string());
-          f.slices.push_back(sl);
+        while (m >> word) {
+          if (word == "tensor") {
+            std::size_t rank = 0;
+            m >> rank;
+            check<CheckpointError>(m.good() && rank <= 8, "fourway: ", manifest.string(),
+                                   " is malformed");
+            std::vector<std::int64_t> shape(rank);
+            for (auto& d : shape) m >> d;
+            std::string name;
+            m.get();
+            std::getline(m, name);
+            const auto [it, added] = shapes.emplace(name, shape);
+            check<CheckpointError>(added || it->second == shape, "fourway: rank ", r,
+                                   " describes \"", name, "\" as ", dims_string(shape),
+                                   ", another rank as ", dims_string(it->second),
+                                   "; the ranks do not train one model");
+          } else {
+            StateSlice sl;
+            m >> sl.first >> sl.count >> sl.stride >> sl.rows >> crc;
+            check<CheckpointError>(word == "slice" && !m.fail(), "fourway: ", manifest.string(),
+                                   " is malformed");
+            m.get();
+            std::getline(m, sl.tensor);
+            sl.crc = detail::parse_hex32(crc, manifest.string());
+            f.slices.push_back(sl);
+          }
         }
         x.files.push_back(std::move(f));
         std::error_code ec;
         fs::remove(manifest, ec);
       }
+      for (auto& [name, shape] : shapes) x.tensors.push_back({name, shape});  // sorted by name
       const std::string json = to_json(x);
       (void)parse_state_index(json, "the index being written");  // coverage checked before commit
       const fs::path index = tmp / "index.json";
@@ -723,8 +781,9 @@ class StateDir {
     return n;
   }
 
-  /// Calls `sink(offset, values)` for elements [first, first + count) of `tensor`, in pieces of
-  /// at most 2^16 values, in increasing offsets (offset 0 is element `first`). Only the slices
+  /// Calls `sink(offset, values)` for elements [first, first + count) of `tensor` (offset 0 is
+  /// element `first`), every element exactly once, in pieces of at most 2^16 values; offsets
+  /// increase within a slice, slices come in the order of their first element. Only the slices
   /// that overlap the range are read; host memory is one 2^16-value buffer.
   template <class Sink>
   void read(std::string_view tensor, std::int64_t first, std::int64_t count, Sink&& sink) {
@@ -734,48 +793,57 @@ class StateDir {
     check<CheckpointError>(first >= 0 && count >= 0 && first + count <= t->numel(),
                            "fourway: elements [", first, ", ", first + count, ") of \"", tensor,
                            "\" are outside its ", t->numel(), " elements");
-    std::vector<std::pair<const StateFile*, const StateSlice*>> parts;
-    for (const auto& f : index_.files) {
-      for (const auto& s : f.slices) {
-        if (s.tensor == tensor && s.first < first + count && first < s.first + s.count) {
-          parts.emplace_back(&f, &s);
-        }
-      }
-    }
-    std::sort(parts.begin(), parts.end(),
-              [](const auto& a, const auto& b) { return a.second->first < b.second->first; });
+    if (count == 0) return;
+    const std::int64_t end = first + count;
     std::vector<float> buf;
-    for (const auto& [f, s] : parts) {
+    for (const auto& [fi, si] : slices_of(tensor)) {
+      const StateFile* f = &index_.files[fi];
+      const StateSlice* s = &f->slices[si];
+      // The runs [r0, r1) of the slice that can overlap [first, end).
+      std::int64_t r0 = 0, r1 = s->rows;
+      if (s->rows > 1) {
+        r0 = first <= s->first + s->count - 1
+                 ? 0
+                 : (first - (s->first + s->count - 1) + s->stride - 1) / s->stride;
+        r1 = end <= s->first ? 0 : std::min(s->rows, (end - 1 - s->first) / s->stride + 1);
+      } else if (s->first >= end || first >= s->first + s->count) {
+        r1 = 0;
+      }
+      if (r0 >= r1) continue;
       SafetensorsReader& r = reader(*f);
       const SafetensorsEntry* e = r.find(s->entry_name());
-      check<CheckpointError>(e != nullptr && e->dtype == StDtype::F32 && e->numel() == s->count,
+      check<CheckpointError>(e != nullptr && e->dtype == StDtype::F32 && e->numel() == s->values(),
                              "fourway: ", (dir_ / f->name).string(), " lacks the F32 slice \"",
-                             s->entry_name(), "\" of ", s->count,
+                             s->entry_name(), "\" of ", s->values(),
                              " elements its index promises (tensor \"", tensor, "\")");
-      const std::int64_t lo = std::max(first, s->first),
-                         hi = std::min(first + count, s->first + s->count);
       const std::string key = f->name + '\n' + s->entry_name();
       const bool verify = !verified_.contains(key);
       // Unverified: stream the whole slice (checksum), hand out the overlap as it passes; else
-      // read the overlap only. A mismatch throws after the values went out: a load that throws
-      // leaves the caller's state unspecified (the caller agrees the failure over all ranks).
-      const std::int64_t from = verify ? s->first : lo, to = verify ? s->first + s->count : hi;
+      // read the overlapping runs' overlap only. A mismatch throws after the values went out: a
+      // load that throws leaves the caller's state unspecified (the caller agrees the failure
+      // over all ranks).
       Crc32c crc;
-      for (std::int64_t at = from; at < to; at += chunk) {
-        const std::int64_t n = std::min<std::int64_t>(chunk, to - at);
-        buf.resize(static_cast<std::size_t>(n));
-        r.read_elements(*e, at - s->first, n, buf.data());
-        if (verify) crc.update(buf.data(), buf.size() * sizeof(float));
-        const std::int64_t a = std::max(at, lo), b = std::min(at + n, hi);
-        if (a < b) {
-          sink(a - first,
-               std::span<const float>(buf.data() + (a - at), static_cast<std::size_t>(b - a)));
+      const auto run = [&](std::int64_t i, bool whole) {
+        const std::int64_t g = s->run_first(i);  // global element of the run's first value
+        const std::int64_t lo = std::max(first, g), hi = std::min(end, g + s->count);
+        const std::int64_t from = whole ? g : lo, to = whole ? g + s->count : hi;
+        for (std::int64_t at = from; at < to; at += chunk) {
+          const std::int64_t n = std::min<std::int64_t>(chunk, to - at);
+          buf.resize(static_cast<std::size_t>(n));
+          r.read_elements(*e, i * s->count + (at - g), n, buf.data());
+          if (whole) crc.update(buf.data(), buf.size() * sizeof(float));
+          const std::int64_t a = std::max(at, lo), b = std::min(at + n, hi);
+          if (a < b) {
+            sink(a - first,
+                 std::span<const float>(buf.data() + (a - at), static_cast<std::size_t>(b - a)));
+          }
         }
-      }
+      };
+      for (std::int64_t i = verify ? 0 : r0; i < (verify ? s->rows : r1); ++i) run(i, verify);
       if (verify) {
         check<CheckpointError>(crc.value() == s->crc, "fourway: checksum mismatch in ",
                                (dir_ / f->name).string(), ", tensor \"", tensor, "\" elements [",
-                               s->first, ", ", s->first + s->count, "): CRC-32C ",
+                               s->first, ", ", s->run_first(s->rows - 1) + s->count, "): CRC-32C ",
                                detail::hex32(crc.value()), ", the index says ",
                                detail::hex32(s->crc), "; the file is corrupt");
         verified_.insert(key);
@@ -825,8 +893,31 @@ class StateDir {
     return it->second;
   }
 
+  using SliceAt = std::pair<std::size_t, std::size_t>;  // (file, slice) in the index
+
+  /// The slices of `tensor` over all files, in the order of their first element (built once).
+  const std::vector<SliceAt>& slices_of(std::string_view tensor) {
+    if (by_tensor_.empty()) {
+      for (std::size_t f = 0; f < index_.files.size(); ++f) {
+        const auto& slices = index_.files[f].slices;
+        for (std::size_t k = 0; k < slices.size(); ++k)
+          by_tensor_[slices[k].tensor].emplace_back(f, k);
+      }
+      for (auto& [name, v] : by_tensor_) {
+        std::sort(v.begin(), v.end(), [&](const SliceAt& a, const SliceAt& b) {
+          return index_.files[a.first].slices[a.second].first <
+                 index_.files[b.first].slices[b.second].first;
+        });
+      }
+    }
+    static const std::vector<SliceAt> none;
+    const auto it = by_tensor_.find(std::string(tensor));
+    return it == by_tensor_.end() ? none : it->second;
+  }
+
   std::filesystem::path dir_;
   StateIndex index_;
+  std::map<std::string, std::vector<SliceAt>> by_tensor_;
   std::map<std::string, SafetensorsReader> readers_;
   std::set<std::string> verified_;
 };

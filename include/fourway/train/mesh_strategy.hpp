@@ -164,6 +164,8 @@ class MeshStrategy
   [[nodiscard]] const MeshT& mesh() const { return mesh_; }
   [[nodiscard]] MeshGroups<Comm>& groups() { return *groups_; }
   [[nodiscard]] base_type& base() { return *this; }
+  /// A checkpoint of the run is written by every rank of the mesh (train/resume.hpp).
+  [[nodiscard]] int checkpoint_ranks() const { return mesh_.size(); }
 
   /// The unsplit model's tensors in Hugging Face order, on every rank (the LM head's copy of
   /// `wte` is not listed: it equals `wte`). A collective over the whole mesh.

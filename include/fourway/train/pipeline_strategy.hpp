@@ -78,6 +78,7 @@
 #include "fourway/parallel/step_scalars.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/train/sharded_strategy.hpp"
+#include "fourway/train/state_runs.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"
 
@@ -357,6 +358,62 @@ class PipelineStrategy {
   }
   /// Zero >= 1: the ZeRO strategy over `dp` (layout, shards, optimizer state); null otherwise.
   [[nodiscard]] const sharded_type* sharded() const { return sharded_.get(); }
+  /// The optimizer state this rank holds (its ZeRO shard under Zero >= 1).
+  [[nodiscard]] const MasterState<T, B>& state() const {
+    if constexpr (dp_policy::shards_optimizer_state) {
+      return sharded_->state();
+    } else {
+      return state_;
+    }
+  }
+
+  // ---- checkpoints (train/state_runs.hpp, train/resume.hpp) ---------------------------------
+  /// The ranks a checkpoint of this pipeline is written by: every stage of every replica.
+  [[nodiscard]] int checkpoint_ranks() const { return pp_->size() * dp_size(); }
+  /// What this rank owns of the optimizer state, in its chunks' parameters: under Zero 0 (every
+  /// replica holds its stage whole) its 1/D of each parameter, so over the replicas every
+  /// element is written once; under Zero >= 1 its shard.
+  [[nodiscard]] std::vector<OwnedRun<T, B>> saved_state_runs() const {
+    if constexpr (dp_policy::shards_optimizer_state) {
+      return sharded_->saved_state_runs();
+    } else {
+      return owned_runs(true);
+    }
+  }
+  /// The global runs this rank writes (`saving`) or loads (the chunk set's views: tp slices,
+  /// the tied copy of `wte` not written).
+  [[nodiscard]] std::vector<StateRun<T, B>> checkpoint_runs(bool saving) const {
+    if constexpr (dp_policy::shards_optimizer_state) {
+      return sharded_->checkpoint_runs(saving);
+    } else {
+      const auto owned = owned_runs(saving);
+      return state_runs(*set_, std::span<const OwnedRun<T, B>>(owned), saving);
+    }
+  }
+  template <class Put>
+  void save_state(Put&& put) {
+    if constexpr (dp_policy::shards_optimizer_state) {
+      sharded_->save_state(put);
+    } else {
+      const auto runs = checkpoint_runs(true);
+      save_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), put);
+    }
+  }
+  /// Fills what this rank holds from `read(tensor, first, n, host)`, whatever mesh wrote it; no
+  /// communication (`sync_loaded_state` then runs ZeRO-1/2's weight all-gather).
+  template <class Read>
+  void load_state(int adam_step, Read&& read) {
+    if constexpr (dp_policy::shards_optimizer_state) {
+      sharded_->load_state(adam_step, read);
+    } else {
+      const auto runs = checkpoint_runs(false);
+      load_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), read);
+      state_.restore_step(adam_step);
+    }
+  }
+  void sync_loaded_state() {
+    if constexpr (dp_policy::shards_optimizer_state) sharded_->sync_loaded_state();
+  }
   /// Every parameter this rank holds, chunk by chunk in model order (the tied `wte` once per
   /// chunk that holds it).
   template <class F>
@@ -431,6 +488,31 @@ class PipelineStrategy {
       auto& g = (first != nullptr ? first : last)->wte().grad;
       tie_->all_reduce(g.data(), g.data(), g.numel(), ReduceOp::sum);
     }
+  }
+
+  /// Zero 0: every parameter of the rank's chunks as one run (segment = its index), or with
+  /// `split` the replica's 1/D of it (the part it writes).
+  std::vector<OwnedRun<T, B>> owned_runs(bool split) const {
+    std::vector<OwnedRun<T, B>> runs;
+    int i = 0;
+    const int D = dp_size(), d = dp_rank();
+    for (const auto& c : chunks_) {
+      if (!c) continue;
+      c->visit_parameters([&](Parameter<T, B>& p) {
+        std::int64_t lo = 0, hi = p.numel();
+        if (split) {
+          const std::int64_t part = shard_numel(p.numel(), D);
+          lo = std::min(p.numel(), d * part);
+          hi = std::min(p.numel(), lo + part);
+        }
+        if (hi > lo) {
+          runs.push_back(
+              {&p, lo, hi - lo, static_cast<std::size_t>(i), lo, p.weight.data() + lo, i});
+        }
+        ++i;
+      });
+    }
+    return runs;
   }
 
   std::vector<StateSegment> segments() {

@@ -1,9 +1,12 @@
 //! Save a training run and resume it, on the same mesh or another: a `Trainer` and its strategy
 //! to and from a checkpoint directory (checkpoint/state_dir.hpp).
 //!
-//! `save_checkpoint(trainer, comm, options)` is a collective of the strategy's group: every rank
-//! writes only the optimizer state it owns (its ZeRO shard; under plain data parallelism its 1/N
-//! of every parameter), as fp32 slices of global tensors — each parameter's master value and
+//! `save_checkpoint(trainer, comm, options)` is a collective of every rank that holds state (the
+//! strategy's group; for a `MeshStrategy` the whole mesh): every rank writes only the optimizer
+//! state it owns (its ZeRO shard; under plain data parallelism its 1/N of every parameter; of a
+//! tensor-parallel slice the part that maps onto the unsplit tensor, a replicated parameter on tp
+//! rank 0 only; of a pipeline stage its own layers, the tied `wte` once), as fp32 slices of
+//! global tensors — each parameter's master value and
 //! Adam's `exp_avg` and `exp_avg_sq` — plus the run's progress in the index: the trainer's
 //! iteration (the learning-rate schedule's index), Adam's step, the loss scaler (scale, clean
 //! run, skipped steps), precision and mesh, and whatever the program adds (its data position).
@@ -70,16 +73,15 @@ N meta_number(const StateIndex& x, const std::string& key, const std::string& so
   return v;
 }
 
-/// The global tensors of a model's optimizer state: three per parameter (state_runs.hpp).
-template <class Model>
-std::vector<StateTensor> state_tensors(Model& model) {
-  std::vector<StateTensor> out;
-  model.visit_parameters([&](auto& p) {
-    std::vector<std::int64_t> dims;
-    for (int i = 0; i < p.weight.shape().rank(); ++i) dims.push_back(p.weight.shape()[i]);
-    for (StatePart part : state_parts) out.push_back({state_tensor_name(p.name, part), dims});
-  });
-  return out;
+/// The ranks that write a checkpoint of strategy `s`: the whole mesh (`checkpoint_ranks()`) or,
+/// for a data-parallel strategy, its group.
+template <class Strategy>
+int checkpoint_ranks(const Strategy& s) {
+  if constexpr (requires { s.checkpoint_ranks(); }) {
+    return s.checkpoint_ranks();
+  } else {
+    return s.dp_size();
+  }
 }
 }  // namespace detail
 
@@ -88,15 +90,19 @@ std::vector<StateTensor> state_tensors(Model& model) {
 template <class TrainerT>
 StateSave checkpoint_save(TrainerT& trainer, int world, const CheckpointOptions& o) {
   auto& s = trainer.strategy();
-  check<ConfigError>(s.dp_size() == world, "fourway: save_checkpoint needs the strategy's ",
-                     "group: the strategy has ", s.dp_size(), " ranks, the group ", world);
+  check<ConfigError>(
+      detail::checkpoint_ranks(s) == world,
+      "fourway: save_checkpoint needs every rank that holds state: the strategy has ",
+      detail::checkpoint_ranks(s), " (its whole mesh), the group ", world,
+      " (pass the world communicator of the mesh)");
   using T = typename std::remove_cvref_t<decltype(s)>::precision_type::param_type;
   StateSave save;
   save.root = o.root;
   save.step = trainer.iteration();
   save.keep = o.keep;
   save.at_phase = o.at_phase;
-  save.tensors = detail::state_tensors(trainer.model());
+  const auto runs = s.checkpoint_runs(true);
+  save.tensors = state_tensors(std::span<const typename decltype(runs)::value_type>(runs));
   save.meta = o.meta;
   save.meta["iteration"] = std::to_string(trainer.iteration());
   save.meta["adam_step"] = std::to_string(s.state().step());
@@ -105,13 +111,24 @@ StateSave checkpoint_save(TrainerT& trainer, int world, const CheckpointOptions&
   save.meta["skipped_steps"] = std::to_string(trainer.loss_scaler().skipped_steps());
   save.meta["precision"] = std::string(dtype_name(dtype_of<T>::value));
   save.meta["saved_by_ranks"] = std::to_string(world);
+  if constexpr (requires { s.mesh().describe(); }) {
+    save.meta["mesh"] = s.mesh().describe();  // "tp=2 pp=2 dp=2 (8 ranks)"
+  } else {
+    save.meta["mesh"] = detail::cat("dp=", s.dp_size(), " (", world, " ranks)");
+  }
+  using St = std::remove_cvref_t<decltype(s)>;
+  if constexpr (requires { St::zero_stage; }) {
+    save.meta["zero"] = std::to_string(St::zero_stage);
+  } else if constexpr (requires { St::stage; }) {
+    save.meta["zero"] = std::to_string(St::stage);
+  }
   return save;
 }
 
 /// The pieces this rank of the strategy writes (its runs' parts, state_runs.hpp).
 template <class Strategy>
 std::vector<StatePiece> checkpoint_pieces(const Strategy& s) {
-  const auto runs = s.saved_state_runs();
+  const auto runs = s.checkpoint_runs(true);
   using Run = typename decltype(runs)::value_type;
   return state_pieces(std::span<const Run>(runs));
 }
@@ -194,7 +211,9 @@ StateIndex resume_checkpoint(TrainerT& trainer, const FlagGather& flags,
     const auto dir = resolve_checkpoint(path);
     where = dir.string();
     StateDir d = StateDir::open(dir);
-    for (const auto& t : detail::state_tensors(trainer.model())) {
+    const auto runs = s.checkpoint_runs(false);
+    for (const auto& t :
+         state_tensors(std::span<const typename decltype(runs)::value_type>(runs))) {
       const StateTensor* saved = d.index().tensor(t.name);
       check<CheckpointError>(saved != nullptr, "fourway: checkpoint ", where, " has no tensor \"",
                              t.name, "\"; it was saved from another model");

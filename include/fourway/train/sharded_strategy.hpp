@@ -238,11 +238,25 @@ class ShardedStrategy {
   /// Checkpoints (state_runs.hpp): hands this rank's optimizer state to `put(tensor, first,
   /// values)` — its shard under stages 1-3, its 1/N of every parameter under stage 0, so over
   /// the group every element once. Nothing is gathered.
-  [[nodiscard]] std::vector<StateRun<T, B>> saved_state_runs() const { return state_runs(true); }
+  [[nodiscard]] std::vector<OwnedRun<T, B>> saved_state_runs() const { return owned_runs(true); }
+  /// The ranks a checkpoint is written by: the group, times the model's tensor-parallel group.
+  [[nodiscard]] int checkpoint_ranks() const {
+    if constexpr (requires { model_->tp_size(); }) {
+      return size_ * model_->tp_size();
+    } else {
+      return size_;
+    }
+  }
+  /// The global runs this rank writes (`saving`: its shard, or its 1/N; the model's view says
+  /// where its parameters lie in the global tensors) or loads (everything it owns).
+  [[nodiscard]] std::vector<StateRun<T, B>> checkpoint_runs(bool saving) const {
+    const auto owned = owned_runs(saving);
+    return state_runs(*model_, std::span<const OwnedRun<T, B>>(owned), saving);
+  }
   template <class Put>
   void save_state(Put&& put) {
     queue_.wait_all();
-    const auto runs = state_runs(true);
+    const auto runs = checkpoint_runs(true);
     save_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), put);
   }
   /// Fills the masters, moments and working weights this rank owns (stage 0: all of them) from
@@ -252,7 +266,7 @@ class ShardedStrategy {
   template <class Read>
   void load_state(int adam_step, Read&& read) {
     queue_.wait_all();
-    const auto runs = state_runs(false);
+    const auto runs = checkpoint_runs(false);
     load_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), read);
     state_.restore_step(adam_step);
   }
@@ -456,8 +470,8 @@ class ShardedStrategy {
 
   /// The rank's state as runs of parameter elements; with `split`, stage 0 keeps only the
   /// rank's 1/N of each parameter (the part it writes).
-  std::vector<StateRun<T, B>> state_runs(bool split) const {
-    std::vector<StateRun<T, B>> runs;
+  std::vector<OwnedRun<T, B>> owned_runs(bool split) const {
+    std::vector<OwnedRun<T, B>> runs;
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
       const Tile& t = tiles_[i];
       if (t.slot < 0) continue;
@@ -465,7 +479,7 @@ class ShardedStrategy {
       const auto [lo, hi] = owned_range(t, split);
       if (hi > lo) {
         runs.push_back({&params_.parameter(slot.param), t.flat_offset - slot.offset + lo, hi - lo,
-                        i, lo, weight_at(t) + lo});
+                        i, lo, weight_at(t) + lo, slot.param});
       }
     }
     return runs;

@@ -149,17 +149,22 @@ class SingleRank {
   [[nodiscard]] NoHooks& hooks() { return hooks_; }
 
   /// Checkpoints (state_runs.hpp): the one rank holds every parameter as one run.
-  [[nodiscard]] std::vector<StateRun<param_type, B>> saved_state_runs() const {
-    return state_runs();
+  [[nodiscard]] std::vector<OwnedRun<param_type, B>> saved_state_runs() const {
+    return owned_runs();
+  }
+  /// The global runs this rank writes (`saving`) or loads.
+  [[nodiscard]] std::vector<StateRun<param_type, B>> checkpoint_runs(bool saving) const {
+    const auto owned = owned_runs();
+    return state_runs(*model_, std::span<const OwnedRun<param_type, B>>(owned), saving);
   }
   template <class Put>
   void save_state(Put&& put) const {
-    const auto runs = state_runs();
+    const auto runs = checkpoint_runs(true);
     save_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), put);
   }
   template <class Read>
   void load_state(int adam_step, Read&& read) {
-    const auto runs = state_runs();
+    const auto runs = checkpoint_runs(false);
     load_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), read);
     state_.restore_step(adam_step);
   }
@@ -184,10 +189,11 @@ class SingleRank {
   }
 
  private:
-  std::vector<StateRun<param_type, B>> state_runs() const {
-    std::vector<StateRun<param_type, B>> runs;
+  std::vector<OwnedRun<param_type, B>> owned_runs() const {
+    std::vector<OwnedRun<param_type, B>> runs;
     model_->visit_parameters([&](auto& p) {
-      runs.push_back({&p, 0, p.weight.numel(), runs.size(), 0, p.weight.data()});
+      const int i = static_cast<int>(runs.size());
+      runs.push_back({&p, 0, p.weight.numel(), runs.size(), 0, p.weight.data(), i});
     });
     return runs;
   }

@@ -10,6 +10,7 @@
 //!                    has more than one chunk): Σg² counts the tied embedding once; for
 //!                    tensor-parallel chunks (tp::Gpt) also what the chunk says (a replicated
 //!                    parameter counts on tp rank 0 only)
+//!   state_view       the chunk's (checkpoints); the tied copy of `wte` is not written
 //!   sum_over_model_parallel   Σg² summed over the pipeline group (every stage's parameters),
 //!                    then over the chunks' tensor-parallel group when they have one
 //!
@@ -24,6 +25,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
+#include "fourway/layers/state_view.hpp"
 
 namespace fourway::pp {
 
@@ -38,12 +40,14 @@ class ChunkSet {
   ChunkSet(std::vector<chunk_type*> chunks, const Parameter<T, B>* tied_copy, Comm& pp)
       : chunks_(std::move(chunks)), pp_(&pp) {
     check<ConfigError>(!chunks_.empty(), "fourway: a pipeline rank with no chunk");
-    for (auto* c : chunks_) {
+    for (std::size_t k = 0; k < chunks_.size(); ++k) {
+      auto* c = chunks_[k];
       int i = 0;
       c->visit_parameters([&](Parameter<T, B>& p) {
         bool counted = &p != tied_copy;
         if constexpr (requires { c->counts_in_norm(i); }) counted = counted && c->counts_in_norm(i);
         counted_.push_back(counted);
+        where_.push_back({k, i, &p});
         ++i;
       });
       first_unit_.push_back(units_);
@@ -68,6 +72,14 @@ class ChunkSet {
   [[nodiscard]] bool counts_in_norm(int param) const {
     return counted_.at(static_cast<std::size_t>(param));
   }
+  /// Where parameter `param` lies in its global tensor (its chunk's view); the LM head's copy of
+  /// `wte` is not written (the first chunk's is).
+  [[nodiscard]] StateView state_view(int param) const {
+    const Where& w = where_.at(static_cast<std::size_t>(param));
+    StateView v = state_view_of(*chunks_[w.chunk], w.index, *w.param);
+    v.writes = v.writes && counted_[static_cast<std::size_t>(param)];
+    return v;
+  }
   void sum_over_model_parallel(double& x) {
     pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
     sum_over_tensor_parallel(x);
@@ -81,7 +93,13 @@ class ChunkSet {
  private:
   std::vector<chunk_type*> chunks_;
   Comm* pp_;
+  struct Where {
+    std::size_t chunk;
+    int index;  // in the chunk's visit_parameters order
+    const Parameter<T, B>* param;
+  };
   std::vector<bool> counted_;
+  std::vector<Where> where_;
   std::vector<int> first_unit_;
   int units_ = 0;
 };

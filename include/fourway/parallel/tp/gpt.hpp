@@ -329,6 +329,10 @@ class Gpt {
   [[nodiscard]] bool counts_in_norm(int i) const {
     return table_[static_cast<std::size_t>(i)].counts_in_norm(rank_);
   }
+  /// Where parameter `i`'s slice lies in the unsplit tensor (checkpoints, train/state_runs.hpp).
+  [[nodiscard]] StateView state_view(int i) const {
+    return table_[static_cast<std::size_t>(i)].state_view(n_, rank_);
+  }
   /// x = Σ over the tensor-parallel group of x.
   void sum_over_model_parallel(double& x) {
     if (n_ > 1) tp_->all_reduce(&x, &x, 1, ReduceOp::sum);

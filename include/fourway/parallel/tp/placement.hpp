@@ -21,8 +21,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fourway/core/error.hpp"
+#include "fourway/layers/state_view.hpp"
 
 namespace fourway::tp {
 
@@ -77,26 +79,45 @@ struct Placement {
   /// parameter is counted by rank 0 of the group only.
   [[nodiscard]] bool counts_in_norm(int r) const { return split != Split::replicated || r == 0; }
 
-  /// Calls f(full_offset, local_offset, count) for the contiguous runs rank r of n holds, in
-  /// increasing offsets; padding is not visited (it has no full counterpart).
-  template <class F>
-  void for_each_run(int n, int r, F&& f) const {
+  /// Where rank r of n's slice lies in the full tensor (layers/state_view.hpp), seen as the
+  /// model's shape ((rows, cols) for a matrix, else 1-D): a replicated parameter is written by
+  /// rank 0 only; vocabulary padding is in no block.
+  [[nodiscard]] StateView state_view(int n, int r) const {
+    StateView v;
+    v.shape =
+        matrix ? std::vector<std::int64_t>{rows, cols} : std::vector<std::int64_t>{rows * cols};
+    v.writes = counts_in_norm(r);
     switch (split) {
-      case Split::replicated: f(std::int64_t{0}, std::int64_t{0}, full_numel()); break;
-      case Split::row: f(r * local_rows(n) * cols, std::int64_t{0}, local_numel(n)); break;
+      case Split::replicated: v.blocks.push_back({0, 0, 0, 0, full_numel(), 1}); break;
+      case Split::row:
+        v.blocks.push_back({0, 0, r * local_rows(n) * cols, 0, local_numel(n), 1});
+        break;
       case Split::vocab:
         if (valid_rows(n, r) > 0)
-          f(vocab_start(n, r) * cols, std::int64_t{0}, valid_rows(n, r) * cols);
+          v.blocks.push_back({0, 0, vocab_start(n, r) * cols, 0, valid_rows(n, r) * cols, 1});
         break;
       case Split::column: {
         const std::int64_t part = cols / parts;
         const std::int64_t mine = part / n;
-        for (std::int64_t i = 0; i < rows; ++i) {
-          for (int k = 0; k < parts; ++k) {
-            f(i * cols + k * part + r * mine, i * local_cols(n) + k * mine, mine);
-          }
+        for (int k = 0; k < parts; ++k) {
+          v.blocks.push_back({k * mine, local_cols(n), k * part + r * mine, cols, mine, rows});
         }
         break;
+      }
+    }
+    return v;
+  }
+
+  /// Calls f(full_offset, local_offset, count) for the contiguous runs rank r of n holds (the
+  /// runs of `state_view`'s blocks), in increasing offsets; padding is not visited.
+  template <class F>
+  void for_each_run(int n, int r, F&& f) const {
+    const StateView v = state_view(n, r);
+    std::int64_t most = 0;
+    for (const auto& b : v.blocks) most = std::max(most, b.rows);
+    for (std::int64_t i = 0; i < most; ++i) {
+      for (const auto& b : v.blocks) {
+        if (i < b.rows) f(b.global + i * b.global_stride, b.local + i * b.local_stride, b.count);
       }
     }
   }

@@ -1,0 +1,52 @@
+//! Where a rank's local parameter lies in the global (unsplit) tensor of the same name, for
+//! checkpoints that one mesh writes and another reads (train/state_runs.hpp).
+//!
+//! A `StateView` is a list of blocks, each `rows` runs of `count` elements: local run i starts at
+//! local element local + i·local_stride, global run i at global element global + i·global_stride
+//! of the flattened global tensor. An unsplit parameter is one block of one run (`state_view_of`'s
+//! default); a tensor-parallel slice is a column block per part, a row block or the real rows of
+//! a vocabulary slice (parallel/tp/gpt.hpp). Local elements outside every block are padding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fourway/layers/parameter.hpp"
+
+namespace fourway {
+
+/// `rows` runs of `count` local elements, run i at local + i·local_stride, that are global
+/// elements global + i·global_stride of the parameter's global tensor.
+struct StateBlock {
+  std::int64_t local = 0;
+  std::int64_t local_stride = 0;
+  std::int64_t global = 0;
+  std::int64_t global_stride = 0;
+  std::int64_t count = 0;
+  std::int64_t rows = 1;
+};
+
+/// Where a local parameter lies in its global tensor (same name): local elements outside every
+/// block are padding. `writes`: this rank writes it (every element is written by one rank).
+struct StateView {
+  std::vector<std::int64_t> shape;  // global
+  std::vector<StateBlock> blocks;
+  bool writes = true;
+};
+
+/// The view of parameter `p` (index i) of `model`: the model's `state_view(i)` when it has one,
+/// else the whole parameter (written unless the model's `counts_in_norm(i)` says otherwise).
+template <class Model, class T, class B>
+StateView state_view_of(const Model& model, int i, const Parameter<T, B>& p) {
+  if constexpr (requires { model.state_view(i); }) {
+    return model.state_view(i);
+  } else {
+    StateView v;
+    for (int d = 0; d < p.weight.shape().rank(); ++d) v.shape.push_back(p.weight.shape()[d]);
+    v.blocks.push_back({0, 0, 0, 0, p.numel(), 1});
+    if constexpr (requires { model.counts_in_norm(i); }) v.writes = model.counts_in_norm(i);
+    return v;
+  }
+}
+
+}  // namespace fourway
