@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <ostream>
 #include <random>
@@ -167,9 +168,10 @@ void check(const Case& c) {
       fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
   ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.pp));
   // Activations: the plan counts the fullest tp rank of each stage (the most real vocabulary
-  // rows), exactly; every rank within 10%. The whole-run peak within 10% under ZeRO 0 and 1;
-  // under ZeRO 2 and 3 it is 10-22% above the plan (not modelled yet: docs/plan.md).
+  // rows), exactly; every rank within 10%. The whole-run peak within 10% at every ZeRO stage
+  // (the step's workspace is not modelled: the plan is up to 8.4% below).
   std::vector<std::int64_t> fullest(static_cast<std::size_t>(c.pp), 0);
+  double worst = 0;  // the largest relative difference of the whole-run peak
   for (const RankMeasure& m : got) {
     const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(m.pp_rank)];
     EXPECT_EQ(m.states, sp.states);
@@ -179,11 +181,11 @@ void check(const Case& c) {
         << "planner " << act << " B, accountant " << m.activation_peak << " B";
     auto& f = fullest[static_cast<std::size_t>(m.pp_rank)];
     f = std::max(f, m.activation_peak);
-    if (c.zero <= 1) {
-      EXPECT_LE(std::abs(sp.total() - static_cast<double>(m.total_peak)),
-                0.10 * static_cast<double>(m.total_peak))
-          << "planner " << sp.total() << " B, accountant " << m.total_peak << " B";
-    }
+    EXPECT_LE(std::abs(sp.total() - static_cast<double>(m.total_peak)),
+              0.10 * static_cast<double>(m.total_peak))
+        << "planner " << sp.total() << " B, accountant " << m.total_peak << " B";
+    worst = std::max(worst, std::abs(sp.total() - static_cast<double>(m.total_peak)) /
+                                static_cast<double>(m.total_peak));
   }
   for (int r = 0; r < c.pp; ++r) {
     const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(r)];
@@ -192,6 +194,7 @@ void check(const Case& c) {
         << "pipeline rank " << r;
   }
   EXPECT_EQ(plan.states_per_gpu().total(), largest);
+  std::printf("%s: whole-run peak within %.1f%% of the plan\n", c.name().c_str(), 100 * worst);
 }
 
 Case mesh(int tp, int pp, int dp, int zero, Kind k = Kind::one_f_one_b, int m = 2, int v = 1) {

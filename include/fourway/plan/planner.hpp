@@ -344,6 +344,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     }
     // deferred construction, positioned reads and in-place writes: the states and nothing more
     sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
+    if (rank) sp.construct_peak = static_cast<double>(rank->construct);  // eager chunks (ZeRO 1-3)
     const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
     sp.data_parallel =
         data_parallel_traffic(zero_sharding(s.zero).shards_optimizer_state ? padded : sp.params,

@@ -112,10 +112,11 @@ inline std::vector<std::int64_t> runtime_pipeline_segments(
 
 /// What one rank of a pipeline mesh holds: its blocks, its parameters, its model states.
 struct PipelineRankState {
-  std::int64_t layers = 0;  // blocks of the rank's chunks
-  std::int64_t params = 0;  // parameters the optimizer sees (placeholders not included)
-  ModelStateBytes states;   // between steps, as the accountant counts them
-  ModelStateBytes in_step;  // during a step (ZeRO-2: full gradients, ZeRO-3: gathered units)
+  std::int64_t layers = 0;     // blocks of the rank's chunks
+  std::int64_t params = 0;     // parameters the optimizer sees (placeholders not included)
+  ModelStateBytes states;      // between steps, as the accountant counts them
+  ModelStateBytes in_step;     // during a step (ZeRO-2: full gradients, ZeRO-3: gathered units)
+  std::int64_t construct = 0;  // the peak while the strategy is built (bytes, every tag)
 };
 
 /// Model-state bytes of pipeline rank `rank` (any tp and dp coordinate: they hold alike) of
@@ -138,12 +139,17 @@ inline PipelineRankState runtime_pipeline_rank_state(const Architecture& a, Prec
   r.states.weights += placeholders * working_bytes(p);
   r.states.grads += placeholders * working_bytes(p);
   // The step holds full (padded) weights and gradients: one accumulation window (see
-  // pipeline_strategy.hpp's table); ZeRO-0 and 1 hold them between steps as well.
+  // pipeline_strategy.hpp's table); ZeRO-0 and 1 hold them between steps as well. Under ZeRO-2
+  // the full gradient buffer sits beside the gradient shard, under ZeRO-3 the gathered units
+  // beside the weight shard too (the shards stay allocated through the step).
   r.in_step = r.states;
-  const std::int64_t full =
-      (zero_stage == 0 ? r.params : shard_elements(r.params, dp, Padding::per_unit(segments)) * dp);
-  r.in_step.weights = (full + placeholders) * working_bytes(p);
-  r.in_step.grads = (full + placeholders) * working_bytes(p);
+  const std::int64_t w = working_bytes(p);
+  const std::int64_t full = shard_elements(r.params, dp, Padding::per_unit(segments)) * dp;
+  if (zero_sharding(zero_stage).shards_grads) r.in_step.grads += full * w;
+  if (zero_sharding(zero_stage).shards_params) r.in_step.weights += full * w;
+  // Construction: under ZeRO 1-3 the chunks are built with their own weights and gradients
+  // (2·params·w), which the strategy copies into its flat buffers before they are freed.
+  r.construct = r.states.total() + (zero_stage == 0 ? 0 : 2 * r.params * w);
   return r;
 }
 
