@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
@@ -66,6 +67,9 @@ struct RankMeasure {
   fp::ModelStateBytes states;
   std::int64_t activation_peak = 0;  // MemTag::activations over the whole run
   std::int64_t total_peak = 0;       // every tag, the whole run (construction and the step)
+  // bytes this rank sent in the step (Counting's ring model) per group
+  double tp = 0, pp = 0, tie = 0;
+  fp::DataParallelBytes dp;
 };
 
 fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
@@ -89,14 +93,15 @@ fw::TokenBatch batch_of(const Case& c) {
 template <class T, int Z, bool TensorParallel>
 std::vector<RankMeasure> run(const Case& c) {
   using MeshT = fw::dynamic_mesh_t<TensorParallel, true, Z>;
-  using Comm = fw::LocalComm;
+  using Comm = fw::Counting<fw::LocalComm>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
   const fw::TokenBatch batch = batch_of(c);
   std::vector<RankMeasure> out(static_cast<std::size_t>(c.ranks()));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
     const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
-    fw::MeshGroups<Comm> groups(mesh, w.comm());
+    Comm world(w.comm().split(0, w.rank(), "world"));
+    fw::MeshGroups<Comm> groups(mesh, world);
     fw::MeshOptions mo;
     mo.pipeline.schedule = c.schedule;
     mo.pipeline.micro_batches = c.micro_batches;
@@ -104,10 +109,20 @@ std::vector<RankMeasure> run(const Case& c) {
     fw::TrainerOptions to;
     to.micro_batches = c.micro_batches;
     fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(), 11, mo, fw::AdamW{});
+    world.counters().reset();  // the step's traffic only
     (void)t.step(batch.view());
     RankMeasure r{groups.pp().rank(), states_of(w.memory()),
                   static_cast<std::int64_t>(w.memory().peak(MemTag::activations)),
                   static_cast<std::int64_t>(w.memory().total_peak())};
+    const auto& n = world.counters();
+    const std::string dp = groups.group_name(fw::Axis::dp);
+    r.tp = n.modelled_bytes_sent(groups.group_name(fw::Axis::tp));
+    r.pp = n.modelled_bytes_sent(groups.group_name(fw::Axis::pp));
+    r.dp.all_reduce = n.get(dp, fw::CommOp::all_reduce).modelled_bytes;
+    r.dp.reduce_scatter = n.get(dp, fw::CommOp::reduce_scatter).modelled_bytes;
+    r.dp.all_gather = n.get(dp, fw::CommOp::all_gather).modelled_bytes;
+    // the tied embedding's group is split from pp: whatever is left
+    r.tie = n.modelled_bytes_sent() - r.tp - r.pp - r.dp.total();
     std::lock_guard lock(mu);
     out[static_cast<std::size_t>(w.rank())] = r;
   });
@@ -194,6 +209,31 @@ void check(const Case& c) {
         << "pipeline rank " << r;
   }
   EXPECT_EQ(plan.states_per_gpu().total(), largest);
+  // Communication: every rank's bytes per group, counted as they moved, equal the planner's
+  // runtime figure of its pipeline rank, and the plan's stage carries them.
+  const auto Tn = harness::mesh_gpt().max_seq;
+  const fp::GptActivationShape g{2,
+                                 Tn,
+                                 harness::mesh_gpt().dim,
+                                 harness::mesh_gpt().heads,
+                                 harness::mesh_gpt().vocab,
+                                 harness::mesh_gpt().layers,
+                                 p};
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE(::testing::Message() << "traffic of rank " << r);
+    const fp::PipelineRankTraffic want =
+        fp::runtime_pipeline_traffic(arch(), g, c.zero, c.dp, split, got[r].pp_rank, tsplit);
+    const auto near = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, b); };
+    EXPECT_PRED2(near, got[r].tp, want.tp);
+    EXPECT_PRED2(near, got[r].pp, want.pp);
+    EXPECT_PRED2(near, got[r].tie, want.tie);
+    EXPECT_PRED2(near, got[r].dp.all_reduce, want.dp.all_reduce);
+    EXPECT_PRED2(near, got[r].dp.reduce_scatter, want.dp.reduce_scatter);
+    EXPECT_PRED2(near, got[r].dp.all_gather, want.dp.all_gather);
+    const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(got[r].pp_rank)];
+    EXPECT_PRED2(near, sp.tensor_parallel.bytes, want.tp);
+    EXPECT_PRED2(near, sp.pipeline.bytes, want.pp + want.tie);
+  }
   std::printf("%s: whole-run peak within %.1f%% of the plan\n", c.name().c_str(), 100 * worst);
 }
 

@@ -31,6 +31,7 @@
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/plan/activation.hpp"
 #include "fourway/plan/architecture.hpp"
+#include "fourway/plan/communication.hpp"
 #include "fourway/plan/model_state.hpp"
 #include "fourway/plan/runtime_activation.hpp"
 #include "fourway/plan/runtime_model_state.hpp"
@@ -197,6 +198,81 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                          (part.end_block - part.first_block) * kept + (part.head ? head : 0);
   }
   r.recompute = checkpoint ? block : 0;
+  return r;
+}
+
+/// The bytes one rank of pipeline rank `rank` sends in one step, per group, as the `Counting`
+/// decorator counts them (comm/counting.hpp: ring bytes of collectives, payload of sends), for
+/// schedules with one chunk per rank (gpipe, 1f1b, zb-h1), no activation checkpointing and no
+/// sequence parallelism; `g` is one micro-batch (b sequences of T tokens) of one replica.
+///
+///   tp    per micro-batch 4 all-reduces of b·T·C per block (two each way), one for the
+///         embedding's output on the first stage, one for the LM head's input gradient and the
+///         loss's of b·T fp32 maxima and b·T (Σ exp, target logit) pairs on the last; per step
+///         the gradient norm's double
+///   pp    per micro-batch the activation sent forward (unless last) and its gradient sent back
+///         (unless first), each behind a 6-integer header; per step 16 B of step scalars (loss
+///         and Σg², all-reduced over the stages)
+///   tie   the first and the last stage all-reduce the tied wte's gradient slice (Vp/tp rows)
+///   dp    ZeRO 0: every gradient all-reduced once per step, and the loss's double; ZeRO 1-3:
+///         one reduce-scatter and one all-gather of the padded segments per step (ZeRO-3
+///         gathers every unit once, at the start of the step), and the loss and Σg² (16 B)
+struct PipelineRankTraffic {
+  double tp = 0;
+  double pp = 0;
+  double tie = 0;
+  DataParallelBytes dp;
+};
+
+inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
+                                                    const GptActivationShape& g, int zero_stage,
+                                                    int dp, const PipelineSplit& s, int rank,
+                                                    const TensorSplit& t = {}) {
+  detail::require(
+      s.virtual_stages == 1 && s.schedule != Schedule::zb_v && s.schedule != Schedule::interleaved,
+      "fourway: the pipeline's traffic is modelled for one chunk per rank");
+  const std::vector<models::GptPart> parts = runtime_rank_parts(a, s, rank);
+  const PipelineRankState state =
+      runtime_pipeline_rank_state(a, g.precision, zero_stage, dp, s, rank, Optimizer::adam(), t);
+  const double w = static_cast<double>(working_bytes(g.precision));
+  const double m = static_cast<double>(s.micro_batches);
+  const double act = static_cast<double>(g.batch * g.seq * g.dim) * w;
+  const bool first = rank == 0, last = rank == s.stages - 1;
+  PipelineRankTraffic r;
+  if (t.tp > 1) {
+    const double calls = 4.0 * static_cast<double>(state.layers) + (first ? 1 : 0) + (last ? 1 : 0);
+    double per_mb = calls * ring_bytes_sent(Collective::all_reduce, act, t.tp);
+    if (last) {
+      per_mb += ring_bytes_sent(Collective::all_reduce,
+                                3.0 * static_cast<double>(g.batch * g.seq) * 4.0, t.tp);
+    }
+    r.tp = m * per_mb + ring_bytes_sent(Collective::all_reduce, 8.0, t.tp);
+  }
+  if (s.stages > 1) {
+    constexpr double header = 6.0 * 8.0;
+    const double sends = (last ? 0 : 1) + (first ? 0 : 1);
+    r.pp = m * sends * (header + act) + ring_bytes_sent(Collective::all_reduce, 16.0, s.stages);
+    if (first || last) {
+      const std::int64_t rows = t.tp > 1 ? runtime_vocab_rows(a, t) : a.vocab;
+      r.tie = ring_bytes_sent(Collective::all_reduce, static_cast<double>(rows * a.hidden) * w, 2);
+    }
+  }
+  if (dp > 1) {
+    const double n = dp;
+    const ZeroSharding z = zero_sharding(zero_stage);
+    if (!z.shards_optimizer_state) {
+      r.dp.all_reduce =
+          ring_bytes_sent(Collective::all_reduce, static_cast<double>(state.params) * w, dp) +
+          ring_bytes_sent(Collective::all_reduce, 8.0, dp);
+    } else {
+      double shard = 0;
+      for (std::int64_t seg : runtime_pipeline_segments(a, zero_stage, g.precision, t, parts))
+        shard += static_cast<double>(ceil_div(seg, dp));
+      r.dp.reduce_scatter = shard * (n - 1) * w;
+      r.dp.all_gather = shard * (n - 1) * w;
+      r.dp.all_reduce = ring_bytes_sent(Collective::all_reduce, 16.0, dp);
+    }
+  }
   return r;
 }
 
