@@ -4,7 +4,8 @@
 // meshes, every ZeRO stage, fp32, bf16 and fp16 with its loss scaler); on another mesh (dp4 ->
 // tp2·pp2, tp2·pp2·dp2 ZeRO-3 -> dp8, pp3 -> pp2·dp3, tp2 -> pp2 ZeRO-2, ...) within the
 // equivalence matrix's tolerance. The index of a tensor-parallel checkpoint holds strided slices
-// that cover every tensor once, and no rank reads the whole model when it resumes.
+// that cover every tensor once, and no rank reads the whole model when it resumes; the runs of
+// train/state_runs.hpp map every element as the model's view (layers/state_view.hpp) says.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,10 +18,12 @@
 #include <vector>
 
 #include "fourway/comm/local_world.hpp"
+#include "fourway/layers/state_view.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/resume.hpp"
+#include "fourway/train/state_runs.hpp"
 #include "fourway/train/trainer.hpp"
 #include "parallel_harness.hpp"
 
@@ -273,4 +276,63 @@ TEST(MeshResume, ATensorParallelCheckpointHoldsStridedSlicesThatCoverEveryTensor
   EXPECT_LT(most, d.index().total_bytes() / 4);
   std::printf("the most one rank read: %llu of %llu B\n", static_cast<unsigned long long>(most),
               static_cast<unsigned long long>(d.index().total_bytes()));
+}
+
+// train/state_runs.hpp against an element-by-element reference: a ZeRO shard of a tp column slice
+// (layers/state_view.hpp, `tp::Placement::state_view`) that starts and ends mid-row becomes runs
+// whose elements map local -> global exactly as the view's blocks do, each element once; loading
+// puts a padding run first when the view leaves elements out.
+TEST(StateRuns, AShardOfAColumnSliceMapsEveryElementAsTheViewSays) {
+  struct ColumnModel {  // one parameter: rank 1 of 2 of a (5, 12) q|k|v column split
+    fw::tp::Placement pl;
+    [[nodiscard]] fw::StateView state_view(int) const { return pl.state_view(2, 1); }
+  };
+  ColumnModel model;
+  model.pl.name = "w";
+  model.pl.split = fw::tp::Split::column;
+  model.pl.rows = 5;
+  model.pl.cols = 12;
+  model.pl.parts = 3;
+  model.pl.matrix = true;
+  fw::MemoryAccountant mem(0);
+  fw::Context<fw::Host> ctx(mem);
+  fw::Parameter<float, fw::Host> p(ctx, "w", fw::Shape{5, 6});
+  const fw::OwnedRun<float, fw::Host> owned{&p, 4, 19, 0, 100, p.weight.data() + 4, 0};  // [4, 23)
+  // the reference: local element e of the slice is global column block k, row i
+  std::map<std::int64_t, std::int64_t> want;  // local -> global
+  for (std::int64_t e = 4; e < 23; ++e) {
+    const std::int64_t i = e / 6, k = (e % 6) / 2, j = e % 2;
+    want[e] = i * 12 + k * 4 + 2 + j;
+  }
+  std::map<std::int64_t, std::int64_t> got;
+  int strided = 0;
+  for (const auto& r : fw::state_runs(model, std::vector{owned}, true)) {
+    EXPECT_EQ(r.tensor, "w");
+    EXPECT_EQ(r.shape, (std::vector<std::int64_t>{5, 12}));
+    EXPECT_FALSE(r.padding);
+    strided += r.rows > 1 ? 1 : 0;
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      for (std::int64_t j = 0; j < r.count; ++j) {
+        const std::int64_t local = r.at - 100 + 4 + i * r.local_stride + j;
+        EXPECT_EQ(r.weights + i * r.local_stride + j, p.weight.data() + local);
+        EXPECT_TRUE(got.emplace(local, r.first + i * r.stride + j).second) << "twice: " << local;
+      }
+    }
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_GT(strided, 0);  // whole rows of a block travel as one strided run
+  // A view that leaves elements out (vocabulary padding) loads a zero run first.
+  model.pl.split = fw::tp::Split::vocab;
+  model.pl.rows = 3;  // 3 real rows of 4 padded, rank 1 holds rows [2, 4): row 3 is padding
+  model.pl.cols = 6;
+  model.pl.padded_rows = 4;
+  fw::Parameter<float, fw::Host> v(ctx, "w", fw::Shape{2, 6});
+  const fw::OwnedRun<float, fw::Host> all{&v, 0, 12, 0, 0, v.weight.data(), 0};
+  const auto loads = fw::state_runs(model, std::vector{all}, false);
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_TRUE(loads[0].padding);
+  EXPECT_EQ(loads[0].count, 12);
+  EXPECT_EQ(loads[1].first, 12);
+  EXPECT_EQ(loads[1].count, 6);
+  EXPECT_EQ(fw::state_runs(model, std::vector{all}, true).size(), 1u);
 }

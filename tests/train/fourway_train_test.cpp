@@ -67,6 +67,13 @@ std::vector<std::string> lines_of(const std::string& text) {
   return v;
 }
 
+/// The "loss" of every line of a --log-json file.
+std::vector<double> losses(const std::filesystem::path& log) {
+  std::vector<double> v;
+  for (const auto& l : lines_of(slurp(log))) v.push_back(json_field(l, "loss"));
+  return v;
+}
+
 }  // namespace
 
 TEST(FourwayTrain, EveryStepMatchesPyTorchAdamWOnGoldenFiles) {
@@ -385,11 +392,6 @@ TEST(FourwayTrain, SaveDirEveryNStepsThenResumeOnAnotherMeshContinuesTheRun) {
   const std::string model =
       "--layers 2 --dim 48 --heads 6 --vocab 64 --seed 5 --seq 8 --batch 6 --quiet --data '" +
       tokens.string() + "' ";
-  const auto losses = [](const std::string& log) {
-    std::vector<double> v;
-    for (const auto& l : lines_of(slurp(log))) v.push_back(json_field(l, "loss"));
-    return v;
-  };
   const auto whole = scratch("whole.jsonl"), part = scratch("part.jsonl"),
              same = scratch("same.jsonl"), other = scratch("other.jsonl");
   ProgramRun r = run(model + "--ranks 2 --zero 3 --steps 6 --log-json '" + whole.string() + "'");
@@ -445,11 +447,6 @@ TEST(FourwayTrain, SaveAsyncWritesWhatTheSynchronousSaveWritesAndResumesBitwise)
   const std::string model =
       "--layers 2 --dim 48 --heads 6 --vocab 64 --seed 5 --seq 8 --batch 6 --data '" +
       tokens.string() + "' --ranks 2 --zero 3 ";
-  const auto losses = [](const std::filesystem::path& log) {
-    std::vector<double> v;
-    for (const auto& l : lines_of(slurp(log))) v.push_back(json_field(l, "loss"));
-    return v;
-  };
   const auto whole = scratch("async_whole.jsonl"), part = scratch("async_part.jsonl"),
              rest = scratch("async_rest.jsonl");
   ProgramRun r = run(model + "--quiet --steps 6 --log-json '" + whole.string() + "'");
@@ -498,11 +495,6 @@ TEST(FourwayTrain, ThreeDMeshCheckpointsResumeOnTheSameMeshBitwiseAndOnOthersWit
       "--layers 2 --dim 48 --heads 6 --vocab 64 --seed 5 --seq 8 --batch 8 --quiet --data '" +
       tokens.string() + "' ";
   const std::string mesh3d = "--ranks 8 --tp 2 --pp 2 --zero 1 --micro-batches 2 ";
-  const auto losses = [](const std::filesystem::path& log) {
-    std::vector<double> v;
-    for (const auto& l : lines_of(slurp(log))) v.push_back(json_field(l, "loss"));
-    return v;
-  };
   const auto whole = scratch("3d_whole.jsonl"), part = scratch("3d_part.jsonl"),
              same = scratch("3d_same.jsonl"), dp4 = scratch("3d_dp4.jsonl"),
              tp2 = scratch("3d_tp2.jsonl");

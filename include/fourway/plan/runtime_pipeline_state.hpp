@@ -265,9 +265,9 @@ inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
           ring_bytes_sent(Collective::all_reduce, static_cast<double>(state.params) * w, dp) +
           ring_bytes_sent(Collective::all_reduce, 8.0, dp);
     } else {
-      double shard = 0;
-      for (std::int64_t seg : runtime_pipeline_segments(a, zero_stage, g.precision, t, parts))
-        shard += static_cast<double>(ceil_div(seg, dp));
+      const auto shard = static_cast<double>(shard_elements(
+          state.params, dp,
+          Padding::per_unit(runtime_pipeline_segments(a, zero_stage, g.precision, t, parts))));
       r.dp.reduce_scatter = shard * (n - 1) * w;
       r.dp.all_gather = shard * (n - 1) * w;
       r.dp.all_reduce = ring_bytes_sent(Collective::all_reduce, 16.0, dp);

@@ -387,7 +387,7 @@ class PipelineStrategy {
       return sharded_->checkpoint_runs(saving);
     } else {
       const auto owned = owned_runs(saving);
-      return state_runs(*set_, std::span<const OwnedRun<T, B>>(owned), saving);
+      return state_runs(*set_, owned, saving);
     }
   }
   template <class Put>
@@ -396,7 +396,7 @@ class PipelineStrategy {
       sharded_->save_state(put);
     } else {
       const auto runs = checkpoint_runs(true);
-      save_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), put);
+      save_state_runs(*ctx_, state_, runs, put);
     }
   }
   /// Fills what this rank holds from `read(tensor, first, n, host)`, whatever mesh wrote it; no
@@ -407,7 +407,7 @@ class PipelineStrategy {
       sharded_->load_state(adam_step, read);
     } else {
       const auto runs = checkpoint_runs(false);
-      load_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), read);
+      load_state_runs(*ctx_, state_, runs, read);
       state_.restore_step(adam_step);
     }
   }

@@ -101,8 +101,7 @@ StateSave checkpoint_save(TrainerT& trainer, int world, const CheckpointOptions&
   save.step = trainer.iteration();
   save.keep = o.keep;
   save.at_phase = o.at_phase;
-  const auto runs = s.checkpoint_runs(true);
-  save.tensors = state_tensors(std::span<const typename decltype(runs)::value_type>(runs));
+  save.tensors = state_tensors(s.checkpoint_runs(true));
   save.meta = o.meta;
   save.meta["iteration"] = std::to_string(trainer.iteration());
   save.meta["adam_step"] = std::to_string(s.state().step());
@@ -128,9 +127,7 @@ StateSave checkpoint_save(TrainerT& trainer, int world, const CheckpointOptions&
 /// The pieces this rank of the strategy writes (its runs' parts, state_runs.hpp).
 template <class Strategy>
 std::vector<StatePiece> checkpoint_pieces(const Strategy& s) {
-  const auto runs = s.checkpoint_runs(true);
-  using Run = typename decltype(runs)::value_type;
-  return state_pieces(std::span<const Run>(runs));
+  return state_pieces(s.checkpoint_runs(true));
 }
 
 /// Saves the run (see the file comment); a collective of the strategy's group, rank `rank` of
@@ -211,9 +208,7 @@ StateIndex resume_checkpoint(TrainerT& trainer, const FlagGather& flags,
     const auto dir = resolve_checkpoint(path);
     where = dir.string();
     StateDir d = StateDir::open(dir);
-    const auto runs = s.checkpoint_runs(false);
-    for (const auto& t :
-         state_tensors(std::span<const typename decltype(runs)::value_type>(runs))) {
+    for (const auto& t : state_tensors(s.checkpoint_runs(false))) {
       const StateTensor* saved = d.index().tensor(t.name);
       check<CheckpointError>(saved != nullptr, "fourway: checkpoint ", where, " has no tensor \"",
                              t.name, "\"; it was saved from another model");

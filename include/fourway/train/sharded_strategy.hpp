@@ -251,13 +251,13 @@ class ShardedStrategy {
   /// where its parameters lie in the global tensors) or loads (everything it owns).
   [[nodiscard]] std::vector<StateRun<T, B>> checkpoint_runs(bool saving) const {
     const auto owned = owned_runs(saving);
-    return state_runs(*model_, std::span<const OwnedRun<T, B>>(owned), saving);
+    return state_runs(*model_, owned, saving);
   }
   template <class Put>
   void save_state(Put&& put) {
     queue_.wait_all();
     const auto runs = checkpoint_runs(true);
-    save_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), put);
+    save_state_runs(*ctx_, state_, runs, put);
   }
   /// Fills the masters, moments and working weights this rank owns (stage 0: all of them) from
   /// `read(tensor, first, n, host)`, whatever mesh wrote them. No communication: after every
@@ -267,7 +267,7 @@ class ShardedStrategy {
   void load_state(int adam_step, Read&& read) {
     queue_.wait_all();
     const auto runs = checkpoint_runs(false);
-    load_state_runs(*ctx_, state_, std::span<const StateRun<T, B>>(runs), read);
+    load_state_runs(*ctx_, state_, runs, read);
     state_.restore_step(adam_step);
   }
   void sync_loaded_state() {

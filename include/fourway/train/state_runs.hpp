@@ -84,7 +84,7 @@ struct StateRun {
 /// The global runs of `owned` (the `OwnedRun`s of a strategy over `model`): with `saving`, only
 /// what this rank writes; otherwise everything it holds, padding included (first, per run).
 template <class Model, class T, class B>
-std::vector<StateRun<T, B>> state_runs(const Model& model, std::span<const OwnedRun<T, B>> owned,
+std::vector<StateRun<T, B>> state_runs(const Model& model, const std::vector<OwnedRun<T, B>>& owned,
                                        bool saving) {
   std::vector<StateRun<T, B>> out;
   for (const auto& o : owned) {
@@ -143,7 +143,7 @@ std::vector<StateRun<T, B>> state_runs(const Model& model, std::span<const Owned
 
 /// The global tensors of `runs`' parameters, three per parameter (name, shape), once each.
 template <class T, class B>
-std::vector<StateTensor> state_tensors(std::span<const StateRun<T, B>> runs) {
+std::vector<StateTensor> state_tensors(const std::vector<StateRun<T, B>>& runs) {
   std::vector<StateTensor> out;
   std::set<std::string> seen;
   for (const auto& r : runs) {
@@ -156,7 +156,7 @@ std::vector<StateTensor> state_tensors(std::span<const StateRun<T, B>> runs) {
 /// The pieces a rank writes for `runs` (none padding): run i's parts are pieces 3i, 3i + 1,
 /// 3i + 2 (in `state_parts` order).
 template <class T, class B>
-std::vector<StatePiece> state_pieces(std::span<const StateRun<T, B>> runs) {
+std::vector<StatePiece> state_pieces(const std::vector<StateRun<T, B>>& runs) {
   std::vector<StatePiece> out;
   for (const auto& r : runs) {
     for (StatePart part : state_parts) {
@@ -171,7 +171,7 @@ std::vector<StatePiece> state_pieces(std::span<const StateRun<T, B>> runs) {
 /// runs of a strided run are copied a few at a time, as one span of local memory.
 template <class T, class B, class Put>
 void save_state_runs(const Context<B>& ctx, const MasterState<T, B>& state,
-                     std::span<const StateRun<T, B>> runs, Put&& put) {
+                     const std::vector<StateRun<T, B>>& runs, Put&& put) {
   constexpr std::int64_t chunk = 1 << 16;
   std::vector<float> span, host;
   std::vector<T> working;
@@ -222,7 +222,7 @@ void save_state_runs(const Context<B>& ctx, const MasterState<T, B>& state,
 /// No communication.
 template <class T, class B, class Read>
 void load_state_runs(const Context<B>& ctx, MasterState<T, B>& state,
-                     std::span<const StateRun<T, B>> runs, Read&& read) {
+                     const std::vector<StateRun<T, B>>& runs, Read&& read) {
   constexpr std::int64_t chunk = 1 << 16;
   std::vector<float> host;
   std::vector<T> working;

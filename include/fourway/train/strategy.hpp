@@ -155,17 +155,17 @@ class SingleRank {
   /// The global runs this rank writes (`saving`) or loads.
   [[nodiscard]] std::vector<StateRun<param_type, B>> checkpoint_runs(bool saving) const {
     const auto owned = owned_runs();
-    return state_runs(*model_, std::span<const OwnedRun<param_type, B>>(owned), saving);
+    return state_runs(*model_, owned, saving);
   }
   template <class Put>
   void save_state(Put&& put) const {
     const auto runs = checkpoint_runs(true);
-    save_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), put);
+    save_state_runs(*ctx_, state_, runs, put);
   }
   template <class Read>
   void load_state(int adam_step, Read&& read) {
     const auto runs = checkpoint_runs(false);
-    load_state_runs(*ctx_, state_, std::span<const StateRun<param_type, B>>(runs), read);
+    load_state_runs(*ctx_, state_, runs, read);
     state_.restore_step(adam_step);
   }
   void sync_loaded_state() {}
