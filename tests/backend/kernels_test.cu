@@ -280,6 +280,45 @@ TYPED_TEST(CudaKernels, Attention) {
   }
 }
 
+// The flash-style kernels against their host twin (pinned to the definition by
+// flash_attention_test.cpp): partial tiles, one token, a head size of 1 and of 128 (shared memory
+// past 48 KiB). Both sides are fp32 inside and round once, so they differ by summation order and
+// expf vs the host polynomial: fp32 ~1e-5, 16-bit a flip of the last rounding.
+TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
+  FW_REQUIRE_GPU();
+  using E = TypeParam;
+  Env e;
+  const std::int64_t shapes[][4] = {
+      {1, 1, 4, 1}, {2, 7, 12, 3}, {1, 65, 3, 3}, {3, 100, 64, 2}, {1, 70, 256, 2}};
+  std::uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    const std::int64_t B = s[0], T = s[1], C = s[2], NH = s[3];
+    const auto nqkv = static_cast<std::size_t>(B * T * 3 * C),
+               nout = static_cast<std::size_t>(B * T * C),
+               nrow = static_cast<std::size_t>(B * NH * T);
+    const auto qkv = ft::random_typed<E>(nqkv, ++seed, -1.5f, 1.5f);
+    const auto dy = ft::random_typed<E>(nout, ++seed);
+    std::vector<E> out(nout), dqkv(nqkv);
+    std::vector<float> lse(nrow), delta(nrow);
+    fw::host::flash_attention_forward(e.host, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    fw::host::flash_attention_backward(e.host, dqkv.data(), delta.data(), dy.data(), qkv.data(),
+                                       out.data(), lse.data(), B, T, C, NH);
+    Dev<E> dq(e, qkv), ddy(e, dy), dout(e, out), ddq(e, dqkv);
+    Dev<float> dlse(e, lse), ddelta(e, delta);
+    fw::cuda::flash_attention_forward(e.dev, dout.p(), dlse.p(), dq.p(), B, T, C, NH);
+    const double atol = std::is_same_v<E, float> ? 1e-5 : 2 * ft::unit_roundoff<E>();
+    expect_match(dout.get(e, nout), out, atol, "flash out");
+    ft::expect_close(ft::to_double(dlse.get(e, nrow)), ft::to_double(lse), 1e-5, 1e-6, "flash lse");
+    // the backward reads the device's own out and lse, as a training step does
+    fw::cuda::flash_attention_backward(e.dev, ddq.p(), ddelta.p(), ddy.p(), dq.p(), dout.p(),
+                                       dlse.p(), B, T, C, NH);
+    const double g_scale = std::max(1.0, ft::max_abs(ft::to_double(dqkv)));
+    expect_match(ddq.get(e, nqkv), dqkv,
+                 (std::is_same_v<E, float> ? 2e-5 : 4 * ft::unit_roundoff<E>()) * g_scale,
+                 "flash dqkv");
+  }
+}
+
 TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {
   FW_REQUIRE_GPU();
   using T = TypeParam;
