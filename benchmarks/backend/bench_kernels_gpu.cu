@@ -3,7 +3,11 @@
 //  - GEMM FLOP/s of fourway::cuda::gemm against a direct cublasGemmEx call with the same
 //    arguments, at GPT-2 small shapes with B*T = 8192 rows (fp32 and bf16);
 //  - AdamW, LayerNorm and GELU bytes/s as a percentage of the measured device-to-device copy
-//    bandwidth (`pct_of_copy`; a copy moves 2 bytes per byte copied).
+//    bandwidth (`pct_of_copy`; a copy moves 2 bytes per byte copied);
+//  - causal attention forward + backward in bf16 at GPT-2 small's heads (12 x 64), B = 8,
+//    T = 1024: the flash-style kernels against the materialised ones (cuBLAS GEMMs + softmax),
+//    in FLOP/s of the causal half (`causal_tflops`: 4·B·NH·T²·hs forward + 10·B·NH·T²·hs backward
+//    over 2, the work a causal kernel must do at least; the materialised side does twice that).
 // Times come from CUDA events around each iteration (manual time). Every benchmark checks its
 // result once before timing (against the host kernel on a sample, or the direct call).
 #include <benchmark/benchmark.h>
@@ -228,6 +232,54 @@ void gelu(benchmark::State& state) {
   report_bandwidth(state, 4.0 * static_cast<double>(n));  // read in, write out (bf16)
 }
 
+/// Causal attention, forward then backward, bf16: flash-style (`flash`) or materialised.
+void attention(benchmark::State& state, bool flash) {
+  Gpu g;
+  const std::int64_t B = 8, T = 1024, NH = 12, hs = 64, C = NH * hs;
+  using E = fw::bf16;
+  fw::Tensor<E, fw::Cuda> qkv({B, T, 3 * C}, fw::MemTag::workspace, g.acct),
+      out({B, T, C}, fw::MemTag::workspace, g.acct), dout({B, T, C}, fw::MemTag::workspace, g.acct),
+      dqkv({B, T, 3 * C}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, qkv.data(), qkv.numel(), 12, -1.5f, 1.5f);
+  fill_random(g.ctx, dout.data(), dout.numel(), 13, -1.0f, 1.0f);
+  fw::Tensor<float, fw::Cuda> lse({B, NH, T}, fw::MemTag::workspace, g.acct),
+      delta({B, NH, T}, fw::MemTag::workspace, g.acct);
+  const std::int64_t att_elems = flash ? 1 : B * NH * T * T;
+  fw::Tensor<E, fw::Cuda> att({att_elems}, fw::MemTag::workspace, g.acct),
+      datt({att_elems}, fw::MemTag::workspace, g.acct);
+  auto run = [&] {
+    if (flash) {
+      fw::cuda::flash_attention_forward(g.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      fw::cuda::flash_attention_backward(g.ctx, dqkv.data(), delta.data(), dout.data(), qkv.data(),
+                                         out.data(), lse.data(), B, T, C, NH);
+    } else {
+      fw::cuda::attention_forward(g.ctx, out.data(), att.data(), qkv.data(), B, T, C, NH);
+      fw::cuda::attention_backward(g.ctx, dqkv.data(), datt.data(), dout.data(), qkv.data(),
+                                   att.data(), B, T, C, NH);
+    }
+  };
+  run();
+  {  // the first sequence's output against the host flash twin
+    const auto hq = download(g.ctx, qkv.data(), T * 3 * C), ho = download(g.ctx, out.data(), T * C);
+    std::vector<E> want(ho.size());
+    std::vector<float> hl(static_cast<std::size_t>(NH * T));
+    fw::host::flash_attention_forward(g.host, want.data(), hl.data(), hq.data(), 1, T, C, NH);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const float a = fw::convert<float>(ho[i]), e = fw::convert<float>(want[i]);
+      if (std::abs(a - e) > 3e-2f * std::abs(e) + 1e-2f) {
+        state.SkipWithError("attention output differs from the host flash twin");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx, run);
+  const double causal = 14.0 * static_cast<double>(B * NH * T * T * hs) / 2.0;
+  state.counters["causal_tflops"] =
+      benchmark::Counter(causal * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["saved_bytes_per_layer"] =
+      static_cast<double>(flash ? B * NH * T * 4 : B * NH * T * T * 2);
+}
+
 void gemm_fp32(benchmark::State& state, bool direct) { gemm<float>(state, direct); }
 void gemm_bf16(benchmark::State& state, bool direct) { gemm<fw::bf16>(state, direct); }
 
@@ -249,6 +301,8 @@ BENCHMARK_CAPTURE(gemm_bf16, cublas, true)->Apply(gpt2_shapes);
 BENCHMARK(adamw)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(layernorm)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(gelu)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, flash, true)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, materialised, false)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   if (fw::cuda::device_count() == 0) {

@@ -32,7 +32,7 @@ bool check_ranks(const Options& o, int ranks) {
   bool ok = false;
   fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
     const bool lead = w.rank() == 0;
-    fw::Context<B> ctx = Target::context(w.memory(), 0);
+    fw::Context<B> ctx = Target::context(w.memory(), 0, o);
     apply_memory_options<Target>(o, w.memory(), 0);
     const MeshT mesh(w.size(), {.tp = Tp ? o.tp : fw::dynamic,
                                 .pp = Pp ? o.pp : fw::dynamic,

@@ -18,7 +18,8 @@
 set -uo pipefail
 host=$1 cuda=$2 out=$3
 mkdir -p "$out"
-model=(--layers 2 --dim 64 --heads 4 --seq 32 --batch 8 --lr 3e-3 --seed 7 --quiet)
+# --precision fp32 unless a case says otherwise: fourway-train-cuda defaults to bf16, the host to fp32
+model=(--layers 2 --dim 64 --heads 4 --seq 32 --batch 8 --lr 3e-3 --seed 7 --quiet --precision fp32)
 steps=8
 
 if ! "$cuda" "${model[@]}" --steps 0 > "$out/probe.txt" 2>&1; then

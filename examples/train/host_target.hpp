@@ -16,8 +16,11 @@ struct HostTarget {
   using backend = fw::Host;
   static constexpr const char* program = "fourway-train";
   static constexpr bool has_check = true;  // --check (check_program.hpp, train_check.cpp)
+  static constexpr const char* default_precision = "fp32";
+  static constexpr bool has_tf32 = false;
   static void check_device() {}
-  static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/) {
+  static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/,
+                                       const Options& /*o*/) {
     return fw::Context<fw::Host>(m);
   }
   /// The host has no default cap: only --memory-cap-gb sets one.

@@ -303,7 +303,7 @@ void train_pipeline_ranks(const Options& o) {
         n % (o.pp * tp_degree) == 0 && (o.dp == 0 || o.dp * o.pp * tp_degree == n),
         "fourway: --tp ", tp_degree, " x --pp ", o.pp, " x --dp ", o.dp, " does not make the ", n,
         " ranks; give --ranks = --tp x --pp x --dp");
-    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     // N tp ranks x S stages x D replicas (rank = tp + N * (stage + S * replica))
     const MeshT mesh(n, {.tp = tp_degree, .pp = o.pp});

@@ -4,6 +4,8 @@
 //   mpirun -np 8 fourway-train-cuda --backend nccl --zero 3
 //                                                  one process per GPU (node-local rank)
 // Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
+// The working precision defaults to bf16 here (fp32 masters); --precision fp32 is true fp32, and
+// --tf32 lets its GEMMs use TF32 tensor cores.
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
 #include "fourway/backend/cuda/backend.cuh"
 #include "train_program.hpp"
@@ -16,6 +18,10 @@ namespace {
 struct CudaTarget {
   using backend = fw::Cuda;
   static constexpr const char* program = "fourway-train-cuda";
+  /// bf16 working weights (fp32 masters) unless --precision says otherwise: tensor-core GEMMs at
+  /// half the bytes; fp32 stays available, with TF32 only under --tf32.
+  static constexpr const char* default_precision = "bf16";
+  static constexpr bool has_tf32 = true;
   static void check_device() {
     fw::check<fw::DeviceError>(fw::cuda::device_count() > 0,
                                "fourway: no CUDA device is visible (none found by "
@@ -23,8 +29,9 @@ struct CudaTarget {
                                "run fourway-train-cuda on a GPU machine, or fourway-train on the "
                                "host");
   }
-  static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device) {
-    return fw::Context<fw::Cuda>(m, device);
+  static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device,
+                                       const fourway_train::Options& o) {
+    return fw::Context<fw::Cuda>(m, device, o.tf32);
   }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }

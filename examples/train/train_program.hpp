@@ -77,9 +77,10 @@ struct Options {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float grad_clip = 1.0f;
-  int warmup = 0;        // linear warm-up steps
-  float min_lr = -1.0f;  // < 0: no decay; else cosine from --lr to it at the last step
-  std::string precision = "fp32";
+  int warmup = 0;                  // linear warm-up steps
+  float min_lr = -1.0f;            // < 0: no decay; else cosine from --lr to it at the last step
+  std::string precision = "fp32";  // run_program sets the target's default before parsing
+  bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
   bool checkpoint_activations = false;
   std::string log_json;
   std::string save;
@@ -144,6 +145,8 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
            "cosine decay from --lr to LR at the last step (negative: no decay)")
       .add_choice("precision", &o.precision, {"fp32", "bf16", "fp16"},
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
+      .add_switch("tf32", &o.tf32,
+                  "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
       .add_switch("checkpoint-activations", &o.checkpoint_activations,
                   "recompute each block's activations in backward")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
@@ -446,7 +449,7 @@ int train(const Options& o) {
   check_output_dir("save", o.save);
   check_output_dir("log-json", o.log_json);
   fw::MemoryAccountant memory(0);
-  fw::Context<B> ctx = Target::context(memory, 0);
+  fw::Context<B> ctx = Target::context(memory, 0, o);
   apply_memory_options<Target>(o, memory, 0);
 
   std::optional<fw::SafetensorsReader> ckpt;
@@ -582,7 +585,7 @@ void train_ranks(const Options& o) {
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
                                " ranks; without --pp (and with no tensor axis yet) "
                                "--dp must equal the number of ranks (or be 0)");
-    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     const bool isolated = skip_collectives();
     Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
@@ -801,6 +804,7 @@ namespace fourway_train {
 template <class Target>
 int run_program(int argc, char** argv) {
   Options o;
+  o.precision = Target::default_precision;
   auto parser = make_parser(o, Target::program);
   try {
     if (!parser.parse(argc, argv)) {
@@ -812,6 +816,12 @@ int run_program(int argc, char** argv) {
     return 2;
   }
   try {
+    fw::check<fw::ConfigError>(!o.tf32 || Target::has_tf32, "fourway: --tf32 selects TF32 tensor ",
+                               "cores for fourway-train-cuda's fp32 GEMMs; ", Target::program,
+                               " computes fp32 GEMMs in fp32 (drop --tf32)");
+    fw::check<fw::ConfigError>(!o.tf32 || o.precision == "fp32", "fourway: --tf32 changes fp32 ",
+                               "GEMMs only, and --precision is ", o.precision,
+                               "; drop --tf32 or use --precision fp32");
     Target::check_device();
     check_checkpoint_flags(o);
     check_positive("batch", o.batch);

@@ -31,7 +31,7 @@ void train_tp_ranks(const Options& o) {
   fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const TpMesh mesh(w.size(), {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});
-    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w));
+    fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     Comm world(w.comm().split(0, w.rank(), "world"));
     fw::MeshGroups<Comm> groups(mesh, world);

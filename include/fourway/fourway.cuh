@@ -10,6 +10,7 @@
 #include "fourway/backend/cuda/cross_entropy.cuh"
 #include "fourway/backend/cuda/elementwise.cuh"
 #include "fourway/backend/cuda/embedding.cuh"
+#include "fourway/backend/cuda/flash_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"

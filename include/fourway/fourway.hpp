@@ -12,6 +12,7 @@
 #include "fourway/backend/host/cross_entropy.hpp"
 #include "fourway/backend/host/elementwise.hpp"
 #include "fourway/backend/host/embedding.hpp"
+#include "fourway/backend/host/flash_attention.hpp"
 #include "fourway/backend/host/gemm.hpp"
 #include "fourway/backend/host/kernels.hpp"
 #include "fourway/backend/host/layernorm.hpp"

@@ -62,7 +62,7 @@ void checkpointing_is_exact_and_saves_memory() {
   for (std::size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(a.grads[i] == b.grads[i]) << i;
 
   const std::size_t block_stash =
-      static_cast<std::size_t>((18 * B * Tn * C + B * NH * Tn * Tn) * sizeof(T) + 4 * B * Tn * 4);
+      static_cast<std::size_t>(18 * B * Tn * C * sizeof(T) + 4 * B * Tn * 4 + B * NH * Tn * 4);
   const std::size_t kept = static_cast<std::size_t>(B * Tn * C * sizeof(T));
   EXPECT_EQ(a.act_after_forward, L * block_stash);
   EXPECT_EQ(b.act_after_forward, L * kept);

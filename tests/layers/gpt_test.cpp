@@ -229,7 +229,7 @@ TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
   const std::size_t rest =
       (B * T * C /*embedding*/ + B * T * C /*ln_f*/ + B * T * V /*logits*/) * 4 +
       (2 * B * T /*ln_f stats*/ + B * T /*losses*/) * 4;
-  const std::size_t block = (18 * B * T * C + B * NH * T * T) * 4 + 4 * B * T * 4;
+  const std::size_t block = 18 * B * T * C * 4 + 4 * B * T * 4 + B * NH * T * 4;
   EXPECT_EQ(a_plain, rest + L * block);
   EXPECT_EQ(a_ck, rest + L * B * T * C * 4);
 

@@ -9,25 +9,25 @@ namespace fp = fourway::plan;
 
 namespace {
 // The stash of one block as contracts.md / layers/ lay it out, one entry per tensor, in elements
-// of the working type; the LayerNorm statistics are fp32 (4 B).
+// of the working type; the LayerNorm statistics and the attention's log-sum-exp are fp32 (4 B).
 std::int64_t block_by_tensor(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
                              std::int64_t w) {
   const std::vector<std::int64_t> working = {
-      B * T * C,       // ln_1.y
-      B * T * 3 * C,   // attn.c_attn.y (qkv)
-      B * NH * T * T,  // attn.att, the probabilities
-      B * T * C,       // attn.y
-      B * T * C,       // attn.c_proj.y
-      B * T * C,       // r = x + attn
-      B * T * C,       // ln_2.y
-      B * T * 4 * C,   // mlp.c_fc.y
-      B * T * 4 * C,   // mlp.gelu.y
-      B * T * C,       // mlp.c_proj.y
-      B * T * C,       // y
+      B * T * C,      // ln_1.y
+      B * T * 3 * C,  // attn.c_attn.y (qkv)
+      B * T * C,      // attn.y
+      B * T * C,      // attn.c_proj.y
+      B * T * C,      // r = x + attn
+      B * T * C,      // ln_2.y
+      B * T * 4 * C,  // mlp.c_fc.y
+      B * T * 4 * C,  // mlp.gelu.y
+      B * T * C,      // mlp.c_proj.y
+      B * T * C,      // y
   };
   std::int64_t bytes = 0;
   for (auto n : working) bytes += n * w;
-  return bytes + 4 * (B * T) * 4;  // ln_1 and ln_2: mean and rstd
+  // ln_1 and ln_2: mean and rstd; attn.lse, the flash attention's log-sum-exp per (b, head, t)
+  return bytes + 4 * (B * T) * 4 + B * NH * T * 4;
 }
 }  // namespace
 
@@ -49,7 +49,7 @@ TEST(PlanFourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
   const fp::GptActivationShape x{4, 64, 128, 4, 512, 12, fp::Precision::fp32};
   const auto full = fp::runtime_activation_bytes(x, false);
   const auto ckpt = fp::runtime_activation_bytes(x, true);
-  EXPECT_LT(ckpt, full / 4);  // 12 blocks of ~(18 + NH·T/C) BTC shrink to one BTC each
+  EXPECT_LT(ckpt, full / 4);  // 12 blocks of ~18 BTC shrink to one BTC each
   EXPECT_THROW((void)fp::runtime_activation_bytes(fp::GptActivationShape{}, false),
                fourway::ConfigError);
 }

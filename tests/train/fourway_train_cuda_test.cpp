@@ -46,6 +46,23 @@ TEST(FourwayTrainCuda, HelpNeedsNoGpuAndListsTheHostFlags) {
   EXPECT_NE(r.out.find("fourway-train-cuda"), std::string::npos) << r.out;
 }
 
+// The GPU program works in bf16 unless told otherwise (the help shows each flag's default), and
+// offers --tf32 for fp32 runs; --tf32 with a 16-bit precision is refused before the device.
+TEST(FourwayTrainCuda, DefaultsToBf16AndOffersTf32) {
+  const auto r = run("--help");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto at = r.out.find("--precision");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const auto line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find("[bf16]"), std::string::npos) << line;
+  EXPECT_NE(r.out.find("--tf32"), std::string::npos) << r.out;
+  const auto bad = run("--tf32 --steps 1");
+  EXPECT_EQ(bad.status, 1) << bad.err;
+  EXPECT_NE(bad.err.find("--tf32 changes fp32 GEMMs only, and --precision is bf16"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST(FourwayTrainCuda, BadFlagIsRefusedBeforeTheDeviceIsTouched) {
   const auto r = run("--zero");
   EXPECT_EQ(r.status, 2) << r.err;

@@ -210,9 +210,13 @@ TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
                         "--grad-clip",  "--precision", "--checkpoint-activations",
                         "--log-json",   "--save",      "--save-dir",
                         "--save-every", "--keep",      "--resume",
-                        "--help"}) {
+                        "--tf32",       "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
+  // the host program works in fp32 unless told otherwise (fourway-train-cuda: bf16)
+  const auto at = r.out.find("--precision");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_NE(r.out.substr(at, r.out.find('\n', at) - at).find("[fp32]"), std::string::npos) << r.out;
 }
 
 TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
@@ -250,6 +254,7 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {"--lr nan", "--lr must be finite", 2},
       {"--precision fp8", "--precision must be one of fp32, bf16, fp16, got 'fp8'", 2},
       {"stray", "unexpected argument 'stray'", 2},
+      {"--tf32", "fourway-train computes fp32 GEMMs in fp32 (drop --tf32)", 1},
       {"--steps 1 --steps 2", "--steps given twice", 2},
       {init + data + "--heads 4 --seq 32", "--seq 32 exceeds the model's context of 16", 1},
       {init + data + "--heads 5", "5 heads do not divide the checkpoint's width 32", 1},

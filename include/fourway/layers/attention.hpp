@@ -1,9 +1,11 @@
 //! `CausalSelfAttention<T, B>`: GPT-2's attention — c_attn (C -> 3C, q|k|v side by side), causal
 //! softmax(q·kᵀ/sqrt(C/NH))·v per head, c_proj (C -> C).
 //!
-//! Input and output (B, T, C). The stash holds the two Linear stashes and the attention
-//! probabilities (B, NH, T, T) and head outputs (B, T, C); backward needs a scratch of the
-//! probabilities' size (MemTag::workspace) for their gradient.
+//! Input and output (B, T, C). The attention itself is the flash-style kernel
+//! (`flash_attention_forward`, backend/host/flash_attention.hpp): the stash holds the two Linear
+//! stashes, the head outputs (B, T, C) and each query row's fp32 log-sum-exp (B, NH, T) — O(T) per
+//! head, not the (B, NH, T, T) probabilities; backward recomputes the probabilities tile by tile
+//! and needs one fp32 value per row of scratch (MemTag::workspace).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,7 @@ class CausalSelfAttention {
   using Input = Tensor<T, B>;
   struct Stash {
     typename Linear<T, B>::Stash c_attn;  // y = qkv (B, T, 3C)
-    Tensor<T, B> att;                     // (B, NH, T, T) probabilities
+    Tensor<float, B> lse;                 // (B, NH, T) log-sum-exp of each row's scores
     Tensor<T, B> y;                       // (B, T, C) heads side by side
     typename Linear<T, B>::Stash c_proj;  // y = output (B, T, C)
   };
@@ -44,24 +46,25 @@ class CausalSelfAttention {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     Tensor<T, B> qkv = c_attn_.forward(ctx, x, s.c_attn);
-    s.att = detail::activation<T, B>(ctx, Shape{Bn, NH_, Tn, Tn});
+    s.lse = detail::activation<float, B>(ctx, Shape{Bn, NH_, Tn});
     s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
-    Ops<B>::attention_forward(ctx, s.y.data(), s.att.data(), qkv.data(), Bn, Tn, C_, NH_);
+    Ops<B>::flash_attention_forward(ctx, s.y.data(), s.lse.data(), qkv.data(), Bn, Tn, C_, NH_);
     return c_proj_.forward(ctx, s.y, s.c_proj);
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    check<ShapeError>(s.att.shape().rank() == 4 && dy.numel() == s.y.numel(),
+    check<ShapeError>(s.lse.shape().rank() == 3 && dy.numel() == s.y.numel(),
                       "fourway: ", "attention backward without a matching forward: dy ",
                       dy.shape().str());
-    const std::int64_t Bn = s.att.shape()[0];
-    const std::int64_t Tn = s.att.shape()[2];
+    const std::int64_t Bn = s.lse.shape()[0];
+    const std::int64_t Tn = s.lse.shape()[2];
     Tensor<T, B> dheads = c_proj_.backward(ctx, dy, s.c_proj);
     Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, Tn, 3 * C_});
     {
-      Tensor<T, B> datt = detail::workspace<T, B>(ctx, s.att.shape());
-      Ops<B>::attention_backward(ctx, dqkv.data(), datt.data(), dheads.data(), s.c_attn.y.data(),
-                                 s.att.data(), Bn, Tn, C_, NH_);
+      Tensor<float, B> delta = detail::workspace<float, B>(ctx, s.lse.shape());
+      Ops<B>::flash_attention_backward(ctx, dqkv.data(), delta.data(), dheads.data(),
+                                       s.c_attn.y.data(), s.y.data(), s.lse.data(), Bn, Tn, C_,
+                                       NH_);
     }
     dheads.reset();
     Tensor<T, B> dx = c_attn_.backward(ctx, dqkv, s.c_attn);

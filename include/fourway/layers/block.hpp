@@ -3,8 +3,8 @@
 //!
 //! Input and output (B, T, C). Backward adds the residual branches' gradients element-wise:
 //!   dr = dy + ln_2ᵀ(mlpᵀ(dy));   dx = dr + ln_1ᵀ(attnᵀ(dr)).
-//! Stashed per micro-batch (elements of T): 18·B·T·C + B·NH·T² plus 4·B·T floats (the two
-//! LayerNorms' mean and 1/std) — see docs/layers.md.
+//! Stashed per micro-batch (elements of T): 18·B·T·C, plus 4·B·T floats (the two LayerNorms'
+//! mean and 1/std) and B·NH·T floats (the attention's log-sum-exp) — see docs/layers.md.
 #pragma once
 
 #include <cstdint>

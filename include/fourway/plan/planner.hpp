@@ -409,7 +409,8 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
         sp.zero2_buckets = static_cast<double>(full * w);
       }
-      if (zero_sharding(s.zero).shards_params && s.dp > 1 && !own_pp) {
+      // fourway's ZeRO-3 gathers each unit into its full buffers on one rank too
+      if (zero_sharding(s.zero).shards_params && (s.dp > 1 || own) && !own_pp) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));

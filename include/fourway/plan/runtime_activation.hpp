@@ -3,12 +3,13 @@
 //! backward.
 //!
 //! This is not Korthikanti et al.'s 34 + 5as/h (see `activation.hpp`): fourway has no dropout,
-//! keeps every layer's output as llm.c does, and stores the full (B, NH, T, T) attention
-//! probabilities. Per block, for B sequences of T tokens, C channels, NH heads, w bytes a value:
+//! keeps every layer's output as llm.c does, and its flash-style attention keeps one fp32
+//! log-sum-exp per (batch, head, query) instead of the (B, NH, T, T) probabilities. Per block, for
+//! B sequences of T tokens, C channels, NH heads, w bytes a value:
 //!
-//!   ln_1.y  c_attn.y  att          attn.y  c_proj.y  r   ln_2.y  c_fc.y  gelu.y  c_proj.y  y
-//!   BTC     3BTC      B·NH·T·T     BTC     BTC       BTC BTC     4BTC    4BTC    BTC       BTC
-//!   = (18·BTC + B·NH·T²)·w, plus each LayerNorm's fp32 mean and rstd, 2·BT·4 B, twice.
+//!   ln_1.y  c_attn.y  lse          attn.y  c_proj.y  r   ln_2.y  c_fc.y  gelu.y  c_proj.y  y
+//!   BTC     3BTC      B·NH·T (4 B) BTC     BTC       BTC BTC     4BTC    4BTC    BTC       BTC
+//!   = 18·BTC·w + B·NH·T·4, plus each LayerNorm's fp32 mean and rstd, 2·BT·4 B, twice.
 //!
 //! Embedding: its output BTC·w. Head: ln_f (BTC·w + 2·BT·4), logits BTV·w, per-token losses BT·4.
 //! Without checkpointing everything is alive at the end of forward, which is the peak (backward
@@ -40,7 +41,7 @@ constexpr std::int64_t runtime_block_activation_bytes(const GptActivationShape& 
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t btc = x.batch * x.seq * x.dim;
   const std::int64_t bt = x.batch * x.seq;
-  return (18 * btc + x.batch * x.heads * x.seq * x.seq) * w + 2 * (2 * bt * 4);
+  return 18 * btc * w + x.batch * x.heads * x.seq * 4 + 2 * (2 * bt * 4);
 }
 
 /// Bytes of the `Embedding` stash (its output).
@@ -71,16 +72,16 @@ constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, boo
 
 /// Bytes one rank of a tensor-parallel group of `tp` keeps per `tp::Block` (parallel/tp/block.hpp)
 /// after forward. The split parts are /tp: c_attn.y 3, heads 1, c_fc.y 4, gelu.y 4 (·BTC) and the
-/// probabilities B·NH·T². The LayerNorm/residual region — ln_1.y, attention output, r, ln_2.y,
-/// MLP output, y (6·BTC) and the LayerNorm statistics — is whole on every rank, or /tp under
-/// sequence parallelism, which then keeps the gathered inputs of the two column splits (2·BTC)
-/// instead (Megatron-LM gathers them again in backward; fourway keeps them).
+/// attention's log-sum-exp B·NH·T (fp32). The LayerNorm/residual region — ln_1.y, attention output,
+/// r, ln_2.y, MLP output, y (6·BTC) and the LayerNorm statistics — is whole on every rank, or /tp
+/// under sequence parallelism, which then keeps the gathered inputs of the two column splits
+/// (2·BTC) instead (Megatron-LM gathers them again in backward; fourway keeps them).
 constexpr std::int64_t runtime_tp_block_activation_bytes(const GptActivationShape& x, int tp,
                                                          bool sequence_parallel) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t btc = x.batch * x.seq * x.dim;
   const std::int64_t bt = x.batch * x.seq;
-  const std::int64_t split = (12 * btc + x.batch * x.heads * x.seq * x.seq) / tp * w;
+  const std::int64_t split = 12 * btc / tp * w + x.batch * x.heads / tp * x.seq * 4;
   if (!sequence_parallel || tp == 1) return split + 6 * btc * w + 2 * (2 * bt * 4);
   return split + 6 * btc / tp * w + 2 * btc * w + 2 * (2 * bt / tp * 4);
 }

@@ -5,9 +5,10 @@
 //! copies are ordered on the same stream. Memory goes to the context's device whatever device is
 //! current in the allocating thread: the context binds its device to the rank's accountant and
 //! tensors allocate with `Cuda::allocate(bytes, device)`. cuBLAS never reduces in 16 bits
-//! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`) and never uses TF32 (default math mode,
-//! compute type 32F in gemm.cuh). Streams are `cuda::Stream` handles: owned or borrowed
-//! (core/handle.hpp).
+//! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`) and uses TF32 for fp32 GEMMs only when
+//! the context is told to (`set_tf32(true)`, fourway-train-cuda's `--tf32`): compute type
+//! `CUBLAS_COMPUTE_32F_FAST_TF32` then, `CUBLAS_COMPUTE_32F` otherwise (gemm.cuh). Streams are
+//! `cuda::Stream` handles: owned or borrowed (core/handle.hpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -111,7 +112,9 @@ static_assert(backend<Cuda>);
 template <>
 struct Context<Cuda> {
   using backend_type = Cuda;
-  Context(MemoryAccountant& m, int device) : memory_(&m), device_(device) {
+  /// `tf32`: see `set_tf32`.
+  Context(MemoryAccountant& m, int device, bool tf32 = false)
+      : memory_(&m), device_(device), tf32_(tf32) {
     const int visible = cuda::device_count();
     check<DeviceError>(device >= 0 && device < visible, "fourway: rank ", m.rank(),
                        " asks for CUDA device ", device, " but ", visible,
@@ -132,6 +135,10 @@ struct Context<Cuda> {
   [[nodiscard]] int device() const { return device_; }
   [[nodiscard]] cudaStream_t stream() const { return stream_.get(); }
   [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
+  /// TF32 tensor cores for fp32 GEMMs (10-bit mantissa products, fp32 accumulation): off by
+  /// default, so fp32 means fp32; 16-bit GEMMs are unaffected.
+  void set_tf32(bool on) { tf32_ = on; }
+  [[nodiscard]] bool tf32() const { return tf32_; }
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   void synchronize() const {
@@ -143,6 +150,7 @@ struct Context<Cuda> {
   int device_;
   cuda::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
+  bool tf32_ = false;
 };
 
 namespace cuda {

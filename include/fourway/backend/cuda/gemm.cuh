@@ -5,8 +5,9 @@
 //! so `C = op(A) op(B)` is computed as the column-major `C^T (n x m) = op(B)^T op(A)^T`, i.e.
 //! cuBLAS is called with the operands swapped (B first), the sizes (n, m, k), and each operand's
 //! own transpose flag unchanged. Compute type is `CUBLAS_COMPUTE_32F` for all element types:
-//! fp32 stays true fp32 (no TF32), 16-bit operands accumulate in fp32. C may be fp32 with 16-bit
-//! A and B. Work goes to the context's stream through its cuBLAS handle.
+//! fp32 stays true fp32 (no TF32) unless the context enables TF32 (`Context<Cuda>::set_tf32`,
+//! then `CUBLAS_COMPUTE_32F_FAST_TF32` for fp32 operands); 16-bit operands accumulate in fp32. C
+//! may be fp32 with 16-bit A and B. Work goes to the context's stream through its cuBLAS handle.
 // fourway-requires: cuda
 #pragma once
 
@@ -32,6 +33,11 @@ constexpr cudaDataType_t cuda_type() {
   return CUDA_R_16F;
 }
 inline cublasOperation_t cublas_op(Trans t) { return t == Trans::none ? CUBLAS_OP_N : CUBLAS_OP_T; }
+/// fp32 accumulation always; TF32 products for fp32 operands when the context allows them.
+template <class T>
+cublasComputeType_t compute_type(const Context<Cuda>& ctx) {
+  return std::is_same_v<T, float> && ctx.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
 inline int to_int(std::int64_t v, const char* what) {
   check<ShapeError>(v <= INT_MAX, "fourway: cuBLAS takes 32-bit sizes; ", what, "=", v, " exceeds ",
                     INT_MAX, " (split the GEMM)");
@@ -52,7 +58,7 @@ void gemm(const Context<Cuda>& ctx, Trans ta, Trans tb, std::int64_t m, std::int
                    detail::to_int(n, "n"), detail::to_int(m, "m"), detail::to_int(k, "k"), &alpha,
                    b, detail::cuda_type<T>(), detail::to_int(ldb, "ldb"), a, detail::cuda_type<T>(),
                    detail::to_int(lda, "lda"), &beta, c, detail::cuda_type<TC>(),
-                   detail::to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   detail::to_int(ldc, "ldc"), detail::compute_type<T>(ctx), CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
 }
 
@@ -67,14 +73,15 @@ void gemm_strided_batched(const Context<Cuda>& ctx, Trans ta, Trans tb, std::int
   fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
   check<ShapeError>(batch >= 0, "fourway: gemm_strided_batched batch=", batch, " must be >= 0");
   if (m == 0 || n == 0 || batch == 0) return;
-  check_cublas(cublasGemmStridedBatchedEx(
-                   ctx.cublas(), detail::cublas_op(tb), detail::cublas_op(ta),
-                   detail::to_int(n, "n"), detail::to_int(m, "m"), detail::to_int(k, "k"), &alpha,
-                   b, detail::cuda_type<T>(), detail::to_int(ldb, "ldb"), stride_b, a,
-                   detail::cuda_type<T>(), detail::to_int(lda, "lda"), stride_a, &beta, c,
-                   detail::cuda_type<TC>(), detail::to_int(ldc, "ldc"), stride_c,
-                   detail::to_int(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx");
+  check_cublas(
+      cublasGemmStridedBatchedEx(
+          ctx.cublas(), detail::cublas_op(tb), detail::cublas_op(ta), detail::to_int(n, "n"),
+          detail::to_int(m, "m"), detail::to_int(k, "k"), &alpha, b, detail::cuda_type<T>(),
+          detail::to_int(ldb, "ldb"), stride_b, a, detail::cuda_type<T>(),
+          detail::to_int(lda, "lda"), stride_a, &beta, c, detail::cuda_type<TC>(),
+          detail::to_int(ldc, "ldc"), stride_c, detail::to_int(batch, "batch"),
+          detail::compute_type<T>(ctx), CUBLAS_GEMM_DEFAULT),
+      "cublasGemmStridedBatchedEx");
 }
 
 }  // namespace fourway::cuda

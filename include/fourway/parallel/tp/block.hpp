@@ -69,7 +69,7 @@ class Block {
     typename LayerNorm<T, B>::Stash ln_1;
     Tensor<T, B> h1;                         // sequence parallel: ln_1's output gathered (B, T, C)
     typename Linear<T, B>::Stash c_attn;     // y = this rank's q|k|v (B, T, 3C/N)
-    Tensor<T, B> att;                        // (B, NH/N, T, T)
+    Tensor<float, B> lse;                    // (B, NH/N, T) log-sum-exp of each row's scores
     Tensor<T, B> heads;                      // (B, T, C/N)
     typename Linear<T, B>::Stash attn_proj;  // y = partial sum (B, T, C); g reduces it in place
     Tensor<T, B> a;                          // sequence parallel: reduce-scattered (B·T/N, C)
@@ -117,10 +117,10 @@ class Block {
 
     Tensor<T, B> h1 = column_input(ctx, ln_1_.forward(ctx, x, s.ln_1), s.h1, full);  // (B, T, C)
     Tensor<T, B> qkv = c_attn_.forward(ctx, h1, s.c_attn);  // (B, T, 3C/N) = (B, T, C)·(C, 3C/N)
-    s.att = detail::activation<T, B>(ctx, Shape{full[0], NH_, T_, T_});
+    s.lse = detail::activation<float, B>(ctx, Shape{full[0], NH_, T_});
     s.heads = detail::activation<T, B>(ctx, Shape{full[0], T_, C_ / n_});
-    Ops<B>::attention_forward(ctx, s.heads.data(), s.att.data(), qkv.data(), full[0], T_, C_ / n_,
-                              NH_);
+    Ops<B>::flash_attention_forward(ctx, s.heads.data(), s.lse.data(), qkv.data(), full[0], T_,
+                                    C_ / n_, NH_);
     // (B, T, C) = Σ over the group of (B, T, C/N)·(C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> a =
         row_output(ctx, attn_proj_.forward(ctx, s.heads, s.attn_proj), s.attn_proj.y, s.a);
@@ -140,11 +140,11 @@ class Block {
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    check<ShapeError>(!s.y.empty() && dy.numel() == s.y.numel() && s.att.shape().rank() == 4,
+    check<ShapeError>(!s.y.empty() && dy.numel() == s.y.numel() && s.lse.shape().rank() == 3,
                       "fourway: tp::Block backward without a matching forward: dy ",
                       dy.shape().str());
     const std::int64_t n = dy.numel();
-    const std::int64_t Bn = s.att.shape()[0];
+    const std::int64_t Bn = s.lse.shape()[0];
     const Shape full{Bn, T_, C_};
     const std::int64_t rows = Bn * T_;
 
@@ -165,9 +165,10 @@ class Block {
     drf.reset();
     Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, T_, 3 * C_ / n_});
     {
-      Tensor<T, B> datt = detail::workspace<T, B>(ctx, s.att.shape());
-      Ops<B>::attention_backward(ctx, dqkv.data(), datt.data(), dheads.data(), s.c_attn.y.data(),
-                                 s.att.data(), Bn, T_, C_ / n_, NH_);
+      Tensor<float, B> delta = detail::workspace<float, B>(ctx, s.lse.shape());
+      Ops<B>::flash_attention_backward(ctx, dqkv.data(), delta.data(), dheads.data(),
+                                       s.c_attn.y.data(), s.heads.data(), s.lse.data(), Bn, T_,
+                                       C_ / n_, NH_);
     }
     dheads.reset();
     Tensor<T, B> dx = layernorm_backward(
