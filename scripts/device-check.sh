@@ -4,10 +4,12 @@
 # Benchmark, no MPI and no network). It ends with one table: every step ok / FAILED / TIMEOUT /
 # NOT RUN, its seconds, and the figures.
 #
-#   kit-build            GoogleTest from the device kit (.device-kit/, carried with the run)
-#   configure            the `cuda` preset, Ninja, benchmarks off, NCCL from the Python wheel
+#   kit-build            GoogleTest (and Google Benchmark when the kit has it) from the device kit
+#                        (.device-kit/, carried with the run)
+#   configure            the `cuda` preset, Ninja, NCCL from the Python wheel; benchmarks on when
+#                        Google Benchmark was built
 #   build                only what the checks need: every gpu-labelled test's executable,
-#                        fourway-train and fourway-train-cuda
+#                        fourway-train, fourway-train-cuda (and bench_kernels_gpu)
 #   gpu-tests            ctest -L gpu (a gpu test that reports Skipped on a GPU machine fails)
 #   memcheck-*           compute-sanitizer --tool memcheck on the kernel and LocalWorld-on-GPU tests
 #   racecheck-*          compute-sanitizer --tool racecheck on the same
@@ -16,6 +18,9 @@
 #   train-cuda-vs-host   fourway-train-cuda vs fourway-train: 1 rank; 4-rank ZeRO-3 on LocalWorld on
 #                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32)
 #                        (examples/train/cuda_vs_host.sh)
+#   bench-kernels        last, with what is left of the budget: bench_kernels_gpu (GEMM vs a direct
+#                        cuBLAS call, AdamW / LayerNorm / GELU vs the copy bandwidth, attention
+#                        flash vs materialised), its JSON kept in the logs, figures in the table
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
 # (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN.
@@ -68,8 +73,8 @@ case "$kit" in /*) ;; *) kit=$(pwd)/$kit ;; esac
 case "$build" in /*) ;; *) build=$(pwd)/$build ;; esac
 
 # ---- the device kit -----------------------------------------------------------------------------
-# What the GPU machine lacks, as sources: GoogleTest (required; Google Benchmark is not needed,
-# the benchmarks are not built here).
+# What the GPU machine lacks, as sources: GoogleTest (required) and Google Benchmark (optional:
+# without it the kernel benchmarks are not built and bench-kernels is NOT RUN).
 kit_files=(googletest/CMakeLists.txt googletest/googletest/include/gtest/gtest.h
            googletest/googletest/src/gtest-all.cc)
 
@@ -81,6 +86,7 @@ device-kit folder: scripts/device-check.sh --prepare SRC)"
   rm -rf "$kit"
   mkdir -p "$kit"
   cp -R "$prepare_src/googletest" "$kit/googletest"
+  [ -d "$prepare_src/benchmark" ] && cp -R "$prepare_src/benchmark" "$kit/benchmark"
   [ -f "$prepare_src/README.md" ] && cp "$prepare_src/README.md" "$kit/README.md"
   echo "prepared from $(cd "$prepare_src" && pwd) on $(date -u +%FT%TZ)" > "$kit/PREPARED"
   echo "device-check: kit prepared in $kit ($(du -sh "$kit" | cut -f1)); send it with the run" \
@@ -111,6 +117,7 @@ plan=(
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
+  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, AdamW/LayerNorm/GELU vs copy, attention flash vs materialised"
 )
 
 echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
@@ -211,14 +218,25 @@ prefix=$build-kit
 if [ -f "$prefix/lib/cmake/GTest/GTestConfig.cmake" ] || [ -f "$prefix/lib64/cmake/GTest/GTestConfig.cmake" ]; then
   row kit-build ok 0 "already built in $prefix"
 else
+  bench_kit=true
+  if [ -f "$kit/benchmark/CMakeLists.txt" ]; then
+    bench_kit="cmake -S '$kit/benchmark' -B '$build-kit-bench' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX='$prefix' -DBENCHMARK_ENABLE_TESTING=OFF \
+      -DBENCHMARK_ENABLE_GTEST_TESTS=OFF -DBENCHMARK_ENABLE_WERROR=OFF && \
+      cmake --build '$build-kit-bench' -j $jobs && cmake --install '$build-kit-bench'"
+  fi
   step kit-build bash -c "cmake -S '$kit/googletest' -B '$build-kit-build' -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX='$prefix' -DBUILD_GMOCK=OFF && \
-    cmake --build '$build-kit-build' -j $jobs && cmake --install '$build-kit-build'"
+    cmake --build '$build-kit-build' -j $jobs && cmake --install '$build-kit-build' && $bench_kit"
+fi
+benchmarks=OFF
+if compgen -G "$prefix/lib*/cmake/benchmark/benchmarkConfig.cmake" >/dev/null; then
+  benchmarks=ON
 fi
 
 if [ "$failed" -eq 0 ]; then
   step configure cmake --preset cuda -G Ninja -B "$build" -DCMAKE_PREFIX_PATH="$prefix" \
-    -DFOURWAY_BUILD_BENCHMARKS=OFF "${nccl_args[@]}"
+    -DFOURWAY_BUILD_BENCHMARKS=$benchmarks "${nccl_args[@]}"
 else
   skip configure "kit-build failed"
 fi
@@ -227,6 +245,7 @@ if [ "$failed" -eq 0 ]; then
   mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
     sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sort -u)
   targets=(fourway-train fourway-train-cuda)
+  [ "$benchmarks" = ON ] && targets+=(bench_kernels_gpu)
   for t in "${gpu_tests[@]}"; do
     ninja -C "$build" -t query "$t" >/dev/null 2>&1 && targets+=("$t")
   done
@@ -285,9 +304,20 @@ if [ "$built" -eq 1 ]; then
   else
     skip train-cuda-vs-host "fourway-train or fourway-train-cuda not built"
   fi
+  bench=$build/benchmarks/backend/bench_kernels_gpu
+  if [ -x "$bench" ]; then
+    step bench-kernels "$bench" --benchmark_min_time=0.05 \
+      --benchmark_out="$logdir/bench-kernels.json" --benchmark_out_format=json
+    # one note per benchmark: name, time per iteration and its rate counters
+    while IFS= read -r line; do note bench-kernels "$line"; done \
+      < <(grep -E '^(gemm|attention|adamw|layernorm|gelu|device_copy)' "$logdir/bench-kernels.log" |
+          awk '{ line = $1 " " $2 " " $3; for (i = 6; i <= NF; ++i) line = line " " $i; print line }')
+  else
+    skip bench-kernels "bench_kernels_gpu not built (no Google Benchmark in the kit?)"
+  fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host; do
+           gpt-step train-cuda-vs-host bench-kernels; do
     skip "$n" "build failed"
   done
 fi

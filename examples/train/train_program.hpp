@@ -82,6 +82,7 @@ struct Options {
   std::string precision = "fp32";  // run_program sets the target's default before parsing
   bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
   bool checkpoint_activations = false;
+  int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
   std::string save;
   // checkpoints and resuming (docs/train.md)
@@ -147,6 +148,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
       .add_switch("tf32", &o.tf32,
                   "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
+      .add("classifier-chunk", &o.classifier_chunk, "ROWS",
+           "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
+           "kept)")
       .add_switch("checkpoint-activations", &o.checkpoint_activations,
                   "recompute each block's activations in backward")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
@@ -391,6 +395,7 @@ inline fw::models::GptConfig model_config(const Options& o,
                              " exceeds the model's context of ", cfg.max_seq,
                              " positions; use --seq <= ", cfg.max_seq);
   cfg.checkpoint = o.checkpoint_activations;
+  cfg.classifier_chunk = o.classifier_chunk;
   return cfg;
 }
 
@@ -822,6 +827,12 @@ int run_program(int argc, char** argv) {
     fw::check<fw::ConfigError>(!o.tf32 || o.precision == "fp32", "fourway: --tf32 changes fp32 ",
                                "GEMMs only, and --precision is ", o.precision,
                                "; drop --tf32 or use --precision fp32");
+    fw::check<fw::ConfigError>(o.classifier_chunk >= 0, "fourway: --classifier-chunk must be >= 0 ",
+                               "(0: the whole logits at once), got ", o.classifier_chunk);
+    fw::check<fw::ConfigError>(
+        o.classifier_chunk == 0 || o.tp == 1, "fourway: --classifier-chunk ",
+        "applies to the tied head of --tp 1; the vocabulary-parallel head of ", "--tp ", o.tp,
+        " keeps its slice of the logits (drop --classifier-chunk)");
     Target::check_device();
     check_checkpoint_flags(o);
     check_positive("batch", o.batch);

@@ -244,6 +244,77 @@ TEST(Gpt, CheckpointingIsBitwiseEqualAndDropsActivationBytes) {
   EXPECT_EQ(mem.current(fw::MemTag::activations), 0u);
 }
 
+// The fused classifier (GptConfig::classifier_chunk): N token rows of logits at a time, loss in
+// forward, logits again and their gradient in place in backward. Reference: the same model with
+// the (B, T, V) logits kept (classifier_chunk 0). Every row's logits, loss and input gradient are
+// the same GEMM rows and the same row kernels; wte's head gradient sums the chunks one after
+// another instead of in one GEMM, so it (and what flows from it nowhere else) agrees to fp32
+// rounding. Chunks: one row, a divisor-free 7, one short of all rows, all rows, more than all.
+template <class E>
+void fused_classifier_matches_kept_logits(double tol) {
+  GptConfig cfg{2, 2, 16, 509, 12};  // a vocabulary wide next to the width: the logits dominate
+  const std::int64_t B = 3, T = 11, rows = B * T;  // T: tokens per sequence
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<E, Host> kept(ctx, cfg, 5);
+  const Batch b = random_batch(B, T, cfg.vocab, 21);
+  zero_grad(ctx, kept);
+  mem.reset_peak();
+  const std::size_t base_kept = mem.total_current();  // the step's peak above what exists before
+  const auto want = step(ctx, kept, b, 0.5f);
+  const std::size_t peak_kept = mem.total_peak() - base_kept;
+  for (const int chunk : {1, 7, 32, 33, 100}) {
+    SCOPED_TRACE(::testing::Message() << "classifier_chunk " << chunk);
+    cfg.classifier_chunk = chunk;
+    Gpt<E, Host> fused(ctx, cfg, 5);
+    zero_grad(ctx, fused);
+    mem.reset_peak();
+    const std::size_t base = mem.total_current();
+    const auto got = step(ctx, fused, b, 0.5f);
+    EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::abs(want.loss));
+    for (const auto& [name, g] : want.grads) {
+      double scale = 1e-3;
+      for (double v : g) scale = std::max(scale, std::abs(v));
+      const auto& h = got.grads.at(name);
+      ASSERT_EQ(h.size(), g.size()) << name;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        ASSERT_NEAR(h[i], g[i], tol * scale) << name << "[" << i << "]";
+      }
+    }
+    // no (B, T, V) buffer: the step's peak is lower by about the logits not kept
+    const std::size_t saved =
+        static_cast<std::size_t>((rows - std::min<std::int64_t>(chunk, rows)) * cfg.vocab *
+                                 static_cast<std::int64_t>(sizeof(E)));
+    if (chunk < rows) {
+      EXPECT_LE(mem.total_peak() - base + saved / 2, peak_kept);
+    }
+    EXPECT_EQ(mem.current(fw::MemTag::activations), 0u);
+    EXPECT_EQ(mem.current(fw::MemTag::workspace), 0u);
+  }
+  // after forward the head keeps ln_f's stash and the per-token losses, not the logits
+  cfg.classifier_chunk = 7;
+  Gpt<E, Host> fused(ctx, cfg, 5);
+  fw::Tensor<std::int32_t, Host> tok({B, T}, fw::MemTag::workspace, mem),
+      tgt({B, T}, fw::MemTag::workspace, mem);
+  for (std::int64_t i = 0; i < rows; ++i) tok[i] = b.tokens[i], tgt[i] = b.targets[i];
+  typename Gpt<E, Host>::Stash s;
+  (void)fused.forward(ctx, tok, tgt, s);
+  const std::int64_t C = cfg.dim, NH = cfg.heads, L = cfg.layers;
+  const std::int64_t w = sizeof(E);
+  const std::int64_t block = 18 * rows * C * w + 4 * rows * 4 + B * NH * T * 4;
+  const std::int64_t head = rows * C * w + 2 * rows * 4 + rows * 4;
+  EXPECT_EQ(static_cast<std::int64_t>(mem.current(fw::MemTag::activations)),
+            rows * C * w + L * block + head);
+  EXPECT_TRUE(s.logits.empty());
+}
+
+TEST(Gpt, FusedClassifierMatchesKeptLogitsFp32) {
+  fused_classifier_matches_kept_logits<float>(1e-5);
+}
+TEST(Gpt, FusedClassifierMatchesKeptLogitsBf16) {
+  fused_classifier_matches_kept_logits<fw::bf16>(2e-2);  // wte's chunk sums round to bf16 apart
+}
+
 // ---- structure: names, units, hooks, init, errors
 // ------------------------------------------------
 

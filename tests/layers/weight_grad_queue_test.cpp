@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fourway/layers/gpt.hpp"
@@ -104,9 +105,11 @@ TEST(WeightGradQueue, LinearDefersOnlyTheWeightGradient) {
 namespace {
 
 std::map<std::string, std::vector<float>> gpt_grads(
-    bool checkpoint, bool split, std::map<std::string, std::vector<float>>* after_b = nullptr) {
+    bool checkpoint, bool split, std::map<std::string, std::vector<float>>* after_b = nullptr,
+    int classifier_chunk = 0) {
   fw::models::GptConfig cfg{2, 2, 16, 29, 8};
   cfg.checkpoint = checkpoint;
+  cfg.classifier_chunk = classifier_chunk;
   fw::MemoryAccountant mem;
   fw::Context<Host> ctx(mem);
   fw::models::Gpt<float, Host> gpt(ctx, cfg, 11);
@@ -132,7 +135,10 @@ std::map<std::string, std::vector<float>> gpt_grads(
       fw::DeferWeightGrads<float, Host> scope(q);
       gpt.backward(ctx, s, 0.5f);
     }
-    EXPECT_EQ(q.size(), 4u * 2u + 1u);  // four Linears per block, the head
+    // four Linears per block, and the head once per chunk of its 14 rows
+    const std::size_t head_chunks =
+        classifier_chunk == 0 ? 1 : (B * T + classifier_chunk - 1) / classifier_chunk;
+    EXPECT_EQ(q.size(), 4u * 2u + head_chunks);
     if (after_b != nullptr && mb == 0)
       gpt.visit_parameters(
           [&](fw::Parameter<float, Host>& p) { (*after_b)[p.name] = host_values(p.grad); });
@@ -150,11 +156,14 @@ bool is_matrix_of_a_linear(const std::string& name) {
 }  // namespace
 
 TEST(WeightGradQueue, GptSplitBackwardEqualsTheFusedBackward) {
-  for (const bool checkpoint : {false, true}) {
-    SCOPED_TRACE(checkpoint ? "checkpointing" : "no checkpointing");
+  // the head's logits kept whole, or 5 rows at a time (the fused classifier: one W per chunk)
+  for (const auto& [checkpoint, chunk] :
+       std::vector<std::pair<bool, int>>{{false, 0}, {true, 0}, {false, 5}}) {
+    SCOPED_TRACE(::testing::Message() << (checkpoint ? "checkpointing" : "no checkpointing")
+                                      << ", classifier_chunk " << chunk);
     std::map<std::string, std::vector<float>> after_b;
-    const auto fused = gpt_grads(checkpoint, false);
-    const auto split = gpt_grads(checkpoint, true, &after_b);
+    const auto fused = gpt_grads(checkpoint, false, nullptr, chunk);
+    const auto split = gpt_grads(checkpoint, true, &after_b, chunk);
     ASSERT_EQ(fused.size(), split.size());
     int linears = 0;
     for (const auto& [name, want] : fused) {

@@ -45,6 +45,18 @@ TEST(PlanFourwayActivation, BlockAndWholeModelByTensor) {
   }
 }
 
+// The fused classifier keeps no logits: the head is ln_f's stash and the per-token losses.
+TEST(PlanFourwayActivation, FusedClassifierKeepsNoLogits) {
+  for (auto p : {fp::Precision::fp32, fp::Precision::bf16}) {
+    const std::int64_t w = p == fp::Precision::fp32 ? 4 : 2;
+    fp::GptActivationShape x{3, 17, 24, 4, 101, 5, p};
+    const std::int64_t kept = fp::runtime_head_activation_bytes(x);
+    x.classifier_chunk = 7;
+    EXPECT_EQ(fp::runtime_head_activation_bytes(x), 3 * 17 * 24 * w + 2 * 3 * 17 * 4 + 3 * 17 * 4);
+    EXPECT_EQ(kept - fp::runtime_head_activation_bytes(x), 3 * 17 * 101 * w);
+  }
+}
+
 TEST(PlanFourwayActivation, CheckpointingKeepsOneOutputPerBlock) {
   const fp::GptActivationShape x{4, 64, 128, 4, 512, 12, fp::Precision::fp32};
   const auto full = fp::runtime_activation_bytes(x, false);

@@ -24,6 +24,7 @@
 //! a part's FSDP units are its own units in model order. Unheld pieces are 1-row placeholders.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <string>
@@ -47,6 +48,12 @@ struct GptConfig {
   int vocab = 50257;
   int max_seq = 1024;
   bool checkpoint = false;  // activation checkpointing of every block
+  /// Token rows of logits the LM head computes at a time (the fused classifier): 0 computes all
+  /// B·T rows at once and keeps the (B, T, V) logits from forward to backward; N > 0 computes N
+  /// rows at a time into a workspace of N·V values — logits, then the loss in forward; logits
+  /// again, their gradient in place, then dx and d wte in backward — so no (B, T, V) buffer
+  /// exists, at the cost of the logits GEMM once more (docs/layers.md, "The fused classifier").
+  int classifier_chunk = 0;
 
   /// Throws ConfigError naming the numbers when the shape cannot work.
   void validate() const {
@@ -55,6 +62,9 @@ struct GptConfig {
                        layers, ", ", heads, ", ", dim, ", ", vocab, ", ", max_seq);
     check<ConfigError>(dim % heads == 0, "fourway: GptConfig dim=", dim,
                        " is not divisible by heads=", heads, "; pick heads dividing dim");
+    check<ConfigError>(classifier_chunk >= 0,
+                       "fourway: GptConfig classifier_chunk=", classifier_chunk,
+                       " must be >= 0 (0: the whole logits at once)");
   }
 };
 
@@ -90,7 +100,7 @@ class Gpt {
     std::vector<typename Checkpointed<Block>::Stash>
         blocks;  // `.inner` used when not checkpointing
     typename LayerNorm<T, B>::Stash ln_f;
-    Tensor<T, B> logits;      // (B, T, V); holds d loss / d logits after backward starts
+    Tensor<T, B> logits;      // (B, T, V) when classifier_chunk is 0, else empty
     Tensor<float, B> losses;  // (B, T) per-token cross-entropy
     float loss = 0.0f;        // mean of `losses`
   };
@@ -129,6 +139,11 @@ class Gpt {
   [[nodiscard]] bool holds_wte() const { return part_.embedding || part_.head; }
   /// Switches activation checkpointing of the blocks (between steps, never inside one).
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
+  /// Rows of logits the head computes at a time (GptConfig::classifier_chunk; between steps).
+  void set_classifier_chunk(int rows) {
+    check<ConfigError>(rows >= 0, "fourway: classifier_chunk=", rows, " must be >= 0");
+    cfg_.classifier_chunk = rows;
+  }
   [[nodiscard]] int units() const {
     return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
   }
@@ -164,7 +179,7 @@ class Gpt {
   template <class Hooks = NoHooks>
   requires gpt_hooks<std::remove_cvref_t<Hooks>>
   void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f, Hooks&& hooks = Hooks{}) {
-    check<ShapeError>(!s.logits.empty() && s.blocks.size() == blocks_.size(),
+    check<ShapeError>(!s.losses.empty() && s.blocks.size() == blocks_.size(),
                       "fourway: Gpt backward without a matching forward (empty stash)");
     hooks.pre_backward(head_unit());
     Tensor<T, B> dx = backward_head(ctx, s, grad_scale);
@@ -208,7 +223,7 @@ class Gpt {
   }
   /// Unit L+1 backward: d(grad_scale × mean loss) / dx (B, T, C); adds to ln_f's and wte's grads.
   Tensor<T, B> backward_head(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f) {
-    check<ShapeError>(!s.logits.empty(), "fourway: Gpt head backward without its forward");
+    check<ShapeError>(!s.losses.empty(), "fourway: Gpt head backward without its forward");
     return head_backward(ctx, s, grad_scale);
   }
   /// Unit i+1 backward: block i.
@@ -290,17 +305,36 @@ class Gpt {
     return p;
   }
 
+  /// Rows per classifier chunk for a micro-batch of `rows` token rows.
+  [[nodiscard]] std::int64_t classifier_rows(std::int64_t rows) const {
+    return cfg_.classifier_chunk > 0 ? std::min<std::int64_t>(cfg_.classifier_chunk, rows) : rows;
+  }
+
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     const std::int64_t rows = Bn * Tn;
     const std::int64_t V = cfg_.vocab;
+    const std::int64_t C = cfg_.dim;
     Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
-    s.logits = detail::activation<T, B>(ctx, Shape{Bn, Tn, V});
-    // logits (B·T, V) = h (B·T, C) · wteᵀ (C, V): the LM head tied to the token embedding
-    matmul(ctx, matrix(s.logits), matrix(h), matrix(embedding_.wte().weight).t());
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
-    Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows, V);
+    const Matrix<T> wt = matrix(embedding_.wte().weight).t();
+    if (cfg_.classifier_chunk == 0) {
+      s.logits = detail::activation<T, B>(ctx, Shape{Bn, Tn, V});
+      // logits (B·T, V) = h (B·T, C) · wteᵀ (C, V): the LM head tied to the token embedding
+      matmul(ctx, matrix(s.logits), matrix(h), wt);
+      Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows,
+                                    V);
+    } else {  // the fused classifier: n rows of logits at a time, then their losses
+      const std::int64_t chunk = classifier_rows(rows);
+      Tensor<T, B> logits = detail::workspace<T, B>(ctx, Shape{chunk, V});
+      for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const std::int64_t n = std::min(chunk, rows - r0);
+        matmul(ctx, matrix(logits.data(), n, V), matrix(h.data() + r0 * C, n, C), wt);
+        Ops<B>::cross_entropy_forward(ctx, s.losses.data() + r0, logits.data(),
+                                      s.targets.data() + r0, n, V);
+      }
+    }
     std::vector<float> losses(static_cast<std::size_t>(rows));
     Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
     double sum = 0.0;
@@ -311,19 +345,47 @@ class Gpt {
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
     const std::int64_t rows = s.losses.numel();
     const std::int64_t V = cfg_.vocab;
+    const std::int64_t C = cfg_.dim;
+    const float dloss = grad_scale / static_cast<float>(rows);
     Parameter<T, B>& wte = embedding_.wte();
-    T* dlogits = s.logits.data();  // in place: the logits are not needed again
-    Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
-                                   grad_scale / static_cast<float>(rows));
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
-    const Matrix<T> dL = matrix(dlogits, rows, V);
-    // dh (B·T, C) = dlogits (B·T, V) · wte (V, C)
-    matmul(ctx, matrix(dh), dL, matrix(wte.weight));
-    if (auto* q = DeferWeightGrads<T, B>::active()) {
-      q->push(ctx, wte, std::move(s.logits), s.ln_f.y.view(), rows);  // d logits kept until W
-    } else {
-      // dwte (V, C) += dlogitsᵀ (V, B·T) · h (B·T, C)
-      matmul_add(ctx, matrix(wte.grad), dL.t(), matrix(s.ln_f.y));
+    auto* q = DeferWeightGrads<T, B>::active();
+    if (cfg_.classifier_chunk == 0) {
+      T* dlogits = s.logits.data();  // in place: the logits are not needed again
+      Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
+                                     dloss);
+      const Matrix<T> dL = matrix(dlogits, rows, V);
+      // dh (B·T, C) = dlogits (B·T, V) · wte (V, C)
+      matmul(ctx, matrix(dh), dL, matrix(wte.weight));
+      if (q != nullptr) {
+        q->push(ctx, wte, std::move(s.logits), s.ln_f.y.view(), rows);  // d logits kept until W
+      } else {
+        // dwte (V, C) += dlogitsᵀ (V, B·T) · h (B·T, C)
+        matmul_add(ctx, matrix(wte.grad), dL.t(), matrix(s.ln_f.y));
+      }
+    } else {  // the fused classifier: logits again, their gradient in place, dh and dwte
+      const std::int64_t chunk = classifier_rows(rows);
+      Tensor<T, B> logits;
+      for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const std::int64_t n = std::min(chunk, rows - r0);
+        // a deferred W keeps each chunk's gradient; otherwise one buffer serves every chunk
+        if (q != nullptr) {
+          logits = detail::activation<T, B>(ctx, Shape{n, V});
+        } else if (logits.empty()) {
+          logits = detail::workspace<T, B>(ctx, Shape{chunk, V});
+        }
+        const Matrix<T> hn = matrix(s.ln_f.y.data() + r0 * C, n, C);
+        const Matrix<T> dL = matrix(logits.data(), n, V);
+        matmul(ctx, dL, hn, matrix(wte.weight).t());
+        Ops<B>::cross_entropy_backward(ctx, logits.data(), logits.data(), s.targets.data() + r0, n,
+                                       V, dloss);
+        matmul(ctx, matrix(dh.data() + r0 * C, n, C), dL, matrix(wte.weight));
+        if (q != nullptr) {
+          q->push(ctx, wte, std::move(logits), s.ln_f.y.slice(r0 * C, Shape{n, C}), n);
+        } else {
+          matmul_add(ctx, matrix(wte.grad), dL.t(), hn);
+        }
+      }
     }
     s.logits.reset();
     s.losses.reset();

@@ -11,7 +11,9 @@
 //!   BTC     3BTC      B·NH·T (4 B) BTC     BTC       BTC BTC     4BTC    4BTC    BTC       BTC
 //!   = 18·BTC·w + B·NH·T·4, plus each LayerNorm's fp32 mean and rstd, 2·BT·4 B, twice.
 //!
-//! Embedding: its output BTC·w. Head: ln_f (BTC·w + 2·BT·4), logits BTV·w, per-token losses BT·4.
+//! Embedding: its output BTC·w. Head: ln_f (BTC·w + 2·BT·4), logits BTV·w, per-token losses BT·4;
+//! with the fused classifier (`GptConfig::classifier_chunk` > 0) the logits are never kept (their
+//! chunk is workspace, MemTag::workspace, in forward and again in backward).
 //! Without checkpointing everything is alive at the end of forward, which is the peak (backward
 //! only frees). `Checkpointed` blocks keep their output only, but build each block's whole stash
 //! once more (forward, and again in backward): the peak is the embedding, L block outputs and the
@@ -34,6 +36,7 @@ struct GptActivationShape {
   std::int64_t vocab = 0;   // V
   std::int64_t layers = 0;  // L
   Precision precision = Precision::fp32;
+  std::int64_t classifier_chunk = 0;  // rows of logits at a time; 0: all, kept for backward
 };
 
 /// Bytes of one `TransformerBlock` stash.
@@ -53,7 +56,8 @@ constexpr std::int64_t runtime_embedding_activation_bytes(const GptActivationSha
 constexpr std::int64_t runtime_head_activation_bytes(const GptActivationShape& x) {
   const std::int64_t w = working_bytes(x.precision);
   const std::int64_t bt = x.batch * x.seq;
-  return bt * x.dim * w + 2 * bt * 4 + bt * x.vocab * w + bt * 4;
+  const std::int64_t logits = x.classifier_chunk > 0 ? 0 : bt * x.vocab * w;
+  return bt * x.dim * w + 2 * bt * 4 + logits + bt * 4;
 }
 
 /// Peak of `MemTag::activations` over one micro-batch's forward and backward of the GPT, with or
