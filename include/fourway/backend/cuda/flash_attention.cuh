@@ -50,6 +50,53 @@ __device__ __forceinline__ float flash_dot(const float* a, const float* b, int h
   for (int d = 0; d < hs; ++d) s += a[d] * b[d];
   return s;
 }
+/// acc (dims lane + 32·kk) += Σ_{j < n} w_j · tile[j][dim], w_j the value lane j holds.
+__device__ __forceinline__ void flash_accumulate(float (&acc)[flash_dims_per_lane], float w,
+                                                 const float* tile, int ld, int n, int hs) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int j = 0; j < n; ++j) {
+    const float wj = __shfl_sync(0xffffffffu, w, j);
+    for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
+      const int d = lane + 32 * kk;
+      if (d < hs) acc[kk] += wj * tile[j * ld + d];
+    }
+  }
+}
+/// row[dim] = scale · acc (dims lane + 32·kk), rounded to E.
+template <class E>
+__device__ __forceinline__ void flash_store(E* row, const float (&acc)[flash_dims_per_lane],
+                                            float scale, int hs) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
+    const int d = lane + 32 * kk;
+    if (d < hs) store(row + d, acc[kk] * scale);
+  }
+}
+/// Where this block works: batch b, head h (grid y = b·NH + h), its tile's first row (grid x),
+/// and the rows of q|k|v (ld3 apart) and of dout (C apart) of batch b.
+template <class E>
+struct FlashBlock {
+  int bh, b, h, first;
+  std::int64_t ld3;
+  const E* x;     // qkv of batch b
+  const E* dout;  // dout of batch b (null in the forward)
+  __device__ FlashBlock(const FlashShape& f, const E* qkv, const E* dout_all)
+      : bh(static_cast<int>(blockIdx.y)),
+        b(bh / f.NH),
+        h(bh % f.NH),
+        first(static_cast<int>(blockIdx.x) * flash_rows),
+        ld3(3 * static_cast<std::int64_t>(f.C)),
+        x(qkv + static_cast<std::int64_t>(b) * f.T * ld3),
+        dout(dout_all == nullptr ? nullptr : dout_all + static_cast<std::int64_t>(b) * f.T * f.C) {}
+};
+/// The recomputed probability p = exp(scale·q·k − L) of one (query, key) pair and its score
+/// gradient dS = p·(dO·v − D); rows of the shared tiles.
+__device__ __forceinline__ float flash_ds(const float* q, const float* k, const float* dout,
+                                          const float* v, const FlashShape& f, float lse,
+                                          float delta, float& p) {
+  p = expf(flash_dot(q, k, f.hs) * f.scale - lse);
+  return p * (flash_dot(dout, v, f.hs) - delta);
+}
 
 template <class E>
 __global__ void flash_forward_kernel(E* out, float* lse, const E* qkv, FlashShape f) {
@@ -58,12 +105,10 @@ __global__ void flash_forward_kernel(E* out, float* lse, const E* qkv, FlashShap
   float* sq = smem;
   float* sk = sq + flash_rows * ld;
   float* sv = sk + flash_rows * ld;
-  const int bh = static_cast<int>(blockIdx.y);
-  const int b = bh / f.NH;
-  const int h = bh % f.NH;
-  const int i0 = static_cast<int>(blockIdx.x) * flash_rows;
-  const std::int64_t ld3 = 3 * static_cast<std::int64_t>(f.C);
-  const E* x = qkv + static_cast<std::int64_t>(b) * f.T * ld3;
+  const FlashBlock<E> at(f, qkv, nullptr);
+  const int b = at.b, h = at.h, bh = at.bh, i0 = at.first;
+  const std::int64_t ld3 = at.ld3;
+  const E* x = at.x;
   flash_load_tile(sq, x + h * f.hs, ld3, i0, f);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -92,25 +137,14 @@ __global__ void flash_forward_kernel(E* out, float* lse, const E* qkv, FlashShap
       l[i] = l[i] * corr + warp_sum(p);
       m[i] = mx;
       for (int kk = 0; kk < flash_dims_per_lane; ++kk) acc[i][kk] *= corr;
-      const int n = min(flash_rows, t - j0 + 1);
-      for (int j = 0; j < n; ++j) {
-        const float pj = __shfl_sync(0xffffffffu, p, j);
-        for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-          const int d = lane + 32 * kk;
-          if (d < f.hs) acc[i][kk] += pj * sv[j * ld + d];
-        }
-      }
+      flash_accumulate(acc[i], p, sv, ld, min(flash_rows, t - j0 + 1), f.hs);
     }
   }
   for (int i = 0; i < flash_rows_per_warp; ++i) {
     const int t = i0 + warp * flash_rows_per_warp + i;
     if (t >= f.T) continue;
-    const float inv = 1.0f / l[i];
-    E* o = out + (static_cast<std::int64_t>(b) * f.T + t) * f.C + h * f.hs;
-    for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-      const int d = lane + 32 * kk;
-      if (d < f.hs) store(o + d, acc[i][kk] * inv);
-    }
+    flash_store(out + (static_cast<std::int64_t>(b) * f.T + t) * f.C + h * f.hs, acc[i],
+                1.0f / l[i], f.hs);
     if (lane == 0) lse[static_cast<std::int64_t>(bh) * f.T + t] = m[i] + logf(l[i]);
   }
 }
@@ -144,13 +178,11 @@ __global__ void flash_dkdv_kernel(E* dqkv, const E* dout, const E* qkv, const fl
   float* sv = sk + flash_rows * ld;
   float* sq = sv + flash_rows * ld;
   float* sdo = sq + flash_rows * ld;
-  const int bh = static_cast<int>(blockIdx.y);
-  const int b = bh / f.NH;
-  const int h = bh % f.NH;
-  const int j0 = static_cast<int>(blockIdx.x) * flash_rows;
-  const std::int64_t ld3 = 3 * static_cast<std::int64_t>(f.C);
-  const E* x = qkv + static_cast<std::int64_t>(b) * f.T * ld3;
-  const E* dob = dout + static_cast<std::int64_t>(b) * f.T * f.C;
+  const FlashBlock<E> at(f, qkv, dout);
+  const int b = at.b, h = at.h, bh = at.bh, j0 = at.first;
+  const std::int64_t ld3 = at.ld3;
+  const E* x = at.x;
+  const E* dob = at.dout;
   const float* lse_h = lse + static_cast<std::int64_t>(bh) * f.T;
   const float* d_h = delta + static_cast<std::int64_t>(bh) * f.T;
   flash_load_tile(sk, x + f.C + h * f.hs, ld3, j0, f);
@@ -177,33 +209,18 @@ __global__ void flash_dkdv_kernel(E* dqkv, const E* dout, const E* qkv, const fl
       if (key >= f.T) continue;  // warp-uniform
       float p = 0.0f, ds = 0.0f;
       if (t < f.T && t >= key) {
-        p = expf(flash_dot(sq + lane * ld, sk + jj * ld, f.hs) * f.scale - lt);
-        ds = p * (flash_dot(sdo + lane * ld, sv + jj * ld, f.hs) - dt);
+        ds = flash_ds(sq + lane * ld, sk + jj * ld, sdo + lane * ld, sv + jj * ld, f, lt, dt, p);
       }
-      for (int r = 0; r < rows; ++r) {
-        const float pr = __shfl_sync(0xffffffffu, p, r);
-        const float dsr = __shfl_sync(0xffffffffu, ds, r);
-        for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-          const int d = lane + 32 * kk;
-          if (d < f.hs) {
-            dv[i][kk] += pr * sdo[r * ld + d];
-            dk[i][kk] += dsr * sq[r * ld + d];
-          }
-        }
-      }
+      flash_accumulate(dv[i], p, sdo, ld, rows, f.hs);
+      flash_accumulate(dk[i], ds, sq, ld, rows, f.hs);
     }
   }
   for (int i = 0; i < flash_rows_per_warp; ++i) {
     const int key = j0 + warp * flash_rows_per_warp + i;
     if (key >= f.T) continue;
     E* row = dqkv + (static_cast<std::int64_t>(b) * f.T + key) * ld3 + h * f.hs;
-    for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-      const int d = lane + 32 * kk;
-      if (d < f.hs) {
-        store(row + f.C + d, dk[i][kk] * f.scale);
-        store(row + 2 * f.C + d, dv[i][kk]);
-      }
-    }
+    flash_store(row + f.C, dk[i], f.scale, f.hs);
+    flash_store(row + 2 * f.C, dv[i], 1.0f, f.hs);
   }
 }
 
@@ -217,14 +234,12 @@ __global__ void flash_dq_kernel(E* dqkv, const E* dout, const E* qkv, const floa
   float* sdo = sq + flash_rows * ld;
   float* sk = sdo + flash_rows * ld;
   float* sv = sk + flash_rows * ld;
-  const int bh = static_cast<int>(blockIdx.y);
-  const int b = bh / f.NH;
-  const int h = bh % f.NH;
-  const int i0 = static_cast<int>(blockIdx.x) * flash_rows;
-  const std::int64_t ld3 = 3 * static_cast<std::int64_t>(f.C);
-  const E* x = qkv + static_cast<std::int64_t>(b) * f.T * ld3;
+  const FlashBlock<E> at(f, qkv, dout);
+  const int b = at.b, h = at.h, bh = at.bh, i0 = at.first;
+  const std::int64_t ld3 = at.ld3;
+  const E* x = at.x;
   flash_load_tile(sq, x + h * f.hs, ld3, i0, f);
-  flash_load_tile(sdo, dout + static_cast<std::int64_t>(b) * f.T * f.C + h * f.hs, f.C, i0, f);
+  flash_load_tile(sdo, at.dout + h * f.hs, f.C, i0, f);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   float dq[flash_rows_per_warp][flash_dims_per_lane];
@@ -247,27 +262,18 @@ __global__ void flash_dq_kernel(E* dqkv, const E* dout, const E* qkv, const floa
       if (t >= f.T) continue;  // warp-uniform
       float ds = 0.0f;
       if (j0 + lane <= t) {
-        const float p = expf(flash_dot(sq + r * ld, sk + lane * ld, f.hs) * f.scale - lt[i]);
-        ds = p * (flash_dot(sdo + r * ld, sv + lane * ld, f.hs) - dt[i]);
+        float p = 0.0f;
+        ds =
+            flash_ds(sq + r * ld, sk + lane * ld, sdo + r * ld, sv + lane * ld, f, lt[i], dt[i], p);
       }
-      const int n = min(flash_rows, t - j0 + 1);
-      for (int j = 0; j < n; ++j) {
-        const float dsj = __shfl_sync(0xffffffffu, ds, j);
-        for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-          const int d = lane + 32 * kk;
-          if (d < f.hs) dq[i][kk] += dsj * sk[j * ld + d];
-        }
-      }
+      flash_accumulate(dq[i], ds, sk, ld, min(flash_rows, t - j0 + 1), f.hs);
     }
   }
   for (int i = 0; i < flash_rows_per_warp; ++i) {
     const int t = i0 + warp * flash_rows_per_warp + i;
     if (t >= f.T) continue;
-    E* row = dqkv + (static_cast<std::int64_t>(b) * f.T + t) * ld3 + h * f.hs;
-    for (int kk = 0; kk < flash_dims_per_lane; ++kk) {
-      const int d = lane + 32 * kk;
-      if (d < f.hs) store(row + d, dq[i][kk] * f.scale);
-    }
+    flash_store(dqkv + (static_cast<std::int64_t>(b) * f.T + t) * ld3 + h * f.hs, dq[i], f.scale,
+                f.hs);
   }
 }
 

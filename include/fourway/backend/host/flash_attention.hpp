@@ -47,6 +47,12 @@ struct FlashScratch {
   std::vector<float> q, k, v, dout, dq, acc, s, dp, dk, dv;
   std::vector<float> m, l;
 };
+/// One call's head size, scale and this thread's fp32 (T, hs) buffers for q, k and v.
+struct FlashHead {
+  std::int64_t hs;
+  float scale;
+  float *q, *k, *v;
+};
 inline FlashScratch& flash_scratch() {
   thread_local FlashScratch s;
   return s;
@@ -54,6 +60,11 @@ inline FlashScratch& flash_scratch() {
 inline float* sized(std::vector<float>& v, std::int64_t n) {
   if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
   return v.data();
+}
+inline FlashHead flash_head(FlashScratch& sc, std::int64_t T, std::int64_t C, std::int64_t NH) {
+  const std::int64_t hs = head_size(C, NH);
+  return FlashHead{hs, 1.0f / std::sqrt(static_cast<float>(hs)), sized(sc.q, T * hs),
+                   sized(sc.k, T * hs), sized(sc.v, T * hs)};
 }
 /// dst (T, hs) = the fp32 values of T rows of `hs` elements, `ld` apart, from `src`.
 template <class E>
@@ -70,6 +81,14 @@ void head_rows_from_float(E* dst, const float* src, std::int64_t T, std::int64_t
     for (std::int64_t i = 0; i < hs; ++i) dst[t * ld + i] = convert<E>(src[t * hs + i]);
   }
 }
+/// q, k and v of head h from the (T, 3C) rows `x` of one sequence, each into fp32 (T, hs).
+template <class E>
+void head_qkv_to_float(float* q, float* k, float* v, const E* x, std::int64_t T, std::int64_t C,
+                       std::int64_t hs, std::int64_t h) {
+  head_rows_to_float(q, x + h * hs, T, hs, 3 * C);
+  head_rows_to_float(k, x + C + h * hs, T, hs, 3 * C);
+  head_rows_to_float(v, x + 2 * C + h * hs, T, hs, 3 * C);
+}
 /// Keys of tile `j0` that query `t` may see: those at positions <= t, at most `cols`.
 inline std::int64_t visible_keys(std::int64_t t, std::int64_t j0, std::int64_t cols) {
   return std::clamp<std::int64_t>(t - j0 + 1, 0, cols);
@@ -80,13 +99,9 @@ inline std::int64_t visible_keys(std::int64_t t, std::int64_t j0, std::int64_t c
 template <floating_dtype E>
 void flash_attention_forward(const Context<Host>& ctx, E* out, float* lse, const E* qkv,
                              std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
-  const std::int64_t hs = detail::head_size(C, NH);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   constexpr std::int64_t bt = flash_tile;
   auto& sc = detail::flash_scratch();
-  float* q = detail::sized(sc.q, T * hs);
-  float* k = detail::sized(sc.k, T * hs);
-  float* v = detail::sized(sc.v, T * hs);
+  const auto [hs, scale, q, k, v] = detail::flash_head(sc, T, C, NH);
   float* acc = detail::sized(sc.acc, bt * hs);
   float* s = detail::sized(sc.s, bt * bt);
   float* m = detail::sized(sc.m, bt);
@@ -94,9 +109,7 @@ void flash_attention_forward(const Context<Host>& ctx, E* out, float* lse, const
   for (std::int64_t b = 0; b < B; ++b) {
     const E* x = qkv + b * T * 3 * C;
     for (std::int64_t h = 0; h < NH; ++h) {
-      detail::head_rows_to_float(q, x + h * hs, T, hs, 3 * C);
-      detail::head_rows_to_float(k, x + C + h * hs, T, hs, 3 * C);
-      detail::head_rows_to_float(v, x + 2 * C + h * hs, T, hs, 3 * C);
+      detail::head_qkv_to_float(q, k, v, x, T, C, hs, h);
       float* lse_h = lse + (b * NH + h) * T;
       for (std::int64_t i0 = 0; i0 < T; i0 += bt) {
         const std::int64_t rows = std::min(bt, T - i0);
@@ -143,13 +156,9 @@ template <floating_dtype E>
 void flash_attention_backward(const Context<Host>& ctx, E* dqkv, float* delta, const E* dout,
                               const E* qkv, const E* out, const float* lse, std::int64_t B,
                               std::int64_t T, std::int64_t C, std::int64_t NH) {
-  const std::int64_t hs = detail::head_size(C, NH);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   constexpr std::int64_t bt = flash_tile;
   auto& sc = detail::flash_scratch();
-  float* q = detail::sized(sc.q, T * hs);
-  float* k = detail::sized(sc.k, T * hs);
-  float* v = detail::sized(sc.v, T * hs);
+  const auto [hs, scale, q, k, v] = detail::flash_head(sc, T, C, NH);
   float* dob = detail::sized(sc.dout, T * hs);
   float* dq = detail::sized(sc.dq, T * hs);
   float* p = detail::sized(sc.s, bt * bt);
@@ -160,9 +169,7 @@ void flash_attention_backward(const Context<Host>& ctx, E* dqkv, float* delta, c
     const E* x = qkv + b * T * 3 * C;
     E* dx = dqkv + b * T * 3 * C;
     for (std::int64_t h = 0; h < NH; ++h) {
-      detail::head_rows_to_float(q, x + h * hs, T, hs, 3 * C);
-      detail::head_rows_to_float(k, x + C + h * hs, T, hs, 3 * C);
-      detail::head_rows_to_float(v, x + 2 * C + h * hs, T, hs, 3 * C);
+      detail::head_qkv_to_float(q, k, v, x, T, C, hs, h);
       detail::head_rows_to_float(dob, dout + b * T * C + h * hs, T, hs, C);
       const float* lse_h = lse + (b * NH + h) * T;
       float* d = delta + (b * NH + h) * T;
