@@ -319,22 +319,20 @@ class Gpt {
     Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
     const Matrix<T> wt = matrix(embedding_.wte().weight).t();
-    if (cfg_.classifier_chunk == 0) {
-      s.logits = detail::activation<T, B>(ctx, Shape{Bn, Tn, V});
-      // logits (B·T, V) = h (B·T, C) · wteᵀ (C, V): the LM head tied to the token embedding
-      matmul(ctx, matrix(s.logits), matrix(h), wt);
-      Ops<B>::cross_entropy_forward(ctx, s.losses.data(), s.logits.data(), s.targets.data(), rows,
-                                    V);
-    } else {  // the fused classifier: n rows of logits at a time, then their losses
-      const std::int64_t chunk = classifier_rows(rows);
-      Tensor<T, B> logits = detail::workspace<T, B>(ctx, Shape{chunk, V});
-      for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        const std::int64_t n = std::min(chunk, rows - r0);
-        matmul(ctx, matrix(logits.data(), n, V), matrix(h.data() + r0 * C, n, C), wt);
-        Ops<B>::cross_entropy_forward(ctx, s.losses.data() + r0, logits.data(),
-                                      s.targets.data() + r0, n, V);
-      }
+    // logits (n, V) = h (n, C) · wteᵀ (C, V), the LM head tied to the token embedding, then the
+    // losses: all rows at once into the stash (kept for backward), or, the fused classifier,
+    // `chunk` rows at a time into one workspace buffer
+    const bool keep = cfg_.classifier_chunk == 0;
+    const std::int64_t chunk = classifier_rows(rows);
+    Tensor<T, B> logits = keep ? detail::activation<T, B>(ctx, Shape{Bn, Tn, V})
+                               : detail::workspace<T, B>(ctx, Shape{chunk, V});
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      matmul(ctx, matrix(logits.data(), n, V), matrix(h.data() + r0 * C, n, C), wt);
+      Ops<B>::cross_entropy_forward(ctx, s.losses.data() + r0, logits.data(), s.targets.data() + r0,
+                                    n, V);
     }
+    if (keep) s.logits = std::move(logits);
     std::vector<float> losses(static_cast<std::size_t>(rows));
     Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
     double sum = 0.0;
@@ -350,44 +348,36 @@ class Gpt {
     Parameter<T, B>& wte = embedding_.wte();
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.ln_f.y.shape());
     auto* q = DeferWeightGrads<T, B>::active();
-    if (cfg_.classifier_chunk == 0) {
-      T* dlogits = s.logits.data();  // in place: the logits are not needed again
-      Ops<B>::cross_entropy_backward(ctx, dlogits, s.logits.data(), s.targets.data(), rows, V,
-                                     dloss);
-      const Matrix<T> dL = matrix(dlogits, rows, V);
-      // dh (B·T, C) = dlogits (B·T, V) · wte (V, C)
-      matmul(ctx, matrix(dh), dL, matrix(wte.weight));
-      if (q != nullptr) {
-        q->push(ctx, wte, std::move(s.logits), s.ln_f.y.view(), rows);  // d logits kept until W
-      } else {
-        // dwte (V, C) += dlogitsᵀ (V, B·T) · h (B·T, C)
-        matmul_add(ctx, matrix(wte.grad), dL.t(), matrix(s.ln_f.y));
-      }
-    } else {  // the fused classifier: logits again, their gradient in place, dh and dwte
-      const std::int64_t chunk = classifier_rows(rows);
-      Tensor<T, B> logits;
-      for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        const std::int64_t n = std::min(chunk, rows - r0);
-        // a deferred W keeps each chunk's gradient; otherwise one buffer serves every chunk
+    // Kept logits: one chunk of every row, turned into their gradient in place. The fused
+    // classifier: `chunk` rows of logits computed again; a deferred W keeps each chunk's
+    // gradient, otherwise one buffer serves every chunk.
+    const bool kept = !s.logits.empty();
+    const std::int64_t chunk = kept ? rows : classifier_rows(rows);
+    Tensor<T, B> logits = std::move(s.logits);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      const Matrix<T> hn = matrix(s.ln_f.y.data() + r0 * C, n, C);
+      if (!kept) {
         if (q != nullptr) {
           logits = detail::activation<T, B>(ctx, Shape{n, V});
         } else if (logits.empty()) {
           logits = detail::workspace<T, B>(ctx, Shape{chunk, V});
         }
-        const Matrix<T> hn = matrix(s.ln_f.y.data() + r0 * C, n, C);
-        const Matrix<T> dL = matrix(logits.data(), n, V);
-        matmul(ctx, dL, hn, matrix(wte.weight).t());
-        Ops<B>::cross_entropy_backward(ctx, logits.data(), logits.data(), s.targets.data() + r0, n,
-                                       V, dloss);
-        matmul(ctx, matrix(dh.data() + r0 * C, n, C), dL, matrix(wte.weight));
-        if (q != nullptr) {
-          q->push(ctx, wte, std::move(logits), s.ln_f.y.slice(r0 * C, Shape{n, C}), n);
-        } else {
-          matmul_add(ctx, matrix(wte.grad), dL.t(), hn);
-        }
+        matmul(ctx, matrix(logits.data(), n, V), hn, matrix(wte.weight).t());
+      }
+      Ops<B>::cross_entropy_backward(ctx, logits.data(), logits.data(), s.targets.data() + r0, n, V,
+                                     dloss);
+      // dh (n, C) = dlogits (n, V) · wte (V, C)
+      matmul(ctx, matrix(dh.data() + r0 * C, n, C), matrix(logits.data(), n, V),
+             matrix(wte.weight));
+      if (q != nullptr) {  // d logits kept until W
+        q->push(ctx, wte, std::move(logits), s.ln_f.y.slice(r0 * C, Shape{n, C}), n);
+      } else {
+        // dwte (V, C) += dlogitsᵀ (V, n) · h (n, C)
+        matmul_add(ctx, matrix(wte.grad), matrix(logits.data(), n, V).t(), hn);
       }
     }
-    s.logits.reset();
+    logits.reset();
     s.losses.reset();
     return ln_f_.backward(ctx, dh, s.ln_f);
   }
