@@ -18,12 +18,17 @@
 #   train-cuda-vs-host   fourway-train-cuda vs fourway-train: 1 rank; 4-rank ZeRO-3 on LocalWorld on
 #                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32)
 #                        (examples/train/cuda_vs_host.sh)
+#   train-vs-pytorch-gpu one GPT-2 124M training step (12 layers, width 768, vocab 50257, T 1024,
+#                        B 8, bf16 with fp32 masters, AdamW, clip 1.0): fourway-train-cuda vs
+#                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds; tokens/s,
+#                        MFU and the ratio in the table (benchmarks/train/compare_pytorch_gpu.sh)
 #   bench-kernels        last, with what is left of the budget: bench_kernels_gpu (GEMM vs a direct
 #                        cuBLAS call, AdamW / LayerNorm / GELU vs the copy bandwidth, attention
 #                        flash vs materialised), its JSON kept in the logs, figures in the table
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
-# (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN.
+# (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN. A step's command sees
+# that limit in STEP_LIMIT_S (compare_pytorch_gpu.sh stops starting rounds before it).
 #
 # Usage:
 #   scripts/device-check.sh --prepare [SRC]  here (a machine with the kit sources): copy the kit
@@ -117,6 +122,7 @@ plan=(
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
+  "train-vs-pytorch-gpu|90|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda vs PyTorch eager/SDPA, 3 rounds"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, AdamW/LayerNorm/GELU vs copy, attention flash vs materialised"
 )
 
@@ -167,7 +173,7 @@ step() {
   echo "== $name (limit ${limit}s)"
   local s rc
   s=$(date +%s)
-  timeout --kill-after=5 "$limit" "$@" > "$logdir/$name.log" 2>&1
+  STEP_LIMIT_S=$limit timeout --kill-after=5 "$limit" "$@" > "$logdir/$name.log" 2>&1
   rc=$?
   local dt=$(($(date +%s) - s))
   if [ $rc -eq 0 ]; then
@@ -304,6 +310,14 @@ if [ "$built" -eq 1 ]; then
   else
     skip train-cuda-vs-host "fourway-train or fourway-train-cuda not built"
   fi
+  # GPT-2 124M, fourway-train-cuda vs PyTorch on this GPU: tokens/s, MFU and the ratio as notes
+  if [ -x "$train_cuda" ]; then
+    step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
+    while IFS= read -r f; do note train-vs-pytorch-gpu "${f#FIGURE train-vs-pytorch-gpu }"; done \
+      < <(grep '^FIGURE train-vs-pytorch-gpu' "$logdir/train-vs-pytorch-gpu.log")
+  else
+    skip train-vs-pytorch-gpu "fourway-train-cuda not built"
+  fi
   bench=$build/benchmarks/backend/bench_kernels_gpu
   if [ -x "$bench" ]; then
     step bench-kernels "$bench" --benchmark_min_time=0.05 \
@@ -317,7 +331,7 @@ if [ "$built" -eq 1 ]; then
   fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host bench-kernels; do
+           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels; do
     skip "$n" "build failed"
   done
 fi
