@@ -51,7 +51,7 @@ strategy:
   --footprint published|fourway   published models (any mesh) or fourway's own runtime
                              exactly (GPT-2, dp/tp/sp/ZeRO, pp = 1; default published)
   --bucket-mb X              fourway's gradient bucket size, MiB (default 25)
-  --vocab-align A            fourway's tp vocabulary padding per rank (default 1; CUDA runs 128)
+  --vocab-align A            fourway's vocabulary padding (tp: per rank; default 1; CUDA runs 128)
   --headroom F               fraction of GPU memory kept free (default 0.05)
   --overlap F                fraction of compute a data-parallel collective can hide behind (default 1)
 output:

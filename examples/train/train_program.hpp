@@ -185,7 +185,8 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add_switch("sequence-parallel", &o.sequence_parallel,
                   "with --tp: split LayerNorm/residual regions along the sequence")
       .add("vocab-align", &o.vocab_align, "A",
-           "with --tp: pad the vocabulary to a multiple of tp*A (0: 128 on CUDA, 1 on host)")
+           "pad the vocabulary to a multiple of A (with --tp: of tp*A); the padding is masked, "
+           "files keep the real rows (0: 128 on CUDA, 1 on host)")
       .add("pp", &o.pp, "S", "pipeline stages (one rank each)")
       .add("micro-batches", &o.micro_batches, "M",
            "micro-batches per step (gradient accumulation; the pipeline's M)")
@@ -396,6 +397,8 @@ inline fw::models::GptConfig model_config(const Options& o,
                              " positions; use --seq <= ", cfg.max_seq);
   cfg.checkpoint = o.checkpoint_activations;
   cfg.classifier_chunk = o.classifier_chunk;
+  // the tensor-parallel model pads its vocabulary slices itself (tp::TpOptions)
+  cfg.vocab_alignment = o.tp > 1 ? 1 : std::max(o.vocab_align, 1);
   return cfg;
 }
 
@@ -821,6 +824,9 @@ int run_program(int argc, char** argv) {
     return 2;
   }
   try {
+    fw::check<fw::ConfigError>(o.vocab_align >= 0, "fourway: --vocab-align must be >= 0 (0: 128 ",
+                               "on CUDA, 1 on the host), got ", o.vocab_align);
+    if (o.vocab_align == 0) o.vocab_align = Target::backend::on_device ? 128 : 1;
     fw::check<fw::ConfigError>(!o.tf32 || Target::has_tf32, "fourway: --tf32 selects TF32 tensor ",
                                "cores for fourway-train-cuda's fp32 GEMMs; ", Target::program,
                                " computes fp32 GEMMs in fp32 (drop --tf32)");

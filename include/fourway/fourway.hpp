@@ -53,6 +53,7 @@
 #include "fourway/core/handle.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/shape.hpp"
+#include "fourway/core/sync_counter.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/attention.hpp"
 #include "fourway/layers/block.hpp"

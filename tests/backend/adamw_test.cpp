@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernel_test_util.hpp"
 
@@ -103,4 +105,49 @@ TEST(HostAdamW, StepMustStartAtOne) {
   EXPECT_THROW(fw::host::adamw_update(ctx, p.data(), m.data(), v.data(),
                                       static_cast<float*>(nullptr), g.data(), 4, s),
                fw::ConfigError);
+}
+
+// The multi-tensor form: 30 tensors of mixed sizes (an empty one among them), every other one
+// without weight decay, 4 steps with a grad scale, against the double reference of each tensor
+// with its own decay; the working copies are the masters rounded once.
+TYPED_TEST(HostAdamW, ListAppliesDecayPerTensorAndMatchesTheReference) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  constexpr int count = 30;
+  std::vector<std::vector<float>> master(count), m(count), v(count);
+  std::vector<std::vector<T>> working(count);
+  std::vector<std::vector<double>> pd(count), md(count), vd(count);
+  for (int t = 0; t < count; ++t) {
+    const auto n = static_cast<std::size_t>(t == 4 ? 0 : (t * 37) % 300 + 1);
+    master[t] = ft::random_floats(n, 500 + static_cast<std::uint32_t>(t));
+    m[t].assign(n, 0.0f);
+    v[t].assign(n, 0.0f);
+    working[t].resize(n);
+    pd[t] = ft::to_double(master[t]);
+    md[t].assign(n, 0.0);
+    vd[t].assign(n, 0.0);
+  }
+  for (int step = 1; step <= 4; ++step) {
+    const fw::AdamWStep s{2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step == 2 ? 0.25f : 1.0f, step};
+    std::vector<std::vector<T>> grads(count);
+    std::vector<fw::AdamWTensor<T, T>> list;
+    for (int t = 0; t < count; ++t) {
+      grads[t] = ft::random_typed<T>(master[t].size(),
+                                     900 + static_cast<std::uint32_t>(step * 40 + t), -2.0f, 2.0f);
+      list.push_back({master[t].data(), m[t].data(), v[t].data(), working[t].data(),
+                      grads[t].data(), static_cast<std::int64_t>(master[t].size()), t % 2 == 0});
+      fw::AdamWStep own = s;
+      own.weight_decay = t % 2 == 0 ? s.weight_decay : 0.0f;
+      adamw_ref(pd[t], md[t], vd[t], ft::to_double(grads[t]), own);
+    }
+    fw::host::adamw_update_list(ctx, list, s);
+  }
+  for (int t = 0; t < count; ++t) {
+    const std::string what = "tensor " + std::to_string(t);
+    ft::expect_close(ft::to_double(master[t]), pd[t], 1e-6, 1e-6, what + " master");
+    ft::expect_close(ft::to_double(m[t]), md[t], 1e-6, 1e-5, what + " m");
+    ft::expect_close(ft::to_double(v[t]), vd[t], 1e-6, 1e-5, what + " v");
+    ft::expect_close_t(working[t], pd[t], 1e-6, ft::unit_roundoff<T>(), what + " working");
+  }
 }

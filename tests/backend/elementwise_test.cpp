@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "kernel_test_util.hpp"
 
@@ -231,4 +233,45 @@ TYPED_TEST(HostElementwise, SumSquaresInDouble) {
     // double accumulation of exact squares of fp32 values: relative 1e-12 is generous
     EXPECT_NEAR(fw::host::sum_squares(ctx, p.data(), n), ref, 1e-12 * ref);
   }
+}
+
+// The step reductions that stay in backend memory: Σx² over a list of tensors (empty ones, odd
+// sizes) added to an accumulator that already holds a value, and a scaled sum; both against
+// double loops, and neither counts as a synchronising call (nothing returns to the host), while
+// the reductions that return a value do.
+TYPED_TEST(HostElementwise, SumSquaresIntoAListAndSumIntoStayOnTheBackend) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<std::vector<T>> data;
+  std::vector<std::span<const T>> list;
+  double ref = 2.5;  // the accumulator's previous value
+  std::uint32_t seed = 11;
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{4099}, std::int64_t{127},
+                         std::int64_t{70000}}) {
+    data.push_back(ft::random_typed<T>(static_cast<std::size_t>(n), seed++, -3.0f, 3.0f));
+    for (double x : ft::to_double(data.back())) ref += x * x;
+  }
+  for (const auto& d : data) list.emplace_back(d.data(), d.size());
+  double acc = 2.5;
+  const auto before = ctx.syncs();
+  fw::host::sum_squares_into(ctx, &acc, list);
+  EXPECT_NEAR(acc, ref, 1e-12 * ref);
+  const auto x = ft::random_typed<float>(1023, 5, -2.0f, 4.0f);
+  double sum = 0.0;
+  for (float v : x) sum += v;
+  double loss = -1.0;
+  fw::host::sum_into(ctx, &loss, x.data(), 1023, 0.125);
+  EXPECT_NEAR(loss, -1.0 + 0.125 * sum, 1e-12 * std::abs(sum));
+  EXPECT_EQ(ctx.syncs(), before);
+  // one non-finite element anywhere makes the accumulator non-finite (the fp16 overflow test)
+  data[2][4000] = fw::convert<T>(std::numeric_limits<float>::infinity());
+  acc = 0.0;
+  fw::host::sum_squares_into(ctx, &acc, list);
+  EXPECT_FALSE(std::isfinite(acc));
+  (void)fw::host::sum_squares(ctx, x.data(), 7);
+  (void)fw::host::has_inf_nan(ctx, x.data(), 7);
+  float back = 0.0f;
+  fw::host::to_host(ctx, &back, x.data(), 1);
+  EXPECT_EQ(ctx.syncs(), before + 3);
 }

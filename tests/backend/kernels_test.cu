@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "fourway/backend/cuda/kernels.cuh"
@@ -191,6 +192,73 @@ TYPED_TEST(CudaKernels, InfNanAndSumSquaresWithCub) {
     p[static_cast<std::size_t>(n - 1)] = fw::convert<T>(-INFINITY);
     Dev<T> dr(e, p);
     EXPECT_TRUE(fw::cuda::has_inf_nan(e.dev, dr.p(), n));
+  }
+}
+
+// The multi-tensor Σx² (several launches of at most 64 tensors, partials summed by one block) and
+// the scaled sum, into device accumulators that already hold a value, against the host twins;
+// neither synchronises (the context's count is unchanged until the read-back).
+TYPED_TEST(CudaKernels, SumSquaresIntoAndSumIntoMatchTheHostTwins) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  std::vector<std::vector<T>> host;
+  std::vector<Dev<T>> dev;
+  std::vector<std::span<const T>> hl, dl;
+  for (int i = 0; i < 150; ++i) {  // three launches
+    const std::int64_t n = i == 7 ? 0 : (i * 977) % 20000 + (i == 3 ? (1 << 20) : 1);
+    host.push_back(ft::random_typed<T>(static_cast<std::size_t>(n), 100 + i, -3.0f, 3.0f));
+  }
+  dev.reserve(host.size());
+  for (const auto& h : host) {
+    dev.emplace_back(e, h);
+    hl.emplace_back(h.data(), h.size());
+    dl.emplace_back(dev.back().p(), h.size());
+  }
+  double want = 1.5;
+  fw::host::sum_squares_into(e.host, &want, hl);
+  const std::vector<double> init = {1.5, -2.0};
+  Dev<double> acc(e, init);
+  const auto x = ft::random_typed<float>(70001, 9, -2.0f, 4.0f);
+  Dev<float> dx(e, x);
+  e.dev.synchronize();
+  const auto before = e.dev.syncs();
+  fw::cuda::sum_squares_into(e.dev, acc.p(), dl);
+  fw::cuda::sum_into(e.dev, acc.p() + 1, dx.p(), 70001, 0.25);
+  EXPECT_EQ(e.dev.syncs(), before);
+  double want_sum = -2.0;
+  fw::host::sum_into(e.host, &want_sum, x.data(), 70001, 0.25);
+  const auto got = acc.get(e, 2);
+  EXPECT_NEAR(got[0], want, 1e-12 * want);
+  EXPECT_NEAR(got[1], want_sum, 1e-12 * std::abs(want_sum));
+}
+
+// The fused residual + LayerNorm against its host twin (GPT-2's width among the shapes).
+TYPED_TEST(CudaKernels, ResidualLayerNormMatchesHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][2] = {{1, 8}, {7, 13}, {127, 768}, {1023, 48}};
+  std::uint32_t seed = 700;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], C = s[1];
+    const auto N = static_cast<std::size_t>(rows * C), R = static_cast<std::size_t>(rows);
+    const auto a = ft::random_typed<T>(N, ++seed, -2.0f, 3.0f);
+    const auto b = ft::random_typed<T>(N, ++seed, -1.0f, 1.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto bias = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    std::vector<T> r(N), out(N);
+    std::vector<float> mean(R), rstd(R);
+    Dev<T> da(e, a), db(e, b), dw(e, w), dbias(e, bias), dr(e, r), dout(e, out);
+    Dev<float> dmean(e, mean), drstd(e, rstd);
+    fw::cuda::residual_layernorm_forward(e.dev, dr.p(), dout.p(), dmean.p(), drstd.p(), da.p(),
+                                         db.p(), dw.p(), dbias.p(), rows, C, 1e-5f);
+    fw::host::residual_layernorm_forward(e.host, r.data(), out.data(), mean.data(), rstd.data(),
+                                         a.data(), b.data(), w.data(), bias.data(), rows, C, 1e-5f);
+    expect_match(dr.get(e, N), r, 0.0, "residual");
+    expect_match(dout.get(e, N), out, 1e-5, "residual layernorm out");
+    ft::expect_close(ft::to_double(drstd.get(e, R)), ft::to_double(rstd), 1e-6, 1e-5,
+                     "residual layernorm rstd");
   }
 }
 
@@ -495,5 +563,48 @@ TYPED_TEST(CudaKernels, AdamWMatchesHost) {
     ft::expect_close(ft::to_double(dm.get(e, N)), ft::to_double(m), 1e-7, 1e-6, "adamw m");
     ft::expect_close(ft::to_double(dv.get(e, N)), ft::to_double(v), 1e-7, 1e-6, "adamw v");
     expect_match(dw.get(e, N), working, 1e-7, "adamw working");
+  }
+}
+
+// The multi-tensor AdamW: 60 tensors (three launches of 24), one of 2^20 elements, one empty,
+// every other one without decay, against the host twin.
+TYPED_TEST(CudaKernels, AdamWListMatchesHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  constexpr int count = 60;
+  std::vector<std::vector<float>> master(count), m(count), v(count);
+  std::vector<std::vector<T>> working(count), grad(count);
+  std::vector<Dev<float>> dp, dm, dv;
+  std::vector<Dev<T>> dw, dg;
+  dp.reserve(count), dm.reserve(count), dv.reserve(count), dw.reserve(count), dg.reserve(count);
+  std::vector<fw::AdamWTensor<T, T>> hl, dl;
+  for (int t = 0; t < count; ++t) {
+    const auto n = static_cast<std::size_t>(t == 5 ? 0 : t == 9 ? (1 << 20) : (t * 613) % 5000 + 1);
+    master[t] = ft::random_floats(n, 70 + static_cast<std::uint32_t>(t));
+    m[t].assign(n, 0.0f);
+    v[t].assign(n, 0.0f);
+    working[t].resize(n);
+    grad[t] = ft::random_typed<T>(n, 300 + static_cast<std::uint32_t>(t), -2.0f, 2.0f);
+    dp.emplace_back(e, master[t]), dm.emplace_back(e, m[t]), dv.emplace_back(e, v[t]);
+    dw.emplace_back(e, working[t]), dg.emplace_back(e, grad[t]);
+    const auto nn = static_cast<std::int64_t>(n);
+    hl.push_back({master[t].data(), m[t].data(), v[t].data(), working[t].data(), grad[t].data(), nn,
+                  t % 2 == 0});
+    dl.push_back({dp[t].p(), dm[t].p(), dv[t].p(), dw[t].p(), dg[t].p(), nn, t % 2 == 0});
+  }
+  for (int step = 1; step <= 2; ++step) {
+    const fw::AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step};
+    fw::cuda::adamw_update_list(e.dev, dl, s);
+    fw::host::adamw_update_list(e.host, hl, s);
+  }
+  for (int t = 0; t < count; ++t) {
+    const auto N = master[t].size();
+    if (N == 0) continue;
+    ft::expect_close(ft::to_double(dp[t].get(e, N)), ft::to_double(master[t]), 1e-7, 1e-6,
+                     "adamw list master");
+    ft::expect_close(ft::to_double(dv[t].get(e, N)), ft::to_double(v[t]), 1e-7, 1e-6,
+                     "adamw list v");
+    expect_match(dw[t].get(e, N), working[t], 1e-7, "adamw list working");
   }
 }

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernel_test_util.hpp"
@@ -128,5 +129,44 @@ TEST(HostLayerNormBf16, NanScalarsGiveNanNotInfinity) {
   for (std::int64_t c = 0; c < C; ++c) {
     ASSERT_TRUE(std::isnan(static_cast<float>(din[C + c]))) << din[C + c].bits;
     ASSERT_FALSE(std::isnan(static_cast<float>(din[c])));
+  }
+}
+
+// The fused residual + LayerNorm: r = a + b rounded to T, then the LayerNorm of the stored r,
+// against the double reference of that LayerNorm (the tolerance of the unfused test above) and
+// bitwise against the two unfused kernels; rows on both sides of its 16-row blocks.
+TYPED_TEST(HostLayerNorm, ResidualThenLayerNormInOnePass) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::uint32_t seed = 40;
+  for (const auto& [rows, C] :
+       {std::pair<std::int64_t, std::int64_t>{1, 8}, {7, 13}, {16, 64}, {37, 77}}) {
+    const auto N = static_cast<std::size_t>(rows * C);
+    const auto a = ft::random_typed<T>(N, ++seed, -2.0f, 3.0f);
+    const auto b = ft::random_typed<T>(N, ++seed, -1.0f, 1.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto bias = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    std::vector<T> r(N), out(N), r2(N), out2(N);
+    const auto R = static_cast<std::size_t>(rows);
+    std::vector<float> mean(R), rstd(R), mean2(R), rstd2(R);
+    fw::host::residual_layernorm_forward(ctx, r.data(), out.data(), mean.data(), rstd.data(),
+                                         a.data(), b.data(), w.data(), bias.data(), rows, C, eps);
+    std::vector<double> sum(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      sum[i] = fw::convert<float>(a[i]) + fw::convert<float>(b[i]);
+    }
+    ft::expect_close_t(r, sum, 0.0, ft::unit_roundoff<T>(), "r = a + b");
+    const LnRef ref =
+        layernorm_ref(ft::to_double(r), ft::to_double(w), ft::to_double(bias), rows, C);
+    const double fl = static_cast<double>(C) * 0x1p-24 * 8;  // as the unfused test above
+    ft::expect_close_t(out, ref.out, fl, 2 * ft::unit_roundoff<T>(), "fused layernorm out");
+    fw::host::residual_forward(ctx, r2.data(), a.data(), b.data(), rows * C);
+    fw::host::layernorm_forward(ctx, out2.data(), mean2.data(), rstd2.data(), r2.data(), w.data(),
+                                bias.data(), rows, C, eps);
+    EXPECT_EQ(ft::to_double(r), ft::to_double(r2));
+    EXPECT_EQ(ft::to_double(out), ft::to_double(out2));
+    EXPECT_EQ(mean, mean2);
+    EXPECT_EQ(rstd, rstd2);
   }
 }

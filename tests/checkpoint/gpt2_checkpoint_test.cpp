@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -56,6 +57,17 @@ std::vector<std::vector<T>> weights_of(fw::models::Gpt<T, fw::Host>& m) {
   m.visit_parameters(
       [&](auto& p) { out.emplace_back(p.weight.data(), p.weight.data() + p.numel()); });
   return out;
+}
+
+/// A small GPT-2: 2 layers, 3 heads, width 12, vocabulary 17, context 7.
+fw::models::GptConfig small_config() {
+  fw::models::GptConfig cfg;
+  cfg.layers = 2;
+  cfg.heads = 3;
+  cfg.dim = 12;
+  cfg.vocab = 17;
+  cfg.max_seq = 7;
+  return cfg;
 }
 
 }  // namespace
@@ -161,12 +173,7 @@ TEST(Gpt2Checkpoint, LoadsF32F16Bf16IntoTheModelByName) {
 TEST(Gpt2Checkpoint, SaveThenLoadIsBitwiseInFp32AndBf16) {
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
-  fw::models::GptConfig cfg;
-  cfg.layers = 2;
-  cfg.heads = 3;
-  cfg.dim = 12;
-  cfg.vocab = 17;
-  cfg.max_seq = 7;
+  const fw::models::GptConfig cfg = small_config();
   fw::models::Gpt<float, fw::Host> a(ctx, cfg, 1), b(ctx, cfg, 2);
   ASSERT_NE(weights_of(a), weights_of(b));
   fw::SafetensorsWriter w;
@@ -190,5 +197,57 @@ TEST(Gpt2Checkpoint, SaveThenLoadIsBitwiseInFp32AndBf16) {
   for (std::size_t i = 0; i < wc.size(); ++i) {
     EXPECT_EQ(std::memcmp(wc[i].data(), wd[i].data(), wc[i].size() * 2), 0);
   }
+  std::filesystem::remove(path);
+}
+
+// A padded vocabulary (GptConfig::vocab_alignment) keeps the file GPT-2's: wte is written with
+// its real rows only, byte-identical to the unpadded model's file; a file loads into a padded
+// model (whole-file and positioned reads) with the padding rows left zero, and the element reader
+// a strategy uses gives zeros for padding elements.
+TEST(Gpt2Checkpoint, PaddedVocabularyWritesAndReadsTheRealRows) {
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  const fw::models::GptConfig cfg = small_config();
+  fw::models::GptConfig padded_cfg = cfg;
+  padded_cfg.vocab_alignment = 8;  // 17 -> 24 rows
+  fw::models::Gpt<float, fw::Host> plain(ctx, cfg, 1), padded(ctx, padded_cfg, 1);
+  ASSERT_EQ(padded.embedding().wte().weight.shape(), (fw::Shape{24, 12}));
+  fw::SafetensorsWriter wp, wq;
+  fw::add_gpt2_tensors(ctx, plain, wp);
+  fw::add_gpt2_tensors(ctx, padded, wq);
+  EXPECT_EQ(wp.serialize(), wq.serialize());  // same init values, same file
+
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("fourway_" + std::to_string(::getpid()) + "_padded_vocab.safetensors");
+  fw::models::Gpt<float, fw::Host> other(ctx, cfg, 9);
+  fw::save_gpt2(ctx, other, path);
+  const auto file = fw::SafetensorsFile::read(path);
+  EXPECT_EQ(file.at("wte.weight").shape, (std::vector<std::int64_t>{17, 12}));
+  const auto reader = fw::SafetensorsReader::open(path);
+  for (int positioned = 0; positioned < 2; ++positioned) {
+    fw::models::Gpt<float, fw::Host> into(ctx, padded_cfg, 5);
+    auto& wte = into.embedding().wte();
+    fw::host::fill(ctx, wte.weight.data(), wte.logical_numel(), 7.0f);  // the load overwrites it
+    if (positioned == 1) {
+      fw::load_gpt2(ctx, reader, into);
+    } else {
+      fw::load_gpt2(ctx, file, into);
+    }
+    const auto want = weights_of(other), got = weights_of(into);
+    ASSERT_EQ(want.size(), got.size());
+    for (std::size_t t = 0; t < want.size(); ++t) {
+      ASSERT_GE(got[t].size(), want[t].size());
+      EXPECT_TRUE(std::equal(want[t].begin(), want[t].end(), got[t].begin())) << t;
+      for (std::size_t i = want[t].size(); i < got[t].size(); ++i) ASSERT_EQ(got[t][i], 0.0f);
+    }
+  }
+  // the element reader over a range that crosses into the padding
+  const auto read = fw::gpt2_element_reader(reader, fw::inspect_gpt2(reader));
+  fw::models::Gpt<float, fw::Host> shape_only(ctx, padded_cfg, 5);
+  std::vector<float> out(40, -1.0f);
+  read(shape_only.embedding().wte(), 17 * 12 - 10, 40, out.data());
+  const auto wte_values = weights_of(other)[0];
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(out[i], wte_values[17 * 12 - 10 + i]);
+  for (int i = 10; i < 40; ++i) EXPECT_EQ(out[i], 0.0f);
   std::filesystem::remove(path);
 }

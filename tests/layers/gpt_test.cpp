@@ -315,6 +315,77 @@ TEST(Gpt, FusedClassifierMatchesKeptLogitsBf16) {
   fused_classifier_matches_kept_logits<fw::bf16>(2e-2);  // wte's chunk sums round to bf16 apart
 }
 
+// The padded vocabulary (GptConfig::vocab_alignment): wte holds Vp rows, the padding zero and
+// outside the file shape; loss and every gradient equal the unpadded model's (the padded logits
+// are masked out of the softmax, and nothing flows into the padding rows), with kept logits and
+// with the fused classifier. Expected values: the unpadded model's forward and backward.
+template <class E>
+void padded_vocabulary_matches_unpadded(double tol) {
+  const GptConfig cfg{2, 2, 16, 509, 12};
+  const std::int64_t V = cfg.vocab, C = cfg.dim;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  Gpt<E, Host> plain(ctx, cfg, 5);
+  const Batch b = random_batch(3, 11, cfg.vocab, 23);
+  zero_grad(ctx, plain);
+  const auto want = step(ctx, plain, b, 0.5f);
+  for (const int align : {128, 7}) {
+    for (const int chunk : {0, 10}) {
+      SCOPED_TRACE(::testing::Message() << "alignment " << align << ", chunk " << chunk);
+      GptConfig pc = cfg;
+      pc.vocab_alignment = align;
+      pc.classifier_chunk = chunk;
+      const std::int64_t Vp = align == 128 ? 512 : 511;
+      ASSERT_EQ(pc.padded_vocab(), Vp);
+      Gpt<E, Host> padded(ctx, pc, 5);
+      const auto& wte = padded.embedding().wte();
+      ASSERT_EQ(wte.weight.shape(), (fw::Shape{Vp, C}));
+      EXPECT_EQ(wte.logical_shape(), (fw::Shape{V, C}));
+      EXPECT_EQ(wte.logical_numel(), V * C);
+      const auto& plain_wte = plain.embedding().wte();
+      for (std::int64_t i = 0; i < Vp * C; ++i) {
+        // the same initial values where the rows exist; zero padding
+        const E expect = i < V * C ? plain_wte.weight[i] : fw::convert<E>(0.0f);
+        ASSERT_EQ(fw::convert<float>(wte.weight[i]), fw::convert<float>(expect)) << i;
+      }
+      zero_grad(ctx, padded);
+      const auto got = step(ctx, padded, b, 0.5f);
+      EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::abs(want.loss));
+      for (const auto& [name, g] : want.grads) {
+        double scale = 1e-3;
+        for (double v : g) scale = std::max(scale, std::abs(v));
+        const auto& h = got.grads.at(name);
+        ASSERT_EQ(h.size(), name == "wte.weight" ? static_cast<std::size_t>(Vp * C) : g.size())
+            << name;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          ASSERT_NEAR(h[i], g[i], tol * scale) << name << "[" << i << "]";
+        }
+        for (std::size_t i = g.size(); i < h.size(); ++i) {
+          ASSERT_EQ(h[i], 0.0) << "padding gradient " << name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST(Gpt, PaddedVocabularyMatchesTheUnpaddedModelFp32) {
+  padded_vocabulary_matches_unpadded<float>(1e-5);
+}
+TEST(Gpt, PaddedVocabularyMatchesTheUnpaddedModelBf16) {
+  padded_vocabulary_matches_unpadded<fw::bf16>(2e-2);
+}
+
+TEST(Gpt, RejectsAVocabularyAlignmentBelowOne) {
+  GptConfig cfg{2, 2, 16, 509, 12};
+  cfg.vocab_alignment = 0;
+  try {
+    cfg.validate();
+    FAIL() << "vocab_alignment 0 accepted";
+  } catch (const fw::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab_alignment=0"), std::string::npos) << e.what();
+  }
+}
+
 // ---- structure: names, units, hooks, init, errors
 // ------------------------------------------------
 

@@ -94,6 +94,7 @@ struct RankResult {
   float min_clip_coef = 1.0f;  // < 1: clipping on the global norm was active
   std::vector<float> losses;
   std::vector<std::size_t> backend_allocations;  // the accountant's count after every step
+  std::vector<std::uint64_t> syncs;  // the context's synchronising calls after every step
 };
 
 struct RunResult {
@@ -130,6 +131,7 @@ RunResult run_single(const RunConfig& rc) {
   for (int s = 0; s < rc.steps; ++s) {
     r.losses.push_back(t.step(batch(s, rc.batch).view()));
     r.ranks[0].backend_allocations.push_back(mem.backend_allocations());
+    r.ranks[0].syncs.push_back(ctx.syncs());
   }
   r.ranks[0].skipped = t.loss_scaler().skipped_steps();
   r.params = model_params(model);
@@ -165,6 +167,7 @@ RunResult run_stage(const RunConfig& rc) {
       rr.losses.push_back(t.step(batch(s, rc.batch).view()));
       rr.min_clip_coef = std::min(rr.min_clip_coef, t.last_report().clip_coef);
       rr.backend_allocations.push_back(w.memory().backend_allocations());
+      rr.syncs.push_back(w.ctx().syncs());
       if (s == rc.measure_step) {
         rr.step_bytes = dp.counters().modelled_bytes_sent("dp");
         rr.step_moved = dp.inner().traffic().total();

@@ -35,6 +35,23 @@ void expect_close(const RunResult& got, const RunResult& ref, double tol, const 
   }
 }
 
+/// `f(rc, what, variant)` for every stage on 2 ranks and three variants of a step: overlap on,
+/// overlap off, and overlap with checkpointing and 2 micro-batches.
+template <class F>
+void for_each_step_variant(const RunConfig& base, F&& f) {
+  for (int stage : {0, 1, 2, 3}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      RunConfig rc = base;
+      rc.stage = stage;
+      rc.ranks = 2;
+      rc.overlap = variant != 1;
+      rc.checkpoint = variant == 2;
+      rc.micro_batches = variant == 2 ? 2 : 1;
+      f(rc, "stage " + std::to_string(stage) + " variant " + std::to_string(variant), variant);
+    }
+  }
+}
+
 class ParallelShardedMatchesOneRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(ParallelShardedMatchesOneRank, Fp32TwentySteps) {
@@ -216,18 +233,34 @@ TEST(ParallelShardedMemory, StepsAfterTheSecondAllocateNothing) {
   RunConfig base;
   base.steps = 5;
   check(harness::run_single<float>(base), "one rank");
-  for (int stage : {0, 1, 2, 3}) {
-    for (int variant = 0; variant < 3; ++variant) {
-      RunConfig rc = base;
-      rc.stage = stage;
-      rc.ranks = 2;
-      rc.overlap = variant != 1;
-      rc.checkpoint = variant == 2;
-      rc.micro_batches = variant == 2 ? 2 : 1;
-      check(harness::run<float>(rc),
-            "stage " + std::to_string(stage) + " variant " + std::to_string(variant));
+  for_each_step_variant(base, [&](const RunConfig& rc, const std::string& what, int /*variant*/) {
+    check(harness::run<float>(rc), what);
+  });
+}
+
+// No host synchronisation inside a step (core/sync_counter.hpp): the losses of every micro-batch
+// and Σg² of what the rank holds stay in its device scalars, one all-reduce sums them over the
+// group, one read-back brings them to the host. Expected: exactly one synchronising call per
+// step on every rank, on one rank and under every stage, with and without overlap,
+// checkpointing and micro-batches, in fp32 and fp16 (whose overflow test is that same Σg²).
+TEST(ParallelShardedSync, OneSynchronisingCallPerStep) {
+  auto check = [](const RunResult& r, const std::string& what) {
+    for (std::size_t q = 0; q < r.ranks.size(); ++q) {
+      const auto& n = r.ranks[q].syncs;
+      ASSERT_EQ(n.size(), 4u) << what;
+      for (std::size_t s = 1; s < n.size(); ++s) {
+        EXPECT_EQ(n[s] - n[s - 1], 1u) << what << " rank " << q << " step " << s;
+      }
     }
-  }
+  };
+  RunConfig base;
+  base.steps = 4;
+  check(harness::run_single<float>(base), "one rank");
+  check(harness::run_single<fw::fp16>(base), "one rank fp16");
+  for_each_step_variant(base, [&](const RunConfig& rc, const std::string& what, int variant) {
+    check(harness::run<float>(rc), what);
+    if (variant == 0) check(harness::run<fw::fp16>(rc), what + " fp16");
+  });
 }
 
 TEST(ParallelShardedMemory, ZeroFormulaBf16) { check_memory_formula<fw::bf16>(); }

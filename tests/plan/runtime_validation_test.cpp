@@ -137,6 +137,23 @@ TEST(PlanRuntimeValidation, OneRankBf16CheckpointedWithLargeVocabulary) {
   cfg.vocab = 1031;  // the head outweighs one block: the other branch of the checkpointed peak
   check_one_rank<fw::bf16>(cfg, 2, 13, 1);
 }
+// The padded vocabulary at tp = 1 (GptConfig::vocab_alignment, 97 -> 128 rows): the runtime
+// model's element counts (wte's padded rows) and its activation formula with the logits as wide
+// as the padded vocabulary equal what the accountant counts.
+TEST(PlanRuntimeValidation, OneRankPaddedVocabulary) {
+  auto cfg = odd_config(false);
+  cfg.vocab_alignment = 32;
+  const Measured m = one_rank_step<fw::bf16>(cfg, 2, 19, 1);
+  const auto arch = fp::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+  std::int64_t psi = 0;
+  for (std::int64_t n : fp::gpt2_backward_numels(arch, fp::TensorSplit{1, 32})) psi += n;
+  EXPECT_EQ(psi, fp::total_params(arch) + (128 - 97) * cfg.dim);
+  EXPECT_EQ(psi, m.params);
+  EXPECT_EQ(m.states, fp::model_state_bytes(psi, fp::Precision::bf16, 0, 1));
+  const fp::GptActivationShape x{2, 19, cfg.dim, cfg.heads, 128, cfg.layers, fp::Precision::bf16};
+  EXPECT_EQ(fp::runtime_activation_bytes(x, false), m.activation_peak);
+}
+
 // Micro-batches run one after another: the peak is one micro-batch's.
 TEST(PlanRuntimeValidation, GradientAccumulationKeepsOneStash) {
   check_one_rank<float>(odd_config(false), 2, 11, 3);

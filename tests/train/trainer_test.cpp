@@ -60,8 +60,8 @@ template <class T>
 void load_golden_weights(const fw::Context<fw::Host>& ctx, fw::models::Gpt<T, fw::Host>& gpt) {
   gpt.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
     const auto& v = golden().f32(p.name);
-    ASSERT_EQ(static_cast<std::int64_t>(v.size()), p.numel()) << p.name;
-    for (std::int64_t i = 0; i < p.numel(); ++i) p.weight[i] = fw::convert<T>(v[i]);
+    ASSERT_EQ(static_cast<std::int64_t>(v.size()), p.logical_numel()) << p.name;
+    for (std::int64_t i = 0; i < p.logical_numel(); ++i) p.weight[i] = fw::convert<T>(v[i]);
   });
   (void)ctx;
 }
@@ -87,9 +87,10 @@ struct Run {
 
 template <class T>
 Run run_golden(int micro_batches = 1, fw::LossScalerConfig scaler = {}, bool same_batch = false,
-               bool checkpoint = false) {
+               bool checkpoint = false, int vocab_alignment = 1) {
   auto s = golden_setup();
   s.cfg.checkpoint = checkpoint;
+  s.cfg.vocab_alignment = vocab_alignment;
   fw::MemoryAccountant mem;
   fw::Context<fw::Host> ctx(mem);
   fw::models::Gpt<T, fw::Host> gpt(ctx, s.cfg);
@@ -164,6 +165,43 @@ TEST(Trainer, OneRankFp32MatchesPyTorchPerStep) {
   EXPECT_EQ(k, r.weights.size());
   EXPECT_EQ(left_out, std::int64_t{s.cfg.layers} * s.cfg.dim);  // exactly the key biases
   std::printf("largest final-weight difference to PyTorch (key biases excluded): %.3g\n", worst);
+}
+
+// The padded vocabulary trains as PyTorch's unpadded model: vocab 64 padded to 96 rows (alignment
+// 48), 10 AdamW steps; losses and gradient norms against the golden file at the one-rank
+// tolerance, final weights of the real rows at 5e-5 (key biases aside, as above), and the padding
+// rows still exactly zero after weight decay and Adam.
+TEST(Trainer, PaddedVocabularyTrainsLikePyTorchsUnpaddedModel) {
+  const auto s = golden_setup();
+  const auto r = run_golden<float>(1, {}, false, false, 48);
+  const auto& loss = golden().f32("loss");
+  const auto& norm = golden().f32("grad_norm");
+  ASSERT_EQ(r.losses.size(), loss.size());
+  for (std::size_t i = 0; i < loss.size(); ++i) {
+    EXPECT_LE(rel(r.losses[i], loss[i]), 1e-5) << "step " << i;
+    EXPECT_LE(rel(r.norms[i], norm[i]), 1e-5) << "step " << i;
+  }
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  auto cfg = s.cfg;
+  cfg.vocab_alignment = 48;
+  fw::models::Gpt<float, fw::Host> names(ctx, cfg);
+  std::size_t k = 0;
+  std::int64_t padding = 0;
+  names.visit_parameters([&](fw::Parameter<float, fw::Host>& p) {
+    const auto& want = golden().f32("final." + p.name);
+    const bool key_bias = p.name.ends_with("attn.c_attn.bias");
+    for (std::int64_t i = 0; i < p.numel(); ++i, ++k) {
+      ASSERT_LT(k, r.weights.size());
+      if (i >= p.logical_numel()) {
+        ++padding;
+        ASSERT_EQ(r.weights[k], 0.0f) << p.name << " padding [" << i << "]";
+      } else if (!(key_bias && i >= s.cfg.dim && i < 2 * s.cfg.dim)) {
+        ASSERT_NEAR(r.weights[k], want[i], 5e-5) << p.name << "[" << i << "]";
+      }
+    }
+  });
+  EXPECT_EQ(padding, (96 - 64) * std::int64_t{s.cfg.dim});
 }
 
 // Gradient accumulation over micro-batches is the same step (the mesh-independence law, M axis).
@@ -419,3 +457,60 @@ TEST(Trainer, RejectsABatchThatDoesNotSplit) {
 }
 
 }  // namespace
+
+// Synchronising calls (core/sync_counter.hpp): the model's own forward reads its loss back (one
+// call), the Trainer's step keeps every loss on the backend and reads the step's scalars once.
+// Expected counts are the algorithm's: 1 per forward, 1 per step whatever the micro-batches.
+TEST(Trainer, OneSynchronisingCallPerStepAndOnePerPlainForward) {
+  const auto s = golden_setup();
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  fw::models::Gpt<float, fw::Host> gpt(ctx, s.cfg);
+  load_golden_weights(ctx, gpt);
+  const auto batch = golden_batch(0);
+  const auto tok = fw::Tensor<std::int32_t, fw::Host>::view_of(
+      const_cast<std::int32_t*>(batch.inputs.data()), fw::Shape{batch.B, batch.T});
+  const auto tgt = fw::Tensor<std::int32_t, fw::Host>::view_of(
+      const_cast<std::int32_t*>(batch.targets.data()), fw::Shape{batch.B, batch.T});
+  fw::models::Gpt<float, fw::Host>::Stash st;
+  auto before = ctx.syncs();
+  const float plain = gpt.forward(ctx, tok, tgt, st);
+  EXPECT_EQ(ctx.syncs() - before, 1u);
+  gpt.backward(ctx, st);
+  // the loss left on the backend equals the one read back
+  double sum = 0.0;
+  before = ctx.syncs();
+  gpt.forward_into(ctx, tok, tgt, st, fw::LossSink{&sum, 1.0 / static_cast<double>(batch.T)});
+  EXPECT_EQ(ctx.syncs(), before);
+  EXPECT_NEAR(sum / static_cast<double>(batch.B), plain, 1e-6 * std::abs(plain));
+  gpt.backward(ctx, st);
+  for (int m : {1, 2}) {
+    GptTrainer<float> trainer({.micro_batches = m}, ctx, gpt, fw::AdamW(s.adamw));
+    for (int i = 0; i < 3; ++i) {
+      before = ctx.syncs();
+      (void)trainer.step(golden_batch(i).view());
+      EXPECT_EQ(ctx.syncs() - before, 1u) << m << " micro-batches, step " << i;
+    }
+  }
+}
+
+// Token ids are checked on the host before the step's upload: a bad target (which the
+// embedding never sees) is a ShapeError naming it and its position.
+TEST(Trainer, RejectsATokenIdOutsideTheVocabulary) {
+  const auto s = golden_setup();
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  fw::models::Gpt<float, fw::Host> gpt(ctx, s.cfg);
+  GptTrainer<float> trainer({}, ctx, gpt, fw::AdamW(s.adamw));
+  auto batch = golden_batch(0);
+  batch.targets[5] = static_cast<std::int32_t>(s.cfg.vocab);
+  try {
+    (void)trainer.step(batch.view());
+    FAIL() << "target id " << s.cfg.vocab << " accepted";
+  } catch (const fw::ShapeError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("target token id " + std::to_string(s.cfg.vocab)), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("position 5"), std::string::npos) << what;
+  }
+}

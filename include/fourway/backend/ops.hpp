@@ -27,42 +27,46 @@ struct Ops;
     return ns::fn(std::forward<Args>(args)...); \
   }
 
-#define FOURWAY_BACKEND_KERNEL_SET(ns)                         \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, copy)                     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, fill)                     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, to_host)                  \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, from_host)                \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm)                     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_add)                 \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_backward)            \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, residual_forward)         \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gelu_forward)             \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gelu_backward)            \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_forward)        \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_backward)       \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_forward)        \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_backward)       \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_forward)  \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_backward) \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cross_entropy_forward)    \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cross_entropy_backward)   \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_forward)        \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_backward)       \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_forward)      \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_backward)     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_strided_batched)     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_forward)          \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_backward)         \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_max)          \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_sumexp)       \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_target_logit)       \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_loss)               \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_grad)         \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cast)                     \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, scale)                    \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, has_inf_nan)              \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, sum_squares)              \
-  FOURWAY_BACKEND_FORWARD_KERNEL(ns, adamw_update)
+#define FOURWAY_BACKEND_KERNEL_SET(ns)                           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, copy)                       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, fill)                       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, to_host)                    \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, from_host)                  \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm)                       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_add)                   \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_backward)              \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, residual_forward)           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gelu_forward)               \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gelu_backward)              \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_forward)          \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_backward)         \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, residual_layernorm_forward) \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_forward)          \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_backward)         \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_forward)    \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_backward)   \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cross_entropy_forward)      \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cross_entropy_backward)     \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_forward)          \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, embedding_backward)         \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_forward)        \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_embed_backward)       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_strided_batched)       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_forward)            \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, softmax_backward)           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_max)            \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_sumexp)         \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_target_logit)         \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_loss)                 \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, vocab_local_grad)           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, cast)                       \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, scale)                      \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, has_inf_nan)                \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, sum_squares)                \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, sum_squares_into)           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, sum_into)                   \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, adamw_update)               \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, adamw_update_list)
 
 template <>
 struct Ops<Host> {

@@ -183,17 +183,24 @@ Gpt2FileInfo inspect_gpt2(const File& f) {
 }
 
 namespace detail {
-/// The entry of parameter `p` in `f` (name with `prefix`), checked to have p's shape.
+/// The shape parameter `p` has in a file: its logical shape (a padded vocabulary's real rows).
+template <class P>
+std::vector<std::int64_t> file_shape(const P& p) {
+  const Shape s = p.logical_shape();
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < s.rank(); ++i) out.push_back(s[i]);
+  return out;
+}
+
+/// The entry of parameter `p` in `f` (name with `prefix`), checked to have p's file shape.
 template <class File, class P>
 const SafetensorsEntry& gpt2_entry(const File& f, const std::string& prefix, const P& p) {
   const auto* e = f.find(prefix + p.name);
   check<CheckpointError>(e != nullptr, "fourway: ", f.source(), " has no tensor ", prefix, p.name,
                          " that the model needs");
-  std::vector<std::int64_t> want;
-  for (int i = 0; i < p.weight.shape().rank(); ++i) want.push_back(p.weight.shape()[i]);
-  check<CheckpointError>(e->shape == want, "fourway: ", f.source(), ": tensor ", e->name,
+  check<CheckpointError>(e->shape == file_shape(p), "fourway: ", f.source(), ": tensor ", e->name,
                          " has shape ", e->shape_str(), " but the model's ", p.name, " is ",
-                         p.weight.shape().str());
+                         p.logical_shape().str());
   return *e;
 }
 
@@ -211,11 +218,15 @@ inline void check_gpt2_count(const Gpt2FileInfo& info, std::size_t loaded,
 
 /// `read(p, first, count, out)`: elements [first, first + count) of parameter `p` from the GPT-2
 /// file behind `f` (checked by `inspect_gpt2`: `info`), converted to p's element type, into the
-/// host buffer `out`. What a strategy's `load_weights` asks for, range by range.
+/// host buffer `out`; elements of padding rows are zero. What a strategy's `load_weights` asks
+/// for, range by range.
 inline auto gpt2_element_reader(const SafetensorsReader& f, const Gpt2FileInfo& info) {
   return
       [&f, prefix = info.prefix](const auto& p, std::int64_t first, std::int64_t count, auto* out) {
-        f.read_elements(detail::gpt2_entry(f, prefix, p), first, count, out);
+        using T = std::remove_cvref_t<decltype(*out)>;
+        const std::int64_t real = std::clamp<std::int64_t>(p.logical_numel() - first, 0, count);
+        if (real > 0) f.read_elements(detail::gpt2_entry(f, prefix, p), first, real, out);
+        std::fill(out + real, out + count, convert<T>(0.0f));
       };
 }
 
@@ -230,9 +241,9 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsFile& f, Model& model) {
   std::size_t loaded = 0;
   model.visit_parameters([&](auto& p) {
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    std::vector<T> host(static_cast<std::size_t>(p.weight.numel()));
+    std::vector<T> host(static_cast<std::size_t>(p.logical_numel()));
     f.read_into(detail::gpt2_entry(f, info.prefix, p), std::span<T>(host));
-    Ops<B>::from_host(ctx, p.weight.data(), host.data(), p.weight.numel());
+    Ops<B>::from_host(ctx, p.weight.data(), host.data(), p.logical_numel());
     ++loaded;
   });
   detail::check_gpt2_count(info, loaded, f.source(), false);
@@ -253,9 +264,9 @@ void load_gpt2(const Context<B>& ctx, const SafetensorsReader& f, Model& model, 
     check<CheckpointError>(!p.deferred(), "fourway: load_gpt2 into a deferred parameter ", p.name,
                            "; let the strategy load it (load_weights)");
     constexpr std::int64_t chunk = 1 << 16;
-    std::vector<T> host(static_cast<std::size_t>(std::min(chunk, p.numel())));
-    for (std::int64_t at = 0; at < p.numel(); at += chunk) {
-      const std::int64_t n = std::min(chunk, p.numel() - at);
+    std::vector<T> host(static_cast<std::size_t>(std::min(chunk, p.logical_numel())));
+    for (std::int64_t at = 0; at < p.logical_numel(); at += chunk) {
+      const std::int64_t n = std::min(chunk, p.logical_numel() - at);
       read(p, at, n, host.data());
       Ops<B>::from_host(ctx, p.weight.data() + at, host.data(), n);
     }
@@ -270,11 +281,9 @@ void add_gpt2_tensors(const Context<B>& ctx, Model& model, SafetensorsWriter& w)
   for (const auto& [k, v] : gpt2_metadata()) w.set_metadata(k, v);
   model.visit_parameters([&](auto& p) {
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    std::vector<T> host(static_cast<std::size_t>(p.weight.numel()));
-    Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.weight.numel());
-    std::vector<std::int64_t> shape;
-    for (int i = 0; i < p.weight.shape().rank(); ++i) shape.push_back(p.weight.shape()[i]);
-    w.add<T>(p.name, std::move(shape), std::span<const T>(host));
+    std::vector<T> host(static_cast<std::size_t>(p.logical_numel()));
+    Ops<B>::to_host(ctx, host.data(), p.weight.data(), p.logical_numel());
+    w.add<T>(p.name, detail::file_shape(p), std::span<const T>(host));
   });
 }
 
@@ -285,9 +294,7 @@ std::vector<CollectiveTensor> gpt2_collective_tensors(Model& model) {
   std::vector<CollectiveTensor> out;
   model.visit_parameters([&](auto& p) {
     using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    CollectiveTensor t{p.name, st_dtype_of<T>(), {}};
-    for (int i = 0; i < p.weight.shape().rank(); ++i) t.shape.push_back(p.weight.shape()[i]);
-    out.push_back(std::move(t));
+    out.push_back(CollectiveTensor{p.name, st_dtype_of<T>(), detail::file_shape(p)});
   });
   return out;
 }
@@ -318,8 +325,14 @@ std::uint64_t save_gpt2_sharded(Strategy& strategy, int rank, const FlagGather& 
   return write_safetensors_collective(
       rank, flags, path, gpt2_metadata(), gpt2_collective_tensors(strategy.model()),
       [&](PieceSink& sink) {
+        const auto tensors = gpt2_collective_tensors(strategy.model());
         strategy.write_owned_weights([&](int param, std::int64_t first, const T* host,
                                          std::int64_t count) {
+          // padding rows (past the file's elements) are not written
+          std::int64_t file_numel = 1;
+          for (std::int64_t d : tensors[static_cast<std::size_t>(param)].shape) file_numel *= d;
+          count = std::clamp<std::int64_t>(file_numel - first, 0, count);
+          if (count == 0) return;
           sink.write(static_cast<std::size_t>(param), static_cast<std::uint64_t>(first) * sizeof(T),
                      std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(host),
                                                     static_cast<std::size_t>(count) * sizeof(T)));

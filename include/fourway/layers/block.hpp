@@ -42,8 +42,8 @@ class TransformerBlock {
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
     Tensor<T, B> a = attn_.forward(ctx, ln_1_.forward(ctx, x, s.ln_1), s.attn);
     s.r = detail::activation<T, B>(ctx, x.shape());
-    Ops<B>::residual_forward(ctx, s.r.data(), x.data(), a.data(), x.numel());
-    Tensor<T, B> m = mlp_.forward(ctx, ln_2_.forward(ctx, s.r, s.ln_2), s.mlp);
+    // r = x + a and ln_2(r) in one pass
+    Tensor<T, B> m = mlp_.forward(ctx, ln_2_.forward_residual(ctx, x, a, s.r, s.ln_2), s.mlp);
     s.y = detail::activation<T, B>(ctx, x.shape());
     Ops<B>::residual_forward(ctx, s.y.data(), s.r.data(), m.data(), x.numel());
     return s.y.view();

@@ -8,9 +8,10 @@
 //!
 //! Token ids are checked against the vocabulary: on the host before the kernel runs; on a device
 //! backend by the kernel itself (`TokenGuard`: a bad id reads nothing and the first bad position
-//! is recorded in a device flag), and the flag is read once per backward — where the backward
-//! synchronises anyway — or by `check_tokens`, and turned into a ShapeError naming the first
-//! bad id and its position.
+//! is recorded in a device flag), and the flag is read once per backward, or by `check_tokens`,
+//! and turned into a ShapeError naming the first bad id and its position. A caller that checked
+//! the ids on the host (the Trainer, through `LossSink::tokens_checked`) sets
+//! `Stash::tokens_checked`, and the backward skips that read, a synchronising call.
 #pragma once
 
 #include <cstdint>
@@ -28,14 +29,21 @@ class Embedding {
   struct Stash {
     Tensor<std::int32_t, B> tokens;  // view of the input (B, T)
     Tensor<T, B> y;                  // (B, T, C)
+    bool tokens_checked = false;     // the caller checked the ids on the host (LossSink)
   };
 
+  /// `padded_vocab` (0: `vocab`) rows of wte, the last padded_vocab - vocab of them padding:
+  /// zero, never looked up, absent from files (Parameter::padding_rows).
   Embedding(const Context<B>& ctx, std::int64_t vocab, std::int64_t max_seq, std::int64_t C,
-            std::uint64_t seed, float init_std = 0.02f)
+            std::uint64_t seed, float init_std = 0.02f, std::int64_t padded_vocab = 0)
       : V_(vocab), max_seq_(max_seq), C_(C) {
-    check<ConfigError>(vocab > 0 && max_seq > 0 && C > 0, "fourway: Embedding needs vocab, ",
-                       "max_seq and C > 0, got ", vocab, ", ", max_seq, ", ", C);
-    wte_ = Parameter<T, B>(ctx, "wte.weight", Shape{vocab, C});
+    if (padded_vocab == 0) padded_vocab = vocab;
+    check<ConfigError>(vocab > 0 && max_seq > 0 && C > 0 && padded_vocab >= vocab,
+                       "fourway: Embedding needs vocab, max_seq and C > 0 and padded_vocab >= "
+                       "vocab, got ",
+                       vocab, ", ", max_seq, ", ", C, " and ", padded_vocab);
+    wte_ = Parameter<T, B>(ctx, "wte.weight", Shape{padded_vocab, C});
+    wte_.padding_rows = padded_vocab - vocab;
     wpe_ = Parameter<T, B>(ctx, "wpe.weight", Shape{max_seq, C});
     init_normal(ctx, wte_, seed, init_std);
     init_normal(ctx, wpe_, seed, init_std);
@@ -94,7 +102,7 @@ class Embedding {
     check<ShapeError>(dy.numel() == s.tokens.numel() * C_, "fourway: Embedding backward without ",
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
-    check_tokens(ctx, s);
+    if (!s.tokens_checked) check_tokens(ctx, s);
     Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(), s.tokens.data(),
                                s.tokens.shape()[0], s.tokens.shape()[1], C_);
     s = Stash{};

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,17 @@ struct GptConfig {
   /// again, their gradient in place, then dx and d wte in backward — so no (B, T, V) buffer
   /// exists, at the cost of the logits GEMM once more (docs/layers.md, "The fused classifier").
   int classifier_chunk = 0;
+  /// wte holds the vocabulary padded to a multiple of this (1: no padding; fourway-train-cuda
+  /// uses 128, so the LM head's GEMMs run on whole tiles). The padding rows are zero, their
+  /// logits are masked out of the loss, and their gradient is zero, so loss and gradients equal
+  /// the unpadded model's; files keep `vocab` rows (docs/layers.md, "The padded vocabulary").
+  int vocab_alignment = 1;
+
+  /// `vocab` rounded up to a multiple of `vocab_alignment`.
+  [[nodiscard]] std::int64_t padded_vocab() const {
+    const std::int64_t a = vocab_alignment;
+    return (vocab + a - 1) / a * a;
+  }
 
   /// Throws ConfigError naming the numbers when the shape cannot work.
   void validate() const {
@@ -62,6 +74,8 @@ struct GptConfig {
                        layers, ", ", heads, ", ", dim, ", ", vocab, ", ", max_seq);
     check<ConfigError>(dim % heads == 0, "fourway: GptConfig dim=", dim,
                        " is not divisible by heads=", heads, "; pick heads dividing dim");
+    check<ConfigError>(vocab_alignment >= 1, "fourway: GptConfig vocab_alignment=", vocab_alignment,
+                       " must be >= 1 (1: no padding)");
     check<ConfigError>(classifier_chunk >= 0,
                        "fourway: GptConfig classifier_chunk=", classifier_chunk,
                        " must be >= 0 (0: the whole logits at once)");
@@ -112,7 +126,7 @@ class Gpt {
       : cfg_((cfg.validate(), cfg)),
         part_(checked_part(cfg, part)),
         embedding_(ctx, holds_wte() ? cfg.vocab : 1, part_.embedding ? cfg.max_seq : 1, cfg.dim,
-                   seed),
+                   seed, 0.02f, holds_wte() ? cfg.padded_vocab() : 1),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     const Init init = Init::gpt2(seed, cfg.layers);
     blocks_.reserve(static_cast<std::size_t>(part_.end_block - part_.first_block));
@@ -154,23 +168,16 @@ class Gpt {
   requires gpt_hooks<std::remove_cvref_t<Hooks>>
   float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
                 const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
-    check<ConfigError>(whole(), "fourway: Gpt::forward runs the whole model; this object holds a ",
-                       "part (a pipeline chunk): run its units one at a time");
-    check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
-                      targets.shape().str(), " must have the shape of tokens ",
-                      tokens.shape().str());
-    hooks.pre_forward(0);
-    Tensor<T, B> x = forward_embedding(ctx, tokens, s);
-    hooks.post_forward(0);
-    for (int i = 0; i < cfg_.layers; ++i) {
-      hooks.pre_forward(i + 1);
-      x = forward_block(ctx, i, x, s);
-      hooks.post_forward(i + 1);
-    }
-    hooks.pre_forward(head_unit());
-    const float loss = forward_head(ctx, x, targets, s);
-    hooks.post_forward(head_unit());
-    return loss;
+    return run_forward(ctx, tokens, targets, s, hooks, nullptr);
+  }
+  /// The same forward with the loss left on the device: `sink.weight` × the sum of the per-token
+  /// losses is added to `*sink.sum` (layers/layer.hpp), and no synchronising call is made.
+  template <class Hooks = NoHooks>
+  requires gpt_hooks<std::remove_cvref_t<Hooks>>
+  void forward_into(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                    const Tensor<std::int32_t, B>& targets, Stash& s, const LossSink& sink,
+                    Hooks&& hooks = Hooks{}) {
+    (void)run_forward(ctx, tokens, targets, s, hooks, &sink);
   }
 
   /// Gradients of `grad_scale` × the mean loss of the forward that filled `s`, added (`+=`) to
@@ -195,6 +202,32 @@ class Gpt {
     s = Stash{};
   }
 
+ private:
+  template <class Hooks>
+  float run_forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                    const Tensor<std::int32_t, B>& targets, Stash& s, Hooks& hooks,
+                    const LossSink* sink) {
+    check<ConfigError>(whole(), "fourway: Gpt::forward runs the whole model; this object holds a ",
+                       "part (a pipeline chunk): run its units one at a time");
+    check<ShapeError>(targets.shape() == tokens.shape(), "fourway: Gpt targets ",
+                      targets.shape().str(), " must have the shape of tokens ",
+                      tokens.shape().str());
+    hooks.pre_forward(0);
+    Tensor<T, B> x = forward_embedding(ctx, tokens, s);
+    s.embedding.tokens_checked = sink != nullptr && sink->tokens_checked;
+    hooks.post_forward(0);
+    for (int i = 0; i < cfg_.layers; ++i) {
+      hooks.pre_forward(i + 1);
+      x = forward_block(ctx, i, x, s);
+      hooks.post_forward(i + 1);
+    }
+    hooks.pre_forward(head_unit());
+    const float loss = forward_head(ctx, x, targets, s, sink);
+    hooks.post_forward(head_unit());
+    return loss;
+  }
+
+ public:
   // ---- one unit at a time (a pipeline stage runs only its own units; forward/backward above
   // are these in order). Each forward piece keeps its part of the micro-batch in `s`.
 
@@ -211,14 +244,16 @@ class Gpt {
     auto& bs = s.blocks[local_block(i)];
     return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
   }
-  /// Unit L+1: ln_f, tied LM head and the mean cross-entropy of `targets` (B, T).
+  /// Unit L+1: ln_f, tied LM head and the mean cross-entropy of `targets` (B, T). With a sink,
+  /// the loss stays on the device (added to the sink; NaN returned), else it is read back.
   float forward_head(const Context<B>& ctx, const Tensor<T, B>& x,
-                     const Tensor<std::int32_t, B>& targets, Stash& s) {
+                     const Tensor<std::int32_t, B>& targets, Stash& s,
+                     const LossSink* sink = nullptr) {
     check<ShapeError>(x.shape().rank() == 3 && targets.shape() == Shape{x.shape()[0], x.shape()[1]},
                       "fourway: Gpt head expects x (B, T, C) and targets (B, T), got ",
                       x.shape().str(), " and ", targets.shape().str());
     s.targets = targets.view();
-    s.loss = head_forward(ctx, x, s);
+    s.loss = head_forward(ctx, x, s, sink);
     return s.loss;
   }
   /// Unit L+1 backward: d(grad_scale × mean loss) / dx (B, T, C); adds to ln_f's and wte's grads.
@@ -310,11 +345,12 @@ class Gpt {
     return cfg_.classifier_chunk > 0 ? std::min<std::int64_t>(cfg_.classifier_chunk, rows) : rows;
   }
 
-  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
+  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s, const LossSink* sink) {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     const std::int64_t rows = Bn * Tn;
     const std::int64_t V = cfg_.vocab;
+    const std::int64_t Vp = cfg_.padded_vocab();  // logits row stride: the padding is masked
     const std::int64_t C = cfg_.dim;
     Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
@@ -324,15 +360,19 @@ class Gpt {
     // `chunk` rows at a time into one workspace buffer
     const bool keep = cfg_.classifier_chunk == 0;
     const std::int64_t chunk = classifier_rows(rows);
-    Tensor<T, B> logits = keep ? detail::activation<T, B>(ctx, Shape{Bn, Tn, V})
-                               : detail::workspace<T, B>(ctx, Shape{chunk, V});
+    Tensor<T, B> logits = keep ? detail::activation<T, B>(ctx, Shape{Bn, Tn, Vp})
+                               : detail::workspace<T, B>(ctx, Shape{chunk, Vp});
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::int64_t n = std::min(chunk, rows - r0);
-      matmul(ctx, matrix(logits.data(), n, V), matrix(h.data() + r0 * C, n, C), wt);
+      matmul(ctx, matrix(logits.data(), n, Vp), matrix(h.data() + r0 * C, n, C), wt);
       Ops<B>::cross_entropy_forward(ctx, s.losses.data() + r0, logits.data(), s.targets.data() + r0,
-                                    n, V);
+                                    n, V, Vp);
     }
     if (keep) s.logits = std::move(logits);
+    if (sink != nullptr) {
+      Ops<B>::sum_into(ctx, sink->sum, s.losses.data(), rows, sink->weight);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
     std::vector<float> losses(static_cast<std::size_t>(rows));
     Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
     double sum = 0.0;
@@ -343,6 +383,7 @@ class Gpt {
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
     const std::int64_t rows = s.losses.numel();
     const std::int64_t V = cfg_.vocab;
+    const std::int64_t Vp = cfg_.padded_vocab();
     const std::int64_t C = cfg_.dim;
     const float dloss = grad_scale / static_cast<float>(rows);
     Parameter<T, B>& wte = embedding_.wte();
@@ -359,22 +400,23 @@ class Gpt {
       const Matrix<T> hn = matrix(s.ln_f.y.data() + r0 * C, n, C);
       if (!kept) {
         if (q != nullptr) {
-          logits = detail::activation<T, B>(ctx, Shape{n, V});
+          logits = detail::activation<T, B>(ctx, Shape{n, Vp});
         } else if (logits.empty()) {
-          logits = detail::workspace<T, B>(ctx, Shape{chunk, V});
+          logits = detail::workspace<T, B>(ctx, Shape{chunk, Vp});
         }
-        matmul(ctx, matrix(logits.data(), n, V), hn, matrix(wte.weight).t());
+        matmul(ctx, matrix(logits.data(), n, Vp), hn, matrix(wte.weight).t());
       }
+      // d logits in place; the padded columns become 0, so no gradient reaches wte's padding
       Ops<B>::cross_entropy_backward(ctx, logits.data(), logits.data(), s.targets.data() + r0, n, V,
-                                     dloss);
-      // dh (n, C) = dlogits (n, V) · wte (V, C)
-      matmul(ctx, matrix(dh.data() + r0 * C, n, C), matrix(logits.data(), n, V),
+                                     dloss, Vp);
+      // dh (n, C) = dlogits (n, Vp) · wte (Vp, C)
+      matmul(ctx, matrix(dh.data() + r0 * C, n, C), matrix(logits.data(), n, Vp),
              matrix(wte.weight));
       if (q != nullptr) {  // d logits kept until W
         q->push(ctx, wte, std::move(logits), s.ln_f.y.slice(r0 * C, Shape{n, C}), n);
       } else {
-        // dwte (V, C) += dlogitsᵀ (V, n) · h (n, C)
-        matmul_add(ctx, matrix(wte.grad), matrix(logits.data(), n, V).t(), hn);
+        // dwte (Vp, C) += dlogitsᵀ (Vp, n) · h (n, C)
+        matmul_add(ctx, matrix(wte.grad), matrix(logits.data(), n, Vp).t(), hn);
       }
     }
     logits.reset();

@@ -103,4 +103,15 @@ struct NoHooks {
   void post_backward(int /*unit*/) {}
 };
 
+/// Where a model's forward leaves its loss when the caller keeps it on the device (the Trainer
+/// does): `*sum += weight · Σ per-token losses`, a double in backend memory, and nothing is read
+/// back, so the forward makes no synchronising call. `tokens_checked`: the caller has checked
+/// every token id against the vocabulary on the host, so a device embedding need not read its
+/// bounds flag back either.
+struct LossSink {
+  double* sum = nullptr;
+  double weight = 1.0;
+  bool tokens_checked = false;
+};
+
 }  // namespace fourway

@@ -44,6 +44,25 @@ class LayerNorm {
     return s.y.view();
   }
 
+  /// r = a + b (written into `r`, which the caller owns and keeps: it is this layer's input
+  /// for the backward), then forward(r), in one pass (`residual_layernorm_forward`); the same
+  /// values as residual_forward then forward.
+  Tensor<T, B> forward_residual(const Context<B>& ctx, const Tensor<T, B>& a, const Tensor<T, B>& b,
+                                const Tensor<T, B>& r, Stash& s) const {
+    const std::int64_t rows = detail::rows_of(r.shape(), C_, "LayerNorm");
+    check<ShapeError>(a.numel() == r.numel() && b.numel() == r.numel(),
+                      "fourway: LayerNorm forward_residual of ", a.shape().str(), " + ",
+                      b.shape().str(), " into ", r.shape().str());
+    s.x = r.view();
+    s.y = detail::activation<T, B>(ctx, r.shape());
+    s.mean = detail::activation<float, B>(ctx, Shape{rows});
+    s.rstd = detail::activation<float, B>(ctx, Shape{rows});
+    Ops<B>::residual_layernorm_forward(ctx, r.data(), s.y.data(), s.mean.data(), s.rstd.data(),
+                                       a.data(), b.data(), weight_.weight.data(),
+                                       bias_.weight.data(), rows, C_, eps_);
+    return s.y.view();
+  }
+
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     const std::int64_t rows = detail::rows_of(dy.shape(), C_, "LayerNorm backward");
     check<ShapeError>(s.mean.numel() == rows, "fourway: LayerNorm backward without a matching ",

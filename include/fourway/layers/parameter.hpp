@@ -65,6 +65,9 @@ struct Parameter {
   Tensor<T, B> grad;   // same shape as weight
   bool decay = false;  // weight decay applies (2-D tensors: matrices and embeddings)
   InitRule init;
+  /// Trailing rows of the weight that are padding (a vocabulary padded for aligned GEMMs): zero,
+  /// with a zero gradient, and absent from checkpoint files, which hold `logical_shape()`.
+  std::int64_t padding_rows = 0;
 
   Parameter() = default;
   /// Allocates weight (MemTag::weights) and a zeroed gradient (MemTag::grads) of `shape`, or,
@@ -82,6 +85,18 @@ struct Parameter {
   }
 
   [[nodiscard]] std::int64_t numel() const { return weight.numel(); }
+  /// The shape without the padding rows: what files and cross-mesh checkpoints hold.
+  [[nodiscard]] Shape logical_shape() const {
+    if (padding_rows == 0) return weight.shape();
+    check<ShapeError>(weight.shape().rank() == 2, "fourway: parameter ", name,
+                      " has padding rows but is not a matrix: ", weight.shape().str());
+    return Shape{weight.shape()[0] - padding_rows, weight.shape()[1]};
+  }
+  /// Elements of `logical_shape()`: the first ones of the weight (padding rows come last).
+  [[nodiscard]] std::int64_t logical_numel() const {
+    return padding_rows == 0 ? numel()
+                             : numel() / weight.shape()[0] * (weight.shape()[0] - padding_rows);
+  }
   /// Described but holding no values (deferred construction, or rebound to nothing).
   [[nodiscard]] bool deferred() const { return weight.data() == nullptr && numel() > 0; }
 };
@@ -146,12 +161,16 @@ inline double init_normal_at(std::uint64_t key, std::int64_t i) {
 }  // namespace detail
 
 /// Elements [first, first + count) of `p`'s initial values, written to `dst` (device memory of
-/// B) through a bounded host buffer. The values depend only on (rule, name, element index).
+/// B) through a bounded host buffer. The values depend only on (rule, name, element index);
+/// padding rows are zero.
 template <class T, class B>
 void write_init_rule(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, std::int64_t first,
                      std::int64_t count) {
   check<ShapeError>(first >= 0 && count >= 0 && first + count <= p.numel(), "fourway: elements [",
                     first, ", ", first + count, ") of parameter ", p.name, " of ", p.numel());
+  const std::int64_t real = std::clamp<std::int64_t>(p.logical_numel() - first, 0, count);
+  if (real < count) Ops<B>::fill(ctx, dst + real, count - real, convert<T>(0.0f));
+  count = real;
   if (p.init.kind == InitRule::Kind::constant) {
     Ops<B>::fill(ctx, dst, count, convert<T>(p.init.value));
     return;

@@ -4,8 +4,9 @@
 //! A `StateView` is a list of blocks, each `rows` runs of `count` elements: local run i starts at
 //! local element local + i·local_stride, global run i at global element global + i·global_stride
 //! of the flattened global tensor. An unsplit parameter is one block of one run (`state_view_of`'s
-//! default); a tensor-parallel slice is a column block per part, a row block or the real rows of
-//! a vocabulary slice (parallel/tp/gpt.hpp). Local elements outside every block are padding.
+//! default; without the padding rows of a padded vocabulary); a tensor-parallel slice is a column
+//! block per part, a row block or the real rows of a vocabulary slice (parallel/tp/gpt.hpp). Local
+//! elements outside every block are padding.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +42,10 @@ StateView state_view_of(const Model& model, int i, const Parameter<T, B>& p) {
   if constexpr (requires { model.state_view(i); }) {
     return model.state_view(i);
   } else {
-    StateView v;
-    for (int d = 0; d < p.weight.shape().rank(); ++d) v.shape.push_back(p.weight.shape()[d]);
-    v.blocks.push_back({0, 0, 0, 0, p.numel(), 1});
+    StateView v;  // padding rows (Parameter::padding_rows) come last and are not in the tensor
+    const Shape logical = p.logical_shape();
+    for (int d = 0; d < logical.rank(); ++d) v.shape.push_back(logical[d]);
+    v.blocks.push_back({0, 0, 0, 0, p.logical_numel(), 1});
     if constexpr (requires { model.counts_in_norm(i); }) v.writes = model.counts_in_norm(i);
     return v;
   }

@@ -6,8 +6,9 @@
 //!   m  = beta1 m + (1 - beta1) g      v = beta2 v + (1 - beta2) g^2
 //!   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //!
-//! The arithmetic is the fused `adamw_update` kernel (docs/contracts.md); this header decides
-//! what is passed to it: which segments decay, the step number, the working copy to refresh.
+//! The arithmetic is the fused `adamw_update` kernel, run over every segment by one multi-tensor
+//! call (`adamw_update_list`, docs/contracts.md); this header decides what is passed to it: which
+//! segments decay, the step number, the working copy to refresh.
 //! Folding the loss-scale undo and the clip coefficient into one factor is exact: the loss scale
 //! is a power of two, so `g * (c / S)` and PyTorch's `(g / S) * c` round to the same float.
 #pragma once
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "fourway/backend/ops.hpp"
 #include "fourway/core/error.hpp"
@@ -83,25 +85,30 @@ class AdamW {
     const auto segs = state.segments();
     check<ConfigError>(bindings.size() == segs.size(), "fourway: AdamW got ", bindings.size(),
                        " segment bindings for an optimizer state of ", segs.size(), " segments");
-    const int step = state.step() + 1;
+    AdamWStep s{};
+    s.lr = lr;
+    s.beta1 = cfg_.beta1;
+    s.beta2 = cfg_.beta2;
+    s.eps = cfg_.eps;
+    s.weight_decay = cfg_.weight_decay;
+    s.grad_scale = grad_scale;
+    s.step = state.step() + 1;
+    // one multi-tensor call: the masters (the weights themselves without a separate master),
+    // moments, working weights and gradients of every segment
+    using Working = std::conditional_t<MasterState<T, B>::keeps_master, T, float>;
+    std::vector<AdamWTensor<Working, T>> list;
+    list.reserve(segs.size());
     for (std::size_t i = 0; i < segs.size(); ++i) {
       if (segs[i].numel == 0) continue;
-      AdamWStep s{};
-      s.lr = lr;
-      s.beta1 = cfg_.beta1;
-      s.beta2 = cfg_.beta2;
-      s.eps = cfg_.eps;
-      s.weight_decay = segs[i].decay ? cfg_.weight_decay : 0.0f;
-      s.grad_scale = grad_scale;
-      s.step = step;
       if constexpr (MasterState<T, B>::keeps_master) {
-        Ops<B>::adamw_update(ctx, state.master(i), state.m(i), state.v(i), bindings[i].weight,
-                             bindings[i].grad, segs[i].numel, s);
+        list.push_back({state.master(i), state.m(i), state.v(i), bindings[i].weight,
+                        bindings[i].grad, segs[i].numel, segs[i].decay});
       } else {
-        Ops<B>::adamw_update(ctx, bindings[i].weight, state.m(i), state.v(i),
-                             static_cast<float*>(nullptr), bindings[i].grad, segs[i].numel, s);
+        list.push_back({bindings[i].weight, state.m(i), state.v(i), nullptr, bindings[i].grad,
+                        segs[i].numel, segs[i].decay});
       }
     }
+    Ops<B>::adamw_update_list(ctx, list, s);
     state.advance();
   }
 

@@ -1,14 +1,18 @@
-//! `StepScalars<B>`: the few doubles a data-parallel step must agree on over its group (the loss
-//! sum, the Σg² of the gradient shards), summed as one packed buffer in the backend's memory by
-//! one all-reduce.
+//! `StepScalars<B>`: the few doubles a step must know on the host (the loss sum, the Σg² of the
+//! gradients or of this rank's shards), kept in one small buffer of the backend's memory
+//! (`comm_buffers` in the rank's accountant), summed over a group by one all-reduce and read back
+//! by one copy: the step's single synchronising read-out (core/sync_counter.hpp).
 //!
-//! Scalars live on the host (the loss comes back from the model, Σg² from a reduction kernel),
-//! but a communicator moves the backend's memory: NCCL refuses host pointers
-//! (comm/buffer_kind.hpp). So the values are packed into a small buffer of the backend
-//! (`comm_buffers` in the rank's accountant), all-reduced there, and copied back: one collective
-//! per step however many scalars, instead of one host-memory all-reduce per scalar.
+//! The kernels write the slots where the values arise — `sum_into` adds each micro-batch's loss
+//! to slot 0, `sum_squares_into` the gradients' squares to slot 1 — so nothing returns to the
+//! host before the step's end:
 //!
-//!   host: [loss, Σg²] --from_host--> buffer (B) --all_reduce SUM--> buffer --to_host--> host
+//!   begin_step: clear     kernels: slot 0 += loss, slot 1 += Σg²     end: [all_reduce SUM] →
+//!   to_host
+//!
+//! `sum` packs values that are already on the host (the tensor-parallel model's Σg², a loss the
+//! model returned) the same way: from_host, all-reduce, to_host. A communicator moves only the
+//! backend's memory (NCCL refuses host pointers, comm/buffer_kind.hpp), hence the buffer.
 #pragma once
 
 #include <array>
@@ -17,6 +21,7 @@
 
 #include "fourway/backend/ops.hpp"
 #include "fourway/comm/communicator.hpp"
+#include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
 
@@ -30,6 +35,32 @@ class StepScalars {
 
   explicit StepScalars(const Context<B>& ctx)
       : ctx_(&ctx), buffer_(Shape{capacity}, MemTag::comm_buffers, ctx.memory()) {}
+
+  /// Slot i (backend memory), for the kernels that add to it.
+  [[nodiscard]] double* slot(std::int64_t i) { return buffer_.data() + i; }
+  /// Slots [0, n) = 0 (a kernel; no synchronisation).
+  void clear(std::int64_t n = capacity) { Ops<B>::fill(*ctx_, buffer_.data(), n, 0.0); }
+  /// Slot i = v, copied from the host (staged on a device: no synchronisation).
+  void set(std::int64_t i, double v) { Ops<B>::from_host(*ctx_, buffer_.data() + i, &v, 1); }
+
+  /// Slots [0, N) read back: one synchronising call.
+  template <std::size_t N>
+  std::array<double, N> read() {
+    static_assert(N >= 1 && static_cast<std::int64_t>(N) <= capacity,
+                  "fourway: StepScalars::read reads 1 to StepScalars::capacity slots");
+    std::array<double, N> out{};
+    Ops<B>::to_host(*ctx_, out.data(), buffer_.data(), static_cast<std::int64_t>(N));
+    return out;
+  }
+  /// Slots [0, reduced) summed over `comm`'s group in place (one all-reduce), then slots [0, N)
+  /// read back. A collective: every rank of the group calls it with the same counts.
+  template <std::size_t N, class Comm>
+  std::array<double, N> read_summed(Comm& comm, std::int64_t reduced) {
+    check<Error>(reduced >= 1 && reduced <= static_cast<std::int64_t>(N),
+                 "fourway: StepScalars::read_summed reduces 1 to N slots, not ", reduced);
+    comm.all_reduce(buffer_.data(), buffer_.data(), reduced, ReduceOp::sum);
+    return read<N>();
+  }
 
   /// Every rank's `local` summed over `comm`'s group, in one all-reduce of N doubles on the
   /// backend's memory. A collective: every rank of the group calls it with the same N.

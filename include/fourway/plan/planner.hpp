@@ -154,7 +154,7 @@ enum class Footprint : std::uint8_t { published, fourway };
 struct Options {
   Footprint footprint = Footprint::published;
   std::int64_t bucket_bytes = 25LL << 20;  // fourway's gradient buckets (ShardedOptions)
-  int vocab_alignment = 1;  // fourway's tp vocabulary padding (tp::TpOptions; CUDA runs use 128)
+  int vocab_alignment = 1;  // fourway's vocabulary padding (GptConfig / tp::TpOptions; CUDA: 128)
   Optimizer optimizer = Optimizer::adam();
   double mfu = 0.4;                // achievable fraction of the dense peak
   double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
@@ -325,8 +325,13 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     }
     const bool own = o.footprint == Footprint::fourway;
     const bool own_pp = own && s.pp > 1;
-    // models::Gpt (tp = 1) does not pad the vocabulary; tp::Gpt pads it to tp·alignment
-    const TensorSplit split{s.tp, s.tp > 1 ? o.vocab_alignment : 1};
+    // models::Gpt (tp = 1) pads the vocabulary to a multiple of the alignment
+    // (GptConfig::vocab_alignment); tp::Gpt pads it to tp·alignment
+    const TensorSplit split{s.tp, o.vocab_alignment};
+    // the logits' row width of the tp = 1 head: the padded vocabulary
+    const std::int64_t head_vocab = !own        ? 0
+                                    : s.tp == 1 ? runtime_vocab_rows(*model.arch, split)
+                                                : model.arch->vocab;
     std::optional<PipelineRankState> rank;  // fourway's pipeline rank `st`
     if (own_pp) {
       rank = runtime_pipeline_rank_state(*model.arch, s.precision, s.zero, s.dp, pipeline_split(s),
@@ -366,7 +371,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.checkpointing);
       if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
-                                   a.vocab,       a.layers, s.precision};
+                                   head_vocab,    a.layers, s.precision};
         const std::int64_t head = runtime_head_activation_bytes(g);
         const std::int64_t block = runtime_block_activation_bytes(g);
         if (own_pp) {  // the rank's chunks, `in_flight` micro-batches
@@ -439,7 +444,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           s.checkpointing == Checkpointing::none) {
         // fourway's pipeline ranks, as Counting counts them (the same time model)
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
-                                   a.vocab,       a.layers, s.precision};
+                                   head_vocab,    a.layers, s.precision};
         const PipelineRankTraffic tr =
             runtime_pipeline_traffic(a, g, s.zero, s.dp, pipeline_split(s), st, split);
         sp.tensor_parallel.bytes = tr.tp;

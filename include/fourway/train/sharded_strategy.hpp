@@ -40,6 +40,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -146,42 +147,56 @@ class ShardedStrategy {
   [[nodiscard]] const AdamW& optimizer() const { return optimizer_; }
   [[nodiscard]] Hooks& hooks() { return hooks_; }
 
-  void begin_step() { reducer_.begin_step(); }
+  /// Slot 0 of the step's device scalars: a model adds its loss here (StepScalars).
+  [[nodiscard]] double* device_loss_sum() { return scalars_.slot(0); }
+
+  void begin_step() {
+    reducer_.begin_step();
+    scalars_.clear(2);
+  }
   void begin_micro_batch(int i, int n) { reducer_.begin_micro_batch(i, n); }
   void end_micro_batch(int /*i*/, int /*n*/) {
     reducer_.end_micro_batch();
     if constexpr (policy::shards_params) gatherer_.release_all();
   }
+  /// Without a model-parallel model, Σg² of what this rank holds (the reduced replica, or its
+  /// shards) goes by one multi-tensor reduction into the device scalars beside the loss sum; one
+  /// all-reduce sums them over the group (Σg² only where the ranks hold different shards) and one
+  /// read-back brings both: the step's one synchronising call.
   StepReport finish_step(const StepControl& c) {
     reducer_.before_step();
     queue_.wait_all();
     double ss = 0.0;
     StepReport r;
     if constexpr (model_parallel_model<Model>) {
+      const double loss = c.loss_on_device ? scalars_.template read<1>()[0] : c.loss_sum;
       ss = model_parallel_sum_squares();  // this rank's counted tiles only
       if constexpr (!policy::shards_optimizer_state) {
         // replicas hold the same gradients: no Σg² over dp
-        r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
+        r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{loss})[0];
       } else {
-        const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
+        const auto sums = scalars_.sum(*comm_, std::array<double, 2>{loss, ss});
         r.loss_sum = sums[0];
         ss = sums[1];
       }
       model_->sum_over_model_parallel(ss);
-    } else if constexpr (!policy::shards_optimizer_state) {
-      // every rank holds the same reduced gradients: Σg² is local
-      ss = ops::sum_squares(*ctx_, reducer_.full(), layout().padded());
-      r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{c.loss_sum})[0];
     } else {
-      if constexpr (!policy::shards_grads) {
+      if (!c.loss_on_device) scalars_.set(0, c.loss_sum);
+      std::vector<std::span<const T>> held;
+      if constexpr (!policy::shards_optimizer_state) {
+        // every rank holds the same reduced gradients: Σg² is local
+        held.emplace_back(reducer_.full(), static_cast<std::size_t>(layout().padded()));
+      } else if constexpr (!policy::shards_grads) {
         for (int s = 0; s < layout().segment_count(); ++s) {
-          ss += ops::sum_squares(*ctx_, reducer_.full() + layout().owned_begin(s, rank_),
-                                 layout().segment(s).shard);
+          held.emplace_back(reducer_.full() + layout().owned_begin(s, rank_),
+                            static_cast<std::size_t>(layout().segment(s).shard));
         }
       } else {
-        ss = ops::sum_squares(*ctx_, reducer_.shard(), layout().shard());
+        held.emplace_back(reducer_.shard(), static_cast<std::size_t>(layout().shard()));
       }
-      const auto sums = scalars_.sum(*comm_, std::array<double, 2>{c.loss_sum, ss});
+      ops::sum_squares_into(*ctx_, scalars_.slot(1), held);
+      const auto sums =
+          scalars_.template read_summed<2>(*comm_, policy::shards_optimizer_state ? 2 : 1);
       r.loss_sum = sums[0];
       ss = sums[1];
     }

@@ -50,16 +50,18 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/step_scalars.hpp"
 #include "fourway/train/state_runs.hpp"
 
 namespace fourway {
 
 /// What the Trainer tells the strategy at the end of a step.
 struct StepControl {
-  float lr = 0.0f;            // learning rate of this iteration (from the schedule)
-  float loss_scale = 1.0f;    // the factor the loss was multiplied by (1 unless fp16)
-  bool check_finite = false;  // look for inf/NaN gradients and skip the step if any (fp16)
-  double loss_sum = 0.0;      // this rank's Σ loss_i·rows_i over its micro-batches
+  float lr = 0.0f;              // learning rate of this iteration (from the schedule)
+  float loss_scale = 1.0f;      // the factor the loss was multiplied by (1 unless fp16)
+  bool check_finite = false;    // look for inf/NaN gradients and skip the step if any (fp16)
+  double loss_sum = 0.0;        // this rank's Σ loss_i·rows_i over its micro-batches
+  bool loss_on_device = false;  // loss_sum is instead in the strategy's device_loss_sum()
 };
 
 /// What the strategy tells the Trainer after a step; identical on every rank.
@@ -124,7 +126,11 @@ class SingleRank {
   using param_type = typename P::param_type;
 
   SingleRank(const Context<B>& ctx, Model& model, AdamW optimizer = AdamW{})
-      : ctx_(&ctx), model_(&model), optimizer_(optimizer), state_(ctx, segments_of(model)) {
+      : ctx_(&ctx),
+        model_(&model),
+        optimizer_(optimizer),
+        state_(ctx, segments_of(model)),
+        scalars_(ctx) {
     std::size_t i = 0;
     model.visit_parameters([&](auto& p) {
       static_assert(
@@ -170,21 +176,31 @@ class SingleRank {
   }
   void sync_loaded_state() {}
 
-  void begin_step() { zero_grad(*ctx_, *model_); }
+  /// Slot 0 of the step's device scalars: a model adds its loss here (StepScalars).
+  [[nodiscard]] double* device_loss_sum() { return scalars_.slot(0); }
+
+  void begin_step() {
+    zero_grad(*ctx_, *model_);
+    scalars_.clear(2);
+  }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
+  /// Σg² of every gradient by one multi-tensor reduction into the device scalars beside the loss
+  /// sum, both read back together: the step's one synchronising call. An inf or NaN gradient
+  /// makes Σg² non-finite, which is the fp16 overflow test.
   StepReport finish_step(const StepControl& c) {
-    StepReport r;
-    r.loss_sum = c.loss_sum;
-    double ss = 0.0;
+    if (!c.loss_on_device) scalars_.set(0, c.loss_sum);
+    std::vector<std::span<const param_type>> grads;
     std::vector<SegmentBinding<param_type>> bindings;
     model_->visit_parameters([&](auto& p) {
-      if (c.check_finite) {
-        r.found_inf |= Ops<B>::has_inf_nan(*ctx_, p.grad.data(), p.grad.numel());
-      }
-      ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+      grads.emplace_back(p.grad.data(), static_cast<std::size_t>(p.grad.numel()));
       bindings.push_back({p.weight.data(), p.grad.data()});
     });
+    Ops<B>::sum_squares_into(*ctx_, scalars_.slot(1), grads);
+    const auto [loss_sum, ss] = scalars_.template read<2>();
+    StepReport r;
+    r.loss_sum = loss_sum;
+    r.found_inf = c.check_finite && !std::isfinite(ss);
     return apply_optimizer_step(*ctx_, optimizer_, state_, c, r, ss, bindings);
   }
 
@@ -212,6 +228,7 @@ class SingleRank {
   Model* model_;
   AdamW optimizer_;
   MasterState<param_type, B> state_;
+  StepScalars<B> scalars_;  // [loss sum, Σg²] of the step, in backend memory
   NoHooks hooks_;
 };
 

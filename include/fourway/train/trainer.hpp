@@ -17,6 +17,12 @@
 //!   float forward(ctx, tokens, targets, stash, hooks)   tokens, targets: Tensor<int32_t,B> (b, T)
 //!   void  backward(ctx, stash, grad_scale, hooks)       grads += d(grad_scale · mean loss)/dθ
 //! as `fw::models::Gpt` does.
+//!
+//! Synchronisation (core/sync_counter.hpp): a step uploads this rank's token ids once (checked
+//! against the vocabulary on the host first); when the model has `forward_into` (a `LossSink`)
+//! and the strategy `device_loss_sum()`, every micro-batch's loss is added to the strategy's
+//! device scalars, and the step's one synchronising call is the strategy's read-out of its
+//! scalars (loss sum and Σg² together). Otherwise each forward returns its loss to the host.
 #pragma once
 
 #include <concepts>
@@ -146,26 +152,38 @@ class Trainer {
 
     strategy_.begin_step();
     double local_sum = 0.0;
+    bool loss_on_device = false;
     if constexpr (pipelined) {
       // a pipeline runs the rank's micro-batches in its schedule's order
       // (train/pipeline_strategy.hpp); the weighting is the same
       local_sum = strategy_.run_micro_batches(
           batch, static_cast<std::int64_t>(strategy_.dp_rank()) * M * b, b, M, grad_scale);
-    }
-    for (int i = 0; i < M && !pipelined; ++i) {
-      strategy_.begin_micro_batch(i, M);
-      const std::int64_t first = (strategy_.dp_rank() * static_cast<std::int64_t>(M) + i) * b;
-      const auto off = static_cast<std::size_t>(first * T);
-      const auto n = static_cast<std::size_t>(b * T);
-      auto tokens = stage(ctx, inputs_, batch.inputs.subspan(off, n), b, T);
-      auto targets = stage(ctx, targets_, batch.targets.subspan(off, n), b, T);
-      const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
-      model.backward(ctx, stash_, grad_scale, strategy_.hooks());
-      local_sum += static_cast<double>(loss) * static_cast<double>(b);
-      strategy_.end_micro_batch(i, M);
+    } else {
+      // this rank's rows [first, first + M·b): uploaded once, then one view per micro-batch
+      const std::int64_t first = strategy_.dp_rank() * static_cast<std::int64_t>(M) * b;
+      const std::int64_t n = M * b * T;
+      stage_tokens(ctx, model, batch.inputs.subspan(static_cast<std::size_t>(first * T), n),
+                   batch.targets.subspan(static_cast<std::size_t>(first * T), n));
+      loss_on_device = sinks_loss;
+      for (int i = 0; i < M; ++i) {
+        strategy_.begin_micro_batch(i, M);
+        const auto tokens = staged(false, i * b * T, Shape{b, T});
+        const auto targets = staged(true, i * b * T, Shape{b, T});
+        if constexpr (sinks_loss) {
+          // Σ per-token losses · b / (b·T): the micro-batch's mean loss times its rows
+          const LossSink sink{strategy_.device_loss_sum(), 1.0 / static_cast<double>(T),
+                              B::on_device};
+          model.forward_into(ctx, tokens, targets, stash_, sink, strategy_.hooks());
+        } else {
+          const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
+          local_sum += static_cast<double>(loss) * static_cast<double>(b);
+        }
+        model.backward(ctx, stash_, grad_scale, strategy_.hooks());
+        strategy_.end_micro_batch(i, M);
+      }
     }
     const StepControl control{strategy_.optimizer().lr_at(iteration_), loss_scale,
-                              precision_type::loss_scaling, local_sum};
+                              precision_type::loss_scaling, local_sum, loss_on_device};
     report_ = strategy_.finish_step(control);
     scaler_.update(report_.found_inf);
     ++iteration_;
@@ -191,20 +209,54 @@ class Trainer {
   }
 
  private:
-  /// The micro-batch's tokens as a (b, T) tensor of the backend: a view of the host batch on
-  /// Host, a copy into a reused device buffer otherwise.
-  static Tensor<std::int32_t, B> stage(const Context<B>& ctx, Tensor<std::int32_t, B>& buffer,
-                                       std::span<const std::int32_t> src, std::int64_t b,
-                                       std::int64_t T) {
+  /// The model leaves its loss in the strategy's device scalars (no read-back per micro-batch).
+  static constexpr bool sinks_loss =
+      requires(model_type & m, S& s, const Context<B>& ctx, const Tensor<std::int32_t, B>& tok,
+               typename model_type::Stash& st, const LossSink& sink) {
+    { s.device_loss_sum() } -> std::same_as<double*>;
+    m.forward_into(ctx, tok, tok, st, sink, s.hooks());
+  };
+
+  /// This rank's inputs and targets of the step, their ids checked against the model's vocabulary
+  /// here, on the host (a device embedding then need not read its bounds flag back): views of
+  /// the host batch on Host, one upload into a (2 · n) device buffer otherwise.
+  void stage_tokens(const Context<B>& ctx, model_type& model, std::span<const std::int32_t> inputs,
+                    std::span<const std::int32_t> targets) {
+    const auto n = static_cast<std::int64_t>(inputs.size());
+    if constexpr (requires { model.config().vocab; }) {
+      check_token_ids(inputs, model.config().vocab, "input");
+      check_token_ids(targets, model.config().vocab, "target");
+    }
     if constexpr (!B::on_device) {
-      (void)ctx, (void)buffer;
-      return Tensor<std::int32_t, B>::view_of(const_cast<std::int32_t*>(src.data()), Shape{b, T});
+      (void)ctx;
+      host_inputs_ = inputs;
+      host_targets_ = targets;
     } else {
-      if (buffer.numel() != b * T) {
-        buffer = Tensor<std::int32_t, B>(Shape{b, T}, MemTag::activations, ctx.memory());
+      staged_.assign(inputs.begin(), inputs.end());
+      staged_.insert(staged_.end(), targets.begin(), targets.end());
+      if (device_tokens_.numel() != 2 * n) {
+        device_tokens_ = Tensor<std::int32_t, B>(Shape{2 * n}, MemTag::activations, ctx.memory());
       }
-      Ops<B>::from_host(ctx, buffer.data(), src.data(), b * T);
-      return buffer.view(Shape{b, T});
+      Ops<B>::from_host(ctx, device_tokens_.data(), staged_.data(), 2 * n);
+    }
+  }
+
+  /// A (shape) view of the staged inputs or targets from element `at` of this rank's rows.
+  Tensor<std::int32_t, B> staged(bool targets, std::int64_t at, Shape shape) {
+    if constexpr (!B::on_device) {
+      const auto ids = targets ? host_targets_ : host_inputs_;
+      return Tensor<std::int32_t, B>::view_of(const_cast<std::int32_t*>(ids.data()) + at, shape);
+    } else {
+      return device_tokens_.slice((targets ? device_tokens_.numel() / 2 : 0) + at, shape);
+    }
+  }
+
+  static void check_token_ids(std::span<const std::int32_t> ids, std::int64_t vocab,
+                              const char* what) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      check<ShapeError>(ids[i] >= 0 && ids[i] < vocab, "fourway: ", what, " token id ", ids[i],
+                        " at position ", i, " of this rank's rows is outside the vocabulary [0, ",
+                        vocab, ")");
     }
   }
 
@@ -212,8 +264,10 @@ class Trainer {
   S strategy_;
   LossScaler scaler_;
   typename model_type::Stash stash_{};
-  Tensor<std::int32_t, B> inputs_;
-  Tensor<std::int32_t, B> targets_;
+  std::span<const std::int32_t> host_inputs_;  // Host: this rank's rows of the batch
+  std::span<const std::int32_t> host_targets_;
+  std::vector<std::int32_t> staged_;       // device backends: the host side of the upload
+  Tensor<std::int32_t, B> device_tokens_;  // device backends: (2 · M·b·T) inputs, then targets
   StepReport report_{};
   long iteration_ = 0;
 };

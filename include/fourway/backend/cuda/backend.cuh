@@ -2,7 +2,11 @@
 //! stream, cuBLAS handle). Several ranks may share one GPU, each with its own stream.
 //!
 //! All work a context issues goes to its stream; `synchronize()` waits for it. Host<->device
-//! copies are ordered on the same stream. Memory goes to the context's device whatever device is
+//! copies are ordered on the same stream. A copy to the host waits for the stream; a copy from
+//! the host of at most `Context<Cuda>::staging_bytes` goes through the context's pinned staging
+//! buffer and does not (it waits only when the staging buffer's previous copy has not run yet),
+//! so a step's token upload leaves the device queue running. Every wait is counted
+//! (core/sync_counter.hpp). Memory goes to the context's device whatever device is
 //! current in the allocating thread: the context binds its device to the rank's accountant and
 //! tensors allocate with `Cuda::allocate(bytes, device)`. cuBLAS never reduces in 16 bits
 //! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`) and uses TF32 for fp32 GEMMs only when
@@ -17,11 +21,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "fourway/core/error.hpp"
 #include "fourway/core/handle.hpp"
 #include "fourway/core/memory.hpp"
+#include "fourway/core/sync_counter.hpp"
 #include "fourway/core/tensor.hpp"
 
 namespace fourway {
@@ -108,9 +114,14 @@ struct Cuda {
 };
 static_assert(backend<Cuda>);
 
-/// Per-rank CUDA context: the rank's accountant, its device, a stream and a cuBLAS handle.
+/// Per-rank CUDA context: the rank's accountant, its device, a stream, a cuBLAS handle, the
+/// pinned staging buffer of small host-to-device copies, and the count of synchronising calls.
 template <>
-struct Context<Cuda> {
+struct Context<Cuda> : SyncCounter {
+  /// Host-to-device copies up to this size are staged through pinned memory (asynchronous);
+  /// larger ones (weight loads) copy from pageable memory and wait.
+  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
+
   using backend_type = Cuda;
   /// `tf32`: see `set_tf32`.
   Context(MemoryAccountant& m, int device, bool tf32 = false)
@@ -129,6 +140,9 @@ struct Context<Cuda> {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ~Context() {
+    if (staged_ != nullptr) (void)cudaEventSynchronize(staged_);
+    if (staged_ != nullptr) (void)cudaEventDestroy(staged_);
+    if (staging_ != nullptr) (void)cudaFreeHost(staging_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
   }
   [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
@@ -142,7 +156,26 @@ struct Context<Cuda> {
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   void synchronize() const {
+    note_sync();
     cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+  }
+  /// Copies `bytes` (<= staging_bytes) from host memory to `dst` on the stream without waiting
+  /// for it: the bytes go to the pinned staging buffer first (after the buffer's previous copy
+  /// has run: a counted wait only when it has not), then cudaMemcpyAsync; the host buffer may be
+  /// reused at once.
+  void upload_staged(void* dst, const void* src, std::size_t bytes) const {
+    if (staging_ == nullptr) {
+      cuda::check_cuda(cudaMallocHost(&staging_, staging_bytes), "cudaMallocHost (staging)");
+      cuda::check_cuda(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming),
+                       "cudaEventCreate (staging)");
+    } else if (cudaEventQuery(staged_) == cudaErrorNotReady) {
+      note_sync();
+      cuda::check_cuda(cudaEventSynchronize(staged_), "cudaEventSynchronize (staging)");
+    }
+    std::memcpy(staging_, src, bytes);
+    cuda::check_cuda(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_.get()),
+                     "cudaMemcpyAsync H2D (staged)");
+    cuda::check_cuda(cudaEventRecord(staged_, stream_.get()), "cudaEventRecord (staging)");
   }
 
  private:
@@ -151,6 +184,8 @@ struct Context<Cuda> {
   cuda::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
   bool tf32_ = false;
+  mutable void* staging_ = nullptr;       // pinned, staging_bytes, made at the first upload
+  mutable cudaEvent_t staged_ = nullptr;  // recorded after the staging buffer's last copy
 };
 
 namespace cuda {
@@ -181,10 +216,17 @@ void to_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
              "cudaMemcpyAsync D2H");
   ctx.synchronize();
 }
-/// Host -> device; returns once the host buffer may be reused.
+/// Host -> device; returns once the host buffer may be reused. Up to
+/// `Context<Cuda>::staging_bytes`, staged through pinned memory without waiting for the stream;
+/// larger copies wait (counted).
 template <class T>
 void from_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
   if (n <= 0) return;
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+  if (bytes <= Context<Cuda>::staging_bytes) {
+    ctx.upload_staged(dst, src, bytes);
+    return;
+  }
   check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
                              cudaMemcpyHostToDevice, ctx.stream()),
              "cudaMemcpyAsync H2D");

@@ -59,7 +59,8 @@ __device__ __forceinline__ std::int64_t grid_stride() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+template <class V>
+__device__ __forceinline__ V warp_sum(V v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -68,9 +69,10 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-/// `shared` holds 32 floats.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+/// Sum over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order; every thread gets
+/// the result. `shared` holds 32 values.
+template <class V>
+__device__ __forceinline__ V block_sum(V v, V* shared) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   v = warp_sum(v);
@@ -78,7 +80,7 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   const int warps = static_cast<int>(blockDim.x / 32);
-  v = lane < warps ? shared[lane] : 0.0f;
+  v = lane < warps ? shared[lane] : V{0};
   return warp_sum(v);
 }
 __device__ __forceinline__ float block_max(float v, float* shared) {

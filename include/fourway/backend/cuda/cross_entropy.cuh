@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "fourway/backend/cuda/common.cuh"
+#include "fourway/backend/host/cross_entropy.hpp"
 
 namespace fourway::cuda {
 
@@ -41,10 +42,11 @@ __device__ void block_row_grad(T* dx, const T* x, std::int64_t n, float mx, floa
 
 template <class T>
 __global__ void cross_entropy_forward_kernel(float* losses, const T* logits,
-                                             const std::int32_t* targets, std::int64_t V) {
+                                             const std::int32_t* targets, std::int64_t V,
+                                             std::int64_t ld) {
   __shared__ float shared[32];
   const std::int64_t r = blockIdx.x;
-  const T* x = logits + r * V;
+  const T* x = logits + r * ld;
   const float mx = block_row_max(x, V, shared);
   const float sum = block_row_sumexp(x, V, mx, shared);
   if (threadIdx.x == 0) {
@@ -56,15 +58,16 @@ __global__ void cross_entropy_forward_kernel(float* losses, const T* logits,
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits,
                                               const std::int32_t* targets, std::int64_t V,
-                                              float dloss) {
+                                              float dloss, std::int64_t ld) {
   __shared__ float shared[32];
   const std::int64_t r = blockIdx.x;
-  const T* x = logits + r * V;
+  const T* x = logits + r * ld;
   const float mx = block_row_max(x, V, shared);
   const float sum = block_row_sumexp(x, V, mx, shared);
   __syncthreads();  // every thread has read the row before any writes it (in-place use)
   const std::int32_t t = targets[r];
-  block_row_grad(dlogits + r * V, x, V, mx, (t >= 0 && t < V) ? sum : nanf(""), t, dloss);
+  block_row_grad(dlogits + r * ld, x, V, mx, (t >= 0 && t < V) ? sum : nanf(""), t, dloss);
+  for (std::int64_t c = V + threadIdx.x; c < ld; c += blockDim.x) store(dlogits + r * ld + c, 0.0f);
 }
 
 template <class T>
@@ -103,21 +106,25 @@ inline unsigned int row_blocks(std::int64_t rows) {
 /// losses (rows) = -log softmax(logits (rows, V))[targets].
 template <floating_dtype T>
 void cross_entropy_forward(const Context<Cuda>& ctx, float* losses, const T* logits,
-                           const std::int32_t* targets, std::int64_t rows, std::int64_t V) {
+                           const std::int32_t* targets, std::int64_t rows, std::int64_t V,
+                           std::int64_t ld = 0) {
   if (rows <= 0) return;
+  ld = fourway::host::detail::row_stride(V, ld);
   detail::cross_entropy_forward_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
-                                         ctx.stream()>>>(losses, logits, targets, V);
+                                         ctx.stream()>>>(losses, logits, targets, V, ld);
   check_cuda(cudaGetLastError(), "cross_entropy_forward");
 }
 
 /// dlogits (rows, V) = dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits.
+/// With a row stride ld > V (a padded vocabulary), columns [V, ld) of dlogits are set to 0.
 template <floating_dtype T>
 void cross_entropy_backward(const Context<Cuda>& ctx, T* dlogits, const T* logits,
                             const std::int32_t* targets, std::int64_t rows, std::int64_t V,
-                            float dloss) {
+                            float dloss, std::int64_t ld = 0) {
   if (rows <= 0) return;
+  ld = fourway::host::detail::row_stride(V, ld);
   detail::cross_entropy_backward_kernel<<<detail::row_blocks(rows), detail::ce_threads, 0,
-                                          ctx.stream()>>>(dlogits, logits, targets, V, dloss);
+                                          ctx.stream()>>>(dlogits, logits, targets, V, dloss, ld);
   check_cuda(cudaGetLastError(), "cross_entropy_backward");
 }
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cub/device/device_reduce.cuh>
 #include <cuda/std/functional>
+#include <span>
+#include <vector>
 
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/core/tensor.hpp"
@@ -127,6 +129,116 @@ template <floating_dtype T>
 bool has_inf_nan(const Context<Cuda>& ctx, const T* p, std::int64_t n) {
   return detail::device_reduce<int>(ctx, p, n, detail::MaxInt{}, detail::IsInfNan<T>{}, 0,
                                     "cub::DeviceReduce (has_inf_nan)") != 0;
+}
+
+namespace detail {
+/// Tensors per launch of the multi-tensor reduction: their pointers, sizes and first blocks
+/// travel as kernel parameters (28 B a tensor), so no table is uploaded.
+inline constexpr int list_capacity = 64;
+/// Elements one block of `squares_partials_kernel` reduces.
+inline constexpr std::int64_t list_block_elements = std::int64_t{block_threads} * 32;
+
+template <class T>
+struct TensorList {
+  const T* p[list_capacity];
+  std::int64_t n[list_capacity];
+  int first_block[list_capacity + 1];  // block of this launch where each tensor starts
+  int count;
+  int partial_base;  // index of this launch's first partial sum
+};
+
+/// One partial Σx² (double) per block of `list_block_elements` elements of one tensor.
+template <class T>
+__global__ void squares_partials_kernel(TensorList<T> list, double* partials) {
+  __shared__ double shared[32];
+  const int b = static_cast<int>(blockIdx.x);
+  int t = 0;
+  while (t + 1 < list.count && list.first_block[t + 1] <= b) ++t;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(b - list.first_block[t]) * list_block_elements;
+  const std::int64_t end =
+      begin + list_block_elements < list.n[t] ? begin + list_block_elements : list.n[t];
+  double s = 0.0;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double x = load(list.p[t] + i);
+    s += x * x;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partials[list.partial_base + b] = s;
+}
+
+/// *acc += scale * Σ x[0, n) in double, by one block in a fixed order (deterministic).
+template <class T>
+__global__ void sum_into_kernel(double* acc, const T* x, std::int64_t n, double scale) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if constexpr (std::is_same_v<T, double>) {
+      s += x[i];
+    } else {
+      s += static_cast<double>(load(x + i));
+    }
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *acc += scale * s;
+}
+}  // namespace detail
+
+/// *acc += Σ over the list of every element squared, in double; acc is device memory and nothing
+/// is read back (no synchronisation). At most `list_capacity` tensors a launch, each cut into
+/// blocks of `list_block_elements` whose partial sums go to a workspace; one block then adds the
+/// partials in a fixed order, so the result is deterministic. Twin of `host::sum_squares_into`.
+template <floating_dtype T>
+void sum_squares_into(const Context<Cuda>& ctx, double* acc,
+                      const std::vector<std::span<const T>>& list) {
+  std::int64_t blocks = 0;
+  for (const auto& t : list) {
+    blocks += (static_cast<std::int64_t>(t.size()) + detail::list_block_elements - 1) /
+              detail::list_block_elements;
+  }
+  if (blocks == 0) return;
+  check<DeviceError>(blocks < (std::int64_t{1} << 31), "fourway: sum_squares_into over ", blocks,
+                     " blocks of ", detail::list_block_elements,
+                     " elements exceeds a launch; split the list");
+  Tensor<double, Cuda> partials(Shape{blocks}, MemTag::workspace, ctx.memory());
+  detail::TensorList<T> launch{};
+  int base = 0;
+  auto flush = [&] {
+    if (launch.count == 0) return;
+    const int grid = launch.first_block[launch.count];
+    detail::squares_partials_kernel<<<grid, detail::block_threads, 0, ctx.stream()>>>(
+        launch, partials.data());
+    check_cuda(cudaGetLastError(), "sum_squares_into kernel launch");
+    base += grid;
+    launch = detail::TensorList<T>{};
+    launch.partial_base = base;
+  };
+  for (const auto& t : list) {
+    const auto n = static_cast<std::int64_t>(t.size());
+    if (n == 0) continue;
+    const auto nb =
+        static_cast<int>((n + detail::list_block_elements - 1) / detail::list_block_elements);
+    if (launch.count == detail::list_capacity ||
+        static_cast<std::int64_t>(launch.first_block[launch.count]) + nb > 65535 * 1024) {
+      flush();
+    }
+    launch.p[launch.count] = t.data();
+    launch.n[launch.count] = n;
+    launch.first_block[launch.count + 1] = launch.first_block[launch.count] + nb;
+    ++launch.count;
+  }
+  flush();
+  detail::sum_into_kernel<<<1, 1024, 0, ctx.stream()>>>(acc, partials.data(), blocks, 1.0);
+  check_cuda(cudaGetLastError(), "sum_squares_into final kernel launch");
+}
+
+/// *acc += scale * Σ x[0, n) in double; acc is device memory (the step's loss sum), nothing is
+/// read back. One block, fixed order: deterministic. Twin of `host::sum_into`.
+template <floating_dtype T>
+void sum_into(const Context<Cuda>& ctx, double* acc, const T* x, std::int64_t n, double scale) {
+  if (n <= 0) return;
+  detail::sum_into_kernel<<<1, 1024, 0, ctx.stream()>>>(acc, x, n, scale);
+  check_cuda(cudaGetLastError(), "sum_into kernel launch");
 }
 
 /// Sum of p[i]^2 over n elements, accumulated in double (synchronises the stream).

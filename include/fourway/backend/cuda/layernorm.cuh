@@ -13,13 +13,10 @@ namespace fourway::cuda {
 namespace detail {
 inline constexpr int ln_warps = 8;  // rows per 256-thread block
 
+/// One warp normalises row r of `in` (lane reads elements lane, lane + 32, ...).
 template <class T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* in,
-                                         const T* weight, const T* bias, std::int64_t rows,
-                                         std::int64_t C, float eps) {
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * ln_warps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
+__device__ void layernorm_row(T* out, float* mean, float* rstd, const T* in, const T* weight,
+                              const T* bias, std::int64_t r, std::int64_t C, float eps, int lane) {
   const T* x = in + r * C;
   float s = 0.0f;
   for (std::int64_t c = lane; c < C; c += 32) s += load(x + c);
@@ -38,6 +35,33 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
     mean[r] = m;
     rstd[r] = rs;
   }
+}
+
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* in,
+                                         const T* weight, const T* bias, std::int64_t rows,
+                                         std::int64_t C, float eps) {
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * ln_warps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  layernorm_row(out, mean, rstd, in, weight, bias, r, C, eps, lane);
+}
+
+/// Row r of res = a + b (rounded to T), then that stored row normalised: each lane reads back
+/// only the elements it wrote, so the row needs no synchronisation beyond the warp's.
+template <class T>
+__global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, float* rstd,
+                                                  const T* a, const T* b, const T* weight,
+                                                  const T* bias, std::int64_t rows, std::int64_t C,
+                                                  float eps) {
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * ln_warps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  for (std::int64_t c = lane; c < C; c += 32) {
+    store(res + r * C + c, load(a + r * C + c) + load(b + r * C + c));
+  }
+  __syncwarp();
+  layernorm_row(out, mean, rstd, res, weight, bias, r, C, eps, lane);
 }
 
 template <class T>
@@ -79,6 +103,20 @@ void layernorm_forward(const Context<Cuda>& ctx, T* out, float* mean, float* rst
                                      ctx.stream()>>>(out, mean, rstd, in, weight, bias, rows, C,
                                                      eps);
   check_cuda(cudaGetLastError(), "layernorm_forward");
+}
+
+/// res (rows, C) = a + b, then out = layernorm(res), in one kernel (twin of
+/// `host::residual_layernorm_forward`): a and b are read once, res written once and read back by
+/// the thread that wrote it.
+template <floating_dtype T>
+void residual_layernorm_forward(const Context<Cuda>& ctx, T* res, T* out, float* mean, float* rstd,
+                                const T* a, const T* b, const T* weight, const T* bias,
+                                std::int64_t rows, std::int64_t C, float eps) {
+  if (rows <= 0) return;
+  detail::residual_layernorm_forward_kernel<<<detail::blocks_for(rows, detail::ln_warps), 256, 0,
+                                              ctx.stream()>>>(res, out, mean, rstd, a, b, weight,
+                                                              bias, rows, C, eps);
+  check_cuda(cudaGetLastError(), "residual_layernorm_forward");
 }
 
 /// din (rows, C) =, dweight (C) +=, dbias (C) += from dout (rows, C) and the saved mean, rstd.

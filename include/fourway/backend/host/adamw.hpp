@@ -1,6 +1,6 @@
 //! Fused AdamW (Loshchilov & Hutter 2019) with PyTorch's `torch.optim.AdamW` semantics, host side;
 //! also defines `AdamWStep` and the per-element update (moments, then parameter) that the CUDA
-//! kernel shares.
+//! kernel shares, and `AdamWTensor`, one entry of the multi-tensor form `adamw_update_list`.
 //!
 //! One pass per element, fp32 master weight `p`, moments `m`, `v`:
 //! ```
@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "fourway/backend/host/backend.hpp"
 #include "fourway/backend/host/math.hpp"
@@ -32,6 +33,20 @@ struct AdamWStep {
   float weight_decay = 0.0f;
   float grad_scale = 1.0f;
   int step = 1;
+};
+
+/// One tensor of a multi-tensor AdamW call (`adamw_update_list`): its fp32 master (the working
+/// weights themselves in fp32 training, with `working` null), moments, working copy, gradient,
+/// size, and whether the step's weight decay applies to it.
+template <class T, class G>
+struct AdamWTensor {
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  T* working = nullptr;
+  const G* grad = nullptr;
+  std::int64_t n = 0;
+  bool decay = true;
 };
 
 namespace detail {
@@ -101,6 +116,18 @@ void adamw_update(const Context<Host>& /*ctx*/, float* master, float* m, float* 
     if (working != nullptr) {
       for (std::int64_t j = 0; j < len; ++j) working[i0 + j] = convert<T>(pb[j]);
     }
+  }
+}
+
+/// `adamw_update` of every tensor of the list with `step`, its weight decay applied only where
+/// the tensor's `decay` is set: the CUDA twin runs the whole list in one launch per 24 tensors.
+template <floating_dtype T, floating_dtype G>
+void adamw_update_list(const Context<Host>& ctx, const std::vector<AdamWTensor<T, G>>& list,
+                       const AdamWStep& step) {
+  AdamWStep plain = step;
+  plain.weight_decay = 0.0f;
+  for (const auto& t : list) {
+    adamw_update(ctx, t.master, t.m, t.v, t.working, t.grad, t.n, t.decay ? step : plain);
   }
 }
 

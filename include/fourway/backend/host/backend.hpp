@@ -10,6 +10,7 @@
 
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
+#include "fourway/core/sync_counter.hpp"
 #include "fourway/core/tensor.hpp"
 
 namespace fourway {
@@ -33,14 +34,16 @@ struct Host {
 };
 static_assert(backend<Host>);
 
-/// Per-rank host context: the rank's memory accountant.
+/// Per-rank host context: the rank's memory accountant, and the count of synchronising calls
+/// (core/sync_counter.hpp: the host makes the same calls the device path makes, so it counts them
+/// the same way).
 template <>
-struct Context<Host> {
+struct Context<Host> : SyncCounter {
   using backend_type = Host;
   explicit Context(MemoryAccountant& m) : memory_(&m) {}
   [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
-  /// Host work is synchronous; present so code can be written once for both backends.
-  void synchronize() const {}
+  /// Host work is synchronous; present so code can be written once for both backends. Counted.
+  void synchronize() const { note_sync(); }
 
  private:
   MemoryAccountant* memory_;
@@ -57,9 +60,11 @@ template <class T>
 void fill(const Context<Host>& /*ctx*/, T* p, std::int64_t n, T value) {
   std::fill(p, p + n, value);
 }
-/// Copies host memory into a host buffer (the same call as `cuda::to_host` on the device side).
+/// Copies host memory into a host buffer (the same call as `cuda::to_host` on the device side,
+/// which waits for the stream: counted as a synchronising call).
 template <class T>
 void to_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
+  ctx.note_sync();
   copy(ctx, dst, src, n);
 }
 template <class T>

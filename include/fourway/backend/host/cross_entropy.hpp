@@ -14,8 +14,14 @@
 //!   vocab_local_grad(maxes, sumexp)                        -> this shard's dlogits
 //! ```
 //! Targets must lie in [0, V) (unsharded) — a bad target is a ShapeError, not a silent zero.
+//!
+//! A padded vocabulary (the LM head of a model whose wte has Vp >= V rows, the padding zero):
+//! the unsharded pair takes the row stride `ld` = Vp and reads only the first V columns of each
+//! row, so the padded logits are masked out of the softmax exactly; the backward writes 0 to
+//! columns [V, ld), so nothing flows into the padding rows of wte.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -45,6 +51,14 @@ void row_softmax_grad(T* dx, const T* x, std::int64_t n, float mx, float sum,
     dx[c] = convert<T>(dloss * (pr - (c == target_local ? 1.0f : 0.0f)));
   }
 }
+/// The row stride of a logits buffer: `ld`, or V when ld is 0; never below V.
+inline std::int64_t row_stride(std::int64_t V, std::int64_t ld) {
+  if (ld == 0) return V;
+  check<ShapeError>(ld >= V, "fourway: cross-entropy row stride ld=", ld, " is below V=", V,
+                    "; pass ld >= V (a padded vocabulary) or 0");
+  return ld;
+}
+
 inline void check_target(std::int32_t t, std::int64_t r, std::int64_t V) {
   check<ShapeError>(t >= 0 && t < V, "fourway: target ", t, " of row ", r,
                     " is outside the vocabulary [0, ", V, ")");
@@ -54,10 +68,12 @@ inline void check_target(std::int32_t t, std::int64_t r, std::int64_t V) {
 /// losses (rows) = -log softmax(logits (rows, V))[targets].
 template <floating_dtype T>
 void cross_entropy_forward(const Context<Host>& /*ctx*/, float* losses, const T* logits,
-                           const std::int32_t* targets, std::int64_t rows, std::int64_t V) {
+                           const std::int32_t* targets, std::int64_t rows, std::int64_t V,
+                           std::int64_t ld = 0) {
+  ld = detail::row_stride(V, ld);
   for (std::int64_t r = 0; r < rows; ++r) {
     detail::check_target(targets[r], r, V);
-    const T* x = logits + r * V;
+    const T* x = logits + r * ld;
     const float mx = detail::row_max(x, V);
     const float sum = detail::row_sumexp(x, V, mx);
     losses[r] = std::log(sum) + mx - convert<float>(x[targets[r]]);
@@ -65,16 +81,19 @@ void cross_entropy_forward(const Context<Host>& /*ctx*/, float* losses, const T*
 }
 
 /// dlogits (rows, V) = dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits.
+/// With a row stride ld > V (a padded vocabulary), columns [V, ld) of dlogits are set to 0.
 template <floating_dtype T>
 void cross_entropy_backward(const Context<Host>& /*ctx*/, T* dlogits, const T* logits,
                             const std::int32_t* targets, std::int64_t rows, std::int64_t V,
-                            float dloss) {
+                            float dloss, std::int64_t ld = 0) {
+  ld = detail::row_stride(V, ld);
   for (std::int64_t r = 0; r < rows; ++r) {
     detail::check_target(targets[r], r, V);
-    const T* x = logits + r * V;
+    const T* x = logits + r * ld;
     const float mx = detail::row_max(x, V);
     const float sum = detail::row_sumexp(x, V, mx);
-    detail::row_softmax_grad(dlogits + r * V, x, V, mx, sum, targets[r], dloss);
+    detail::row_softmax_grad(dlogits + r * ld, x, V, mx, sum, targets[r], dloss);
+    std::fill(dlogits + r * ld + V, dlogits + (r + 1) * ld, convert<T>(0.0f));
   }
 }
 

@@ -1,5 +1,7 @@
 //! Host element-wise kernels: residual add, tanh-GELU forward and backward, and the precision
-//! helpers (cast, scale in place, inf/NaN detection, sum of squares for the global L2 norm).
+//! helpers (cast, scale in place, inf/NaN detection, sum of squares for the global L2 norm) and
+//! the two step reductions that stay in backend memory (`sum_squares_into` over a list of
+//! tensors, `sum_into` for the loss).
 //!
 //! GELU is GPT-2's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
 //! (Hendrycks & Gimpel 2016), computed in fp32 for every element type; a 16-bit result is that
@@ -14,7 +16,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include "fourway/backend/host/backend.hpp"
 #include "fourway/backend/host/math.hpp"
@@ -50,6 +54,15 @@ inline float gelu_grad(float x) {
 /// fp16 kernels convert blocks of this many values with `cast` (F16C where the target has it;
 /// the scalar fp16 conversion branches and does not vectorise) and compute in fp32 between.
 inline constexpr std::int64_t fp16_block = 256;
+
+/// Sum of p[i]^2 over n elements in double, in `sum_lanes`' fixed order.
+template <class T>
+double squares(const T* p, std::int64_t n) {
+  return sum_lanes<double>(n, [p](std::int64_t i) {
+    const double x = convert<float>(p[i]);
+    return x * x;
+  });
+}
 
 /// out[i] = bf16(f(float(src[i])...)) for i in [0, n): two bf16 values are read as one 32-bit
 /// word, the first widened by `w << 16`, the second by `w & 0xffff0000` — no shuffles, so the
@@ -153,9 +166,11 @@ void scale(const Context<Host>& /*ctx*/, T* p, std::int64_t n, float s) {
   for (std::int64_t i = 0; i < n; ++i) p[i] = convert<T>(convert<float>(p[i]) * s);
 }
 
-/// True when any of the n elements is an infinity or a NaN.
+/// True when any of the n elements is an infinity or a NaN (a value for the host: counted as a
+/// synchronising call, as on the device).
 template <floating_dtype T>
-bool has_inf_nan(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
+bool has_inf_nan(const Context<Host>& ctx, const T* p, std::int64_t n) {
+  ctx.note_sync();
   bool found = false;
   for (std::int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<T, float>) {
@@ -169,13 +184,33 @@ bool has_inf_nan(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
   return found;
 }
 
-/// Sum of p[i]^2 over n elements, accumulated in double.
+/// Sum of p[i]^2 over n elements, accumulated in double (a value for the host: counted as a
+/// synchronising call, as on the device).
 template <floating_dtype T>
-double sum_squares(const Context<Host>& /*ctx*/, const T* p, std::int64_t n) {
-  return detail::sum_lanes<double>(n, [p](std::int64_t i) {
-    const double x = convert<float>(p[i]);
-    return x * x;
-  });
+double sum_squares(const Context<Host>& ctx, const T* p, std::int64_t n) {
+  ctx.note_sync();
+  return detail::squares(p, n);
+}
+
+/// *acc += sum over the list of every element squared, in double, tensor by tensor in list order
+/// (each tensor's sum as `sum_squares` forms it). acc is backend memory: nothing returns to the
+/// host, so a step's gradient norm costs no synchronisation until its scalars are read. An
+/// infinity or NaN anywhere makes *acc non-finite, which is how the fp16 step detects overflow.
+template <floating_dtype T>
+void sum_squares_into(const Context<Host>& /*ctx*/, double* acc,
+                      const std::vector<std::span<const T>>& list) {
+  double total = 0.0;
+  for (const auto& t : list)
+    total += detail::squares(t.data(), static_cast<std::int64_t>(t.size()));
+  *acc += total;
+}
+
+/// *acc += scale * sum of x[0, n), in double; acc is backend memory (the step's loss sum, kept
+/// on the device until the step's scalars are read).
+template <floating_dtype T>
+void sum_into(const Context<Host>& /*ctx*/, double* acc, const T* x, std::int64_t n, double scale) {
+  *acc += scale * detail::sum_lanes<double>(
+                      n, [x](std::int64_t i) { return static_cast<double>(convert<float>(x[i])); });
 }
 
 }  // namespace fourway::host

@@ -7,6 +7,7 @@
 //! whose cancellation would cost digits; bf16 rows are read in place, not copied to fp32.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/host/elementwise.hpp"
 #include "fourway/backend/host/math.hpp"
 #include "fourway/core/dtype.hpp"
 
@@ -70,6 +72,22 @@ void layernorm_forward(const Context<Host>& /*ctx*/, T* out, float* mean, float*
     }
     mean[r] = m;
     rstd[r] = s;
+  }
+}
+
+/// The residual add and the LayerNorm after it in one pass over the rows: r (rows, C) = a + b,
+/// rounded to T, then out = layernorm(r) exactly as `layernorm_forward` computes it from the
+/// stored r. A transformer block's `x + attn`, then ln_2. Blocks of rows stay in cache between
+/// the two steps (the CUDA twin reads a and b once and r only from registers' row).
+template <floating_dtype T>
+void residual_layernorm_forward(const Context<Host>& ctx, T* r, T* out, float* mean, float* rstd,
+                                const T* a, const T* b, const T* weight, const T* bias,
+                                std::int64_t rows, std::int64_t C, float eps) {
+  constexpr std::int64_t block = 16;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += block) {
+    const std::int64_t n = std::min(block, rows - r0);
+    residual_forward(ctx, r + r0 * C, a + r0 * C, b + r0 * C, n * C);
+    layernorm_forward(ctx, out + r0 * C, mean + r0, rstd + r0, r + r0 * C, weight, bias, n, C, eps);
   }
 }
 
