@@ -14,6 +14,8 @@
 #                 (B·T, V) logits and the tied head take most of the step
 #   SHAPE=blocks  4 layers, width 384, 6 heads, vocab 512, T 128, B 8: the blocks take the step
 #   PIN=CPUS      run both sides under `taskset -c CPUS` (e.g. PIN=0: one core, as the targets ask)
+#   AGAINST=EXE   the other side is another fourway-train binary (an older build) instead of
+#                 PyTorch, run the same way; the ratio is then this build / EXE
 #   ROUNDS, STEPS (timed steps per run, default 6)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +27,7 @@ warmup=2
 source "$here/../stats.sh"  # stats, median, ratio, machine, load1
 exe=$build/examples/train/fourway-train
 [ -x "$exe" ] || { echo "no $exe: build the fourway-train target first" >&2; exit 1; }
+[ -z "${AGAINST:-}" ] || [ -x "$AGAINST" ] || { echo "AGAINST=$AGAINST is not an executable" >&2; exit 1; }
 case ${SHAPE:-vocab} in
   vocab) layers=4 dim=256 heads=8 vocab=50257 ;;
   blocks) layers=4 dim=384 heads=6 vocab=512 ;;
@@ -49,13 +52,14 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack(f"<{n}H", *toks))
 PY
 
-fourway_ms() {  # median step_ms of one fourway-train run (steps after the warm-up)
-  OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "${pin[@]}" "$exe" $model \
+fourway_ms() {  # median step_ms of one fourway-train run (steps after the warm-up) of ${1:-$exe}
+  OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "${pin[@]}" "${1:-$exe}" $model \
     --data "$tmp/tok.bin" --steps $((steps + warmup)) --lr 3e-4 --beta2 0.95 --weight-decay 0.1 \
     --grad-clip 1.0 --log-json "$tmp/log.jsonl" --quiet > /dev/null
   awk -v w=$warmup -F'"step_ms":' 'NR > w { split($2, a, ","); print a[1] }' "$tmp/log.jsonl" | median
 }
 pytorch_ms() {  # median step_ms of one PyTorch run; its CPU ms per step go to pt_cpu.ms
+  if [ -n "${AGAINST:-}" ]; then fourway_ms "$AGAINST"; echo 0 >> "$tmp/pt_cpu.ms"; return; fi
   local line
   line=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
     "${pin[@]}" /usr/bin/python3 "$here/pytorch_step.py" --threads "$threads" --steps "$steps" \
@@ -76,22 +80,24 @@ for i in $(seq "$rounds"); do
   fi
   echo "$fw" >> "$tmp/fw.ms"
   echo "$pt" >> "$tmp/pt.ms"
-  echo "round $i (load $(load1)): fourway $fw ms, pytorch $pt ms"
+  echo "round $i (load $(load1)): fourway $fw ms, ${AGAINST:+old }${AGAINST:-pytorch} $pt ms"
 done
+other=pytorch
+[ -n "${AGAINST:-}" ] && other="fourway at $AGAINST"
 fw_med=$(median < "$tmp/fw.ms")
 pt_med=$(median < "$tmp/pt.ms")
 tokens=$((batch * seq))
 printf 'fourway step_ms min / median / max %s, tokens/s at the median %.0f\n' \
   "$(stats < "$tmp/fw.ms")" "$(echo "$tokens * 1000 / $fw_med" | bc -l)"
-printf 'pytorch step_ms min / median / max %s, tokens/s at the median %.0f (cpu_ms %s)\n' \
+printf '%s step_ms min / median / max %s, tokens/s at the median %.0f (cpu_ms %s)\n' "$other" \
   "$(stats < "$tmp/pt.ms")" "$(echo "$tokens * 1000 / $pt_med" | bc -l)" "$(stats < "$tmp/pt_cpu.ms")"
-echo "ratio of the medians, fourway / pytorch tokens/s: $(ratio "$pt_med" "$fw_med")" \
+echo "ratio of the medians, fourway / $other tokens/s: $(ratio "$pt_med" "$fw_med")" \
   "(step time $(ratio "$fw_med" "$pt_med"))"
 
 # CPU time per step (robust when the machine is shared): the same step through the Trainer in
 # bench_fourway_train (Google Benchmark, CPU time; its own fixed GPT-2 shape, vocab 50257).
 bench=$build/benchmarks/train/bench_fourway_train
-if [ -x "$bench" ] && [ "${SHAPE:-vocab}" = vocab ]; then
+if [ -x "$bench" ] && [ "${SHAPE:-vocab}" = vocab ] && [ -z "${AGAINST:-}" ]; then
   cpu=$(OPENBLAS_NUM_THREADS=$threads "${pin[@]}" "$bench" --benchmark_min_time=1 \
         --benchmark_format=csv 2>/dev/null | awk -F, '/BM_Gpt2TrainStepFp32/ { print $4 }')
   pt_cpu=$(median < "$tmp/pt_cpu.ms")
