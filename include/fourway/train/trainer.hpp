@@ -172,7 +172,7 @@ class Trainer {
         if constexpr (sinks_loss) {
           // Σ per-token losses · b / (b·T): the micro-batch's mean loss times its rows
           const LossSink sink{strategy_.device_loss_sum(), 1.0 / static_cast<double>(T),
-                              B::on_device};
+                              B::on_device && checks_tokens};
           model.forward_into(ctx, tokens, targets, stash_, sink, strategy_.hooks());
         } else {
           const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
@@ -217,13 +217,17 @@ class Trainer {
     m.forward_into(ctx, tok, tok, st, sink, s.hooks());
   };
 
+  /// The model names its vocabulary, so `stage_tokens` checks the ids on the host (and a device
+  /// embedding's bounds flag need not be read back); otherwise the model checks them itself.
+  static constexpr bool checks_tokens = requires(model_type & m) { m.config().vocab; };
+
   /// This rank's inputs and targets of the step, their ids checked against the model's vocabulary
   /// here, on the host (a device embedding then need not read its bounds flag back): views of
   /// the host batch on Host, one upload into a (2 · n) device buffer otherwise.
   void stage_tokens(const Context<B>& ctx, model_type& model, std::span<const std::int32_t> inputs,
                     std::span<const std::int32_t> targets) {
     const auto n = static_cast<std::int64_t>(inputs.size());
-    if constexpr (requires { model.config().vocab; }) {
+    if constexpr (checks_tokens) {
       check_token_ids(inputs, model.config().vocab, "input");
       check_token_ids(targets, model.config().vocab, "target");
     }
