@@ -34,12 +34,16 @@ class StepScalars {
   static constexpr std::int64_t capacity = 4;
 
   explicit StepScalars(const Context<B>& ctx)
-      : ctx_(&ctx), buffer_(Shape{capacity}, MemTag::comm_buffers, ctx.memory()) {}
+      : ctx_(&ctx), buffer_(Shape{capacity}, MemTag::comm_buffers, ctx.memory()) {
+    clear();
+  }
 
   /// Slot i (backend memory), for the kernels that add to it.
   [[nodiscard]] double* slot(std::int64_t i) { return buffer_.data() + i; }
   /// Slots [0, n) = 0 (a kernel; no synchronisation).
   void clear(std::int64_t n = capacity) { Ops<B>::fill(*ctx_, buffer_.data(), n, 0.0); }
+  /// Slot i = 0 (a kernel; no synchronisation).
+  void zero(std::int64_t i) { Ops<B>::fill(*ctx_, buffer_.data() + i, 1, 0.0); }
   /// Slot i = v, copied from the host (staged on a device: no synchronisation).
   void set(std::int64_t i, double v) { Ops<B>::from_host(*ctx_, buffer_.data() + i, &v, 1); }
 

@@ -194,6 +194,7 @@ class ShardedStrategy {
       } else {
         held.emplace_back(reducer_.shard(), static_cast<std::size_t>(layout().shard()));
       }
+      scalars_.zero(1);  // Σg² is this call's alone, whether or not begin_step ran
       ops::sum_squares_into(*ctx_, scalars_.slot(1), held);
       const auto sums =
           scalars_.template read_summed<2>(*comm_, policy::shards_optimizer_state ? 2 : 1);

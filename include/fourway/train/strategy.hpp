@@ -196,6 +196,7 @@ class SingleRank {
       grads.emplace_back(p.grad.data(), static_cast<std::size_t>(p.grad.numel()));
       bindings.push_back({p.weight.data(), p.grad.data()});
     });
+    scalars_.zero(1);  // Σg² is this call's alone, whether or not begin_step ran
     Ops<B>::sum_squares_into(*ctx_, scalars_.slot(1), grads);
     const auto [loss_sum, ss] = scalars_.template read<2>();
     StepReport r;
