@@ -322,10 +322,9 @@ template <class Strategy>
 std::uint64_t save_gpt2_sharded(Strategy& strategy, int rank, const FlagGather& flags,
                                 const std::filesystem::path& path) {
   using T = typename Strategy::param_type;
+  const auto tensors = gpt2_collective_tensors(strategy.model());
   return write_safetensors_collective(
-      rank, flags, path, gpt2_metadata(), gpt2_collective_tensors(strategy.model()),
-      [&](PieceSink& sink) {
-        const auto tensors = gpt2_collective_tensors(strategy.model());
+      rank, flags, path, gpt2_metadata(), tensors, [&](PieceSink& sink) {
         strategy.write_owned_weights([&](int param, std::int64_t first, const T* host,
                                          std::int64_t count) {
           // padding rows (past the file's elements) are not written
