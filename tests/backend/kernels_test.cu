@@ -608,3 +608,70 @@ TYPED_TEST(CudaKernels, AdamWListMatchesHost) {
     expect_match(dw[t].get(e, N), working[t], 1e-7, "adamw list working");
   }
 }
+
+// RMSNorm, RoPE (in place, strided rows, padding past the heads) and SwiGLU against their host
+// twins. RMSNorm sums in another order (warp shuffles vs 16 lanes): C·2⁻²⁴-scale differences.
+// RoPE: both sides turn by bitwise the same fp32 angles (the CUDA twin takes the host's inverse
+// frequencies); device sincosf vs host cos/sin differ by an ulp or two. SwiGLU: expf vs std::exp.
+TYPED_TEST(CudaKernels, RmsNormRopeSwiGluMatchHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][2] = {{1, 5}, {7, 33}, {127, 257}, {1023, 768}};
+  std::uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], C = s[1];
+    const auto N = static_cast<std::size_t>(rows * C), R = static_cast<std::size_t>(rows);
+    const auto in = ft::random_typed<T>(N, ++seed, -2.0f, 3.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto dy = ft::random_typed<T>(N, ++seed);
+    auto dw = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    std::vector<T> out(N), din(N);
+    std::vector<float> rstd(R);
+    Dev<T> di(e, in), dwt(e, w), ddy(e, dy), ddw(e, dw), dout(e, out), ddin(e, din);
+    Dev<float> drstd(e, rstd);
+    fw::cuda::rmsnorm_forward(e.dev, dout.p(), drstd.p(), di.p(), dwt.p(), rows, C, 1e-5f);
+    fw::host::rmsnorm_forward(e.host, out.data(), rstd.data(), in.data(), w.data(), rows, C, 1e-5f);
+    expect_match(dout.get(e, N), out, 1e-5, "rmsnorm out");
+    ft::expect_close(ft::to_double(drstd.get(e, R)), ft::to_double(rstd), 1e-6, 1e-5,
+                     "rmsnorm rstd");
+    fw::cuda::rmsnorm_backward(e.dev, ddin.p(), ddw.p(), ddy.p(), di.p(), dwt.p(), drstd.p(), rows,
+                               C);
+    fw::host::rmsnorm_backward(e.host, din.data(), dw.data(), dy.data(), in.data(), w.data(),
+                               rstd.data(), rows, C);
+    expect_match(ddin.get(e, N), din, 1e-4, "rmsnorm din");
+    expect_match(ddw.get(e, dw.size()), dw, static_cast<double>(rows) * 0x1p-20, "rmsnorm dweight");
+
+    // SwiGLU over (rows, 2C) -> (rows, C)
+    const auto gu = ft::random_typed<T>(2 * N, ++seed, -6.0f, 6.0f);
+    std::vector<T> sw(N), dsw(2 * N);
+    Dev<T> dgu(e, gu), dswo(e, sw), ddsw(e, dsw);
+    fw::cuda::swiglu_forward(e.dev, dswo.p(), dgu.p(), rows, C);
+    fw::host::swiglu_forward(e.host, sw.data(), gu.data(), rows, C);
+    expect_match(dswo.get(e, N), sw, 1e-6, "swiglu_forward");
+    fw::cuda::swiglu_backward(e.dev, ddsw.p(), ddy.p(), dgu.p(), rows, C);
+    fw::host::swiglu_backward(e.host, dsw.data(), dy.data(), gu.data(), rows, C);
+    expect_match(ddsw.get(e, 2 * N), dsw, 1e-5, "swiglu_backward");
+  }
+
+  // RoPE: (rows, seq, heads, head_size, padding) with seq not dividing rows
+  const std::int64_t rope[][5] = {
+      {1, 1, 1, 8, 0}, {7, 3, 2, 8, 5}, {127, 50, 3, 64, 17}, {1023, 256, 8, 128, 0}};
+  for (const auto& r : rope) {
+    const std::int64_t rows = r[0], seq = r[1], heads = r[2], hs = r[3];
+    const std::int64_t stride = heads * hs + r[4];
+    const auto N = static_cast<std::size_t>(rows * stride);
+    auto x = ft::random_typed<T>(N, ++seed, -2.0f, 2.0f);
+    Dev<T> dx(e, x);
+    fw::cuda::rope_forward(e.dev, dx.p(), rows, seq, stride, heads, hs, 10000.0f);
+    fw::host::rope_forward(e.host, x.data(), rows, seq, stride, heads, hs, 10000.0f);
+    // |a|, |b| ≤ 2: a few ulps of cos/sin at angles up to seq radians, times 4
+    expect_match(dx.get(e, N), x, 1e-5, "rope_forward");
+    fw::cuda::rope_backward(e.dev, dx.p(), rows, seq, stride, heads, hs, 10000.0f);
+    fw::host::rope_backward(e.host, x.data(), rows, seq, stride, heads, hs, 10000.0f);
+    expect_match(dx.get(e, N), x, 2e-5, "rope_backward");
+  }
+  std::vector<T> bad(12);
+  Dev<T> dbad(e, bad);
+  EXPECT_THROW(fw::cuda::rope_forward(e.dev, dbad.p(), 2, 2, 6, 2, 3, 10000.0f), fw::ShapeError);
+}

@@ -41,6 +41,12 @@ struct Ops;
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_forward)          \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, layernorm_backward)         \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, residual_layernorm_forward) \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, rmsnorm_forward)            \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, rmsnorm_backward)           \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, rope_forward)               \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, rope_backward)              \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, swiglu_forward)             \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, swiglu_backward)            \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_forward)          \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_backward)         \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_forward)    \

@@ -12,4 +12,7 @@
 #include "fourway/backend/cuda/flash_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"
+#include "fourway/backend/cuda/rmsnorm.cuh"
+#include "fourway/backend/cuda/rope.cuh"
 #include "fourway/backend/cuda/softmax.cuh"
+#include "fourway/backend/cuda/swiglu.cuh"

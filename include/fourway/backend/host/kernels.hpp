@@ -11,4 +11,7 @@
 #include "fourway/backend/host/flash_attention.hpp"
 #include "fourway/backend/host/gemm.hpp"
 #include "fourway/backend/host/layernorm.hpp"
+#include "fourway/backend/host/rmsnorm.hpp"
+#include "fourway/backend/host/rope.hpp"
 #include "fourway/backend/host/softmax.hpp"
+#include "fourway/backend/host/swiglu.hpp"
