@@ -1,6 +1,7 @@
 //! `check_mesh`: the numerics check users run — a mesh against the one-rank run of the same model
 //! on the same data, with bounds derived from the precision (what torchtitan's loss_compare and
-//! Megatron's ε-bound tests do by hand). `check_mesh` takes a GPT configuration and any mesh;
+//! Megatron's ε-bound tests do by hand). `check_mesh` takes a model configuration (GPT's, or
+//! one of the user's own with a `fw::model_family`, train/model_family.hpp) and any mesh;
 //! `check_sharded` takes a model of the user's own (any `trainable_model` with named parameters
 //! and FSDP units) under DataParallel or ZeRO-1/2/3. Both share one comparison.
 //!
@@ -252,23 +253,29 @@ struct OneRankRun {
 
 /// Runs the mesh `MeshT` (every rank calls it with its groups; a collective over `world`) and,
 /// on world rank 0, the one-rank run of `cfg`, and compares them (see the top of this file).
-/// `batch_at(step)` gives the global batch of step `step` (0-based; the probe uses step 0's);
-/// its spans must stay valid until the next call. `load` / `load_one_rank` set the initial
-/// weights of the mesh's rank models / of the one-rank model (empty: the seed's).
-template <class MeshT, precision_policy P, backend B, communicator Comm>
+/// `cfg` names the model: GPT's `models::GptConfig`, or the configuration of a model of your own
+/// with a `fw::model_family` (train/model_family.hpp). `batch_at(step)` gives the global batch of
+/// step `step` (0-based; the probe uses step 0's); its spans must stay valid until the next call.
+/// `load` / `load_one_rank` set the initial weights of the mesh's rank models / of the one-rank
+/// model (empty: the seed's).
+template <class MeshT, precision_policy P, backend B, communicator Comm,
+          class Config = models::GptConfig>
 CheckReport check_mesh(
     const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups, Comm& world,
-    const models::GptConfig& cfg, std::uint64_t seed, const MeshOptions& options,
-    const AdamW& optimizer, const TrainerOptions& trainer,
-    const std::function<Batch(int)>& batch_at, CheckOptions check_options = {},
-    const typename MeshStrategy<MeshT, P, B, Comm>::loader& load = {},
-    const std::function<void(const Context<B>&, models::Gpt<typename P::param_type, B>&)>&
-        load_one_rank = {}) {
+    const Config& cfg, std::uint64_t seed, const MeshOptions& options, const AdamW& optimizer,
+    const TrainerOptions& trainer, const std::function<Batch(int)>& batch_at,
+    CheckOptions check_options = {},
+    const typename MeshStrategy<MeshT, P, B, Comm, Config>::loader& load = {},
+    const std::function<void(const Context<B>&,
+                             typename model_family<Config>::template one_rank_model<
+                                 typename P::param_type, B, Comm>&)>& load_one_rank = {}) {
   using T = typename P::param_type;
-  using S = MeshStrategy<MeshT, P, B, Comm>;
-  using Whole = models::Gpt<T, B>;
+  using S = MeshStrategy<MeshT, P, B, Comm, Config>;
+  using family = model_family<Config>;
+  using Whole = typename family::template one_rank_model<T, B, Comm>;
   TrainerOptions one = trainer;  // dp·M micro-batches of the same rows
   one.micro_batches = trainer.micro_batches * mesh.dp();
+  Comm single = world.split(world.rank(), 0);  // a group of one rank, for the one-rank model
   return detail::compare_with_one_rank<T>(
       world, optimizer, batch_at, check_options,
       [&](const AdamW& opt) {
@@ -278,7 +285,7 @@ CheckReport check_mesh(
       [](Trainer<S>& t) { return t.strategy().full_parameters(); },
       [&](const AdamW& opt) {
         detail::OneRankRun<Whole, P, B> run;
-        run.model = std::make_unique<Whole>(ctx, cfg, seed);
+        run.model = family::template make_one_rank<T, B, Comm>(ctx, cfg, seed, single);
         if (load_one_rank) load_one_rank(ctx, *run.model);
         run.trainer = std::make_unique<Trainer<SingleRank<Whole, P, B>>>(one, ctx, *run.model, opt);
         return run;

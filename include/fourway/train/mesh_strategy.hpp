@@ -1,6 +1,6 @@
-//! `MeshStrategy<MeshT, P, B, Comm>`: the Mesh type is the runtime. A GPT trained on
+//! `MeshStrategy<MeshT, P, B, Comm, Config>`: the Mesh type is the runtime. A model trained on
 //! `fw::Trainer<fw::MeshStrategy<fw::Mesh<...>, P, B, Comm>>` runs the strategy the mesh's policies
-//! name, chosen at compile time from the type alone:
+//! name, chosen at compile time from the type alone (for GPT, the default `Config`):
 //! ```
 //!   mesh has                    model of each rank          strategy (train/)
 //!   no Pipeline, no TP          models::Gpt (deferred)      ShardedStrategy<Z> over dp
@@ -9,6 +9,8 @@
 //!   TensorParallel + Pipeline   tp::Gpt parts over tp       PipelineStrategy<.., Z, tp::Gpt> over
 //!   pp, dp
 //! ```
+//! Any other model runs the same table with the rank models its `fw::model_family<Config>` names
+//! (train/model_family.hpp): a Llama-style decoder of the user's own does (examples/llama/).
 //! Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S for `Sharded<S>`.
 //! Every degree may be `fw::dynamic` (given to the Mesh at run time) and any may be 1, down to the
 //! 1×1×1 mesh `Mesh<>` (ShardedStrategy<0> over a one-rank dp group). Invalid combinations are
@@ -26,6 +28,7 @@
 //! run (train/mesh_check.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +47,7 @@
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/train/model_family.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 
@@ -99,14 +103,15 @@ inline constexpr bool is_mesh<Mesh<Ps...>> = true;
 
 namespace detail {
 
-template <class MeshT, class P, class B, class Comm>
+template <class MeshT, class P, class B, class Comm, class Config>
 struct mesh_strategy_types {
   static_assert(is_mesh<MeshT>,
                 "fourway: MeshStrategy<M, P, B, Comm> needs M = fw::Mesh<policies...>, e.g. "
                 "fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 4>, fw::Sharded<1>>");
   using T = typename P::param_type;
   using traits = mesh_traits<MeshT>;
-  using model = std::conditional_t<traits::tensor_parallel, tp::Gpt<T, B, Comm>, models::Gpt<T, B>>;
+  using family = model_family<Config>;
+  using model = typename family::template rank_model<T, B, Comm, traits::tensor_parallel>;
   using base =
       std::conditional_t<traits::pipeline, PipelineStrategy<P, B, Comm, traits::zero_stage, model>,
                          ShardedStrategy<traits::zero_stage, model, P, B, Comm>>;
@@ -120,11 +125,13 @@ struct OwnedModel {
 
 }  // namespace detail
 
-template <class MeshT, precision_policy P, backend B, communicator Comm>
-class MeshStrategy
-    : private detail::OwnedModel<typename detail::mesh_strategy_types<MeshT, P, B, Comm>::model>,
-      public detail::mesh_strategy_types<MeshT, P, B, Comm>::base {
-  using types = detail::mesh_strategy_types<MeshT, P, B, Comm>;
+template <class MeshT, precision_policy P, backend B, communicator Comm,
+          class Config = models::GptConfig>
+class MeshStrategy : private detail::OwnedModel<
+                         typename detail::mesh_strategy_types<MeshT, P, B, Comm, Config>::model>,
+                     public detail::mesh_strategy_types<MeshT, P, B, Comm, Config>::base {
+  using types = detail::mesh_strategy_types<MeshT, P, B, Comm, Config>;
+  using family = typename types::family;
   using owned_model = detail::OwnedModel<typename types::model>;
   using T = typename P::param_type;
 
@@ -141,7 +148,7 @@ class MeshStrategy
   /// Builds this rank's part of `cfg` (values of models::Gpt(ctx, cfg, seed), or what `load`
   /// sets) as the mesh says. `groups` belongs to this rank and must outlive the strategy.
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
-               const models::GptConfig& cfg, std::uint64_t seed, MeshOptions options = {},
+               const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(!traits::pipeline)
       : owned_model{make_model(ctx, cfg, seed, ready(groups), options, load)},
         base_type(ctx, *this->owned, groups.dp(), optimizer, options.sharded),
@@ -151,74 +158,123 @@ class MeshStrategy
         seed_(seed) {}
 
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
-               const models::GptConfig& cfg, std::uint64_t seed, MeshOptions options = {},
+               const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(traits::pipeline)
       : owned_model{(ready(groups), nullptr)},
-        base_type(ctx, cfg, chunk_factory(ctx, cfg, seed, groups, options.tensor, load),
-                  groups.pp(), groups.dp(), pipeline_options(options.pipeline), optimizer),
+        base_type(ctx, family::cut_costs(cfg),
+                  chunk_factory(ctx, cfg, seed, groups, options.tensor, load), groups.pp(),
+                  groups.dp(), pipeline_options(options.pipeline), optimizer),
         mesh_(mesh),
         groups_(&groups),
         cfg_(cfg),
         seed_(seed) {}
 
   [[nodiscard]] const MeshT& mesh() const { return mesh_; }
+  /// The model's configuration and initial seed.
+  [[nodiscard]] const Config& config() const { return cfg_; }
+  [[nodiscard]] std::uint64_t seed() const { return seed_; }
   [[nodiscard]] MeshGroups<Comm>& groups() { return *groups_; }
   [[nodiscard]] base_type& base() { return *this; }
   /// A checkpoint of the run is written by every rank of the mesh (train/resume.hpp).
   [[nodiscard]] int checkpoint_ranks() const { return mesh_.size(); }
 
-  /// The unsplit model's tensors in Hugging Face order, on every rank (the LM head's copy of
-  /// `wte` is not listed: it equals `wte`). A collective over the whole mesh.
+  /// The unsplit model's tensors in the model's order (Hugging Face order for GPT), on every
+  /// rank; a tensor listed twice (GPT's LM head copy of `wte`) once. A collective over the whole
+  /// mesh.
   std::vector<NamedTensor> full_parameters() {
     const Context<B>& ctx = this->context();
     if constexpr (!traits::pipeline) {
       auto values = this->gather_full_parameters();
-      if constexpr (traits::tensor_parallel) values = this->owned->gather_over_tp(values);
-      std::vector<NamedTensor> out;
-      std::size_t i = 0;
-      this->owned->visit_parameters([&](Parameter<T, B>& p) {
-        out.push_back({p.name, std::move(values[i++])});
-      });
-      return out;
+      if constexpr (requires { this->owned->gather_over_tp(values); })
+        values = this->owned->gather_over_tp(values);
+      return named(*this->owned, std::move(values));
     } else {
       // every chunk's unsplit tensors on the ranks that hold it, then broadcast over pp
       const auto& table = this->table();
-      std::vector<std::vector<std::vector<float>>> mine(static_cast<std::size_t>(table.chunks()));
+      std::vector<std::vector<NamedTensor>> mine(static_cast<std::size_t>(table.chunks()));
       this->with_gathered_parameters([&] {
         for (int c = 0; c < table.chunks(); ++c) {
           rank_model_type* chunk = this->chunk(c);
           if (chunk == nullptr) continue;
-          auto& v = mine[static_cast<std::size_t>(c)];
-          if constexpr (traits::tensor_parallel) {
+          std::vector<std::vector<float>> v;
+          if constexpr (requires { chunk->gather_over_tp(v); }) {
             v = chunk->gather_over_tp(chunk->local_parameters(ctx));
           } else {
             chunk->visit_parameters(
                 [&](Parameter<T, B>& p) { v.push_back(parameter_values(ctx, p)); });
           }
+          mine[static_cast<std::size_t>(c)] = named(*chunk, std::move(v));
         }
       });
       std::vector<NamedTensor> out;
       Comm& pp = groups_->pp();
       for (int c = 0; c < table.chunks(); ++c) {
-        const DeferredInit shapes_only;  // the part's names and unsplit sizes, nothing allocated
-        models::Gpt<T, B> part(ctx, cfg_, seed_, this->partition().part(c));
-        std::size_t i = 0;
-        part.visit_parameters([&](Parameter<T, B>& p) {
-          const std::size_t k = i++;
-          const bool known = !out.empty() && p.name == out.front().name;  // the head's wte
-          if (known) return;
-          std::vector<float> v = table.rank_of(c) == pp.rank()
-                                     ? std::move(mine[static_cast<std::size_t>(c)][k])
-                                     : std::vector<float>(static_cast<std::size_t>(p.numel()));
-          if (pp.size() > 1) pp.broadcast(v.data(), p.numel(), table.rank_of(c));
-          out.push_back({p.name, std::move(v)});
-        });
+        auto part = broadcast_tensors(pp, table.rank_of(c), mine[static_cast<std::size_t>(c)]);
+        for (auto& nt : part) {
+          const bool known = std::any_of(out.begin(), out.end(),
+                                         [&](const NamedTensor& o) { return o.name == nt.name; });
+          if (!known) out.push_back(std::move(nt));
+        }
       }
       return out;
     }
   }
 
  private:
+  /// `values[i]` named after the model's i-th parameter.
+  template <class Model>
+  static std::vector<NamedTensor> named(Model& m, std::vector<std::vector<float>> values) {
+    std::vector<NamedTensor> out;
+    std::size_t i = 0;
+    m.visit_parameters([&](Parameter<T, B>& p) {
+      out.push_back({p.name, std::move(values[i++])});
+    });
+    return out;
+  }
+
+  /// `tensors` of rank `root` on every rank of `comm`: the count, the names' and values' sizes,
+  /// the names' characters and the values, in four broadcasts.
+  static std::vector<NamedTensor> broadcast_tensors(Comm& comm, int root,
+                                                    std::vector<NamedTensor> tensors) {
+    if (comm.size() == 1) return tensors;
+    std::int64_t n = static_cast<std::int64_t>(tensors.size());
+    comm.broadcast(&n, 1, root);
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(2 * n));
+    std::vector<std::int32_t> chars;
+    std::vector<float> values;
+    if (comm.rank() == root) {
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        sizes[2 * i] = static_cast<std::int64_t>(tensors[i].name.size());
+        sizes[2 * i + 1] = static_cast<std::int64_t>(tensors[i].values.size());
+        for (char ch : tensors[i].name) chars.push_back(static_cast<unsigned char>(ch));
+        values.insert(values.end(), tensors[i].values.begin(), tensors[i].values.end());
+      }
+    }
+    comm.broadcast(sizes.data(), 2 * n, root);
+    std::int64_t name_chars = 0, numel = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      name_chars += sizes[static_cast<std::size_t>(2 * i)];
+      numel += sizes[static_cast<std::size_t>(2 * i + 1)];
+    }
+    chars.resize(static_cast<std::size_t>(name_chars));
+    values.resize(static_cast<std::size_t>(numel));
+    comm.broadcast(chars.data(), name_chars, root);
+    comm.broadcast(values.data(), numel, root);
+    if (comm.rank() == root) return tensors;
+    std::vector<NamedTensor> out(static_cast<std::size_t>(n));
+    std::size_t c = 0, v = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const auto len = static_cast<std::size_t>(sizes[2 * i]);
+      const auto cnt = static_cast<std::size_t>(sizes[2 * i + 1]);
+      for (std::size_t k = 0; k < len; ++k) out[i].name.push_back(static_cast<char>(chars[c + k]));
+      out[i].values.assign(values.begin() + static_cast<std::ptrdiff_t>(v),
+                           values.begin() + static_cast<std::ptrdiff_t>(v + cnt));
+      c += len;
+      v += cnt;
+    }
+    return out;
+  }
+
   static MeshGroups<Comm>& ready(MeshGroups<Comm>& groups) {
     (void)groups.tp();  // every rank creates its groups in one order (mesh/groups.hpp)
     (void)groups.pp();
@@ -226,38 +282,24 @@ class MeshStrategy
     return groups;
   }
 
-  static std::unique_ptr<rank_model_type> make_model(const Context<B>& ctx,
-                                                     const models::GptConfig& cfg,
+  static std::unique_ptr<rank_model_type> make_model(const Context<B>& ctx, const Config& cfg,
                                                      std::uint64_t seed, MeshGroups<Comm>& groups,
                                                      const MeshOptions& options,
                                                      const loader& load) {
-    std::unique_ptr<rank_model_type> m;
-    if constexpr (traits::tensor_parallel) {
-      m = std::make_unique<rank_model_type>(ctx, cfg, groups.tp(), seed, options.tensor);
-    } else {
-      (void)groups;
-      (void)options;  // deferred unless loaded: the strategy materialises what this rank owns
-      m = load ? std::make_unique<rank_model_type>(ctx, cfg, seed)
-               : std::make_unique<rank_model_type>(rank_model_type::deferred(ctx, cfg, seed));
-    }
+    // deferred unless loaded (GPT without tp): the strategy materialises what this rank owns
+    auto m = family::template make<rank_model_type>(ctx, cfg, seed, groups.tp(), options.tensor,
+                                                    std::nullopt, static_cast<bool>(load));
     if (load) load(ctx, *m);
     return m;
   }
 
   /// The pipeline's chunk factory (a pipeline mesh only).
-  static auto chunk_factory(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
+  static auto chunk_factory(const Context<B>& ctx, const Config& cfg, std::uint64_t seed,
                             MeshGroups<Comm>& groups, tp::TpOptions tensor, const loader& load) {
     using factory = typename base_type::chunk_factory;
     Comm* tpc = &groups.tp();
     return factory([&ctx, cfg, seed, tpc, tensor, load](const models::GptPart& part) {
-      std::unique_ptr<rank_model_type> m;
-      if constexpr (traits::tensor_parallel) {
-        m = std::make_unique<rank_model_type>(ctx, cfg, *tpc, seed, tensor, part);
-      } else {
-        (void)tpc;
-        (void)tensor;
-        m = std::make_unique<rank_model_type>(ctx, cfg, seed, part);
-      }
+      auto m = family::template make<rank_model_type>(ctx, cfg, seed, *tpc, tensor, part, true);
       if (load) load(ctx, *m);
       return m;
     });
@@ -281,7 +323,7 @@ class MeshStrategy
 
   MeshT mesh_;
   MeshGroups<Comm>* groups_;
-  models::GptConfig cfg_;
+  Config cfg_;
   std::uint64_t seed_;
 };
 

@@ -1,8 +1,10 @@
-//! `PipelineStrategy<Precision, B, Comm>`: a GPT cut into pipeline chunks over the ranks of one
+//! `PipelineStrategy<Precision, B, Comm>`: a model cut into pipeline chunks over the ranks of one
 //! pipeline group, run by a schedule table (schedule/), as a training strategy
 //! (train/strategy.hpp). The chunks are `models::Gpt` parts, or with the fifth parameter any
 //! `pp::pipeline_chunk` a factory builds: `tp::Gpt` parts make every stage tensor-parallel
-//! (the 3D mesh: tp inside each stage, pp across stages, dp/ZeRO across the replicas).
+//! (the 3D mesh: tp inside each stage, pp across stages, dp/ZeRO across the replicas), and a
+//! model of the user's own is cut the same way (`pp::CutCosts` balances its blocks; its head is
+//! tied to the embedding only when the chunk has `wte()`, examples/llama/ has not).
 //!
 //!   construction   the schedule table for (kind, ranks, M, v) is made and checked (a bad request
 //!                  or table is a ScheduleError before any step); the model is cut into
@@ -11,7 +13,8 @@
 //!   step           the Trainer hands over the rank's rows; `run_micro_batches` cuts them into M
 //!                  micro-batches and runs the table (parallel/pp/executor.hpp): the micro-batch
 //!                  loop of the Trainer becomes the schedule's order;
-//!   finish_step    the tied embedding: the first chunk's `wte` (embedding) and the last chunk's
+//!   finish_step    a tied embedding (GPT): the first chunk's `wte` (embedding) and the last
+//!   chunk's
 //!                  copy (LM head) get the sum of both gradients (an all-reduce over the two ranks
 //!                  that hold them, or an add when one rank holds both, as in ZB-V), as Megatron
 //!                  does; Σg² counts `wte` once (the first chunk's) and is all-reduced over the
@@ -118,8 +121,8 @@ class PipelineStrategy {
 
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, cfg, gpt_parts(ctx, cfg, seed), pp, nullptr, std::move(options),
-                         optimizer) {}
+      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), gpt_parts(ctx, cfg, seed), pp, nullptr,
+                         std::move(options), optimizer) {}
 
   /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
   /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
@@ -127,14 +130,23 @@ class PipelineStrategy {
   /// are reduce-scattered over `dp` once per step and the rank keeps 1/D of the optimizer state.
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
                    Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, cfg, gpt_parts(ctx, cfg, seed), pp, &dp, std::move(options),
-                         optimizer) {}
+      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), gpt_parts(ctx, cfg, seed), pp, &dp,
+                         std::move(options), optimizer) {}
 
   /// Chunks from `make(part)`, e.g. this rank's `tp::Gpt` slices of each part (their tp group
   /// is the mesh's tp group; `pp` and `dp` are the groups of this rank's tp coordinate).
   PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, chunk_factory make,
                    Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, cfg, std::move(make), pp, &dp, std::move(options), optimizer) {}
+      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), std::move(make), pp, &dp,
+                         std::move(options), optimizer) {}
+  /// Chunks of any model from `make(part)`: `costs` says how to balance its blocks over the
+  /// chunks (when the options give no cut points).
+  PipelineStrategy(const Context<B>& ctx, const pp::CutCosts& costs, chunk_factory make, Comm& pp,
+                   Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, costs, std::move(make), pp, &dp, std::move(options), optimizer) {}
+  /// Whether the chunks' LM head is tied to the embedding (`Chunk::wte()`): its two copies'
+  /// gradients are summed.
+  static constexpr bool tied_head = requires(Chunk & c) { c.wte(); };
 
  private:
   static chunk_factory gpt_parts(const Context<B>& ctx, const models::GptConfig& cfg,
@@ -147,16 +159,16 @@ class PipelineStrategy {
     };
   }
 
-  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, chunk_factory make,
-                   Comm& pp, Comm* dp, PipelineOptions options, AdamW optimizer)
+  PipelineStrategy(const Context<B>& ctx, const pp::CutCosts& costs, chunk_factory make, Comm& pp,
+                   Comm* dp, PipelineOptions options, AdamW optimizer)
       : ctx_(&ctx),
         pp_(&pp),
         dp_(dp),
         options_(std::move(options)),
         optimizer_(optimizer),
         table_(make_table(pp.size(), 1)),
-        partition_(options_.cuts.empty() ? pp::Partition::balanced(cfg, table_.chunks())
-                                         : pp::Partition::at_cuts(cfg.layers, options_.cuts)),
+        partition_(options_.cuts.empty() ? pp::Partition::balanced(costs, table_.chunks())
+                                         : pp::Partition::at_cuts(costs.layers, options_.cuts)),
         chunks_(build_chunks(make)),
         tie_(make_tie_group()),
         state_(ctx, !dp_policy::shards_optimizer_state ? segments() : std::vector<StateSegment>{}),
@@ -265,7 +277,7 @@ class PipelineStrategy {
       t = phase_end("dp gradient all-reduce", t);
     }
     const bool tied =
-        table_.chunks() > 1 && (chunks_.front() != nullptr || last_chunk() != nullptr);
+        tied_head && table_.chunks() > 1 && (chunks_.front() != nullptr || last_chunk() != nullptr);
     tie_embedding_gradients();
     if (tied) t = phase_end("tied embedding sum", t);
     double ss = 0.0;
@@ -462,6 +474,7 @@ class PipelineStrategy {
 
   /// The two ranks holding wte (first and last chunk) form a group; others split off alone.
   std::unique_ptr<Comm> make_tie_group() {
+    if constexpr (!tied_head) return nullptr;
     const int first = table_.rank_of(0);
     const int last = table_.rank_of(table_.chunks() - 1);
     const int me = pp_->rank();
@@ -471,11 +484,18 @@ class PipelineStrategy {
 
   /// The last chunk's copy of wte when it is a copy (the model has more than one chunk).
   Parameter<T, B>* tied_copy() const {
-    model_type* last = last_chunk();
-    return last != nullptr && table_.chunks() > 1 ? &last->wte() : nullptr;
+    if constexpr (!tied_head) {
+      return nullptr;
+    } else {
+      model_type* last = last_chunk();
+      return last != nullptr && table_.chunks() > 1 ? &last->wte() : nullptr;
+    }
   }
 
   void tie_embedding_gradients() {
+    if constexpr (tied_head) tie_embedding_gradients_now();
+  }
+  void tie_embedding_gradients_now() {
     if (table_.chunks() == 1) return;
     model_type* first = chunks_.front().get();
     model_type* last = last_chunk();

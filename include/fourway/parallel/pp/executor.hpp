@@ -74,7 +74,8 @@ struct ExecSpan {
 };
 
 /// What the executor runs a chunk with: a model part's units one at a time (models::Gpt and
-/// tp::Gpt both are).
+/// tp::Gpt both are, and so can a model of the user's own). A chunk whose LM head is tied to its
+/// embedding also has `wte()` (train/pipeline_strategy.hpp sums the two copies' gradients).
 template <class M, class T, class B>
 concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash& s,
                                   const Tensor<T, B>& x, const Tensor<std::int32_t, B>& ids,
@@ -87,7 +88,6 @@ concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash
   { m.backward_head(ctx, s, 1.0f) } -> std::same_as<Tensor<T, B>>;
   { m.backward_block(ctx, 0, x, s) } -> std::same_as<Tensor<T, B>>;
   m.backward_embedding(ctx, x, s);
-  m.wte();
 };
 
 template <floating_dtype T, backend B, p2p_communicator Comm, class Model = models::Gpt<T, B>>

@@ -22,6 +22,15 @@
 
 namespace fourway::pp {
 
+/// What `Partition::balanced` weighs: `layers` equal blocks of `block` parameters, the first
+/// chunk's embedding and the last chunk's head (final norm, LM head).
+struct CutCosts {
+  int layers = 1;
+  std::int64_t block = 1;
+  std::int64_t embedding = 0;
+  std::int64_t head = 0;
+};
+
 class Partition {
  public:
   /// Chunk c holds blocks [first(c), first(c + 1)).
@@ -53,18 +62,30 @@ class Partition {
     return p;
   }
 
-  /// Contiguous chunks with the largest parameter count as small as possible.
+  /// Contiguous chunks with the largest parameter count as small as possible, GPT-2's counts.
   static Partition balanced(const models::GptConfig& cfg, int chunks) {
-    check<ConfigError>(chunks >= 1 && chunks <= cfg.layers, "fourway: cannot cut ", cfg.layers,
+    return balanced(gpt_costs(cfg), chunks);
+  }
+  /// GPT-2's counts: a block 12C² + 13C, the embedding (V + max_seq)·C, ln_f and the tied head
+  /// V·C + 2C.
+  static CutCosts gpt_costs(const models::GptConfig& cfg) {
+    const std::int64_t C = cfg.dim;
+    return CutCosts{cfg.layers, 12 * C * C + 13 * C, (cfg.vocab + cfg.max_seq) * C,
+                    cfg.vocab * C + 2 * C};
+  }
+
+  /// Contiguous chunks with the largest cost (parameter count) as small as possible, any model
+  /// of `costs.layers` equal blocks.
+  static Partition balanced(const CutCosts& costs, int chunks) {
+    check<ConfigError>(chunks >= 1 && chunks <= costs.layers, "fourway: cannot cut ", costs.layers,
                        " layers into ", chunks,
                        " pipeline chunks (stages x virtual stages); every chunk needs at least one "
                        "block: use at most ",
-                       cfg.layers, " chunks or a deeper model");
-    const std::int64_t C = cfg.dim;
-    const std::int64_t block = 12 * C * C + 13 * C;
-    const std::int64_t embed = (cfg.vocab + cfg.max_seq) * C;
-    const std::int64_t head = cfg.vocab * C + 2 * C;
-    const int L = cfg.layers;
+                       costs.layers, " chunks or a deeper model");
+    const std::int64_t block = costs.block;
+    const std::int64_t embed = costs.embedding;
+    const std::int64_t head = costs.head;
+    const int L = costs.layers;
     const auto cost = [&](int c, int lo, int hi) {
       return (hi - lo) * block + (c == 0 ? embed : 0) + (c == chunks - 1 ? head : 0);
     };

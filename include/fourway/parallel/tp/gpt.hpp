@@ -30,12 +30,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "fourway/backend/matmul.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/checkpoint.hpp"
 #include "fourway/layers/gpt.hpp"
@@ -43,6 +41,8 @@
 #include "fourway/parallel/tp/block.hpp"
 #include "fourway/parallel/tp/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
+#include "fourway/parallel/tp/slices.hpp"
+#include "fourway/parallel/tp/vocab_head.hpp"
 
 namespace fourway::tp {
 
@@ -345,24 +345,7 @@ class Gpt {
   /// Gradients are untouched.
   template <class Read>
   void load_runs(const Context<B>& ctx, Read&& read) {
-    std::size_t i = 0;
-    std::vector<float> run;
-    visit_parameters([&](Parameter<T, B>& p) {
-      const Placement& pl = table_[i++];
-      check<ConfigError>(p.name == pl.name && p.numel() == pl.local_numel(n_),
-                         "fourway: tp::Gpt placement table out of order: ", pl.name, " (local ",
-                         pl.local_numel(n_), ") describes parameter ", p.name, " (", p.numel(),
-                         ")");
-      std::vector<T> local(static_cast<std::size_t>(p.numel()), convert<T>(0.0f));
-      pl.for_each_run(n_, rank_, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
-        run.resize(static_cast<std::size_t>(count));
-        read(pl, from, count, run.data());
-        for (std::int64_t k = 0; k < count; ++k) {
-          local[static_cast<std::size_t>(to + k)] = convert<T>(run[static_cast<std::size_t>(k)]);
-        }
-      });
-      Ops<B>::from_host(ctx, p.weight.data(), local.data(), p.numel());
-    });
+    load_slices(ctx, *this, table_, n_, rank_, read);
   }
 
   /// Sets every parameter to its slice of `full(placement)` (the whole unsplit tensor as float).
@@ -392,26 +375,7 @@ class Gpt {
   /// The full tensors from every rank's `local` slices (a collective over the group; padding is
   /// dropped). `local` is `local_parameters()` or a strategy's gathered values.
   std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
-    check<ShapeError>(local.size() == table_.size(), "fourway: tp::Gpt gather of ", local.size(),
-                      " tensors, the model has ", table_.size());
-    std::vector<std::vector<float>> out(table_.size());
-    for (std::size_t i = 0; i < table_.size(); ++i) {
-      const Placement& pl = table_[i];
-      const std::int64_t count = pl.local_numel(n_);
-      std::vector<float> all(static_cast<std::size_t>(count * n_));
-      if (pl.split == Split::replicated || n_ == 1) {
-        out[i] = local[i];
-        continue;
-      }
-      tp_->all_gather(local[i].data(), all.data(), count);
-      out[i].assign(static_cast<std::size_t>(pl.full_numel()), 0.0f);
-      for (int q = 0; q < n_; ++q) {
-        pl.for_each_run(n_, q, [&](std::int64_t from, std::int64_t to, std::int64_t c) {
-          std::copy_n(all.begin() + q * count + to, c, out[i].begin() + from);
-        });
-      }
-    }
-    return out;
+    return gather_slices(*tp_, table_, local);
   }
 
  private:
@@ -492,65 +456,28 @@ class Gpt {
                                  vocab_start(), vocab_valid());
   }
 
+  /// This rank's rows of the tied head: its real vocabulary rows of wte.
+  VocabSlice<T, B> head_slice() { return {wte_.weight.data(), vocab_start(), vocab_valid()}; }
+
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
     const std::int64_t rows = s.targets.numel();
     const std::int64_t C = cfg_.dim;
-    const std::int64_t Vv = vocab_valid();
     check_ids(s.targets, "target");
     Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);  // (B, T, C); sequence parallel: (B·T/N, C)
     if (sp_ && n_ > 1) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
     const T* h = s.h.empty() ? l.data() : s.h.data();
-    s.stats = detail::activation<float, B>(ctx, Shape{3, rows});
-    float* maxes = s.stats.data();
-    float* rest = maxes + rows;  // Σ exp | target logit
-    if (Vv > 0) {
-      s.logits = detail::activation<T, B>(ctx, Shape{rows, Vv});
-      // logits (B·T, Vv) = h (B·T, C) · wteᵀ (C, Vv); Vv <= Vp/N: this rank's real vocabulary rows
-      matmul(ctx, matrix(s.logits), matrix(h, rows, C), matrix(wte_.weight.data(), Vv, C).t());
-      Ops<B>::vocab_local_max(ctx, maxes, s.logits.data(), rows, Vv);
-    } else {
-      Ops<B>::fill(ctx, maxes, rows, -std::numeric_limits<float>::infinity());
-    }
-    if (n_ > 1) tp_->all_reduce(maxes, maxes, rows, ReduceOp::max);
-    if (Vv > 0) {
-      Ops<B>::vocab_local_sumexp(ctx, rest, s.logits.data(), maxes, rows, Vv);
-      Ops<B>::vocab_target_logit(ctx, rest + rows, s.logits.data(), s.targets.data(), rows, Vv,
-                                 vocab_start());
-    } else {
-      Ops<B>::fill(ctx, rest, 2 * rows, 0.0f);
-    }
-    if (n_ > 1) tp_->all_reduce(rest, rest, 2 * rows, ReduceOp::sum);
-    Tensor<float, B> losses = detail::workspace<float, B>(ctx, Shape{rows});
-    Ops<B>::vocab_loss(ctx, losses.data(), maxes, rest, rest + rows, rows);
-    std::vector<float> host(static_cast<std::size_t>(rows));
-    Ops<B>::to_host(ctx, host.data(), losses.data(), rows);
-    double sum = 0.0;
-    for (float v : host) sum += v;
-    return static_cast<float>(sum / static_cast<double>(rows));
+    return vocab_parallel_loss_forward(ctx, *tp_, head_slice(), h, rows, C, s.targets.data(),
+                                       s.logits, s.stats);
   }
 
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
     const std::int64_t rows = s.targets.numel();
     const std::int64_t C = cfg_.dim;
-    const std::int64_t Vv = vocab_valid();
     const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
     // (B·T, C), a partial sum over the group until reduced
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
-    if (Vv > 0) {
-      T* dlogits = s.logits.data();  // in place
-      Ops<B>::vocab_local_grad(ctx, dlogits, s.logits.data(), s.targets.data(), s.stats.data(),
-                               s.stats.data() + rows, rows, Vv, vocab_start(),
-                               grad_scale / static_cast<float>(rows));
-      const Matrix<T> dL = matrix(dlogits, rows, Vv);
-      // dh (B·T, C) = dlogits (B·T, Vv) · wte (Vv, C), a partial sum over the group
-      matmul(ctx, matrix(dh.data(), rows, C), dL, matrix(wte_.weight.data(), Vv, C));
-      // dwte (Vv, C) += dlogitsᵀ (Vv, B·T) · h (B·T, C)
-      matmul_add(ctx, matrix(wte_.grad.data(), Vv, C), dL.t(), matrix(h, rows, C));
-    } else {
-      Ops<B>::fill(ctx, dh.data(), dh.numel(), convert<T>(0.0f));
-    }
-    s.logits.reset();
-    s.stats.reset();
+    vocab_parallel_loss_backward(ctx, head_slice(), wte_.grad.data(), h, rows, C, s.targets.data(),
+                                 s.logits, s.stats, grad_scale, dh.data());
     s.h.reset();
     if (!sp_) {
       all_reduce_sum(*tp_, dh);

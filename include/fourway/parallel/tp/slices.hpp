@@ -1,0 +1,77 @@
+//! A tensor-parallel model's values through its placement table (tp/placement.hpp): set every
+//! parameter to its slice of the unsplit tensors, and gather the unsplit tensors back from every
+//! rank's slices. Shared by tp::Gpt and any model that describes its split with `Placement`s
+//! (examples/llama/).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fourway/backend/ops.hpp"
+#include "fourway/comm/communicator.hpp"
+#include "fourway/core/error.hpp"
+#include "fourway/layers/parameter.hpp"
+#include "fourway/parallel/tp/placement.hpp"
+
+namespace fourway::tp {
+
+/// Sets `m`'s parameters (its `visit_parameters` order is `table`'s) to rank `r` of `n`'s slices:
+/// `read(placement, first, count, out)` writes elements [first, first + count) of the unsplit
+/// tensor (as float) to `out`; only the runs the rank holds are asked for, padding rows are
+/// zero. Gradients are untouched.
+template <class Model, class B, class Read>
+void load_slices(const Context<B>& ctx, Model& m, std::span<const Placement> table, int n, int r,
+                 Read&& read) {
+  using T = typename Model::value_type;
+  std::size_t i = 0;
+  std::vector<float> run;
+  m.visit_parameters([&](Parameter<T, B>& p) {
+    check<ConfigError>(i < table.size(), "fourway: placement table of ", table.size(),
+                       " rows for a model with more parameters (", p.name, ")");
+    const Placement& pl = table[i++];
+    check<ConfigError>(p.name == pl.name && p.numel() == pl.local_numel(n),
+                       "fourway: placement table out of order: ", pl.name, " (local ",
+                       pl.local_numel(n), ") describes parameter ", p.name, " (", p.numel(), ")");
+    std::vector<T> local(static_cast<std::size_t>(p.numel()), convert<T>(0.0f));
+    pl.for_each_run(n, r, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+      run.resize(static_cast<std::size_t>(count));
+      read(pl, from, count, run.data());
+      for (std::int64_t k = 0; k < count; ++k) {
+        local[static_cast<std::size_t>(to + k)] = convert<T>(run[static_cast<std::size_t>(k)]);
+      }
+    });
+    Ops<B>::from_host(ctx, p.weight.data(), local.data(), p.numel());
+  });
+}
+
+/// The unsplit tensors from every rank's `local` slices (one per row of `table`; a collective
+/// over `tp`; padding is dropped).
+template <communicator Comm>
+std::vector<std::vector<float>> gather_slices(Comm& tp, std::span<const Placement> table,
+                                              const std::vector<std::vector<float>>& local) {
+  check<ShapeError>(local.size() == table.size(), "fourway: gather of ", local.size(),
+                    " tensors over the tensor-parallel group, the model has ", table.size());
+  const int n = tp.size();
+  std::vector<std::vector<float>> out(table.size());
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const Placement& pl = table[i];
+    if (pl.split == Split::replicated || n == 1) {
+      out[i] = local[i];
+      continue;
+    }
+    const std::int64_t count = pl.local_numel(n);
+    std::vector<float> all(static_cast<std::size_t>(count * n));
+    tp.all_gather(local[i].data(), all.data(), count);
+    out[i].assign(static_cast<std::size_t>(pl.full_numel()), 0.0f);
+    for (int q = 0; q < n; ++q) {
+      pl.for_each_run(n, q, [&](std::int64_t from, std::int64_t to, std::int64_t c) {
+        std::copy_n(all.begin() + q * count + to, c, out[i].begin() + from);
+      });
+    }
+  }
+  return out;
+}
+
+}  // namespace fourway::tp
