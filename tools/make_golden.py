@@ -126,17 +126,25 @@ def main():
     names = [n for n, _ in param_shapes(cfg)]
     entries += [entry(n, params[n], DTYPE_F32) for n in names]
 
+    entries += train_and_record(params, names, hp, tokens, lambda i, t: gpt_loss(params, cfg, i, t))
+    write_golden(args.out, entries)
+
+
+def train_and_record(params, names, hp, tokens, loss_fn):
+    """AdamW (decay on 2-D tensors), clipping at hp["grad_clip"], one step per row of `tokens`
+    (steps, B, T + 1); returns the entries of step 1's gradients, the losses, the gradient norms
+    and the final parameters, and prints the losses and norms."""
     order = [params[n] for n in names]
     decay = [p for p in order if p.dim() == 2]
     no_decay = [p for p in order if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
-    losses, norms = [], []
-    for step in range(cfg["steps"]):
+    entries, losses, norms = [], [], []
+    for step in range(tokens.shape[0]):
         idx, tgt = tokens[step, :, :-1], tokens[step, :, 1:]
         opt.zero_grad(set_to_none=True)
-        loss = gpt_loss(params, cfg, idx, tgt)
+        loss = loss_fn(idx, tgt)
         loss.backward()
         if step == 0:
             entries += [entry("grad." + n, params[n].grad, DTYPE_F32) for n in names]
@@ -146,15 +154,18 @@ def main():
     entries.append(entry("loss", torch.tensor(losses, dtype=torch.float32), DTYPE_F32))
     entries.append(entry("grad_norm", torch.tensor(norms, dtype=torch.float32), DTYPE_F32))
     entries += [entry("final." + n, params[n], DTYPE_F32) for n in names]
+    print("losses   ", " ".join(f"{v:.6f}" for v in losses))
+    print("grad norm", " ".join(f"{v:.4f}" for v in norms), "(clip at", hp["grad_clip"], ")")
+    return entries
 
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "wb") as f:
+
+def write_golden(path, entries):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
         f.write(MAGIC + struct.pack("<II", VERSION, len(entries)))
         for e in entries:
             f.write(e)
-    print(f"wrote {args.out}: {len(entries)} entries, {os.path.getsize(args.out)} bytes")
-    print("losses   ", " ".join(f"{v:.6f}" for v in losses))
-    print("grad norm", " ".join(f"{v:.4f}" for v in norms), "(clip at", hp["grad_clip"], ")")
+    print(f"wrote {path}: {len(entries)} entries, {os.path.getsize(path)} bytes")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,267 @@
+// The Llama-style example decoder (examples/llama/llama.hpp), a model written as a user would
+// write it, against PyTorch (tests/golden/llama_tiny_v1.bin, tools/make_llama_golden.py):
+//  - one step on one rank: the loss and every parameter gradient;
+//  - five training steps (AdamW, weight decay, clipping at 1.0) on meshes built by fw::MeshStrategy
+//    through fw::model_family<llama::Config> — tp, pp, dp/ZeRO and their 3D compositions, the
+//    vocabulary (67) padded at tp > 1 — losses per step and the final unsplit parameters;
+//  - the fourway-llama program: --check of a 3D mesh passes in fp32 and bf16, bad flags are
+//    refused with the numbers and the fix.
+#include "llama.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/golden.hpp"
+#include "support/program.hpp"
+
+namespace {
+
+namespace fw = fourway;
+using fw::Host;
+
+const fw::test::Golden& golden() {
+  static const fw::test::Golden g(fw::test::golden_path("llama_tiny_v1.bin"));
+  return g;
+}
+
+llama::Config config() {
+  const auto& c = golden().i32("config");   // layers heads dim ffn vocab max_seq B T steps
+  const auto& h = golden().f32("hparams");  // lr b1 b2 eps wd clip theta norm_eps
+  llama::Config cfg;
+  cfg.layers = c[0];
+  cfg.heads = c[1];
+  cfg.dim = c[2];
+  cfg.ffn = c[3];
+  cfg.vocab = c[4];
+  cfg.max_seq = c[5];
+  cfg.rope_theta = h[6];
+  cfg.norm_eps = h[7];
+  return cfg;
+}
+
+fw::AdamW adamw() {
+  const auto& h = golden().f32("hparams");
+  fw::AdamWConfig a;
+  a.lr = h[0];
+  a.beta1 = h[1];
+  a.beta2 = h[2];
+  a.eps = h[3];
+  a.weight_decay = h[4];
+  a.max_grad_norm = h[5];
+  return fw::AdamW(a);
+}
+
+/// Step s's global batch: rows of T + 1 tokens cut into inputs and targets.
+fw::TokenBatch batch(int s) {
+  const auto& c = golden().i32("config");
+  const std::int64_t B = c[6], T = c[7];
+  const auto& tokens = golden().i32("tokens");  // (steps, B, T + 1)
+  fw::TokenBatch b;
+  b.B = B;
+  b.T = T;
+  for (std::int64_t r = 0; r < B; ++r) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto at = static_cast<std::size_t>((s * B + r) * (T + 1) + t);
+      b.inputs.push_back(tokens[at]);
+      b.targets.push_back(tokens[at + 1]);
+    }
+  }
+  return b;
+}
+
+/// Sets a model (or chunk) to its slices of the golden initial tensors.
+template <class M>
+void load_golden(const fw::Context<Host>& ctx, M& m) {
+  fw::tp::load_slices(
+      ctx, m, m.placements(), m.tp_size(), m.tp_rank(),
+      [](const fw::tp::Placement& p, std::int64_t first, std::int64_t count, float* out) {
+        const auto& v = golden().f32(p.name);
+        ASSERT_EQ(static_cast<std::int64_t>(v.size()), p.full_numel()) << p.name;
+        std::copy_n(v.begin() + first, count, out);
+      });
+}
+
+/// Largest |got − want| over the tensor, relative to the tensor's largest |want|.
+double relative_max(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    d = std::max(d, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return d / std::max(scale, 1e-30);
+}
+
+TEST(Llama, Step1LossAndGradientsMatchPyTorch) {
+  fw::launch<fw::LocalWorld>(1, [&](fw::World<fw::LocalWorld>& w) {
+    llama::Model<float, Host, fw::LocalComm> m(w.ctx(), config(), w.comm(), 7);
+    load_golden(w.ctx(), m);
+    fw::TokenBatch b = batch(0);
+    const auto tok = fw::Tensor<std::int32_t, Host>::view_of(b.inputs.data(), {b.B, b.T});
+    const auto tgt = fw::Tensor<std::int32_t, Host>::view_of(b.targets.data(), {b.B, b.T});
+    fw::zero_grad(w.ctx(), m);
+    typename llama::Model<float, Host, fw::LocalComm>::Stash s;
+    const float loss = m.forward(w.ctx(), tok, tgt, s);
+    m.backward(w.ctx(), s);
+    const float want = golden().f32("loss")[0];
+    EXPECT_NEAR(loss, want, 1e-5 * want);
+    int tensors = 0;
+    m.visit_parameters([&](fw::Parameter<float, Host>& p) {
+      const auto& g = golden().f32("grad." + p.name);
+      ASSERT_EQ(static_cast<std::int64_t>(g.size()), p.numel()) << p.name;
+      // both sides fp32, different summation orders: 1e-5 of the tensor's largest gradient
+      const std::vector<float> got(p.grad.data(), p.grad.data() + p.numel());
+      EXPECT_LT(relative_max(got, g), 1e-5) << p.name;
+      ++tensors;
+    });
+    EXPECT_EQ(tensors, 3 + 6 * config().layers);
+  });
+}
+
+struct Case {
+  int tp = 1, pp = 1, dp = 1, zero = 0, micro_batches = 1;
+  fw::schedule::Kind schedule = fw::schedule::Kind::one_f_one_b;
+  bool checkpoint = false;
+  [[nodiscard]] std::string name() const {
+    return fw::detail::cat("tp", tp, " pp", pp, " dp", dp, " zero", zero, " M", micro_batches, " ",
+                           fw::schedule::kind_name(schedule), checkpoint ? " checkpointed" : "");
+  }
+};
+
+struct Result {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> params;
+};
+
+template <class MeshT>
+Result train(const Case& c) {
+  using S = fw::MeshStrategy<MeshT, fw::Precision<float>, Host, fw::LocalComm, llama::Config>;
+  const int steps = golden().i32("config")[8];
+  Result r;
+  std::mutex mu;
+  fw::launch<fw::LocalWorld>(c.tp * c.pp * c.dp, [&](fw::World<fw::LocalWorld>& w) {
+    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+    fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
+    fw::MeshOptions mo;
+    mo.pipeline.schedule = c.schedule;
+    mo.pipeline.micro_batches = c.micro_batches;
+    mo.sharded.bucket_bytes = 2048;  // several buckets
+    fw::TrainerOptions to;
+    to.micro_batches = c.micro_batches;
+    llama::Config cfg = config();
+    cfg.checkpoint = c.checkpoint;
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, cfg, 7, mo, adamw(),
+                     [](const fw::Context<Host>& ctx, auto& m) { load_golden(ctx, m); });
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s) losses.push_back(t.step(batch(s).view()));
+    const auto full = t.strategy().full_parameters();
+    std::lock_guard lock(mu);
+    if (w.rank() == 0) {
+      r.losses = losses;
+      for (const auto& nt : full) r.params[nt.name] = nt.values;
+    }
+  });
+  return r;
+}
+
+template <int Z>
+Result train_zero(const Case& c) {
+  if (c.tp > 1 && c.pp > 1) return train<fw::dynamic_mesh_t<true, true, Z>>(c);
+  if (c.tp > 1) return train<fw::dynamic_mesh_t<true, false, Z>>(c);
+  if (c.pp > 1) return train<fw::dynamic_mesh_t<false, true, Z>>(c);
+  return train<fw::dynamic_mesh_t<false, false, Z>>(c);
+}
+
+Result train_case(const Case& c) {
+  switch (c.zero) {
+    case 1: return train_zero<1>(c);
+    case 2: return train_zero<2>(c);
+    case 3: return train_zero<3>(c);
+    default: return train_zero<0>(c);
+  }
+}
+
+TEST(Llama, TrainsLikePyTorchOnEveryMesh) {
+  using K = fw::schedule::Kind;
+  const std::vector<Case> cases = {
+      {},                             // the 1x1x1 mesh
+      {.tp = 2},                      // vocabulary 67 padded to 68
+      {.tp = 4, .checkpoint = true},  // 17 rows each, one of padding
+      {.dp = 2, .zero = 3},           // FSDP over a model of the user's own
+      {.tp = 2, .dp = 2, .zero = 2},  // tp x ZeRO-2
+      {.pp = 2, .micro_batches = 2, .schedule = K::gpipe},
+      {.pp = 2, .dp = 2, .zero = 1, .micro_batches = 2},  // 1F1B, untied head across stages
+      {.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batches = 2},  // the 3D mesh
+      {.tp = 2, .pp = 2, .dp = 2, .zero = 3, .micro_batches = 2, .checkpoint = true},
+  };
+  const auto& want_loss = golden().f32("loss");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name());
+    const Result r = train_case(c);
+    ASSERT_EQ(r.losses.size(), want_loss.size());
+    for (std::size_t s = 0; s < want_loss.size(); ++s) {
+      // PyTorch's and fourway's sums differ in order; 5 AdamW steps keep them within 1e-5
+      EXPECT_NEAR(r.losses[s], want_loss[s], 1e-5 * want_loss[s]) << "step " << s + 1;
+    }
+    ASSERT_EQ(r.params.size(), static_cast<std::size_t>(3 + 6 * config().layers));
+    for (const auto& [name, v] : r.params) {
+      // an AdamW step moves an element by up to lr = 1e-2; 2e-4 of the tensor's largest value
+      // admits the reordered sums' drift and not one misplaced step
+      EXPECT_LT(relative_max(v, golden().f32("final." + name)), 2e-4) << name;
+    }
+  }
+}
+
+// ---- the program ---------------------------------------------------------------------------
+
+fw::test::ProgramRun llama(const std::string& args) {
+  return fw::test::run_program(FOURWAY_LLAMA_EXE, args, "fourway_llama_test");
+}
+
+TEST(LlamaProgram, ChecksThe3dMeshAgainstTheOneRankRun) {
+  const auto fp32 = llama("--tp 2 --pp 2 --dp 2 --zero 1 --micro-batches 2 --steps 3 --check");
+  EXPECT_EQ(fp32.status, 0) << fp32.out << fp32.err;
+  EXPECT_NE(fp32.out.find("tp=2 pp=2 dp=2"), std::string::npos) << fp32.out;
+  EXPECT_NE(fp32.out.find("check passed"), std::string::npos) << fp32.out;
+  EXPECT_NE(fp32.out.find("largest relative differences of 27 tensors"), std::string::npos)
+      << fp32.out;
+  const auto bf16 = llama(
+      "--tp 2 --pp 2 --zero 3 --schedule gpipe --micro-batches 2 --steps 2 "
+      "--precision bf16 --checkpoint --check");
+  EXPECT_EQ(bf16.status, 0) << bf16.out << bf16.err;
+  EXPECT_NE(bf16.out.find("bounds: loss 0.02"), std::string::npos) << bf16.out;
+}
+
+TEST(LlamaProgram, TrainsAndPrintsTheMapAndTheLoss) {
+  const auto r = llama("--tp 2 --dp 2 --zero 2 --steps 4");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find(fw::detail::cat("rank ", rank, " (tp ", rank % 2, ", pp 0, dp ", rank / 2,
+                                         "): model state")),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_NE(r.out.find("step 4: loss"), std::string::npos) << r.out;
+}
+
+TEST(LlamaProgram, RefusesWhatCannotRunWithTheNumbersAndTheFix) {
+  const auto heads = llama("--tp 3 --steps 1");
+  EXPECT_EQ(heads.status, 2);
+  EXPECT_NE(heads.err.find("heads=4 divisible by 3"), std::string::npos) << heads.err;
+  const auto zero = llama("--zero 4");
+  EXPECT_EQ(zero.status, 2);
+  EXPECT_NE(zero.err.find("--zero 4 does not exist"), std::string::npos) << zero.err;
+  const auto split = llama("--dp 3 --batch 8");
+  EXPECT_EQ(split.status, 2);
+  EXPECT_NE(split.err.find("--batch 8 must split into dp=3"), std::string::npos) << split.err;
+  const auto pipe = llama("--pp 8 --layers 4 --micro-batches 8 --steps 1");
+  EXPECT_EQ(pipe.status, 2);
+  EXPECT_NE(pipe.err.find("cannot cut 4 layers into 8"), std::string::npos) << pipe.err;
+}
+
+}  // namespace
