@@ -173,19 +173,23 @@ constexpr Traffic pipeline_traffic_per_micro_batch(ActivationShape x, int tp,
 /// sequence parallel as all-gather + reduce-scatter pairs of the same volume plus one all-reduce of
 /// each LayerNorm's gain and bias gradients (2L + 1 of 2h values); the loss's all-reduces of
 /// b·s fp32 maxima and of b·s (Σ exp, target logit) pairs; and per step one all-reduce of the
-/// gradient norm's double.
+/// gradient norm's double. A pipeline rank holds x.layers blocks and the embedding and/or the
+/// head or neither: only what it holds is counted (the loss and ln_f with the head).
 constexpr double runtime_tensor_parallel_bytes(ActivationShape x, int tp, bool sequence_parallel,
                                                Precision p, bool recompute,
-                                               std::int64_t micro_batches) {
+                                               std::int64_t micro_batches, bool embedding = true,
+                                               bool head = true) {
   if (tp <= 1) return 0.0;
   const double w = static_cast<double>(working_bytes(p));
   const double act = x.s * x.b * x.h * w;
   const auto layers = static_cast<double>(x.layers);
-  double per_mb = (4.0 + (recompute ? 2.0 : 0.0)) * layers + 2.0;
+  const double ends = (embedding ? 1.0 : 0.0) + (head ? 1.0 : 0.0);
+  double per_mb = (4.0 + (recompute ? 2.0 : 0.0)) * layers + ends;
   per_mb *= ring_bytes_sent(Collective::all_reduce, act, tp);
-  per_mb += ring_bytes_sent(Collective::all_reduce, 3.0 * x.s * x.b * 4.0, tp);
+  if (head) per_mb += ring_bytes_sent(Collective::all_reduce, 3.0 * x.s * x.b * 4.0, tp);
   if (sequence_parallel) {
-    per_mb += (2.0 * layers + 1.0) * ring_bytes_sent(Collective::all_reduce, 2.0 * x.h * w, tp);
+    per_mb += (2.0 * layers + (head ? 1.0 : 0.0)) *
+              ring_bytes_sent(Collective::all_reduce, 2.0 * x.h * w, tp);
   }
   return per_mb * static_cast<double>(micro_batches) +
          ring_bytes_sent(Collective::all_reduce, 8.0, tp);

@@ -439,14 +439,13 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                           s.checkpointing == Checkpointing::full, s.micro_batches);
       }
       sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};
-      if (rank && s.virtual_stages == 1 && s.schedule != Schedule::interleaved &&
-          s.schedule != Schedule::zb_v && !s.sequence_parallel &&
-          s.checkpointing == Checkpointing::none) {
-        // fourway's pipeline ranks, as Counting counts them (the same time model)
+      if (rank && s.checkpointing != Checkpointing::selective) {
+        // fourway's pipeline ranks, as Counting counts them (the same time model), every schedule
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
                                    head_vocab,    a.layers, s.precision};
         const PipelineRankTraffic tr =
-            runtime_pipeline_traffic(a, g, s.zero, s.dp, pipeline_split(s), st, split);
+            runtime_pipeline_traffic(a, g, s.zero, s.dp, pipeline_split(s), st, split,
+                                     s.sequence_parallel, s.checkpointing == Checkpointing::full);
         sp.tensor_parallel.bytes = tr.tp;
         sp.pipeline.bytes = tr.pp + tr.tie;
       }

@@ -203,17 +203,21 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
 
 /// The bytes one rank of pipeline rank `rank` sends in one step, per group, as the `Counting`
 /// decorator counts them (comm/counting.hpp: ring bytes of collectives, payload of sends), for
-/// schedules with one chunk per rank (gpipe, 1f1b, zb-h1), no activation checkpointing and no
-/// sequence parallelism; `g` is one micro-batch (b sequences of T tokens) of one replica.
+/// every schedule (one chunk per rank, interleaved's v, ZB-V's two), with or without sequence
+/// parallelism and activation checkpointing (`recompute`: every block recomputed); `g` is one
+/// micro-batch (b sequences of T tokens) of one replica.
 ///
-///   tp    per micro-batch 4 all-reduces of b·T·C per block (two each way), one for the
-///         embedding's output on the first stage, one for the LM head's input gradient and the
-///         loss's of b·T fp32 maxima and b·T (Σ exp, target logit) pairs on the last; per step
-///         the gradient norm's double
-///   pp    per micro-batch the activation sent forward (unless last) and its gradient sent back
-///         (unless first), each behind a 6-integer header; per step 16 B of step scalars (loss
-///         and Σg², all-reduced over the stages)
-///   tie   the first and the last stage all-reduce the tied wte's gradient slice (Vp/tp rows)
+///   tp    what the rank's chunks hold (`runtime_tensor_parallel_bytes`: 4 all-reduce
+///         equivalents of b·T·C per block, 6 when recomputed, one for the embedding's output,
+///         one for the LM head's input gradient and the loss's b·T fp32 maxima and b·T
+///         (Σ exp, target logit) pairs; sequence parallel: the LayerNorms' gains and biases);
+///         per step the gradient norm's double
+///   pp    per micro-batch and chunk, the activation sent forward when the next chunk lives on
+///         another rank and its gradient sent back when the previous one does, each behind a
+///         6-integer header (b·T/tp rows under sequence parallelism); per step 16 B of step
+///         scalars (loss and Σg², all-reduced over the stages)
+///   tie   the ranks of the first and the last chunk all-reduce the tied wte's gradient slice
+///         (Vp/tp rows) — nothing when one rank holds both ends (ZB-V)
 ///   dp    ZeRO 0: every gradient all-reduced once per step, and the loss's double; ZeRO 1-3:
 ///         one reduce-scatter and one all-gather of the padded segments per step (ZeRO-3
 ///         gathers every unit once, at the start of the step), and the loss and Σg² (16 B)
@@ -227,32 +231,41 @@ struct PipelineRankTraffic {
 inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
                                                     const GptActivationShape& g, int zero_stage,
                                                     int dp, const PipelineSplit& s, int rank,
-                                                    const TensorSplit& t = {}) {
-  detail::require(
-      s.virtual_stages == 1 && s.schedule != Schedule::zb_v && s.schedule != Schedule::interleaved,
-      "fourway: the pipeline's traffic is modelled for one chunk per rank");
+                                                    const TensorSplit& t = {},
+                                                    bool sequence_parallel = false,
+                                                    bool recompute = false) {
+  check_pipeline_split(s);
+  detail::require(!sequence_parallel || t.tp > 1,
+                  "fourway: sequence parallelism needs a tensor-parallel split (tp > 1)");
+  const schedule::Table table = schedule::make(s.request());
   const std::vector<models::GptPart> parts = runtime_rank_parts(a, s, rank);
   const PipelineRankState state =
       runtime_pipeline_rank_state(a, g.precision, zero_stage, dp, s, rank, Optimizer::adam(), t);
   const double w = static_cast<double>(working_bytes(g.precision));
   const double m = static_cast<double>(s.micro_batches);
-  const double act = static_cast<double>(g.batch * g.seq * g.dim) * w;
-  const bool first = rank == 0, last = rank == s.stages - 1;
-  PipelineRankTraffic r;
-  if (t.tp > 1) {
-    const double calls = 4.0 * static_cast<double>(state.layers) + (first ? 1 : 0) + (last ? 1 : 0);
-    double per_mb = calls * ring_bytes_sent(Collective::all_reduce, act, t.tp);
-    if (last) {
-      per_mb += ring_bytes_sent(Collective::all_reduce,
-                                3.0 * static_cast<double>(g.batch * g.seq) * 4.0, t.tp);
-    }
-    r.tp = m * per_mb + ring_bytes_sent(Collective::all_reduce, 8.0, t.tp);
+  const double act = static_cast<double>(g.batch * g.seq * g.dim) * w /
+                     (sequence_parallel ? static_cast<double>(t.tp) : 1.0);
+  const int last_chunk = table.chunks() - 1;
+  bool embedding = false, head = false;
+  for (const auto& part : parts) {
+    embedding = embedding || part.embedding;
+    head = head || part.head;
   }
+  PipelineRankTraffic r;
+  const ActivationShape xs{static_cast<double>(g.seq), static_cast<double>(g.batch),
+                           static_cast<double>(g.dim), state.layers};
+  r.tp = runtime_tensor_parallel_bytes(xs, t.tp, sequence_parallel, g.precision, recompute,
+                                       s.micro_batches, embedding, head);
   if (s.stages > 1) {
     constexpr double header = 6.0 * 8.0;
-    const double sends = (last ? 0 : 1) + (first ? 0 : 1);
+    double sends = 0;
+    for (int c : table.chunks_of(rank)) {
+      if (c < last_chunk && table.rank_of(c + 1) != rank) sends += 1;  // the activation
+      if (c > 0 && table.rank_of(c - 1) != rank) sends += 1;           // its gradient
+    }
     r.pp = m * sends * (header + act) + ring_bytes_sent(Collective::all_reduce, 16.0, s.stages);
-    if (first || last) {
+    const int first_rank = table.rank_of(0), last_rank = table.rank_of(last_chunk);
+    if (first_rank != last_rank && (rank == first_rank || rank == last_rank)) {
       const std::int64_t rows = t.tp > 1 ? runtime_vocab_rows(a, t) : a.vocab;
       r.tie = ring_bytes_sent(Collective::all_reduce, static_cast<double>(rows * a.hidden) * w, 2);
     }
