@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
@@ -204,16 +205,24 @@ TEST(Llama, TrainsLikePyTorchOnEveryMesh) {
     SCOPED_TRACE(c.name());
     const Result r = train_case(c);
     ASSERT_EQ(r.losses.size(), want_loss.size());
+    double worst_loss = 0, worst_param = 0;
     for (std::size_t s = 0; s < want_loss.size(); ++s) {
       // PyTorch's and fourway's sums differ in order; 5 AdamW steps keep them within 1e-5
       EXPECT_NEAR(r.losses[s], want_loss[s], 1e-5 * want_loss[s]) << "step " << s + 1;
+      worst_loss =
+          std::max(worst_loss, std::abs(double(r.losses[s]) - want_loss[s]) / want_loss[s]);
     }
     ASSERT_EQ(r.params.size(), static_cast<std::size_t>(3 + 6 * config().layers));
     for (const auto& [name, v] : r.params) {
-      // an AdamW step moves an element by up to lr = 1e-2; 2e-4 of the tensor's largest value
-      // admits the reordered sums' drift and not one misplaced step
-      EXPECT_LT(relative_max(v, golden().f32("final." + name)), 2e-4) << name;
+      // measured up to 9.6e-5 of the tensor's largest value (AdamW turns reordered sums into
+      // slightly different steps of small gradients); one misplaced step of lr = 1e-2 on one
+      // element is above 0.1 of the largest (|w| <= 0.1 for the matrices, ~1.3 for the gains)
+      const double d = relative_max(v, golden().f32("final." + name));
+      EXPECT_LT(d, 1e-3) << name;
+      worst_param = std::max(worst_param, d);
     }
+    std::printf("%s: losses within %.1e, final parameters within %.1e of PyTorch\n",
+                c.name().c_str(), worst_loss, worst_param);
   }
 }
 
