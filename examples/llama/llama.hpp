@@ -22,6 +22,9 @@
 //!
 //! Not built here: sequence parallelism and grouped-query attention (k and v have as many heads
 //! as q); the model is a proof that the mesh runtime is generic, not a Llama checkpoint loader.
+//! The unsplit model (a group of one rank) takes init rules, so it can be built deferred (layers/
+//! parameter.hpp): under ZeRO-3 a rank then materialises only its shard. Tensor-parallel slices
+//! are built eagerly (each rank holds only its slices anyway).
 #pragma once
 
 #include <algorithm>
@@ -264,9 +267,24 @@ class Model {
     blocks_.reserve(static_cast<std::size_t>(part_.end_block - part_.first_block));
     for (int i = part_.first_block; i < part_.end_block; ++i)
       blocks_.emplace_back(BlockT(ctx, "layers." + std::to_string(i), cfg, tp));
-    fw::tp::load_slices(ctx, *this, table_, n_, rank_,
-                        [&](const fw::tp::Placement& p, std::int64_t first, std::int64_t count,
-                            float* out) { fw::tp::initial_values(p, seed, first, count, out); });
+    if (n_ == 1) {  // the unsplit tensors: their init rules (deferred construction keeps them)
+      std::size_t i = 0;
+      visit_parameters([&](fw::Parameter<T, B>& p) {
+        const fw::tp::InitRule rule = table_[i++].init;
+        if (rule.normal) {
+          fw::init_normal(ctx, p, seed, rule.value);
+        } else {
+          fw::init_constant(ctx, p, rule.value);
+        }
+      });
+    } else {  // slices of the unsplit tensors
+      fw::check<fw::ConfigError>(!fw::DeferredInit::active(),
+                                 "fourway: llama::Model builds tensor-parallel slices (tp=", n_,
+                                 ") eagerly; construct it outside a DeferredInit scope");
+      fw::tp::load_slices(ctx, *this, table_, n_, rank_,
+                          [&](const fw::tp::Placement& p, std::int64_t first, std::int64_t count,
+                              float* out) { fw::tp::initial_values(p, seed, first, count, out); });
+    }
   }
 
   [[nodiscard]] const Config& config() const { return cfg_; }
@@ -511,9 +529,13 @@ struct fourway::model_family<llama::Config> {
   template <class M, class B, class Comm>
   static std::unique_ptr<M> make(const Context<B>& ctx, const config_type& cfg, std::uint64_t seed,
                                  Comm& tp, const tp::TpOptions& options,
-                                 std::optional<models::GptPart> part, bool /*loaded*/) {
+                                 std::optional<models::GptPart> part, bool loaded) {
     check<ConfigError>(!options.sequence_parallel,
                        "fourway: the llama example has no sequence parallelism; drop the option");
+    if (!loaded && !part && tp.size() == 1) {  // deferred: a strategy materialises what it owns
+      const DeferredInit scope;
+      return std::make_unique<M>(ctx, cfg, tp, seed);
+    }
     return std::make_unique<M>(ctx, cfg, tp, seed, part.value_or(models::GptPart{}));
   }
   template <class T, class B, class Comm>
