@@ -275,10 +275,6 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
       detail::require(s.checkpointing != Checkpointing::selective,
                       "fourway: fourway checkpoints whole ",
                       "blocks; use --checkpoint-activations full or none with --footprint fourway");
-      detail::require(s.tp == 1 || s.checkpointing == Checkpointing::none,
-                      "fourway: --footprint fourway ",
-                      "does not model checkpointed tensor-parallel blocks (tp=", s.tp,
-                      "); use --checkpoint-activations none or --footprint published");
       detail::require(o.vocab_alignment >= 1, "fourway: vocabulary alignment ", o.vocab_alignment,
                       " must be >= 1 (--vocab-align A)");
       detail::require(o.bucket_bytes >= 0, "fourway: bucket size ", o.bucket_bytes,
@@ -383,9 +379,23 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         } else if (s.tp >
                    1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
           const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
-          sp.activations =
-              static_cast<double>(runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
-          sp.recompute_working = 0;
+          if (s.checkpointing == Checkpointing::full) {
+            // kept: the embedding's output and every block's (the same shape), the head; the
+            // recomputed block's stash replaces the head's at the peak when it is larger
+            const std::int64_t out =
+                runtime_tp_embedding_activation_bytes(g, s.tp, s.sequence_parallel);
+            const std::int64_t tp_head =
+                runtime_tp_head_activation_bytes(g, s.tp, s.sequence_parallel, rows);
+            const std::int64_t tp_block =
+                runtime_tp_block_activation_bytes(g, s.tp, s.sequence_parallel);
+            sp.activations = static_cast<double>(out + a.layers * out + tp_head);
+            sp.recompute_working =
+                static_cast<double>(runtime_block_peak_extra(g, out, tp_block, tp_head, true));
+          } else {
+            sp.activations = static_cast<double>(
+                runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
+            sp.recompute_working = 0;
+          }
         } else if (s.checkpointing == Checkpointing::full) {
           const std::int64_t kept = runtime_embedding_activation_bytes(g) +
                                     a.layers * a.seq * a.hidden * s.micro_batch * w + head;
@@ -568,7 +578,6 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
           if (space.checkpointing && *space.checkpointing != r) continue;
           if (!model.arch && r != Checkpointing::none) continue;
           if (o.footprint == Footprint::fourway && r == Checkpointing::selective) continue;
-          if (o.footprint == Footprint::fourway && tp > 1 && r != Checkpointing::none) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
           Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
                      r,  sp};

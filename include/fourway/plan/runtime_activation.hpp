@@ -123,4 +123,22 @@ constexpr std::int64_t runtime_tp_activation_bytes(const GptActivationShape& x, 
          runtime_tp_head_activation_bytes(x, tp, sequence_parallel, vocab_rows);
 }
 
+/// The bytes a block's forward holds for a moment above what the micro-batch then keeps ("kept":
+/// its input, every block's kept part and, when it follows on this chunk, the head's stash
+/// `head`):
+///  - checkpointed (`checkpoint`): the block's whole stash (`block`) on top of the outputs kept
+///    before it, with, before the stash is released, either the output's kept copy (`out`) or —
+///    under sequence parallelism — the row split's (b·T, C) partial sum beside this rank's
+///    reduced rows instead of the block's output: block + max(out, full − out) − out;
+///  - not checkpointed: only that partial sum in place of the output, full − out (0 without
+///    sequence parallelism, where out = full).
+/// Returns that minus the head, at least 0.
+constexpr std::int64_t runtime_block_peak_extra(const GptActivationShape& x, std::int64_t out,
+                                                std::int64_t block, std::int64_t head,
+                                                bool checkpoint) {
+  const std::int64_t full = x.batch * x.seq * x.dim * working_bytes(x.precision);
+  const std::int64_t over = checkpoint ? block + std::max(out, full - out) - out : full - out;
+  return std::max<std::int64_t>(over - head, 0);
+}
+
 }  // namespace fourway::plan

@@ -189,15 +189,17 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                                 : runtime_block_activation_bytes(g);
   const std::int64_t head = tp ? runtime_tp_head_activation_bytes(g, t.tp, sequence_parallel, rows)
                                : runtime_head_activation_bytes(g);
-  const std::int64_t kept =
-      checkpoint ? g.batch * g.seq * g.dim * working_bytes(g.precision) : block;
+  // what crosses a chunk boundary, and what a checkpointed block keeps: its output, (b·T, C)
+  // or this rank's b·T/tp rows under sequence parallelism
   const std::int64_t received = runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel);
+  const std::int64_t kept = checkpoint ? received : block;
   PipelineActivation r;
   for (const auto& part : parts) {
     r.per_micro_batch += (part.embedding ? emb : received) +
                          (part.end_block - part.first_block) * kept + (part.head ? head : 0);
   }
-  r.recompute = checkpoint ? block : 0;
+  const bool only_head = parts.size() == 1 && parts.front().head;
+  r.recompute = runtime_block_peak_extra(g, received, block, only_head ? head : 0, checkpoint);
   return r;
 }
 
