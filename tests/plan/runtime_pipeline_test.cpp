@@ -57,9 +57,6 @@ struct Case {
   bool sequence_parallel = false;
   bool checkpoint = false;  // every block recomputed in backward
   [[nodiscard]] int ranks() const { return tp * pp * dp; }
-  /// The memory of these runs is modelled to the byte (one chunk per rank, no sequence
-  /// parallelism, no checkpointing); their traffic is modelled for every case.
-  [[nodiscard]] bool memory_modelled() const { return planned(); }
   /// `make_plan --footprint fourway` plans it: gpipe or 1f1b (the planner refuses the others,
   /// whose activations it does not model).
   [[nodiscard]] bool planned() const {
@@ -162,8 +159,10 @@ fp::Architecture arch() {
   return fp::gpt2_shape(c.layers, c.dim, c.heads, c.vocab, c.max_seq);
 }
 
-/// Every rank's measured states equal the planner's figure for its pipeline rank; for gpipe and
-/// 1f1b also the plan's stage of that rank, and the plan's per-GPU states are the largest.
+/// Every rank's measured states and bytes sent per group equal the planner's runtime figures for
+/// its pipeline rank; for the cases `make_plan` plans (gpipe, 1f1b) also the plan's stage of that
+/// rank (states, activations, whole-run peak, traffic), and the plan's per-GPU states are the
+/// largest.
 template <class T>
 void check(const Case& c) {
   SCOPED_TRACE(c.name());
@@ -180,6 +179,31 @@ void check(const Case& c) {
     EXPECT_EQ(got[r].states, want[static_cast<std::size_t>(got[r].pp_rank)].states);
     largest = std::max(largest, got[r].states.total());
   }
+  // Communication: every rank's bytes per group, counted as they moved, equal the planner's
+  // runtime figure of its pipeline rank (every case; the plan's stages carry them, below).
+  const auto Tn = harness::mesh_gpt().max_seq;
+  const fp::GptActivationShape g{2,
+                                 Tn,
+                                 harness::mesh_gpt().dim,
+                                 harness::mesh_gpt().heads,
+                                 harness::mesh_gpt().vocab,
+                                 harness::mesh_gpt().layers,
+                                 p};
+  const auto near = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, b); };
+  std::vector<fp::PipelineRankTraffic> traffic;
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE(::testing::Message() << "traffic of rank " << r);
+    const fp::PipelineRankTraffic want = fp::runtime_pipeline_traffic(
+        arch(), g, c.zero, c.dp, split, got[r].pp_rank, tsplit, c.sequence_parallel, c.checkpoint);
+    EXPECT_PRED2(near, got[r].tp, want.tp);
+    EXPECT_PRED2(near, got[r].pp, want.pp);
+    EXPECT_PRED2(near, got[r].tie, want.tie);
+    EXPECT_PRED2(near, got[r].dp.all_reduce, want.dp.all_reduce);
+    EXPECT_PRED2(near, got[r].dp.reduce_scatter, want.dp.reduce_scatter);
+    EXPECT_PRED2(near, got[r].dp.all_gather, want.dp.all_gather);
+    traffic.push_back(want);
+  }
+  if (!c.planned()) return;
   fp::Strategy st;
   st.tp = c.tp;
   st.pp = c.pp;
@@ -195,15 +219,14 @@ void check(const Case& c) {
   fp::Options o;
   o.footprint = fp::Footprint::fourway;
   const fp::Plan plan =
-      c.planned() ? fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o)
-                  : fp::Plan{};
-  ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.planned() ? c.pp : 0));
+      fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.pp));
   // Activations: the plan counts the fullest tp rank of each stage (the most real vocabulary
   // rows), exactly; every rank within 10%. The whole-run peak within 10% at every ZeRO stage
   // (the step's workspace is not modelled: the plan is up to 8.4% below).
   std::vector<std::int64_t> fullest(static_cast<std::size_t>(c.pp), 0);
   double worst = 0;  // the largest relative difference of the whole-run peak
-  for (const RankMeasure& m : c.memory_modelled() ? got : std::vector<RankMeasure>{}) {
+  for (const RankMeasure& m : got) {
     const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(m.pp_rank)];
     EXPECT_EQ(m.states, sp.states);
     const double act = sp.activations + sp.recompute_working;
@@ -218,41 +241,20 @@ void check(const Case& c) {
     worst = std::max(worst, std::abs(sp.total() - static_cast<double>(m.total_peak)) /
                                 static_cast<double>(m.total_peak));
   }
-  for (int r = 0; r < (c.memory_modelled() ? c.pp : 0); ++r) {
+  for (int r = 0; r < c.pp; ++r) {
     const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(r)];
     EXPECT_EQ(sp.activations + sp.recompute_working,
               static_cast<double>(fullest[static_cast<std::size_t>(r)]))
         << "pipeline rank " << r;
   }
-  if (c.planned()) EXPECT_EQ(plan.states_per_gpu().total(), largest);
-  // Communication: every rank's bytes per group, counted as they moved, equal the planner's
-  // runtime figure of its pipeline rank, and the plan's stage carries them.
-  const auto Tn = harness::mesh_gpt().max_seq;
-  const fp::GptActivationShape g{2,
-                                 Tn,
-                                 harness::mesh_gpt().dim,
-                                 harness::mesh_gpt().heads,
-                                 harness::mesh_gpt().vocab,
-                                 harness::mesh_gpt().layers,
-                                 p};
-  for (std::size_t r = 0; r < got.size(); ++r) {
-    SCOPED_TRACE(::testing::Message() << "traffic of rank " << r);
-    const fp::PipelineRankTraffic want = fp::runtime_pipeline_traffic(
-        arch(), g, c.zero, c.dp, split, got[r].pp_rank, tsplit, c.sequence_parallel, c.checkpoint);
-    const auto near = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, b); };
-    EXPECT_PRED2(near, got[r].tp, want.tp);
-    EXPECT_PRED2(near, got[r].pp, want.pp);
-    EXPECT_PRED2(near, got[r].tie, want.tie);
-    EXPECT_PRED2(near, got[r].dp.all_reduce, want.dp.all_reduce);
-    EXPECT_PRED2(near, got[r].dp.reduce_scatter, want.dp.reduce_scatter);
-    EXPECT_PRED2(near, got[r].dp.all_gather, want.dp.all_gather);
-    if (!c.planned()) continue;
+  EXPECT_EQ(plan.states_per_gpu().total(), largest);
+  for (std::size_t r = 0; r < got.size(); ++r) {  // the plan's stages carry the traffic
+    SCOPED_TRACE(::testing::Message() << "planned traffic of rank " << r);
     const fp::StagePlan& sp = plan.stages[static_cast<std::size_t>(got[r].pp_rank)];
-    EXPECT_PRED2(near, sp.tensor_parallel.bytes, want.tp);
-    EXPECT_PRED2(near, sp.pipeline.bytes, want.pp + want.tie);
+    EXPECT_PRED2(near, sp.tensor_parallel.bytes, traffic[r].tp);
+    EXPECT_PRED2(near, sp.pipeline.bytes, traffic[r].pp + traffic[r].tie);
   }
-  if (c.memory_modelled())
-    std::printf("%s: whole-run peak within %.1f%% of the plan\n", c.name().c_str(), 100 * worst);
+  std::printf("%s: whole-run peak within %.1f%% of the plan\n", c.name().c_str(), 100 * worst);
 }
 
 Case mesh(int tp, int pp, int dp, int zero, Kind k = Kind::one_f_one_b, int m = 2, int v = 1) {

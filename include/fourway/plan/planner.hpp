@@ -449,8 +449,9 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                           s.checkpointing == Checkpointing::full, s.micro_batches);
       }
       sp.pipeline = Traffic{pp_mb.bytes * m, pp_mb.seconds * m};
-      if (rank && s.checkpointing != Checkpointing::selective) {
-        // fourway's pipeline ranks, as Counting counts them (the same time model), every schedule
+      if (rank) {
+        // fourway's pipeline ranks (never selective: `validate` refuses it under
+        // --footprint fourway), as Counting counts them (the same time model), every schedule
         const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
                                    head_vocab,    a.layers, s.precision};
         const PipelineRankTraffic tr =
