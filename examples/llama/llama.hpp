@@ -233,7 +233,13 @@ class Block {
 /// the mesh runtime asks for — `trainable_model` with FSDP units, `pp::pipeline_chunk`,
 /// `model_parallel_model`, and the unsplit values for the numerics check.
 template <class T, class B, class Comm>
-class Model {
+class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view, gather_over_tp ..
+  using base = fw::tp::SlicedModel<Comm>;
+  using base::n_;
+  using base::rank_;
+  using base::table_;
+  using base::tp_;
+
  public:
   using value_type = T;
   using backend_type = B;
@@ -252,12 +258,9 @@ class Model {
 
   Model(const fw::Context<B>& ctx, const Config& cfg, Comm& tp, std::uint64_t seed = 0,
         fw::models::GptPart part = {})
-      : cfg_(cfg),
-        tp_(&tp),
-        n_(tp.size()),
-        rank_(tp.rank()),
+      : base(tp, held(resolved(cfg, part), placement_table(cfg, tp.size()))),
+        cfg_(cfg),
         part_(resolved(cfg, part)),
-        table_(held(placement_table(cfg, tp.size()))),
         norm_(ctx, "norm", part_.head ? cfg.dim : 1, cfg.norm_eps) {
     const std::int64_t Vp = fw::tp::padded_vocab(cfg.vocab, n_, 1);
     embed_ = fw::Parameter<T, B>(ctx, "tok_embeddings.weight",
@@ -293,9 +296,6 @@ class Model {
   [[nodiscard]] int units() const {
     return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
   }
-  [[nodiscard]] int tp_size() const { return n_; }
-  [[nodiscard]] int tp_rank() const { return rank_; }
-  [[nodiscard]] const std::vector<fw::tp::Placement>& placements() const { return table_; }
   [[nodiscard]] fw::Shape boundary_shape(std::int64_t b, std::int64_t Tn) const {
     return fw::Shape{b, Tn, cfg_.dim};
   }
@@ -422,23 +422,11 @@ class Model {
     }
   }
 
-  // ---- what the strategies ask of a tensor-parallel model --------------------------------------
-  [[nodiscard]] bool counts_in_norm(int i) const {
-    return table_[static_cast<std::size_t>(i)].counts_in_norm(rank_);
-  }
-  [[nodiscard]] fw::StateView state_view(int i) const {
-    return table_[static_cast<std::size_t>(i)].state_view(n_, rank_);
-  }
-  void sum_over_model_parallel(double& x) {
-    if (n_ > 1) tp_->all_reduce(&x, &x, 1, fw::ReduceOp::sum);
-  }
+  // ---- the unsplit values (the rest of what the strategies ask comes from SlicedModel) ------
   std::vector<std::vector<float>> local_parameters(const fw::Context<B>& ctx) {
     std::vector<std::vector<float>> out;
     visit_parameters([&](fw::Parameter<T, B>& p) { out.push_back(fw::parameter_values(ctx, p)); });
     return out;
-  }
-  std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
-    return fw::tp::gather_slices(*tp_, table_, local);
   }
 
  private:
@@ -455,16 +443,17 @@ class Model {
         ") are not a range of the model's ", cfg.layers, " blocks");
     return p;
   }
-  /// The rows of the whole table this part holds.
-  std::vector<fw::tp::Placement> held(std::vector<fw::tp::Placement> all) const {
+  /// The rows of the whole table `part` holds.
+  static std::vector<fw::tp::Placement> held(const fw::models::GptPart& part,
+                                             std::vector<fw::tp::Placement> all) {
     std::vector<fw::tp::Placement> out;
     for (auto& p : all) {
       bool keep = false;
       if (p.name.starts_with("layers.")) {
         const int b = std::stoi(p.name.substr(7));
-        keep = b >= part_.first_block && b < part_.end_block;
+        keep = b >= part.first_block && b < part.end_block;
       } else {
-        keep = p.name.starts_with("tok_embeddings") ? part_.embedding : part_.head;
+        keep = p.name.starts_with("tok_embeddings") ? part.embedding : part.head;
       }
       if (keep) out.push_back(std::move(p));
     }
@@ -496,11 +485,7 @@ class Model {
   }
 
   Config cfg_;
-  Comm* tp_;
-  int n_;
-  int rank_;
   fw::models::GptPart part_;
-  std::vector<fw::tp::Placement> table_;
   fw::RMSNorm<T, B> norm_;
   fw::Parameter<T, B> embed_;  // (Vp/N, C)
   std::vector<fw::Checkpointed<BlockT>> blocks_;

@@ -121,7 +121,13 @@ inline void initial_values(const Placement& p, std::uint64_t seed, std::int64_t 
 }
 
 template <floating_dtype T, backend B, communicator Comm>
-class Gpt {
+class Gpt : public SlicedModel<Comm> {
+  using base = SlicedModel<Comm>;
+  using base::n_;
+  using base::rank_;
+  using base::table_;
+  using base::tp_;
+
  public:
   using value_type = T;
   using backend_type = B;
@@ -150,14 +156,11 @@ class Gpt {
   /// `all`: the whole model's placement table (this part keeps the rows it holds).
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed,
       TpOptions options, models::GptPart part, std::vector<Placement> all)
-      : cfg_(cfg),
-        tp_(&tp),
-        n_(tp.size()),
-        rank_(tp.rank()),
+      : base(tp, held_placements(resolved_part(cfg, part), all)),
+        cfg_(cfg),
         sp_(options.sequence_parallel),
         part_(resolved_part(cfg, part)),
         vocab_(all.front()),
-        table_(held_placements(std::move(all))),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     wte_ = Parameter<T, B>(ctx, vocab_.name,
                            holds_wte() ? Shape{vocab_.local_rows(n_), vocab_.cols} : Shape{1, 1});
@@ -187,11 +190,7 @@ class Gpt {
   [[nodiscard]] int units() const {
     return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
   }
-  [[nodiscard]] int tp_size() const { return n_; }
-  [[nodiscard]] int tp_rank() const { return rank_; }
   [[nodiscard]] bool sequence_parallel() const { return sp_; }
-  /// How every parameter is split, in `visit_parameters` order.
-  [[nodiscard]] const std::vector<Placement>& placements() const { return table_; }
   [[nodiscard]] std::int64_t padded_vocab() const { return vocab_.padded_rows; }
   /// This rank's slice of wte (the embedding's and the tied head's; a placeholder when the part
   /// holds neither end).
@@ -323,20 +322,8 @@ class Gpt {
     }
   }
 
-  // ---- what a strategy needs of a model-parallel model (train/sharded_strategy.hpp) ----------
-  /// Whether this rank adds parameter `i`'s gradient to the global norm: every slice of a split
-  /// parameter, a replicated one on tp rank 0 only (it is counted once, not N times).
-  [[nodiscard]] bool counts_in_norm(int i) const {
-    return table_[static_cast<std::size_t>(i)].counts_in_norm(rank_);
-  }
-  /// Where parameter `i`'s slice lies in the unsplit tensor (checkpoints, train/state_runs.hpp).
-  [[nodiscard]] StateView state_view(int i) const {
-    return table_[static_cast<std::size_t>(i)].state_view(n_, rank_);
-  }
-  /// x = Σ over the tensor-parallel group of x.
-  void sum_over_model_parallel(double& x) {
-    if (n_ > 1) tp_->all_reduce(&x, &x, 1, ReduceOp::sum);
-  }
+  // what a strategy needs of a model-parallel model (counts_in_norm, state_view,
+  // sum_over_model_parallel, gather_over_tp) comes from SlicedModel (tp/slices.hpp)
 
   // ---- values -------------------------------------------------------------------------------
   /// Sets every parameter to its slice of the unsplit tensors: `read(placement, first, count,
@@ -372,12 +359,6 @@ class Gpt {
     return out;
   }
 
-  /// The full tensors from every rank's `local` slices (a collective over the group; padding is
-  /// dropped). `local` is `local_parameters()` or a strategy's gathered values.
-  std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
-    return gather_slices(*tp_, table_, local);
-  }
-
  private:
   [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
   [[nodiscard]] const Placement& vocab() const { return vocab_; }
@@ -396,18 +377,19 @@ class Gpt {
     return p;
   }
   /// The rows of the whole table this part holds, in `visit_parameters` order.
-  std::vector<Placement> held_placements(std::vector<Placement> all) const {
+  static std::vector<Placement> held_placements(const models::GptPart& part,
+                                                const std::vector<Placement>& all) {
     std::vector<Placement> out;
     const auto block_of = [](const std::string& name) {
       return name.starts_with("h.") ? std::stoi(name.substr(2)) : -1;
     };
-    for (auto& p : all) {
+    for (const auto& p : all) {
       const int b = block_of(p.name);
-      const bool held = p.split == Split::vocab  ? holds_wte()
-                        : p.name == "wpe.weight" ? part_.embedding
-                        : b >= 0                 ? b >= part_.first_block && b < part_.end_block
-                                                 : part_.head;  // ln_f
-      if (held) out.push_back(std::move(p));
+      const bool held = p.split == Split::vocab  ? part.embedding || part.head
+                        : p.name == "wpe.weight" ? part.embedding
+                        : b >= 0                 ? b >= part.first_block && b < part.end_block
+                                                 : part.head;  // ln_f
+      if (held) out.push_back(p);
     }
     return out;
   }
@@ -489,15 +471,11 @@ class Gpt {
   }
 
   models::GptConfig cfg_;
-  Comm* tp_;
-  int n_;
-  int rank_;
   bool sp_;
   models::GptPart part_;
-  Placement vocab_;               // wte's row of the whole table
-  std::vector<Placement> table_;  // the rows of what this part holds
-  Parameter<T, B> wte_;           // (Vp/N, C) this rank's vocabulary rows
-  Parameter<T, B> wpe_;           // (max_seq, C)
+  Placement vocab_;      // wte's row of the whole table
+  Parameter<T, B> wte_;  // (Vp/N, C) this rank's vocabulary rows
+  Parameter<T, B> wpe_;  // (max_seq, C)
   std::vector<Checkpointed<Block>> blocks_;
   LayerNorm<T, B> ln_f_;
 };

@@ -1,12 +1,14 @@
 //! A tensor-parallel model's values through its placement table (tp/placement.hpp): set every
 //! parameter to its slice of the unsplit tensors, and gather the unsplit tensors back from every
-//! rank's slices. Shared by tp::Gpt and any model that describes its split with `Placement`s
+//! rank's slices; `SlicedModel`, what the strategies ask of such a model, answered from the
+//! table. Shared by tp::Gpt and any model that describes its split with `Placement`s
 //! (examples/llama/).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "fourway/backend/ops.hpp"
@@ -73,5 +75,45 @@ std::vector<std::vector<float>> gather_slices(Comm& tp, std::span<const Placemen
   }
   return out;
 }
+
+/// What the strategies ask of a model split over a tensor-parallel group by a placement table
+/// (train/sharded_strategy.hpp's `model_parallel_model`, checkpoints, the numerics check),
+/// answered from the table: a base of tp::Gpt and of any such model of the user's own
+/// (examples/llama/). `table` lists the parameters the model holds, in `visit_parameters` order.
+template <communicator Comm>
+class SlicedModel {
+ public:
+  [[nodiscard]] int tp_size() const { return n_; }
+  [[nodiscard]] int tp_rank() const { return rank_; }
+  /// How every parameter is split, in `visit_parameters` order.
+  [[nodiscard]] const std::vector<Placement>& placements() const { return table_; }
+  /// Whether this rank adds parameter `i`'s gradient to the global norm: every slice of a split
+  /// parameter, a replicated one on tp rank 0 only (it is counted once, not N times).
+  [[nodiscard]] bool counts_in_norm(int i) const {
+    return table_[static_cast<std::size_t>(i)].counts_in_norm(rank_);
+  }
+  /// Where parameter `i`'s slice lies in the unsplit tensor (checkpoints, train/state_runs.hpp).
+  [[nodiscard]] StateView state_view(int i) const {
+    return table_[static_cast<std::size_t>(i)].state_view(n_, rank_);
+  }
+  /// x = Σ over the tensor-parallel group of x.
+  void sum_over_model_parallel(double& x) {
+    if (n_ > 1) tp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+  }
+  /// The full tensors from every rank's `local` slices (a collective over the group; padding is
+  /// dropped). `local` is the model's parameter values or a strategy's gathered ones.
+  std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
+    return gather_slices(*tp_, table_, local);
+  }
+
+ protected:
+  SlicedModel(Comm& tp, std::vector<Placement> table)
+      : tp_(&tp), n_(tp.size()), rank_(tp.rank()), table_(std::move(table)) {}
+
+  Comm* tp_;
+  int n_;
+  int rank_;
+  std::vector<Placement> table_;  // the rows of what this model (or part) holds
+};
 
 }  // namespace fourway::tp
