@@ -58,6 +58,9 @@ MESHES = [
     ("pp3", 1, 3, 1, 0, "1f1b", 4),
     ("tp2 pp3", 2, 3, 1, 0, "1f1b", 4),
     ("pp3 dp2", 1, 3, 2, 0, "1f1b", 4),
+    ("pp2 dp4 zb-h1", 1, 2, 4, 0, "zb-h1", 2),
+    ("tp2 pp2 dp2 zero1 interleaved", 2, 2, 2, 1, "interleaved", 4),
+    ("tp2 pp2 dp2 zero3 zb-v", 2, 2, 2, 3, "zb-v", 4),
 ]
 
 
@@ -92,7 +95,7 @@ def plan(tp, pp, dp, zero, schedule, m, tflops, ranks):
          "--gpus", str(ranks), "--gpus-per-node", str(ranks), "--tp", str(tp), "--pp", str(pp),
          "--dp", str(dp), "--zero", str(zero), "--micro-batch", str(b), "--micro-batches", str(m),
          "--tflops", repr(tflops), "--nvlink-gbs", LINK_GBS, "--nvlink-latency-us", LINK_US]
-    if schedule in ("gpipe", "1f1b"):
+    if schedule:  # interleaved: fourway-train's and fourway-plan's default v = 2
         a += ["--schedule", schedule]
     out = subprocess.run(a, check=True, capture_output=True, text=True).stdout
     return json.loads(out)["time"]

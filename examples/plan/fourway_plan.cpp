@@ -44,12 +44,14 @@ strategy:
   --micro-batch B            sequences per micro-batch (default 1)
   --micro-batches M          per step and replica (default 1)
   --global-batch G           sequences per step (sets --micro-batches)
-  --schedule gpipe|1f1b      pipeline schedule (default 1f1b)
+  --schedule S               pipeline schedule: gpipe, 1f1b (default), interleaved, zb-h1, zb-v
+  --virtual-stages V         chunks per rank of the interleaved schedule (default 2)
   --checkpoint-activations [none|selective|full]   (bare: full)
   --sequence-parallel
   --optimizer-state-bytes N  per parameter besides the master copy (Adam: 8, so K = 12)
   --footprint published|fourway   published models (any mesh) or fourway's own runtime
-                             exactly (GPT-2, dp/tp/sp/ZeRO, pp = 1; default published)
+                             exactly (GPT-2: dp, tp, sp, ZeRO and pp on every schedule;
+                             default published)
   --bucket-mb X              fourway's gradient bucket size, MiB (default 25)
   --vocab-align A            fourway's vocabulary padding (tp: per rank; default 1; CUDA runs 128)
   --headroom F               fraction of GPU memory kept free (default 0.05)
@@ -162,6 +164,7 @@ Args parse(int argc, char** argv) {
                                                  "micro-batches",
                                                  "global-batch",
                                                  "schedule",
+                                                 "virtual-stages",
                                                  "checkpoint-activations",
                                                  "sequence-parallel",
                                                  "optimizer-state-bytes",
@@ -351,7 +354,20 @@ fp::Schedule schedule_of(const Args& a) {
   const std::string& s = a.at("schedule");
   if (s == "1f1b") return fp::Schedule::one_f_one_b;
   if (s == "gpipe") return fp::Schedule::gpipe;
-  bad("--schedule must be gpipe or 1f1b, got '" + s + "'");
+  if (s == "interleaved") return fp::Schedule::interleaved;
+  if (s == "zb-h1") return fp::Schedule::zb_h1;
+  if (s == "zb-v") return fp::Schedule::zb_v;
+  bad("--schedule must be gpipe, 1f1b, interleaved, zb-h1 or zb-v, got '" + s + "'");
+}
+
+/// Chunks per pipeline rank of the interleaved schedule (fourway-train's --virtual-stages; 2
+/// when not given); the other schedules take none.
+int virtual_stages_of(const Args& a, fp::Schedule s) {
+  if (!a.has("virtual-stages")) return s == fp::Schedule::interleaved ? 2 : 1;
+  if (s != fp::Schedule::interleaved) bad("--virtual-stages needs --schedule interleaved");
+  const int v = parse_int("--virtual-stages", a.at("virtual-stages"));
+  if (v < 2) bad("--virtual-stages must be >= 2 (the interleaved schedule's chunks per rank)");
+  return v;
 }
 
 std::optional<fp::Checkpointing> checkpointing_of(const Args& a) {
@@ -380,6 +396,7 @@ int run(const Args& a) {
     sp.micro_batch = mb;
     sp.precision = precision_of(a);
     sp.schedule = schedule_of(a);
+    sp.virtual_stages = virtual_stages_of(a, sp.schedule);
     sp.checkpointing = checkpointing_of(a);
     if (a.has("dp")) sp.dp = parse_int("--dp", a.at("dp"));
     if (a.has("tp")) sp.tp = parse_int("--tp", a.at("tp"));
@@ -430,6 +447,7 @@ int run(const Args& a) {
   s.micro_batch = mb;
   s.precision = precision_of(a);
   s.schedule = schedule_of(a);
+  s.virtual_stages = virtual_stages_of(a, s.schedule);
   s.checkpointing = checkpointing_of(a).value_or(fp::Checkpointing::none);
   s.sequence_parallel = a.has("sequence-parallel");
   if (a.has("global-batch")) {

@@ -92,3 +92,31 @@ TEST(PlanActivation, MicroBatchesInFlightPerSchedule) {
   EXPECT_THROW((void)fp::micro_batches_in_flight(fp::Schedule::gpipe, 4, 0, 0),
                fourway::ConfigError);
 }
+
+// The other schedules from their tables, against the papers' counts: Megatron-LM's interleaved
+// schedule (Narayanan et al. 2021 §2.2) runs 2(p − r − 1) + (v − 1)p warm-up chunk forwards on
+// rank r, so 2(p − r − 1) + (v − 1)p + 1 chunk-activations are alive at once (p(1 + (p − 1)/(pv))
+// stage-equivalents on rank 0); ZB-H1 and ZB-V keep 1F1B's peak (Qi et al. 2023 §3, §4): p
+// micro-batches on the first rank (ZB-H1's later ranks hold theirs until the delayed W, up to p),
+// and on ZB-V's first rank 2p half-stage chunks.
+TEST(PlanActivation, InFlightOfInterleavedAndZeroBubbleSchedules) {
+  for (int p : {2, 4}) {
+    for (int v : {2, 3}) {
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(fp::micro_batches_in_flight(fp::Schedule::interleaved, p, 2 * p, r, v),
+                  2 * (p - r - 1) + (v - 1) * p + 1)
+            << "p=" << p << " v=" << v << " rank " << r;
+      }
+    }
+    EXPECT_EQ(fp::micro_batches_in_flight(fp::Schedule::zb_h1, p, 2 * p, 0), p);
+    for (int r = 0; r < p; ++r) {  // W is delayed on later ranks, never past 1F1B's peak
+      const std::int64_t n = fp::micro_batches_in_flight(fp::Schedule::zb_h1, p, 2 * p, r);
+      EXPECT_GE(n, p - r) << "zb-h1 p=" << p << " rank " << r;
+      EXPECT_LE(n, p) << "zb-h1 p=" << p << " rank " << r;
+    }
+    EXPECT_EQ(fp::micro_batches_in_flight(fp::Schedule::zb_v, p, 2 * p, 0), 2 * p) << "zb-v";
+  }
+  // what the runtime refuses, the planner refuses with the schedule's own reason
+  EXPECT_THROW((void)fp::micro_batches_in_flight(fp::Schedule::interleaved, 4, 6, 0, 2),
+               fourway::ConfigError);
+}

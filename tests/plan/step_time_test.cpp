@@ -54,3 +54,23 @@ TEST(PlanStepTime, BubbleMatchesAnExplicitTimeline) {
   }
   EXPECT_THROW((void)fp::bubble_fraction(4, 0), fourway::ConfigError);
 }
+
+// Qi et al. 2023 §3: with F = B = W, ZB-H1 idles (p − 1)·F of each rank's 3m·F, a third of
+// 1F1B's bubble; Narayanan et al. 2021 §2.2: interleaving v chunks per rank divides 1F1B's
+// bubble time by v. GPipe and 1F1B keep the closed form.
+TEST(PlanStepTime, ScheduleBubbleOfEverySchedule) {
+  for (int p : {2, 4}) {
+    const int m = 2 * p;
+    EXPECT_DOUBLE_EQ(fp::schedule_bubble(fp::Schedule::one_f_one_b, p, m),
+                     fp::bubble_fraction(p, m));
+    EXPECT_DOUBLE_EQ(fp::schedule_bubble(fp::Schedule::gpipe, p, m), fp::bubble_fraction(p, m));
+    EXPECT_NEAR(fp::schedule_bubble(fp::Schedule::zb_h1, p, m), (p - 1.0) / (3.0 * m + p - 1.0),
+                1e-12)
+        << "p=" << p;
+    EXPECT_NEAR(fp::schedule_bubble(fp::Schedule::interleaved, p, m, 2),
+                (p - 1.0) / 2.0 / (m + (p - 1.0) / 2.0), 1e-12)
+        << "p=" << p;
+    EXPECT_LT(fp::schedule_bubble(fp::Schedule::zb_v, p, m),
+              fp::schedule_bubble(fp::Schedule::zb_h1, p, m));
+  }
+}

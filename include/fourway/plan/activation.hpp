@@ -29,6 +29,7 @@
 
 #include "fourway/plan/model_state.hpp"
 #include "fourway/schedule/generators.hpp"
+#include "fourway/schedule/simulate.hpp"
 
 namespace fourway::plan {
 
@@ -97,18 +98,24 @@ constexpr double korthikanti_output_bytes(LayerShape x, double vocab) {
   return 4.0 * x.s * x.b * x.h / x.t * (1.0 + vocab / x.h);
 }
 
-/// Micro-batches whose activations stage `stage` of `stages` holds at its peak.
-constexpr std::int64_t micro_batches_in_flight(Schedule s, int stages, std::int64_t micro_batches,
-                                               int stage = 0) {
+/// Chunk-activations stage `stage` of `stages` holds at once at its peak, read off the schedule's
+/// table (schedule/simulate.hpp: alive from a chunk's F to the end of its BW, or W): GPipe m and
+/// 1F1B min(m, p − stage) in closed form (also where the runtime's 1F1B table needs m ≥ p), the
+/// others as their tables run. With one chunk per rank (every
+/// schedule but interleaved's `virtual_stages` and ZB-V's two) these are micro-batches.
+inline std::int64_t micro_batches_in_flight(Schedule s, int stages, std::int64_t micro_batches,
+                                            int stage = 0, int virtual_stages = 1) {
   detail::require(stages >= 1 && stage >= 0 && stage < stages, "fourway: stage ", stage, " of ",
                   stages, " pipeline stages does not exist");
   detail::require(micro_batches >= 1, "fourway: ", micro_batches,
                   " micro-batches; a step needs at least one");
-  detail::require(s == Schedule::gpipe || s == Schedule::one_f_one_b, "fourway: the planner ",
-                  "models the activations of gpipe and 1f1b, not ", schedule_name(s),
-                  "; plan with 1f1b (the runtime's checker reports the peak of the others)");
   if (s == Schedule::gpipe) return micro_batches;
-  return std::min<std::int64_t>(micro_batches, stages - stage);
+  if (s == Schedule::one_f_one_b) return std::min<std::int64_t>(micro_batches, stages - stage);
+  const schedule::Request q{s, stages, static_cast<int>(micro_batches), virtual_stages};
+  const schedule::RequestProblem problem = schedule::validate(q);
+  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
+                  schedule::explain(q, problem));
+  return schedule::peak_in_flight(schedule::make(q), stage);
 }
 
 }  // namespace fourway::plan

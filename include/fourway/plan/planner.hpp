@@ -168,13 +168,15 @@ struct StagePlan {
   std::int64_t layers = 0;
   std::int64_t params = 0;  // held by this rank before ZeRO sharding
   ModelStateBytes states;
-  std::int64_t in_flight = 0;    // micro-batches whose activations are alive at the peak
-  double activations = 0;        // stored activations of all in-flight micro-batches
-  double recompute_working = 0;  // one layer rebuilt during backward
-  double zero3_gathered = 0;     // ZeRO-3: two gathered units + one unit's full gradients
-                                 // (fourway pipelines: every unit and full gradients, all step)
-  double zero2_buckets = 0;      // ZeRO-2 (fourway): full gradients of the head's buckets
-                                 // (fourway pipelines: of every parameter, all step)
+  std::int64_t in_flight = 0;     // micro-batches whose activations are alive at the peak
+  double activations = 0;         // stored activations of all in-flight micro-batches
+  double recompute_working = 0;   // one layer rebuilt during backward
+  double zero3_gathered = 0;      // ZeRO-3: two gathered units + one unit's full gradients
+                                  // (fourway pipelines: every unit and full gradients, all step)
+  double zero2_buckets = 0;       // ZeRO-2 (fourway): full gradients of the head's buckets
+                                  // (fourway pipelines: of every parameter, all step)
+  double backward_workspace = 0;  // fourway pipelines: the backward's gradient chain above the
+                                  // activations' peak (plan/runtime_pipeline_state.hpp)
   // Peaks of the phases outside a step (modelled): construction, checkpoint load and save.
   double construct_peak = 0;
   double load_peak = 0;
@@ -187,7 +189,7 @@ struct StagePlan {
   /// The peak of one training step.
   [[nodiscard]] double step_peak() const {
     return static_cast<double>(states.total()) + activations + recompute_working + zero3_gathered +
-           zero2_buckets;
+           zero2_buckets + backward_workspace;
   }
   /// The peak of the whole run: construction, load, every step, save.
   [[nodiscard]] double total() const {
@@ -199,11 +201,11 @@ struct StagePlan {
 };
 
 struct StepTime {
-  double compute_s = 0;   // (m + p − 1) micro-batch slots, compute only
+  double compute_s = 0;   // m/(1 − bubble) micro-batch slots, compute only
   double tensor_s = 0;    // tensor-parallel collectives on the critical path
   double pipeline_s = 0;  // point-to-point transfers on the critical path
   double data_s = 0;      // data-parallel time not hidden
-  double bubble = 0;      // (p − 1)/(m + p − 1)
+  double bubble = 0;      // the schedule's idle fraction, (p − 1)/(m + p − 1) for 1F1B
   double total_s = 0;
   double tokens_per_s = 0;
   double mfu = 0;  // model FLOPs (6Ψ + attention, no recomputation) / (time · peak)
@@ -352,17 +354,27 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                               s.precision, s.zero, s.dp, s.micro_batches, dp_link);
     if (model.arch) {
       const Architecture& a = *model.arch;
-      // Without a pipeline, micro-batches run forward and backward one after another.
-      sp.in_flight = s.pp == 1 ? 1 : micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st);
+      // Without a pipeline, micro-batches run forward and backward one after another; with one,
+      // the schedule's table says how many chunk-activations the stage keeps at once, each
+      // 1/(chunks per rank) of the stage's layers.
+      const int chunks_per_rank = s.schedule == Schedule::zb_v          ? 2
+                                  : s.schedule == Schedule::interleaved ? s.virtual_stages
+                                                                        : 1;
+      sp.in_flight = s.pp == 1 ? 1
+                               : micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st,
+                                                         s.virtual_stages);
       const LayerShape x{static_cast<double>(a.seq), static_cast<double>(s.micro_batch),
                          static_cast<double>(a.hidden), static_cast<double>(a.heads),
                          static_cast<double>(s.tp)};
       const double scale = static_cast<double>(w) / 2.0;  // Korthikanti counts 16-bit values
       double per_mb = static_cast<double>(sp.layers) *
                       korthikanti_layer_bytes(x, s.sequence_parallel, s.checkpointing);
+      // ZB-V's V holds both ends on the first rank
+      const int head_stage = s.schedule == Schedule::zb_v ? 0 : s.pp - 1;
       if (st == 0) per_mb += korthikanti_embedding_bytes(x);
-      if (st == s.pp - 1) per_mb += korthikanti_output_bytes(x, static_cast<double>(a.vocab));
-      sp.activations = scale * per_mb * static_cast<double>(sp.in_flight);
+      if (st == head_stage) per_mb += korthikanti_output_bytes(x, static_cast<double>(a.vocab));
+      sp.activations =
+          scale * per_mb * static_cast<double>(sp.in_flight) / static_cast<double>(chunks_per_rank);
       sp.recompute_working =
           scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.checkpointing);
       if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
@@ -370,12 +382,14 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                    head_vocab,    a.layers, s.precision};
         const std::int64_t head = runtime_head_activation_bytes(g);
         const std::int64_t block = runtime_block_activation_bytes(g);
-        if (own_pp) {  // the rank's chunks, `in_flight` micro-batches
+        if (own_pp) {  // the rank's chunks, action by action through the schedule's table
           const PipelineActivation act = runtime_pipeline_activation(
               a, g, split, s.sequence_parallel, s.checkpointing == Checkpointing::full,
-              runtime_rank_parts(a, pipeline_split(s), st));
-          sp.activations = static_cast<double>(act.per_micro_batch * sp.in_flight);
-          sp.recompute_working = static_cast<double>(act.recompute);
+              pipeline_split(s), st);
+          sp.in_flight = act.in_flight;
+          sp.activations = static_cast<double>(act.kept);
+          sp.recompute_working = static_cast<double>(act.peak - act.kept);
+          sp.backward_workspace = static_cast<double>(act.with_workspace - act.peak);
         } else if (s.tp >
                    1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
           const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
@@ -476,7 +490,11 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
   if (model.arch) {
     const Architecture& a = *model.arch;
     StepTime t;
-    const double slots = m + static_cast<double>(s.pp) - 1.0;
+    // m micro-batch slots of the slowest stage and the schedule's bubble: m + p − 1 for GPipe
+    // and 1F1B
+    const double bubble = schedule_bubble(s.schedule, s.pp, s.micro_batches, s.virtual_stages);
+    const bool closed_form = s.schedule == Schedule::gpipe || s.schedule == Schedule::one_f_one_b;
+    const double slots = closed_form ? m + static_cast<double>(s.pp) - 1.0 : m / (1.0 - bubble);
     double slot = 0, slot_compute = 0, slot_tp = 0, slot_pp = 0, data = 0;
     for (const StagePlan& sp : plan.stages) {
       if (sp.seconds_per_micro_batch > slot) {
@@ -500,7 +518,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     t.tensor_s = slots * slot_tp;
     t.pipeline_s = slots * slot_pp;
     t.data_s = data;
-    t.bubble = bubble_fraction(s.pp, s.micro_batches);
+    t.bubble = bubble;
     t.total_s = slots * slot + data;
     const double tokens = static_cast<double>(s.global_batch() * a.seq);
     t.tokens_per_s = tokens / t.total_s;
@@ -519,6 +537,7 @@ struct SearchSpace {
   std::int64_t micro_batch = 1;
   Precision precision = Precision::bf16;
   Schedule schedule = Schedule::one_f_one_b;
+  int virtual_stages = 1;  // chunks per pipeline rank of the interleaved schedule
   std::optional<int> dp, tp, pp, zero;
   std::optional<Checkpointing> checkpointing;
   std::optional<bool> sequence_parallel;
@@ -567,7 +586,9 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
         if (space.zero && *space.zero != zero) continue;
         if (o.footprint == Footprint::fourway && pp > 1 &&
             schedule::validate(
-                pipeline_split(Strategy{dp, tp, pp, zero, space.micro_batch, m, space.schedule})
+                pipeline_split(Strategy{dp, tp, pp, zero, space.micro_batch, m, space.schedule,
+                                        Precision::bf16, Checkpointing::none, false,
+                                        space.virtual_stages})
                     .request()) != schedule::RequestProblem::none) {
           continue;  // the runtime refuses this schedule (e.g. 1f1b with m < pp)
         }
@@ -580,8 +601,17 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
           if (!model.arch && r != Checkpointing::none) continue;
           if (o.footprint == Footprint::fourway && r == Checkpointing::selective) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
-          Strategy s{dp, tp, pp, zero, space.micro_batch, m, space.schedule, space.precision,
-                     r,  sp};
+          Strategy s{dp,
+                     tp,
+                     pp,
+                     zero,
+                     space.micro_batch,
+                     m,
+                     space.schedule,
+                     space.precision,
+                     r,
+                     sp,
+                     space.virtual_stages};
           out.push_back(make_plan(model, cluster, s, o));
         }
       }
@@ -596,7 +626,10 @@ inline std::string describe(const Strategy& s) {
                                        " checkpoint=", checkpointing_name(s.checkpointing));
   if (s.tp > 1 && s.sequence_parallel) d += " +sequence-parallel";
   if (s.pp > 1)
-    d += fourway::detail::cat(" ", schedule_name(s.schedule), " m=", s.micro_batches);
+    d += fourway::detail::cat(" ", schedule_name(s.schedule), " m=", s.micro_batches,
+                              s.schedule == Schedule::interleaved
+                                  ? fourway::detail::cat(" v=", s.virtual_stages)
+                                  : std::string());
   else if (s.micro_batches > 1)
     d += fourway::detail::cat(" accumulate=", s.micro_batches);
   return d;

@@ -88,6 +88,9 @@ inline std::string table(const Plan& p) {
         w.activations);
     if (s.checkpointing != Checkpointing::none)
       row("recomputation working set (1 layer)", w.recompute_working);
+    else if (w.recompute_working > 0)  // fourway pipelines: a block's moment above what it keeps
+      row("a block's transient above the kept activations", w.recompute_working);
+    if (w.backward_workspace > 0) row("backward gradient chain (workspace)", w.backward_workspace);
     if (zero_sharding(s.zero).shards_params && s.dp > 1) {
       row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
     }
@@ -174,6 +177,7 @@ inline std::string json(const Plan& p) {
        << ",\"recompute_working\":" << json_number(st.recompute_working)
        << ",\"zero3_gathered\":" << json_number(st.zero3_gathered)
        << ",\"zero2_buckets\":" << json_number(st.zero2_buckets)
+       << ",\"backward_workspace\":" << json_number(st.backward_workspace)
        << ",\"construct_peak\":" << json_number(st.construct_peak)
        << ",\"load_peak\":" << json_number(st.load_peak)
        << ",\"save_peak\":" << json_number(st.save_peak)
@@ -220,6 +224,8 @@ inline std::string train_command(const Plan& p) {
      << a.vocab << " --tp " << s.tp << " --pp " << s.pp << " --dp " << s.dp << " --zero " << s.zero
      << " --batch " << s.global_batch() << " --micro-batches " << s.micro_batches;
   if (s.pp > 1) os << " --schedule " << schedule_name(s.schedule);
+  if (s.pp > 1 && s.schedule == Schedule::interleaved)
+    os << " --virtual-stages " << s.virtual_stages;
   os << " --precision " << precision_name(s.precision);
   if (s.tp > 1 && s.sequence_parallel) os << " --sequence-parallel";
   if (s.checkpointing != Checkpointing::none) os << " --checkpoint-activations";

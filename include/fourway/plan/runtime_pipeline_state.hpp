@@ -164,24 +164,59 @@ inline std::vector<PipelineRankState> runtime_pipeline_states(
   return out;
 }
 
-/// Activations one micro-batch leaves on a pipeline rank's chunks after its forward: the
-/// embedding's output on the first chunk, the received input (b, T, C) — this rank's (b·T/tp, C)
-/// rows under sequence parallelism — on every other chunk, each block's stash (its output only
-/// when checkpointed), the head on the last; `recompute` is one block's stash rebuilt in backward
-/// when checkpointing. Tensor-parallel chunks (tp > 1) keep their slices (runtime_activation.hpp)
-/// and are not checkpointed. One chunk per rank (gpipe, 1f1b): the received input is a message
-/// from the previous rank.
+/// `MemTag::activations` of one pipeline rank over a step, followed action by action through the
+/// rank's row of the schedule table (schedule/generators.hpp), as `pp::Executor` runs it
+/// (parallel/pp/executor.hpp), for every schedule. Per (micro-batch, chunk):
+///
+///   recv_F   the received input, (b, T, C) — this rank's b·T/tp rows under sequence
+///            parallelism — until the chunk's backward ends (a chunk that follows another on the
+///            same rank, the turn of ZB-V's V, reads its output in place: nothing)
+///   F        the chunk's stash: the embedding's output on the first chunk, each block's (its
+///            output only when checkpointed), the head's on the last; for a moment the last
+///            block's transient above what it keeps (`runtime_block_peak_extra`)
+///   BW       frees the stash and the input; a checkpointed block's recomputation holds its
+///            stash again for a moment, less the output it replaces and the head already freed
+///   B        the split backward: frees the stash and the input but keeps, for W, a copy of every
+///            matrix GEMM's operands (layers/weight_grad_queue.hpp): per block the four Linears'
+///            input and output gradient, 4·BTC + 12·BTC/tp; on a tp = 1 head the logits' gradient
+///            (b·T·Vp, moved from the stash when kept) and ln_f's output (BTC). Its peak is the
+///            first block's backward: the block's largest moment, BTC + 4·BTC/tp above its start
+///            (the MLP's row-split GEMM: its input and output gradient copied before its output is
+///            freed), or 4·BTC + 3·BTC/tp less ln_2's rows under sequence parallelism (the
+///            attention's c_attn: the gathered ln_1 output and dqkv copied while the MLP's gathered
+///            input copy is kept), on top of the recomputed stash when checkpointed
+///   W        frees what B kept
+///
+/// `kept` is the largest sum at an action's end, `peak` the largest at any moment; `in_flight`
+/// the most micro-batches with a stash alive at once. `with_workspace` adds the backward's
+/// gradient chain (`MemTag::workspace`) at its largest moment in each block, GELU's backward: the
+/// block's incoming gradient, the MLP's two (b, T, 4C/tp) gradients, and under B what W keeps
+/// of the MLP's row split by then, less the row split's output already freed — not the
+/// gradients still being sent, whose lifetime depends on the peer. With one chunk per rank and
+/// fused backwards (gpipe, 1f1b) this is `in_flight` micro-batches' stashes plus one block's
+/// transient.
 struct PipelineActivation {
-  std::int64_t per_micro_batch = 0;
-  std::int64_t recompute = 0;
+  std::int64_t kept = 0;
+  std::int64_t peak = 0;
+  std::int64_t with_workspace = 0;
+  int in_flight = 0;
 };
 
 inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                                                       const GptActivationShape& g,
                                                       const TensorSplit& t, bool sequence_parallel,
-                                                      bool checkpoint,
-                                                      const std::vector<models::GptPart>& parts) {
+                                                      bool checkpoint, const PipelineSplit& s,
+                                                      int rank) {
+  check_pipeline_split(s);
+  detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
+  const schedule::Table table = schedule::make(s.request());
+  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
   const bool tp = t.tp > 1;
+  const bool sp = sequence_parallel && tp;
+  const std::int64_t w = working_bytes(g.precision);
+  const std::int64_t bt = g.batch * g.seq;
+  const std::int64_t u = bt * g.dim * w;            // (b, T, C)
+  const std::int64_t un = bt * (g.dim / t.tp) * w;  // (b, T, C/tp)
   const std::int64_t rows = std::min(runtime_vocab_rows(a, t), a.vocab);
   const std::int64_t emb = tp ? runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel)
                               : runtime_embedding_activation_bytes(g);
@@ -192,14 +227,96 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
   // what crosses a chunk boundary, and what a checkpointed block keeps: its output, (b·T, C)
   // or this rank's b·T/tp rows under sequence parallelism
   const std::int64_t received = runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel);
-  const std::int64_t kept = checkpoint ? received : block;
-  PipelineActivation r;
-  for (const auto& part : parts) {
-    r.per_micro_batch += (part.embedding ? emb : received) +
-                         (part.end_block - part.first_block) * kept + (part.head ? head : 0);
+  const std::int64_t kept_block = checkpoint ? received : block;
+  // the split backward: per block what W keeps, and the block's largest moment above its start
+  const std::int64_t queue_block = 4 * u + 12 * un;
+  const std::int64_t walk = sp ? 4 * u + 3 * un - 2 * (bt / t.tp) * 4 : u + 4 * un;
+  // activations + workspace at GELU's backward above the block's start, fused and split
+  const std::int64_t chain = sp ? 9 * un : 8 * un;
+  const std::int64_t chain_split = sp ? u + 13 * un : u + 12 * un;
+  const std::int64_t logits = bt * g.vocab * w;  // tp = 1: the padded vocabulary
+  const bool fused = g.classifier_chunk > 0;
+
+  struct Chunk {
+    std::int64_t input = 0, stash = 0, forward_extra = 0, queue = 0, blocks = 0;
+    bool head = false;
+  };
+  std::vector<Chunk> chunks(static_cast<std::size_t>(table.chunks()));
+  for (int c : table.chunks_of(rank)) {
+    const models::GptPart part = cut.part(c);
+    Chunk& k = chunks[static_cast<std::size_t>(c)];
+    k.blocks = part.end_block - part.first_block;
+    k.head = part.head;
+    k.input = part.embedding || table.rank_of(c - 1) == rank ? 0 : received;
+    k.stash = (part.embedding ? emb : 0) + k.blocks * kept_block + (part.head ? head : 0);
+    k.forward_extra = k.blocks > 0 ? runtime_block_peak_extra(g, received, block,
+                                                              part.head ? head : 0, checkpoint)
+                                   : 0;
+    k.queue = k.blocks * queue_block + (part.head && !tp ? logits + u : 0);
   }
-  const bool only_head = parts.size() == 1 && parts.front().head;
-  r.recompute = runtime_block_peak_extra(g, received, block, only_head ? head : 0, checkpoint);
+  PipelineActivation r;
+  std::int64_t live = 0;
+  std::vector<int> chunks_alive(static_cast<std::size_t>(s.micro_batches), 0);
+  int alive = 0;  // micro-batches with a stash on this rank
+  const auto at = [&](std::int64_t bytes) { r.peak = std::max(r.peak, bytes); };
+  const auto at_ws = [&](std::int64_t bytes) {
+    r.with_workspace = std::max(r.with_workspace, bytes);
+  };
+  for (const schedule::Action& x : table.actions[static_cast<std::size_t>(rank)]) {
+    using schedule::Op;
+    int& n = chunks_alive[static_cast<std::size_t>(x.micro_batch)];
+    switch (x.op) {
+      case Op::recv_activation: live += received; break;
+      case Op::forward: {
+        const Chunk& k = chunks[static_cast<std::size_t>(x.chunk)];
+        at(live + k.stash + k.forward_extra);
+        live += k.stash;
+        if (n++ == 0) r.in_flight = std::max(r.in_flight, ++alive);
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input: {
+        const Chunk& k = chunks[static_cast<std::size_t>(x.chunk)];
+        std::int64_t now = live;
+        if (x.op == Op::backward) {
+          if (checkpoint && k.blocks > 0)
+            at(now - (k.head ? head : 0) + runtime_block_peak_extra(g, received, block, 0, true) -
+               received);
+          now -= k.head ? head : 0;
+          for (std::int64_t i = 0; i < k.blocks; ++i) {  // last block first
+            at_ws(now + (checkpoint ? block - received : 0) + chain);
+            now -= checkpoint ? received : block;
+          }
+        } else {
+          if (k.head && !tp) {  // the logits' gradient (a new buffer when fused) and ln_f's copy
+            at(now + (fused ? logits : 0) + u);
+            now += logits + u - head;
+          } else if (k.head) {  // the head's backward frees its stash
+            now -= head;
+          }
+          for (std::int64_t i = 0; i < k.blocks; ++i) {  // last block first
+            if (checkpoint) {  // its output freed, its stash recomputed, then kept for W
+              at(now - received + block + walk);
+              at_ws(now - received + block + chain_split);
+              now += queue_block - received;
+            } else {
+              at(now + walk);
+              at_ws(now + chain_split);
+              now += queue_block - block;
+            }
+          }
+        }
+        live += (x.op == Op::backward_input ? k.queue : 0) - k.stash - k.input;
+        if (--n == 0) --alive;
+        break;
+      }
+      case Op::backward_weight: live -= chunks[static_cast<std::size_t>(x.chunk)].queue; break;
+      default: break;
+    }
+    r.kept = std::max(r.kept, live);
+    at(live);
+  }
+  r.with_workspace = std::max(r.with_workspace, r.peak);
   return r;
 }
 

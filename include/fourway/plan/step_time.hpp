@@ -58,4 +58,19 @@ constexpr double bubble_fraction(int stages, std::int64_t micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
 }
 
+/// The idle fraction of a step of any schedule: GPipe and 1F1B in closed form, the others from
+/// their tables timed with F = B = W (schedule/simulate.hpp, no p2p time), averaged over the
+/// ranks — ZB-H1 about (p − 1)/(3m + p − 1) (Qi et al. 2023, §3), interleaved about
+/// (p − 1)/(v·m + p − 1) (Narayanan et al. 2021, §2.2).
+inline double schedule_bubble(Schedule s, int stages, std::int64_t micro_batches,
+                              int virtual_stages = 1) {
+  if (s == Schedule::gpipe || s == Schedule::one_f_one_b || stages == 1)
+    return bubble_fraction(stages, micro_batches);
+  const schedule::Request q{s, stages, static_cast<int>(micro_batches), virtual_stages};
+  const schedule::RequestProblem problem = schedule::validate(q);
+  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
+                  schedule::explain(q, problem));
+  return schedule::simulate(schedule::make(q), schedule::Costs{}).bubble();
+}
+
 }  // namespace fourway::plan
