@@ -436,12 +436,7 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
   }
   static fw::models::GptPart resolved(const Config& cfg, fw::models::GptPart p) {
     cfg.validate();
-    if (p.end_block < 0) p.end_block = cfg.layers;
-    fw::check<fw::ConfigError>(
-        0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= cfg.layers,
-        "fourway: llama part blocks [", p.first_block, ", ", p.end_block,
-        ") are not a range of the model's ", cfg.layers, " blocks");
-    return p;
+    return fw::models::resolve_part(p, cfg.layers, "llama part");
   }
   /// The rows of the whole table `part` holds.
   static std::vector<fw::tp::Placement> held(const fw::models::GptPart& part,

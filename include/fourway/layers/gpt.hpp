@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,17 @@ struct GptPart {
   bool head = true;       // unit L+1: ln_f and the tied LM head (wte)
 };
 
+/// `p` with its end resolved (-1: through the last of the model's `layers` blocks), checked to be
+/// a range of them; `what` names the part in the error. Every model cut into parts (models::Gpt,
+/// tp::Gpt, the Llama example) resolves its part here.
+inline GptPart resolve_part(GptPart p, int layers, std::string_view what = "GptPart") {
+  if (p.end_block < 0) p.end_block = layers;
+  check<ConfigError>(0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= layers,
+                     "fourway: ", what, " blocks [", p.first_block, ", ", p.end_block,
+                     ") are not a range of the model's ", layers, " blocks");
+  return p;
+}
+
 template <class H>
 concept gpt_hooks = requires(H& h, int u) {
   h.pre_forward(u);
@@ -124,7 +136,7 @@ class Gpt {
   /// (seed, name, i). With `part`, only those units (values as in the whole model).
   Gpt(const Context<B>& ctx, const GptConfig& cfg, std::uint64_t seed = 0, GptPart part = {})
       : cfg_((cfg.validate(), cfg)),
-        part_(checked_part(cfg, part)),
+        part_(resolve_part(part, cfg.layers)),
         embedding_(ctx, holds_wte() ? cfg.vocab : 1, part_.embedding ? cfg.max_seq : 1, cfg.dim,
                    seed, 0.02f, holds_wte() ? cfg.padded_vocab() : 1),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
@@ -331,15 +343,6 @@ class Gpt {
   [[nodiscard]] std::size_t local_block(int i) const {
     return static_cast<std::size_t>(i - part_.first_block);
   }
-  static GptPart checked_part(const GptConfig& cfg, GptPart p) {
-    if (p.end_block < 0) p.end_block = cfg.layers;
-    check<ConfigError>(
-        0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= cfg.layers,
-        "fourway: GptPart blocks [", p.first_block, ", ", p.end_block,
-        ") are not a range of the model's ", cfg.layers, " blocks");
-    return p;
-  }
-
   /// Rows per classifier chunk for a micro-batch of `rows` token rows.
   [[nodiscard]] std::int64_t classifier_rows(std::int64_t rows) const {
     return cfg_.classifier_chunk > 0 ? std::min<std::int64_t>(cfg_.classifier_chunk, rows) : rows;

@@ -156,10 +156,10 @@ class Gpt : public SlicedModel<Comm> {
   /// `all`: the whole model's placement table (this part keeps the rows it holds).
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed,
       TpOptions options, models::GptPart part, std::vector<Placement> all)
-      : base(tp, held_placements(resolved_part(cfg, part), all)),
+      : base(tp, held_placements(models::resolve_part(part, cfg.layers), all)),
         cfg_(cfg),
         sp_(options.sequence_parallel),
-        part_(resolved_part(cfg, part)),
+        part_(models::resolve_part(part, cfg.layers)),
         vocab_(all.front()),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     wte_ = Parameter<T, B>(ctx, vocab_.name,
@@ -367,14 +367,6 @@ class Gpt : public SlicedModel<Comm> {
                        " is not in this part, which holds blocks [", part_.first_block, ", ",
                        part_.end_block, ")");
     return static_cast<std::size_t>(i - part_.first_block);
-  }
-  static models::GptPart resolved_part(const models::GptConfig& cfg, models::GptPart p) {
-    if (p.end_block < 0) p.end_block = cfg.layers;
-    check<ConfigError>(
-        0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= cfg.layers,
-        "fourway: GptPart blocks [", p.first_block, ", ", p.end_block,
-        ") are not a range of the model's ", cfg.layers, " blocks");
-    return p;
   }
   /// The rows of the whole table this part holds, in `visit_parameters` order.
   static std::vector<Placement> held_placements(const models::GptPart& part,
