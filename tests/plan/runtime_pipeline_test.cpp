@@ -4,8 +4,10 @@
 // (plan/runtime_pipeline_state.hpp) exactly, and the planner's per-GPU figure (`make_plan` with
 // `--footprint fourway`) is the largest of them; for every schedule (gpipe, 1f1b, interleaved,
 // zb-h1, zb-v) also the activation peak (the fullest tp rank of each stage exactly, every rank
-// within 10%), the whole-run peak within 10% and the bytes sent per group exactly. Expected
-// values come from the planner, measured values from the runtime.
+// within 10%), the whole-run peak within 10% and the bytes sent per group exactly. Every mesh
+// of the equivalence matrix (tests/parallel/mesh_matrix_test.cpp) is among them, those without a
+// pipeline in `PlanRuntimeMatrix`. Expected values come from the planner, measured values from
+// the runtime.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,11 +58,14 @@ struct Case {
   int virtual_stages = 1;
   bool sequence_parallel = false;
   bool checkpoint = false;  // every block recomputed in backward
+  int sequences = 2;        // per micro-batch and replica
   [[nodiscard]] int ranks() const { return tp * pp * dp; }
   [[nodiscard]] std::string name() const {
     return fw::detail::cat(
-        "tp", tp, "·pp", pp, "·dp", dp, " zero", zero, " ", fw::schedule::kind_name(schedule),
-        " m=", micro_batches, virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "",
+        "tp", tp, "·pp", pp, "·dp", dp, " zero", zero,
+        pp > 1 ? fw::detail::cat(" ", fw::schedule::kind_name(schedule), " m=", micro_batches)
+               : std::string(),
+        virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "",
         sequence_parallel ? " sequence-parallel" : "", checkpoint ? " checkpointed" : "");
   }
 };
@@ -83,7 +88,7 @@ fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
 }
 
 fw::TokenBatch batch_of(const Case& c) {
-  const std::int64_t rows = 2LL * c.dp * c.micro_batches;  // 2 sequences per micro-batch
+  const std::int64_t rows = static_cast<std::int64_t>(c.sequences) * c.dp * c.micro_batches;
   const std::int64_t Tn = harness::mesh_gpt().max_seq;
   std::mt19937 rng(7);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * (Tn + 1)));
@@ -92,10 +97,11 @@ fw::TokenBatch batch_of(const Case& c) {
   return fw::TokenBatch::from_rows(tokens, rows, Tn);
 }
 
-/// One step of the mesh; every rank's model-state bytes afterwards.
-template <class T, int Z, bool TensorParallel>
+/// One step of the mesh (with a Pipeline axis, or without one for pp = 1); every rank's
+/// model-state bytes afterwards.
+template <class T, int Z, bool TensorParallel, bool Pipeline = true>
 std::vector<RankMeasure> run(const Case& c) {
-  using MeshT = fw::dynamic_mesh_t<TensorParallel, true, Z>;
+  using MeshT = fw::dynamic_mesh_t<TensorParallel, Pipeline, Z>;
   using Comm = fw::Counting<fw::LocalComm>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
   const fw::TokenBatch batch = batch_of(c);
@@ -134,13 +140,13 @@ std::vector<RankMeasure> run(const Case& c) {
   return out;
 }
 
-template <class T, bool TensorParallel>
+template <class T, bool TensorParallel, bool Pipeline = true>
 std::vector<RankMeasure> run_zero(const Case& c) {
   switch (c.zero) {
-    case 1: return run<T, 1, TensorParallel>(c);
-    case 2: return run<T, 2, TensorParallel>(c);
-    case 3: return run<T, 3, TensorParallel>(c);
-    default: return run<T, 0, TensorParallel>(c);
+    case 1: return run<T, 1, TensorParallel, Pipeline>(c);
+    case 2: return run<T, 2, TensorParallel, Pipeline>(c);
+    case 3: return run<T, 3, TensorParallel, Pipeline>(c);
+    default: return run<T, 0, TensorParallel, Pipeline>(c);
   }
 }
 
@@ -176,7 +182,7 @@ void check(const Case& c) {
   // Communication: every rank's bytes per group, counted as they moved, equal the planner's
   // runtime figure of its pipeline rank (the plan's stages carry them, below).
   const auto Tn = harness::mesh_gpt().max_seq;
-  const fp::GptActivationShape g{2,
+  const fp::GptActivationShape g{c.sequences,
                                  Tn,
                                  harness::mesh_gpt().dim,
                                  harness::mesh_gpt().heads,
@@ -202,7 +208,7 @@ void check(const Case& c) {
   st.pp = c.pp;
   st.dp = c.dp;
   st.zero = c.zero;
-  st.micro_batch = 2;
+  st.micro_batch = c.sequences;
   st.micro_batches = c.micro_batches;
   st.schedule = c.schedule;
   st.virtual_stages = c.virtual_stages;
@@ -252,6 +258,48 @@ void check(const Case& c) {
 
 Case mesh(int tp, int pp, int dp, int zero, Kind k = Kind::one_f_one_b, int m = 2, int v = 1) {
   return Case{tp, pp, dp, zero, k, m, v};
+}
+
+/// A mesh without a pipeline (`fw::MeshStrategy` over tp and dp/ZeRO, one micro-batch): every
+/// rank's model-state bytes equal the plan's, its activation peak is within 10% of the plan's and
+/// the fullest rank's equals it, the whole-run peak is within 10%, and the tensor-parallel bytes
+/// sent equal the plan's.
+void check_flat(const Case& c) {
+  SCOPED_TRACE(c.name());
+  const std::vector<RankMeasure> got =
+      c.tp > 1 ? run_zero<float, true, false>(c) : run_zero<float, false, false>(c);
+  fp::Strategy st;
+  st.tp = c.tp;
+  st.dp = c.dp;
+  st.zero = c.zero;
+  st.micro_batch = c.sequences;
+  st.micro_batches = c.micro_batches;
+  st.sequence_parallel = c.sequence_parallel;
+  st.checkpointing = c.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
+  st.precision = fp::Precision::fp32;
+  fp::Options o;
+  o.footprint = fp::Footprint::fourway;
+  const fp::Plan plan =
+      fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  const fp::StagePlan& sp = plan.stages.front();
+  const double act = sp.activations + sp.recompute_working;
+  std::int64_t fullest = 0;
+  double worst = 0;
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    EXPECT_EQ(got[r].states, sp.states);
+    EXPECT_LE(std::abs(act - static_cast<double>(got[r].activation_peak)),
+              0.10 * static_cast<double>(got[r].activation_peak))
+        << "planner " << act << " B, accountant " << got[r].activation_peak << " B";
+    fullest = std::max(fullest, got[r].activation_peak);
+    const double total = static_cast<double>(got[r].total_peak);
+    EXPECT_LE(std::abs(sp.total() - total), 0.10 * total)
+        << "planner " << sp.total() << " B, accountant " << got[r].total_peak << " B";
+    worst = std::max(worst, std::abs(sp.total() - total) / total);
+    EXPECT_NEAR(got[r].tp, sp.tensor_parallel.bytes, 1e-9 * std::max(1.0, got[r].tp));
+  }
+  EXPECT_EQ(act, static_cast<double>(fullest));
+  std::printf("%s: whole-run peak within %.1f%% of the plan\n", c.name().c_str(), 100 * worst);
 }
 
 }  // namespace
@@ -345,4 +393,19 @@ TEST(PlanRuntimePipeline, EveryPipelineMeshOfTheEquivalenceMatrix) {
       with(mesh(1, 3, 2, 3, Kind::one_f_one_b, 3), true)};
   for (const Case& c : matrix) check<float>(c);
   for (int zero : {0, 3}) check<fw::bf16>(mesh(2, 2, 2, zero, Kind::one_f_one_b, 2));
+}
+
+// The meshes of the equivalence matrix without a pipeline, as it runs them: data parallelism and
+// ZeRO 1-3 on eight ranks (ZeRO-2 checkpointed), tp2·dp4, tp4·dp2 with sequence parallelism at
+// ZeRO-1, tp8, and ZeRO-2 over three ranks.
+TEST(PlanRuntimeMatrix, EveryMeshWithoutAPipeline) {
+  const auto flat = [](int tp, int dp, int zero) { return mesh(tp, 1, dp, zero, Kind::gpipe, 1); };
+  Case ckpt = flat(1, 8, 2);
+  ckpt.checkpoint = true;
+  Case sp = flat(4, 2, 1);
+  sp.sequence_parallel = true;
+  sp.sequences = 4;  // b·T = 36 rows split over 4 ranks
+  for (const Case& c : {flat(1, 8, 0), flat(1, 8, 1), ckpt, flat(1, 8, 3), flat(2, 4, 0), sp,
+                        flat(8, 1, 0), flat(1, 3, 2)})
+    check_flat(c);
 }
