@@ -160,6 +160,25 @@ fp::Architecture arch() {
   return fp::gpt2_shape(c.layers, c.dim, c.heads, c.vocab, c.max_seq);
 }
 
+/// `make_plan --footprint fourway` for the case's mesh, micro-batches and options.
+fp::Plan plan_of(const Case& c, fp::Precision p) {
+  fp::Strategy st;
+  st.tp = c.tp;
+  st.pp = c.pp;
+  st.dp = c.dp;
+  st.zero = c.zero;
+  st.micro_batch = c.sequences;
+  st.micro_batches = c.micro_batches;
+  st.schedule = c.schedule;
+  st.virtual_stages = c.virtual_stages;
+  st.sequence_parallel = c.sequence_parallel;
+  st.checkpointing = c.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
+  st.precision = p;
+  fp::Options o;
+  o.footprint = fp::Footprint::fourway;
+  return fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+}
+
 /// Every rank's measured states and bytes sent per group equal the planner's runtime figures for
 /// its pipeline rank and the plan's stage of that rank (states, activations, whole-run peak,
 /// traffic); the plan's per-GPU states are the largest.
@@ -203,22 +222,7 @@ void check(const Case& c) {
     EXPECT_PRED2(near, got[r].dp.all_gather, want.dp.all_gather);
     traffic.push_back(want);
   }
-  fp::Strategy st;
-  st.tp = c.tp;
-  st.pp = c.pp;
-  st.dp = c.dp;
-  st.zero = c.zero;
-  st.micro_batch = c.sequences;
-  st.micro_batches = c.micro_batches;
-  st.schedule = c.schedule;
-  st.virtual_stages = c.virtual_stages;
-  st.sequence_parallel = c.sequence_parallel;
-  st.checkpointing = c.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
-  st.precision = p;
-  fp::Options o;
-  o.footprint = fp::Footprint::fourway;
-  const fp::Plan plan =
-      fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  const fp::Plan plan = plan_of(c, p);
   ASSERT_EQ(plan.stages.size(), static_cast<std::size_t>(c.pp));
   // Activations: the plan counts the fullest tp rank of each stage (the most real vocabulary
   // rows), exactly; every rank within 10%. The whole-run peak within 10% at every ZeRO stage
@@ -268,19 +272,7 @@ void check_flat(const Case& c) {
   SCOPED_TRACE(c.name());
   const std::vector<RankMeasure> got =
       c.tp > 1 ? run_zero<float, true, false>(c) : run_zero<float, false, false>(c);
-  fp::Strategy st;
-  st.tp = c.tp;
-  st.dp = c.dp;
-  st.zero = c.zero;
-  st.micro_batch = c.sequences;
-  st.micro_batches = c.micro_batches;
-  st.sequence_parallel = c.sequence_parallel;
-  st.checkpointing = c.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
-  st.precision = fp::Precision::fp32;
-  fp::Options o;
-  o.footprint = fp::Footprint::fourway;
-  const fp::Plan plan =
-      fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  const fp::Plan plan = plan_of(c, fp::Precision::fp32);
   const fp::StagePlan& sp = plan.stages.front();
   const double act = sp.activations + sp.recompute_working;
   std::int64_t fullest = 0;
