@@ -123,7 +123,7 @@ plan=(
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
   "train-vs-pytorch-gpu|90|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda vs PyTorch eager/SDPA, 3 rounds"
-  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, AdamW/LayerNorm/GELU vs copy, attention flash vs materialised"
+  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW/LayerNorm/GELU/column sum vs copy, attention flash vs materialised"
 )
 
 echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"

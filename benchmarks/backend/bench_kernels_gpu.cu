@@ -4,6 +4,9 @@
 //    arguments, at GPT-2 small shapes with B*T = 8192 rows (fp32 and bf16);
 //  - AdamW, LayerNorm and GELU bytes/s as a percentage of the measured device-to-device copy
 //    bandwidth (`pct_of_copy`; a copy moves 2 bytes per byte copied);
+//  - gelu(x·W + b) at the MLP's shape as one cuBLASLt epilogue GEMM against the GEMM, bias and
+//    GELU passes it replaces (TFLOP/s side by side), and the bias gradient's column sum in
+//    bytes/s against the copy;
 //  - causal attention forward + backward in bf16 at GPT-2 small's heads (12 x 64), B = 8,
 //    T = 1024: the flash-style kernels against the materialised ones (cuBLAS GEMMs + softmax),
 //    in FLOP/s of the causal half (`causal_tflops`: 4·B·NH·T²·hs forward + 10·B·NH·T²·hs backward
@@ -232,6 +235,80 @@ void gelu(benchmark::State& state) {
   report_bandwidth(state, 4.0 * static_cast<double>(n));  // read in, write out (bf16)
 }
 
+/// The MLP's first matrix in bf16 at GPT-2 small's shape (8192 x 768 -> 3072): gelu(x·W + b)
+/// with its GELU input kept, as one cuBLASLt epilogue GEMM (`fused`) or as the GEMM, the bias
+/// pass and the GELU pass (the sequence before the epilogue). TFLOP/s of the GEMM.
+void linear_gelu(benchmark::State& state, bool fused) {
+  Gpu g;
+  const std::int64_t m = 8192, k = 768, n = 3072;
+  using E = fw::bf16;
+  fw::Tensor<E, fw::Cuda> x({m, k}, fw::MemTag::workspace, g.acct),
+      w({k, n}, fw::MemTag::workspace, g.acct), b({n}, fw::MemTag::workspace, g.acct),
+      pre({m, n}, fw::MemTag::workspace, g.acct), out({m, n}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, x.data(), m * k, 21, -1.0f, 1.0f);
+  fill_random(g.ctx, w.data(), k * n, 22, -0.05f, 0.05f);
+  fill_random(g.ctx, b.data(), n, 23, -0.5f, 0.5f);
+  const fw::Trans N = fw::Trans::none;
+  auto run = [&] {
+    if (fused) {
+      fw::cuda::gemm_bias(g.ctx, N, N, m, n, k, x.data(), k, w.data(), n, b.data(), out.data(), n,
+                          pre.data());
+    } else {
+      fw::cuda::gemm(g.ctx, N, N, m, n, k, 1.0f, x.data(), k, w.data(), n, 0.0f, pre.data(), n);
+      fw::cuda::bias_add(g.ctx, pre.data(), b.data(), m, n);
+      fw::cuda::gelu_forward(g.ctx, out.data(), pre.data(), m * n);
+    }
+  };
+  run();
+  {  // the first 4 rows against the host twin
+    const auto hx = download(g.ctx, x.data(), 4 * k), hw = download(g.ctx, w.data(), k * n),
+               hb = download(g.ctx, b.data(), n), ho = download(g.ctx, out.data(), 4 * n);
+    std::vector<E> want(ho.size()), wpre(ho.size());
+    fw::host::gemm_bias(g.host, N, N, 4, n, k, hx.data(), k, hw.data(), n, hb.data(), want.data(),
+                        n, wpre.data());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const float a = fw::convert<float>(ho[i]), e = fw::convert<float>(want[i]);
+      if (std::abs(a - e) > 2e-2f * std::abs(e) + 1e-2f) {
+        state.SkipWithError("gelu(x·W + b) differs from the host twin");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx, run);
+  state.counters["tflops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k) * 1e-12,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+void linear_gelu_fused(benchmark::State& state) { linear_gelu(state, true); }
+void linear_gelu_unfused(benchmark::State& state) { linear_gelu(state, false); }
+
+/// The bias gradient (a column sum) of GPT-2 small's (8192, 3072) MLP activation in bf16, in
+/// bytes/s against the copy: the rows split into 512-row slices, added in order.
+void column_sum(benchmark::State& state) {
+  Gpu g;
+  const std::int64_t rows = 8192, cols = 3072;
+  using E = fw::bf16;
+  fw::Tensor<E, fw::Cuda> dy({rows, cols}, fw::MemTag::workspace, g.acct),
+      db({cols}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, dy.data(), rows * cols, 24, -1.0f, 1.0f);
+  fw::cuda::fill(g.ctx, db.data(), cols, fw::convert<E>(0.0f));
+  fw::cuda::bias_backward(g.ctx, db.data(), dy.data(), rows, cols);
+  {  // the first 64 columns against the host's sum
+    const auto hy = download(g.ctx, dy.data(), rows * cols), hd = download(g.ctx, db.data(), cols);
+    std::vector<E> want(static_cast<std::size_t>(cols), fw::convert<E>(0.0f));
+    fw::host::bias_backward(g.host, want.data(), hy.data(), rows, cols);
+    for (std::size_t c = 0; c < 64; ++c) {
+      const float a = fw::convert<float>(hd[c]), e = fw::convert<float>(want[c]);
+      if (std::abs(a - e) > 2e-2f * std::abs(e) + 1e-2f) {
+        state.SkipWithError("column sum differs from the host's");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx,
+             [&] { fw::cuda::bias_backward(g.ctx, db.data(), dy.data(), rows, cols); });
+  report_bandwidth(state, 2.0 * static_cast<double>(rows * cols));  // read dy (bf16)
+}
+
 /// Causal attention, forward then backward, bf16: flash-style (`flash`) or materialised.
 void attention(benchmark::State& state, bool flash) {
   Gpu g;
@@ -301,6 +378,9 @@ BENCHMARK_CAPTURE(gemm_bf16, cublas, true)->Apply(gpt2_shapes);
 BENCHMARK(adamw)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(layernorm)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(gelu)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(linear_gelu_fused)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(linear_gelu_unfused)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(column_sum)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(attention, flash, true)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(attention, materialised, false)->UseManualTime()->Unit(benchmark::kMicrosecond);
 

@@ -14,6 +14,7 @@
 #include "fourway/backend/host/embedding.hpp"
 #include "fourway/backend/host/flash_attention.hpp"
 #include "fourway/backend/host/gemm.hpp"
+#include "fourway/backend/host/gemm_epilogue.hpp"
 #include "fourway/backend/host/kernels.hpp"
 #include "fourway/backend/host/layernorm.hpp"
 #include "fourway/backend/host/math.hpp"

@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 
+#include "fourway/backend/host/bias.hpp"
+#include "fourway/backend/host/elementwise.hpp"
+#include "fourway/backend/host/gemm_epilogue.hpp"
 #include "kernel_test_util.hpp"
 
 namespace fw = fourway;
@@ -40,17 +45,29 @@ std::vector<double> reference(const GemmCase& g, const std::vector<double>& a, s
   return r;
 }
 
+/// A case's random operands A and B (stored as the transposes say) and its leading dimensions.
+template <class T>
+struct Operands {
+  std::int64_t lda, ldb, ldc;
+  std::vector<T> a, b;
+  Operands(const GemmCase& g, std::uint32_t seed)
+      : lda(fw::detail::stored_cols(g.ta, g.m, g.k) + g.pad),
+        ldb(fw::detail::stored_cols(g.tb, g.k, g.n) + g.pad),
+        ldc(g.n + g.pad),
+        a(ft::random_typed<T>(
+            static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed)),
+        b(ft::random_typed<T>(
+            static_cast<std::size_t>(fw::detail::stored_rows(g.tb, g.k, g.n) * ldb), seed + 1)) {}
+};
+
 template <class T, class TC>
 void run_case(const GemmCase& g, Impl impl, std::uint32_t seed) {
   fw::MemoryAccountant acct;
   fw::Context<fw::Host> ctx(acct);
-  const std::int64_t lda = fw::detail::stored_cols(g.ta, g.m, g.k) + g.pad;
-  const std::int64_t ldb = fw::detail::stored_cols(g.tb, g.k, g.n) + g.pad;
-  const std::int64_t ldc = g.n + g.pad;
-  const auto a = ft::random_typed<T>(
-      static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed);
-  const auto b = ft::random_typed<T>(
-      static_cast<std::size_t>(fw::detail::stored_rows(g.tb, g.k, g.n) * ldb), seed + 1);
+  const Operands<T> ops(g, seed);
+  const std::int64_t lda = ops.lda, ldb = ops.ldb, ldc = ops.ldc;
+  const auto& a = ops.a;
+  const auto& b = ops.b;
   auto c = ft::random_typed<TC>(static_cast<std::size_t>(g.m * ldc), seed + 2);
   const auto c0 = ft::to_double(c);
   auto ref = reference(g, ft::to_double(a), lda, ft::to_double(b), ldb, c0, ldc);
@@ -191,4 +208,75 @@ TEST(HostGemm, ZeroKScalesC) {
                  static_cast<const float*>(nullptr), 1, static_cast<const float*>(nullptr), 2, 0.5f,
                  c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{0.5f, -1.0f, 1.5f, 2.0f}));
+}
+
+// The bias (and GELU) epilogue: against a double reference (op(A)·op(B) + bias, then GELU's tanh
+// form), and bit for bit the unfused sequence the layers ran before (gemm, bias_add,
+// gelu_forward), which keeps every host result and golden test unchanged; the padding columns of
+// C and of the GELU input stay untouched.
+template <class T>
+void check_gemm_bias(const GemmCase& g, bool gelu, std::uint32_t seed) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const Operands<T> ops(g, seed);
+  const std::int64_t lda = ops.lda, ldb = ops.ldb, ldc = ops.ldc;
+  const auto& a = ops.a;
+  const auto& b = ops.b;
+  const auto bias = ft::random_typed<T>(static_cast<std::size_t>(g.n), seed + 2);
+  const auto c0 = ft::random_typed<T>(static_cast<std::size_t>(g.m * ldc), seed + 3);
+  auto c = c0, pre = c0;
+  fw::host::gemm_bias(ctx, g.ta, g.tb, g.m, g.n, g.k, a.data(), lda, b.data(), ldb, bias.data(),
+                      c.data(), ldc, gelu ? pre.data() : nullptr);
+  // the unfused sequence, row by row where C is padded
+  auto u = c0, upre = c0;
+  T* y = gelu ? upre.data() : u.data();
+  fw::host::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, y, ldc);
+  for (std::int64_t r = 0; r < g.m; ++r) {
+    fw::host::bias_add(ctx, y + r * ldc, bias.data(), 1, g.n);
+    if (gelu) fw::host::gelu_forward(ctx, u.data() + r * ldc, y + r * ldc, g.n);
+  }
+  const std::string what =
+      ::testing::PrintToString(std::make_tuple(g.m, g.n, g.k, static_cast<int>(g.ta),
+                                               static_cast<int>(g.tb), g.pad, gelu)) +
+      " " + ft::type_name<T>();
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    ASSERT_EQ(fw::convert<float>(c[i]), fw::convert<float>(u[i])) << what << " at " << i;
+    if (gelu) ASSERT_EQ(fw::convert<float>(pre[i]), fw::convert<float>(upre[i])) << what;
+  }
+  // the double reference
+  GemmCase one = g;
+  one.alpha = 1.0f;
+  one.beta = 0.0f;
+  auto ref = reference(one, ft::to_double(a), lda, ft::to_double(b), ldb, ft::to_double(c0), ldc);
+  for (std::int64_t i = 0; i < g.m; ++i) {
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      double& v = ref[static_cast<std::size_t>(i * ldc + j)];
+      if (j >= g.n) {
+        v = ft::to_double(c0)[static_cast<std::size_t>(i * ldc + j)];
+        continue;
+      }
+      v += fw::convert<double>(bias[static_cast<std::size_t>(j)]);
+      if (gelu) {
+        const double x = v;
+        v = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+      }
+    }
+  }
+  // fp32 accumulation (k products < 1), then the GEMM's output (|.| <= k) rounded to T before the
+  // bias is added: an absolute error of a few units of T at that magnitude
+  const double acc_err = 4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24;
+  const double rounding = 4.0 * ft::unit_roundoff<T>() * static_cast<double>(g.k + 1);
+  ft::expect_close(ft::to_double(c), ref, acc_err + rounding + 1e-5, 4 * ft::unit_roundoff<T>(),
+                   what);
+}
+
+TEST(HostGemm, BiasAndGeluEpilogueIsTheUnfusedSequence) {
+  std::uint32_t seed = 500;
+  for (const GemmCase& g : cases()) {
+    for (bool gelu : {false, true}) {
+      check_gemm_bias<float>(g, gelu, seed += 4);
+      check_gemm_bias<fw::bf16>(g, gelu, seed += 4);
+      check_gemm_bias<fw::fp16>(g, gelu, seed += 4);
+    }
+  }
 }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fourway/backend/cuda/kernels.cuh"
@@ -125,6 +127,52 @@ TYPED_TEST(CudaKernels, GemmAllTransposesAndBatched) {
   expect_match(dc.get(e, c.size()), c, 1e-5, "gemm_strided_batched");
 }
 
+// The cuBLASLt bias / bias + GELU epilogue against the host twin (the unfused sequence): every
+// transpose, padded and unpadded C. Leading dimensions that are multiples of 8 on 16-byte
+// pointers take cuBLASLt's fused kernel; the odd ones (ldc = n + 3) its fallback. The fused
+// kernel adds the bias before rounding where the host rounds the GEMM first: within the GEMM's
+// accumulation bound plus a few units of T at the GEMM's magnitude.
+TYPED_TEST(CudaKernels, GemmBiasEpilogueMatchesHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][3] = {{8, 8, 8}, {7, 13, 5}, {64, 96, 128}, {1024, 768, 256}};
+  std::uint32_t seed = 700;
+  for (const auto& s : shapes) {
+    const auto [m, n, k] = std::tuple{s[0], s[1], s[2]};
+    for (std::int64_t pad : {std::int64_t{0}, std::int64_t{3}, std::int64_t{8}}) {
+      for (fw::Trans ta : {fw::Trans::none, fw::Trans::transpose}) {
+        for (fw::Trans tb : {fw::Trans::none, fw::Trans::transpose}) {
+          for (bool gelu : {false, true}) {
+            const std::int64_t lda = fw::detail::stored_cols(ta, m, k);
+            const std::int64_t ldb = fw::detail::stored_cols(tb, k, n);
+            const std::int64_t ldc = n + pad;
+            const auto a = ft::random_typed<T>(
+                static_cast<std::size_t>(fw::detail::stored_rows(ta, m, k) * lda), ++seed);
+            const auto b = ft::random_typed<T>(
+                static_cast<std::size_t>(fw::detail::stored_rows(tb, k, n) * ldb), ++seed);
+            const auto bias = ft::random_typed<T>(static_cast<std::size_t>(n), ++seed);
+            auto c = ft::random_typed<T>(static_cast<std::size_t>(m * ldc), ++seed);
+            auto pre = c;
+            Dev<T> da(e, a), db(e, b), dbias(e, bias), dc(e, c), dpre(e, pre);
+            fw::cuda::gemm_bias(e.dev, ta, tb, m, n, k, da.p(), lda, db.p(), ldb, dbias.p(), dc.p(),
+                                ldc, gelu ? dpre.p() : nullptr);
+            fw::host::gemm_bias(e.host, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, bias.data(),
+                                c.data(), ldc, gelu ? pre.data() : nullptr);
+            const double atol = static_cast<double>(k) * 0x1p-22 +
+                                4.0 * ft::unit_roundoff<T>() * static_cast<double>(k + 1);
+            const std::string what = "gemm_bias m=" + std::to_string(m) +
+                                     " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                                     " ldc=" + std::to_string(ldc) + (gelu ? " +gelu" : "");
+            expect_match(dc.get(e, c.size()), c, atol, what);
+            if (gelu) expect_match(dpre.get(e, pre.size()), pre, atol, what + " (GELU input)");
+          }
+        }
+      }
+    }
+  }
+}
+
 TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
   FW_REQUIRE_GPU();
   using T = TypeParam;
@@ -172,6 +220,70 @@ TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
     auto xs = x;
     fw::host::scale(e.host, xs.data(), n, 0.3f);
     expect_match(dx.get(e, N), xs, 0.0, "scale");
+  }
+}
+
+// The elementwise maps move 16-byte packs when every pointer is on a 16-byte boundary and one
+// element a thread otherwise: every offset of a pack (aligned, and each misalignment) and lengths
+// around a pack's size give the host twins' results, bitwise where the host rounds the same.
+TYPED_TEST(CudaKernels, ElementwiseMapsAtEveryAlignmentAndLength) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  constexpr std::int64_t V = 16 / static_cast<std::int64_t>(sizeof(T));
+  std::uint32_t seed = 150;
+  for (std::int64_t off = 0; off <= V; ++off) {
+    for (std::int64_t n : {std::int64_t{1}, V - 1, V, V + 1, 3 * V + 2, std::int64_t{1000}}) {
+      if (n < 1) continue;
+      const auto N = static_cast<std::size_t>(n);
+      const auto O = static_cast<std::size_t>(off);
+      const std::string at = " at offset " + std::to_string(off) + ", n " + std::to_string(n);
+      auto x = ft::random_typed<T>(N + O, ++seed, -4.0f, 4.0f);
+      const auto y = ft::random_typed<T>(N + O, ++seed);
+      Dev<T> dx(e, x), dy(e, y), dr(e, std::vector<T>(N + O));
+      std::vector<T> r(N + O);
+      fw::cuda::residual_forward(e.dev, dr.p() + off, dx.p() + off, dy.p() + off, n);
+      fw::host::residual_forward(e.host, r.data() + off, x.data() + off, y.data() + off, n);
+      expect_match(dr.get(e, N + O), r, 0.0, "residual_forward" + at);
+      fw::cuda::gelu_forward(e.dev, dr.p() + off, dx.p() + off, n);
+      fw::host::gelu_forward(e.host, r.data() + off, x.data() + off, n);
+      expect_match(dr.get(e, N + O), r, 2e-6, "gelu_forward" + at);
+      fw::cuda::gelu_backward(e.dev, dr.p() + off, dx.p() + off, dy.p() + off, n);
+      fw::host::gelu_backward(e.host, r.data() + off, x.data() + off, y.data() + off, n);
+      expect_match(dr.get(e, N + O), r, 4e-6, "gelu_backward" + at);
+      fw::cuda::scale(e.dev, dx.p() + off, n, 0.3f);
+      fw::host::scale(e.host, x.data() + off, n, 0.3f);
+      expect_match(dx.get(e, N + O), x, 0.0, "scale" + at);
+      const std::int64_t cols = n % 3 == 0 ? 3 : 1;
+      const auto bias = ft::random_typed<T>(static_cast<std::size_t>(cols), ++seed);
+      Dev<T> db(e, bias);
+      fw::cuda::bias_add(e.dev, dx.p() + off, db.p(), n / cols, cols);
+      fw::host::bias_add(e.host, x.data() + off, bias.data(), n / cols, cols);
+      expect_match(dx.get(e, N + O), x, 0.0, "bias_add" + at);
+    }
+  }
+}
+
+// Column sums split their rows into fixed slices of 512 (full occupancy) and add the slices in
+// order: a tall sum gives bitwise the same result twice and the host's within fp32 rounding.
+TYPED_TEST(CudaKernels, ColumnSumsAreDeterministicAtFullOccupancy) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{8195, 773}, {513, 33}}) {
+    const auto N = static_cast<std::size_t>(rows * cols);
+    const auto C = static_cast<std::size_t>(cols);
+    const auto dy = ft::random_typed<T>(N, 300);
+    const auto dbias0 = ft::random_typed<T>(C, 301);
+    Dev<T> ddy(e, dy), d1(e, dbias0), d2(e, dbias0);
+    fw::cuda::bias_backward(e.dev, d1.p(), ddy.p(), rows, cols);
+    fw::cuda::bias_backward(e.dev, d2.p(), ddy.p(), rows, cols);
+    const auto first = d1.get(e, C), second = d2.get(e, C);
+    for (std::size_t c = 0; c < C; ++c) ASSERT_EQ(first[c], second[c]) << "column " << c;
+    auto dbias = dbias0;
+    fw::host::bias_backward(e.host, dbias.data(), dy.data(), rows, cols);
+    expect_match(first, dbias, static_cast<double>(rows) * 0x1p-22,
+                 "bias_backward over " + std::to_string(rows) + " rows");
   }
 }
 

@@ -89,6 +89,18 @@ void matmul(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b, flo
 }
 
 /// C += alpha·A·B.
+/// c = a·b + bias (bias: c.cols values), or with `pre_gelu` (c's shape and leading dimension):
+/// pre_gelu = a·b + bias and c = gelu(pre_gelu) — one call, cuBLASLt's epilogue on CUDA
+/// (backend/cuda/gemm_epilogue.cuh), the unfused sequence on the host.
+template <class B, class TA, class TB, class TC>
+requires detail::matmul_operands<TA, TB, TC>
+void matmul_bias(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b, const TC* bias,
+                 TC* pre_gelu = nullptr) {
+  detail::check_matmul(c, a, b);
+  Ops<B>::gemm_bias(ctx, a.trans, b.trans, c.rows, c.cols, a.cols, a.data, a.ld, b.data, b.ld, bias,
+                    c.data, c.ld, pre_gelu);
+}
+
 template <class B, class TA, class TB, class TC>
 requires detail::matmul_operands<TA, TB, TC>
 void matmul_add(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b,

@@ -3,6 +3,8 @@
 //! Backward: dx = dy·Wᵀ (written), dW += xᵀ·dy, db += Σ_rows dy (accumulated). The stash keeps
 //! a view of x (the caller keeps x alive) and owns y. Under a `DeferWeightGrads` scope the dW
 //! GEMM is pushed to the scope's queue with copies of x and dy (layers/weight_grad_queue.hpp).
+//! The bias is the GEMM's epilogue (`matmul_bias`: one cuBLASLt call on CUDA), and
+//! `forward_gelu` adds GELU to it for the MLP's first matrix, filling the `Gelu` stash too.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <utility>
 
 #include "fourway/backend/matmul.hpp"
+#include "fourway/layers/gelu.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 
@@ -42,13 +45,36 @@ class Linear {
   }
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
-    const std::int64_t rows = detail::rows_of(x.shape(), in_, "Linear");
+    (void)detail::rows_of(x.shape(), in_, "Linear");
     s.x = x.view();
     s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
-    // Y (rows, out) = X (rows, in) · W (in, out)
-    matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
-    if (has_bias_) Ops<B>::bias_add(ctx, s.y.data(), bias_.weight.data(), rows, out_);
+    // Y (rows, out) = X (rows, in) · W (in, out) (+ b)
+    if (has_bias_) {
+      matmul_bias(ctx, matrix(s.y), matrix(x), matrix(weight_.weight), bias_.weight.data());
+    } else {
+      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
+    }
     return s.y.view();
+  }
+
+  /// gelu(x·W + b) in one call: this layer's stash keeps x·W + b (GELU's input), `g` the output,
+  /// exactly as `forward` then `Gelu::forward` would leave them (the same tensors, allocated in
+  /// the same order); backward is theirs, unchanged.
+  Tensor<T, B> forward_gelu(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s,
+                            typename Gelu<T, B>::Stash& g) const {
+    (void)detail::rows_of(x.shape(), in_, "Linear");
+    s.x = x.view();
+    s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
+    g.y = detail::activation<T, B>(ctx, s.y.shape());
+    g.x = s.y.view();
+    if (has_bias_) {
+      matmul_bias(ctx, matrix(g.y), matrix(x), matrix(weight_.weight), bias_.weight.data(),
+                  s.y.data());
+    } else {
+      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
+      Ops<B>::gelu_forward(ctx, g.y.data(), s.y.data(), s.y.numel());
+    }
+    return g.y.view();
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {

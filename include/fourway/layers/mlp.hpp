@@ -28,8 +28,8 @@ class Mlp {
         c_proj_(ctx, name + ".c_proj", 4 * C, C, init.seed, init.residual_std) {}
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
-    Tensor<T, B> h = c_fc_.forward(ctx, x, s.c_fc);
-    Tensor<T, B> g = gelu_.forward(ctx, h, s.gelu);
+    // gelu(x·W + b) in one call (c_fc's stash keeps its input, gelu's its output)
+    Tensor<T, B> g = c_fc_.forward_gelu(ctx, x, s.c_fc, s.gelu);
     return c_proj_.forward(ctx, g, s.c_proj);
   }
 

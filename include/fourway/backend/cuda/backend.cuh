@@ -12,9 +12,12 @@
 //! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`) and uses TF32 for fp32 GEMMs only when
 //! the context is told to (`set_tf32(true)`, fourway-train-cuda's `--tf32`): compute type
 //! `CUBLAS_COMPUTE_32F_FAST_TF32` then, `CUBLAS_COMPUTE_32F` otherwise (gemm.cuh). Streams are
-//! `cuda::Stream` handles: owned or borrowed (core/handle.hpp).
+//! `cuda::Stream` handles: owned or borrowed (core/handle.hpp). The context also holds a cuBLASLt
+//! handle and its persistent workspace (`lt_workspace_bytes`, made at the first epilogue GEMM
+//! and counted under `MemTag::workspace` until the context goes: cuda/gemm_epilogue.cuh).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -136,6 +139,7 @@ struct Context<Cuda> : SyncCounter {
     cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
     cuda::check_cublas(cublasSetStream(cublas_, stream_.get()), "cublasSetStream");
     cuda::check_cublas(cublasSetMathMode(cublas_, cuda::cublas_math_mode), "cublasSetMathMode");
+    cuda::check_cublas(cublasLtCreate(&cublaslt_), "cublasLtCreate");
   }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -144,11 +148,35 @@ struct Context<Cuda> : SyncCounter {
     if (staged_ != nullptr) (void)cudaEventDestroy(staged_);
     if (staging_ != nullptr) (void)cudaFreeHost(staging_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (lt_workspace_ != nullptr) {
+      (void)cudaStreamSynchronize(stream_.get());
+      (void)cudaFree(lt_workspace_);
+      memory_->on_free(MemTag::workspace, lt_workspace_bytes);
+    }
+    if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
   }
   [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
   [[nodiscard]] int device() const { return device_; }
   [[nodiscard]] cudaStream_t stream() const { return stream_.get(); }
   [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
+  /// Bytes of the persistent cuBLASLt workspace (32 MiB, what cuBLAS itself keeps for Hopper).
+  static constexpr std::size_t lt_workspace_bytes = std::size_t{32} << 20;
+  [[nodiscard]] cublasLtHandle_t cublaslt() const { return cublaslt_; }
+  /// The cuBLASLt workspace on this context's device, made at the first call and kept (one
+  /// allocation for the context's life, counted under MemTag::workspace).
+  [[nodiscard]] void* lt_workspace() const {
+    if (lt_workspace_ == nullptr) {
+      void* p = Cuda::allocate(lt_workspace_bytes, device_);
+      try {
+        memory_->on_alloc(MemTag::workspace, lt_workspace_bytes);  // may throw: over the limit
+      } catch (...) {
+        Cuda::deallocate(p);
+        throw;
+      }
+      lt_workspace_ = p;
+    }
+    return lt_workspace_;
+  }
   /// TF32 tensor cores for fp32 GEMMs (10-bit mantissa products, fp32 accumulation): off by
   /// default, so fp32 means fp32; 16-bit GEMMs are unaffected.
   void set_tf32(bool on) { tf32_ = on; }
@@ -183,6 +211,8 @@ struct Context<Cuda> : SyncCounter {
   int device_;
   cuda::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
+  mutable void* lt_workspace_ = nullptr;  // lt_workspace_bytes, made at the first epilogue GEMM
   bool tf32_ = false;
   mutable void* staging_ = nullptr;       // pinned, staging_bytes, made at the first upload
   mutable cudaEvent_t staged_ = nullptr;  // recorded after the staging buffer's last copy

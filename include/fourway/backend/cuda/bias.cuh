@@ -11,12 +11,10 @@ namespace fourway::cuda {
 template <floating_dtype T>
 void bias_add(const Context<Cuda>& ctx, T* out, const T* bias, std::int64_t rows,
               std::int64_t cols) {
-  detail::for_each(
+  detail::map(
       ctx, rows * cols,
-      [=] __device__(std::int64_t i) {
-        detail::store(out + i, detail::load(out + i) + detail::load(bias + i % cols));
-      },
-      "bias_add");
+      [=] __device__(std::int64_t i, float x) { return x + detail::load(bias + i % cols); },
+      "bias_add", out, static_cast<const T*>(out));
 }
 
 template <floating_dtype T>

@@ -78,34 +78,25 @@ R device_reduce(const Context<Cuda>& ctx, const T* p, std::int64_t n, Reduce op,
 /// out = a + b over n elements (out may alias a or b).
 template <floating_dtype T>
 void residual_forward(const Context<Cuda>& ctx, T* out, const T* a, const T* b, std::int64_t n) {
-  detail::for_each(
-      ctx, n,
-      [=] __device__(std::int64_t i) {
-        detail::store(out + i, detail::load(a + i) + detail::load(b + i));
-      },
-      "residual_forward");
+  detail::map(
+      ctx, n, [] __device__(std::int64_t, float x, float y) { return x + y; }, "residual_forward",
+      out, a, b);
 }
 
 /// out = gelu(in) over n elements.
 template <floating_dtype T>
 void gelu_forward(const Context<Cuda>& ctx, T* out, const T* in, std::int64_t n) {
-  detail::for_each(
-      ctx, n,
-      [=] __device__(std::int64_t i) {
-        detail::store(out + i, detail::gelu(detail::load(in + i)));
-      },
-      "gelu_forward");
+  detail::map(
+      ctx, n, [] __device__(std::int64_t, float x) { return detail::gelu(x); }, "gelu_forward", out,
+      in);
 }
 
 /// din = gelu'(in) * dout over n elements (din may alias dout).
 template <floating_dtype T>
 void gelu_backward(const Context<Cuda>& ctx, T* din, const T* in, const T* dout, std::int64_t n) {
-  detail::for_each(
-      ctx, n,
-      [=] __device__(std::int64_t i) {
-        detail::store(din + i, detail::gelu_grad(detail::load(in + i)) * detail::load(dout + i));
-      },
-      "gelu_backward");
+  detail::map(
+      ctx, n, [] __device__(std::int64_t, float x, float dy) { return detail::gelu_grad(x) * dy; },
+      "gelu_backward", din, in, dout);
 }
 
 /// dst = src converted (round to nearest even) over n elements.
@@ -119,9 +110,9 @@ void cast(const Context<Cuda>& ctx, To* dst, const From* src, std::int64_t n) {
 /// p *= s over n elements.
 template <floating_dtype T>
 void scale(const Context<Cuda>& ctx, T* p, std::int64_t n, float s) {
-  detail::for_each(
-      ctx, n, [=] __device__(std::int64_t i) { detail::store(p + i, detail::load(p + i) * s); },
-      "scale");
+  detail::map(
+      ctx, n, [=] __device__(std::int64_t, float x) { return x * s; }, "scale", p,
+      static_cast<const T*>(p));
 }
 
 /// True when any of the n elements is an infinity or a NaN (synchronises the stream).

@@ -11,6 +11,7 @@
 #include "fourway/backend/cuda/embedding.cuh"
 #include "fourway/backend/cuda/flash_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
+#include "fourway/backend/cuda/gemm_epilogue.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"
 #include "fourway/backend/cuda/rmsnorm.cuh"
 #include "fourway/backend/cuda/rope.cuh"

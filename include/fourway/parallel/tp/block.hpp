@@ -130,7 +130,7 @@ class Block {
 
     Tensor<T, B> h2 = column_input(ctx, ln_2_.forward(ctx, s.r, s.ln_2), s.h2, full);  // (B, T, C)
     // (B, T, 4C/N) = gelu((B, T, C)·(C, 4C/N))
-    Tensor<T, B> g = gelu_.forward(ctx, c_fc_.forward(ctx, h2, s.c_fc), s.gelu);
+    Tensor<T, B> g = c_fc_.forward_gelu(ctx, h2, s.c_fc, s.gelu);
     // (B, T, C) = Σ over the group of (B, T, 4C/N)·(4C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> m = row_output(ctx, mlp_proj_.forward(ctx, g, s.mlp_proj), s.mlp_proj.y, s.m);
     Ops<B>::bias_add(ctx, m.data(), mlp_bias_.weight.data(), rows_here, C_);
