@@ -179,12 +179,13 @@ inline std::vector<PipelineRankState> runtime_pipeline_states(
 ///   B        the split backward: frees the stash and the input but keeps, for W, a copy of every
 ///            matrix GEMM's operands (layers/weight_grad_queue.hpp): per block the four Linears'
 ///            input and output gradient, 4·BTC + 12·BTC/tp; on a tp = 1 head the logits' gradient
-///            (b·T·Vp, moved from the stash when kept) and ln_f's output (BTC). Its peak is the
-///            first block's backward: the block's largest moment, BTC + 4·BTC/tp above its start
-///            (the MLP's row-split GEMM: its input and output gradient copied before its output is
-///            freed), or 4·BTC + 3·BTC/tp less ln_2's rows under sequence parallelism (the
-///            attention's c_attn: the gathered ln_1 output and dqkv copied while the MLP's gathered
-///            input copy is kept), on top of the recomputed stash when checkpointed
+///            (b·T·Vp, moved from the stash when kept) and ln_f's output (BTC). Its peak is inside
+///            a block's backward — the first one's, or when checkpointed the last one's (W's copies
+///            of those after it queued, its stash recomputed) — at the block's largest moment,
+///            BTC + 4·BTC/tp above its start (the MLP's row-split GEMM: its input and output
+///            gradient copied before its output is freed), or 4·BTC + 3·BTC/tp less ln_2's rows
+///            under sequence parallelism (the attention's c_attn: the gathered ln_1 output and
+///            dqkv copied while the MLP's gathered input copy is kept)
 ///   W        frees what B kept
 ///
 /// `kept` is the largest sum at an action's end, `peak` the largest at any moment; `in_flight`
