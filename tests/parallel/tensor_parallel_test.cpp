@@ -314,20 +314,26 @@ TEST(TensorParallel, FourwayFootprintOfThePlannerEqualsTheAccountant) {
   RunConfig rc;
   rc.model.max_seq = tph::kSeq;  // the planner's architecture trains at its context
   rc.steps = 2;
-  for (int n : {2, 4}) {
-    for (bool sp : {false, true}) {
-      rc.tp = n;
-      rc.sequence_parallel = sp;
-      rc.dp = 1;
-      rc.stage = 0;
-      expect_plan_equals_run<float>(rc);
-      rc.dp = 2;
-      for (int stage : {0, 1, 2, 3}) {
-        rc.stage = stage;
+  // tp 2 and 4, with and without sequence parallelism, on one replica; then `more` of each
+  const auto each_tp = [&rc](auto&& more) {
+    for (int n : {2, 4}) {
+      for (bool sp : {false, true}) {
+        rc.tp = n;
+        rc.sequence_parallel = sp;
+        rc.dp = 1;
+        rc.stage = 0;
         expect_plan_equals_run<float>(rc);
+        more();
       }
     }
-  }
+  };
+  each_tp([&rc] {
+    rc.dp = 2;
+    for (int stage : {0, 1, 2, 3}) {
+      rc.stage = stage;
+      expect_plan_equals_run<float>(rc);
+    }
+  });
   // mixed precision (master weights) and a padded vocabulary (Vp = 512 for 301 over 2 ranks)
   rc.tp = 2;
   rc.dp = 2;
@@ -340,15 +346,7 @@ TEST(TensorParallel, FourwayFootprintOfThePlannerEqualsTheAccountant) {
   // checkpointed tp blocks: kept outputs, the recomputed block's stash at the peak
   rc.alignment = 1;
   rc.checkpoint = true;
-  for (int n : {2, 4}) {
-    for (bool sp : {false, true}) {
-      rc.tp = n;
-      rc.sequence_parallel = sp;
-      rc.dp = 1;
-      rc.stage = 0;
-      expect_plan_equals_run<float>(rc);
-    }
-  }
+  each_tp([] {});
   rc.tp = 2;
   rc.dp = 2;
   rc.stage = 3;

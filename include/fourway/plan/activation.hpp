@@ -98,6 +98,19 @@ constexpr double korthikanti_output_bytes(LayerShape x, double vocab) {
   return 4.0 * x.s * x.b * x.h / x.t * (1.0 + vocab / x.h);
 }
 
+/// Throws `ConfigError` with the schedule's own explanation when the runtime refuses the request.
+inline void check_schedule_request(const schedule::Request& q) {
+  const schedule::RequestProblem problem = schedule::validate(q);
+  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
+                  schedule::explain(q, problem));
+}
+
+/// The runtime's table for a request it accepts (`check_schedule_request` first).
+inline schedule::Table checked_schedule(const schedule::Request& q) {
+  check_schedule_request(q);
+  return schedule::make(q);
+}
+
 /// Chunk-activations stage `stage` of `stages` holds at once at its peak, read off the schedule's
 /// table (schedule/simulate.hpp: alive from a chunk's F to the end of its BW, or W): GPipe m and
 /// 1F1B min(m, p − stage) in closed form (also where the runtime's 1F1B table needs m ≥ p), the
@@ -111,11 +124,8 @@ inline std::int64_t micro_batches_in_flight(Schedule s, int stages, std::int64_t
                   " micro-batches; a step needs at least one");
   if (s == Schedule::gpipe) return micro_batches;
   if (s == Schedule::one_f_one_b) return std::min<std::int64_t>(micro_batches, stages - stage);
-  const schedule::Request q{s, stages, static_cast<int>(micro_batches), virtual_stages};
-  const schedule::RequestProblem problem = schedule::validate(q);
-  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
-                  schedule::explain(q, problem));
-  return schedule::peak_in_flight(schedule::make(q), stage);
+  return schedule::peak_in_flight(
+      checked_schedule({s, stages, static_cast<int>(micro_batches), virtual_stages}), stage);
 }
 
 }  // namespace fourway::plan

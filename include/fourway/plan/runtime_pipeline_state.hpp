@@ -50,15 +50,12 @@ struct PipelineSplit {
   [[nodiscard]] schedule::Request request() const {
     return schedule::Request{schedule, stages, static_cast<int>(micro_batches), virtual_stages};
   }
+  /// The runtime's table; `ConfigError` with the schedule's own explanation when it refuses it.
+  [[nodiscard]] schedule::Table table() const { return checked_schedule(request()); }
 };
 
 /// Throws `ConfigError` with the schedule's own explanation when the runtime refuses the request.
-inline void check_pipeline_split(const PipelineSplit& s) {
-  const schedule::Request q = s.request();
-  const schedule::RequestProblem problem = schedule::validate(q);
-  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
-                  schedule::explain(q, problem));
-}
+inline void check_pipeline_split(const PipelineSplit& s) { check_schedule_request(s.request()); }
 
 /// The runtime's GptConfig of a GPT-2 architecture (what `pp::Partition::balanced` cuts).
 inline models::GptConfig runtime_gpt_config(const Architecture& a) {
@@ -74,9 +71,8 @@ inline models::GptConfig runtime_gpt_config(const Architecture& a) {
 /// The parts of the chunks pipeline rank `rank` holds, in model order.
 inline std::vector<models::GptPart> runtime_rank_parts(const Architecture& a,
                                                        const PipelineSplit& s, int rank) {
-  check_pipeline_split(s);
+  const schedule::Table table = s.table();
   detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
-  const schedule::Table table = schedule::make(s.request());
   const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
   std::vector<models::GptPart> parts;
   for (int c : table.chunks_of(rank)) parts.push_back(cut.part(c));
@@ -208,9 +204,8 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                                                       const TensorSplit& t, bool sequence_parallel,
                                                       bool checkpoint, const PipelineSplit& s,
                                                       int rank) {
-  check_pipeline_split(s);
+  const schedule::Table table = s.table();
   detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
-  const schedule::Table table = schedule::make(s.request());
   const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
   const bool tp = t.tp > 1;
   const bool sp = sequence_parallel && tp;
@@ -354,10 +349,9 @@ inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
                                                     const TensorSplit& t = {},
                                                     bool sequence_parallel = false,
                                                     bool recompute = false) {
-  check_pipeline_split(s);
+  const schedule::Table table = s.table();
   detail::require(!sequence_parallel || t.tp > 1,
                   "fourway: sequence parallelism needs a tensor-parallel split (tp > 1)");
-  const schedule::Table table = schedule::make(s.request());
   const std::vector<models::GptPart> parts = runtime_rank_parts(a, s, rank);
   const PipelineRankState state =
       runtime_pipeline_rank_state(a, g.precision, zero_stage, dp, s, rank, Optimizer::adam(), t);

@@ -66,11 +66,10 @@ inline double schedule_bubble(Schedule s, int stages, std::int64_t micro_batches
                               int virtual_stages = 1) {
   if (s == Schedule::gpipe || s == Schedule::one_f_one_b || stages == 1)
     return bubble_fraction(stages, micro_batches);
-  const schedule::Request q{s, stages, static_cast<int>(micro_batches), virtual_stages};
-  const schedule::RequestProblem problem = schedule::validate(q);
-  detail::require(problem == schedule::RequestProblem::none, "fourway: schedule ",
-                  schedule::explain(q, problem));
-  return schedule::simulate(schedule::make(q), schedule::Costs{}).bubble();
+  return schedule::simulate(
+             checked_schedule({s, stages, static_cast<int>(micro_batches), virtual_stages}),
+             schedule::Costs{})
+      .bubble();
 }
 
 }  // namespace fourway::plan
