@@ -309,3 +309,61 @@ TEST(DeviceContext, CublasNeverReducesIn16BitsNorUsesTf32) {
   EXPECT_EQ(static_cast<unsigned>(mode) & CUBLAS_TF32_TENSOR_OP_MATH, 0u);
   EXPECT_EQ(mem.device(), 0);  // tensors of this rank go to GPU 0 whatever is current
 }
+
+namespace {
+
+/// Every thread waits about `cycles` clock ticks, then writes v into its elements: a writer slow
+/// enough that a collective not ordered after it would read the old values.
+__global__ void slow_fill(fw::bf16* p, std::int64_t n, float v, long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = fw::bf16(v);
+  }
+}
+
+}  // namespace
+
+// NcclOptions::communication_stream (issue 17 item 8): the work runs on a stream the communicator
+// owns, ordered after what the bound stream queued before the call (a slow kernel writes the
+// input) and before what it queues after Work::wait_device (a copy reads the result), and the
+// host does not wait for it. Off, the same on the bound stream. bf16 avg takes the widened path
+// (casts and a workspace on the communication stream, released at wait_device). Would fail if
+// the fence were missing (NCCL would reduce the zeros the buffer held before the slow kernel) or
+// if wait_device did not order the bound stream (the copy would read zeros).
+TEST(DeviceComm, NcclCommunicationStreamIsOrderedByEvents) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  const std::int64_t n = 1 << 20;
+  for (bool separate : {true, false}) {
+    fw::NcclOptions no;
+    no.communication_stream = separate;
+    auto nccl = fw::NcclComm::single(0, {}, no);
+    nccl.set_stream(ctx.stream());
+    EXPECT_EQ(nccl.stream(), ctx.stream());
+    EXPECT_EQ(nccl.communication_stream() != ctx.stream(), separate);
+    auto child = nccl.split(0, 0, "child");
+    EXPECT_EQ(child.communication_stream() != ctx.stream(), separate);
+    if (separate) EXPECT_NE(child.communication_stream(), nccl.communication_stream());
+
+    fw::Tensor<fw::bf16, fw::Cuda> buf({n}, fw::MemTag::workspace, mem);
+    fw::Tensor<fw::bf16, fw::Cuda> out({n}, fw::MemTag::workspace, mem);
+    fw::cuda::fill(ctx, buf.data(), n, fw::bf16(0.0f));
+    fw::cuda::fill(ctx, out.data(), n, fw::bf16(0.0f));
+    slow_fill<<<64, 256, 0, ctx.stream()>>>(buf.data(), n, 3.0f, 100'000'000LL);  // ~50 ms
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    fw::Work w = nccl.all_reduce_async(buf.data(), buf.data(), n, fw::ReduceOp::avg);
+    w.wait_device();
+    EXPECT_FALSE(w.test()) << "wait_device returned only after the collective finished";
+    fw::cuda::copy(ctx, out.data(), buf.data(), n);
+    std::vector<fw::bf16> back(static_cast<std::size_t>(n));
+    fw::cuda::to_host(ctx, back.data(), out.data(), n);
+    std::int64_t wrong = 0;
+    for (const auto& x : back) wrong += static_cast<float>(x) == 3.0f ? 0 : 1;
+    EXPECT_EQ(wrong, 0) << (separate ? "communication stream" : "bound stream");
+    w.wait();  // finished: returns at once
+  }
+}

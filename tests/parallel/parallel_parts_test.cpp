@@ -744,6 +744,93 @@ TEST(ParallelParts, WorkQueuePropagatesErrorsAndTheDestructorRunsNoCompletion) {
   EXPECT_TRUE(late.state->test());
 }
 
+namespace {
+
+/// A Work that can be waited on the device, as NcclComm's on its communication stream: the test
+/// finishes it; `wait_on_device` only records that the stream was ordered after it, and `wait`
+/// counts a host wait that had to block (it was not finished yet).
+struct StreamWork final : fw::Work::State {
+  bool finished = false;
+  int device_waits = 0;
+  int blocking_host_waits = 0;
+  std::exception_ptr error;
+  void wait() override {
+    if (!finished) ++blocking_host_waits;
+    finished = true;
+    if (error) std::rethrow_exception(error);
+  }
+  bool test() override { return finished; }
+  void wait_on_device() override {
+    ++device_waits;
+    if (finished && error) std::rethrow_exception(error);
+  }
+};
+
+}  // namespace
+
+// On a backend whose Work can be waited on the device, wait_for and order_all order the stream
+// and go on (on_done at once, in issue order), keeping what has not finished for the next
+// wait_all, which waits on the host for all of it; poll forgets the finished ones. Would fail if
+// wait_for waited on the host (blocking_host_waits > 0 before wait_all: no overlap on a GPU), or
+// if wait_all forgot the device-waited ones (a collective that never finishes would hang a later
+// copy instead of timing out).
+TEST(ParallelParts, WorkQueueWaitsOnTheDeviceUntilWaitAll) {
+  fw::WorkQueue q;
+  std::vector<int> done;
+  std::vector<std::shared_ptr<StreamWork>> w;
+  for (int k = 0; k < 4; ++k) {
+    w.push_back(std::make_shared<StreamWork>());
+    q.push(fw::Work(w.back()), k, fw::WorkKind::gradient, [&done, k] { done.push_back(k); });
+  }
+  q.wait_for(1, fw::WorkKind::gradient);
+  EXPECT_EQ(done, (std::vector<int>{0, 1}));
+  EXPECT_EQ(w[0]->device_waits + w[1]->device_waits, 2);
+  EXPECT_EQ(w[2]->device_waits, 0);
+  EXPECT_EQ(q.ordered(), 2u);
+  w[1]->finished = true;  // the second finished first: the first still holds the list
+  q.poll();
+  EXPECT_EQ(q.ordered(), 2u);
+  w[0]->finished = true;
+  q.poll();
+  EXPECT_EQ(q.ordered(), 0u);
+  q.order_all();
+  EXPECT_EQ(done, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.ordered(), 2u);
+  for (const auto& x : w) EXPECT_EQ(x->blocking_host_waits, 0);
+  q.wait_all();
+  EXPECT_EQ(q.ordered(), 0u);
+  EXPECT_EQ(w[2]->blocking_host_waits + w[3]->blocking_host_waits, 2);
+  for (const auto& x : w) EXPECT_EQ(x->device_waits, 1);
+
+  // a failure already known when the stream would be ordered is thrown there, on_done not run
+  auto bad = std::make_shared<StreamWork>();
+  bad->finished = true;
+  bad->error = std::make_exception_ptr(fw::CommError("fourway: test collective failed"));
+  q.push(fw::Work(bad), 9, fw::WorkKind::gradient, [&done] { done.push_back(9); });
+  EXPECT_THROW(q.order_all(), fw::CommError);
+  EXPECT_EQ(done.back(), 3);
+  // one that surfaces later is thrown by the host wait
+  auto late = std::make_shared<StreamWork>();
+  late->error = std::make_exception_ptr(fw::CommTimeout("fourway: test collective timed out"));
+  q.push(fw::Work(late), 10, fw::WorkKind::gradient);
+  q.order_all();
+  EXPECT_THROW(q.wait_all(), fw::CommTimeout);
+}
+
+// On the host backends a device wait is a host wait: LocalComm's results are there after
+// wait_device, and nothing is left for wait_all.
+TEST(ParallelParts, WorkQueueOnTheHostWaitsOnTheHost) {
+  fw::launch<fw::LocalWorld>(2, [](fw::World<fw::LocalWorld>& w) {
+    fw::WorkQueue q;
+    std::vector<float> buf(6, static_cast<float>(w.rank() + 1));
+    q.push(w.comm().all_reduce_async(buf.data(), buf.data(), 6, fw::ReduceOp::sum));
+    q.order_all();
+    EXPECT_EQ(q.ordered(), 0u);
+    EXPECT_EQ(buf, std::vector<float>(6, 3.0f));
+  });
+}
+
 // Real async collectives of LocalComm in one queue complete in issue order with their results.
 TEST(ParallelParts, WorkQueueCompletesLocalCommCollectivesInIssueOrder) {
   fw::launch<fw::LocalWorld>(3, [](fw::World<fw::LocalWorld>& w) {

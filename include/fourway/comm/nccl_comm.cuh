@@ -31,6 +31,17 @@
 //!     `split` borrows its parent's bound stream, or owns a new one when the parent has none.
 //!     A call given `CallOptions::stream` runs on that stream instead (work, workspace, Work
 //!     event), bound stream or not.
+//!   - the communication stream (`NcclOptions::communication_stream`, on by default): once a
+//!     stream is bound, the work runs on a second stream the communicator owns, so a collective
+//!     runs beside the kernels the bound stream queues after it (a bucket's reduction beside the
+//!     rest of the backward). Each call records an event on the bound stream and makes the
+//!     communication stream wait for it (NCCL reads what the kernels before the call wrote);
+//!     the Work's event is recorded on the communication stream, and `Work::wait_device()` makes
+//!     the bound stream wait for it without blocking the host. The caller must not write a buffer
+//!     an operation reads, nor read one it writes, before its Work is waited on (host or device),
+//!     as with MPI's non-blocking calls. Off, the work runs on the bound stream itself, in order.
+//!     A communicator from `split` gets a communication stream of its own (one per group, as
+//!     c10d has one per process group).
 //!   - every buffer must be device (or managed) memory: host pointers are refused with a
 //!     CommError before NCCL sees them (comm/buffer_kind.hpp).
 // fourway-requires: nccl
@@ -59,6 +70,9 @@ namespace fourway {
 struct NcclOptions {
   /// Reduce 16-bit sums in fp32 (see the file comment).
   bool fp32_accumulation = true;
+  /// Run the work on a communication stream of the communicator's own once a stream is bound,
+  /// ordered with the bound stream by events (see the file comment); false: on the bound stream.
+  bool communication_stream = true;
 };
 
 namespace detail {
@@ -96,6 +110,8 @@ struct NcclShared {
   int size = 1;
   int device = 0;
   cuda::Stream stream;              // owned until set_stream binds the caller's (borrowed)
+  cuda::Stream comm_stream;         // the communication stream (owned), once one is bound
+  cudaEvent_t ready = nullptr;      // recorded on the bound stream before each call
   std::int64_t* scratch = nullptr;  // device, scratch_words(size) int64 (layout below)
   // scratch layout, in int64 words; the slots never overlap
   static constexpr std::int64_t barrier_word = 0;  // barrier's all-reduced int32
@@ -110,9 +126,40 @@ struct NcclShared {
   std::chrono::milliseconds call_timeout{0};
   cudaStream_t call_stream = nullptr;
 
-  /// The stream the call being enqueued runs on: its own, else the communicator's.
+  /// The stream the call being enqueued runs on: its own, else the communication stream, else
+  /// the communicator's.
   [[nodiscard]] cudaStream_t work_stream() const {
+    if (call_stream != nullptr) return call_stream;
+    return comm_stream.get() != nullptr ? comm_stream.get() : stream.get();
+  }
+  /// The stream that produces and consumes the call's buffers: its own, else the bound one.
+  [[nodiscard]] cudaStream_t buffer_stream() const {
     return call_stream != nullptr ? call_stream : stream.get();
+  }
+
+  /// Binds `s` (borrowed) as the stream the buffers are ordered on and, with
+  /// `communication_stream`, makes the communication stream and its event.
+  void bind(cudaStream_t s) {
+    cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    if (stream.owns()) {
+      cuda::check_cuda(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    }
+    stream = cuda::Stream::borrowed(s);
+    if (nccl.communication_stream && comm_stream.get() == nullptr) {
+      comm_stream = cuda::make_stream(device);
+      cuda::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
+                       "cudaEventCreate");
+    }
+  }
+
+  /// Orders the call's work after what its buffer stream queued before it (nothing to do when
+  /// the work runs on that stream).
+  void fence() const {
+    const cudaStream_t work = work_stream();
+    const cudaStream_t buffers = buffer_stream();
+    if (work == buffers || ready == nullptr) return;
+    cuda::check_cuda(cudaEventRecord(ready, buffers), "cudaEventRecord (communication fence)");
+    cuda::check_cuda(cudaStreamWaitEvent(work, ready, 0), "cudaStreamWaitEvent");
   }
 
   /// The deadline of the call being enqueued: its own timeout, else `options.deadline`.
@@ -141,6 +188,7 @@ struct NcclShared {
       }
     }
     if (scratch != nullptr) (void)cudaFree(scratch);
+    if (ready != nullptr) (void)cudaEventDestroy(ready);
   }
 
   [[nodiscard]] std::string header() const {
@@ -193,6 +241,7 @@ class NcclWork final : public Work::State {
         what_(std::move(what)),
         start_(start),
         deadline_(s_->deadline()),
+        consumer_(s_->buffer_stream()),
         keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
     cuda::check_cuda(cudaEventRecord(event_, s_->work_stream()), "cudaEventRecord");
@@ -222,6 +271,18 @@ class NcclWork final : public Work::State {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     if (error_) std::rethrow_exception(error_);
+  }
+
+  /// The stream that consumes the buffers waits for the event; the host goes on. The
+  /// workspace is released at once: its cudaFreeAsync is ordered after the operation on the
+  /// stream it ran on.
+  void wait_on_device() override {
+    if (test()) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    cuda::check_cuda(cudaStreamWaitEvent(consumer_, event_, 0), "cudaStreamWaitEvent");
+    keep_.reset();
   }
 
   bool test() override {
@@ -263,6 +324,7 @@ class NcclWork final : public Work::State {
   std::string what_;
   NcclClock::time_point start_;
   std::chrono::milliseconds deadline_;  // the call's CallOptions::timeout, else the group's
+  cudaStream_t consumer_;               // the stream the buffers are ordered on
   std::shared_ptr<void> keep_;
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
@@ -318,20 +380,23 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
   [[nodiscard]] int device() const { return s_->device; }
   [[nodiscard]] const CommOptions& options() const { return s_->options; }
   [[nodiscard]] ncclComm_t native() const { return s_->comm; }
-  /// The stream this communicator's work runs on (its own until `set_stream`).
+  /// The stream the buffers are ordered on: the bound one, else the communicator's own.
   [[nodiscard]] cudaStream_t stream() const { return s_->stream.get(); }
+  /// The stream the work runs on: the communication stream once a stream is bound (with
+  /// `NcclOptions::communication_stream`), else `stream()`.
+  [[nodiscard]] cudaStream_t communication_stream() const {
+    return s_->comm_stream.get() != nullptr ? s_->comm_stream.get() : s_->stream.get();
+  }
   /// Whether `set_stream` bound a caller's stream (collectives on buffers need one).
   [[nodiscard]] bool stream_bound() const { return !s_->stream.owns(); }
-  /// Runs this communicator's work on `stream` (the rank's Context<Cuda>::stream()), borrowed:
-  /// the caller keeps it alive while the communicator is used. The own stream is destroyed.
+  /// Orders this communicator's work with `stream` (the rank's Context<Cuda>::stream()),
+  /// borrowed: the caller keeps it alive while the communicator is used. The own stream is
+  /// destroyed; the work then runs on the communication stream (see the file comment), or on
+  /// `stream` itself without one.
   void set_stream(cudaStream_t stream) {
     check<ConfigError>(stream != nullptr, "fourway: set_stream on ", s_->header(),
                        " got a null stream; pass the rank's Context<Cuda>::stream()");
-    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
-    if (s_->stream.owns()) {
-      cuda::check_cuda(cudaStreamSynchronize(s_->stream.get()), "cudaStreamSynchronize");
-    }
-    s_->stream = cuda::Stream::borrowed(stream);
+    s_->bind(stream);
   }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
 
@@ -444,6 +509,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                     ") on rank ", s_->rank, " to rank ", peer, " with tag ", tag);
     s_->check_usable(what);
     cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    s_->fence();
     user_buffer(what, buf, count, "send");
     std::shared_ptr<void> keep;
     s_->settle(ncclGroupStart(), what, start);
@@ -473,6 +539,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                     ") on rank ", s_->rank, " from rank ", peer, " with tag ", tag);
     s_->check_usable(what);
     cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    s_->fence();
     user_buffer(what, buf, count, "recv");
     if (s_->options.debug) {
       std::int64_t* h = s_->scratch + detail::NcclShared::p2p_header;
@@ -525,7 +592,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     c.init_shared(s_->options, name.empty() ? detail::cat(s_->name, "/", color) : std::move(name),
                   s_->nccl, r, n, s_->device);
     c.s_->comm = out;
-    if (stream_bound()) c.s_->stream = s_->stream.borrow();  // else: the child's own, from init
+    if (stream_bound()) c.s_->bind(s_->stream.get());  // else: the child's own, from init
     return c;
   }
 
@@ -609,6 +676,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     std::string what = detail::cat(detail::describe_call(mine), " #", seq, " on rank ", s_->rank);
     s_->check_usable(what);
     cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    s_->fence();
     if (!s_->options.debug) return what;
     const auto start = detail::NcclClock::now();
     const std::int64_t d[5] = {static_cast<std::int64_t>(op), static_cast<std::int64_t>(mine.dtype),

@@ -17,17 +17,32 @@ namespace fourway {
 /// A handle on an asynchronous operation. `wait()` blocks until it finished and rethrows its
 /// failure (CommTimeout, CommMismatch, ...); `test()` returns whether it finished (successfully
 /// or not) without blocking. A default-constructed Work is already complete.
+///
+/// `wait_device()` orders what the caller's stream does next after the operation without
+/// blocking the host, where the backend can: NcclComm on its communication stream makes the
+/// stream its buffers are ordered on wait for the operation's event (cudaStreamWaitEvent) and
+/// returns. Kernels, frees and copies enqueued on that stream afterwards see the result; the
+/// host does not, until it synchronises that stream. A failure already known is thrown; one that
+/// happens later (a peer that never arrives) is thrown by the next host `wait()` on the same
+/// communicator, whose deadline bounds it. Every other backend (LocalComm, MpiComm, Counting)
+/// completes on the host, so there `wait_device()` is `wait()`.
 class Work {
  public:
   struct State {
     virtual ~State() = default;
     virtual void wait() = 0;
     virtual bool test() = 0;
+    /// Orders the caller's stream after the operation (see `Work::wait_device`); by default the
+    /// host waits.
+    virtual void wait_on_device() { wait(); }
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
   void wait() {
     if (state_) state_->wait();
+  }
+  void wait_device() {
+    if (state_) state_->wait_on_device();
   }
   [[nodiscard]] bool test() { return !state_ || state_->test(); }
 

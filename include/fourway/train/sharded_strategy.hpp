@@ -165,7 +165,9 @@ class ShardedStrategy {
   /// read-back brings both: the step's one synchronising call.
   StepReport finish_step(const StepControl& c) {
     reducer_.before_step();
-    queue_.wait_all();
+    // on the device: the scalars' all-reduce below, host-waited on the same communicator and
+    // ordered after these, bounds them with its deadline (parallel/work_queue.hpp)
+    queue_.order_all();
     double ss = 0.0;
     StepReport r;
     if constexpr (model_parallel_model<Model>) {
@@ -289,6 +291,7 @@ class ShardedStrategy {
   void sync_loaded_state() {
     if constexpr (policy::shards_optimizer_state && !policy::shards_params) {
       gather_working_weights();
+      queue_.wait_all();
     }
   }
 
@@ -454,7 +457,7 @@ class ShardedStrategy {
       queue_.push(comm_->all_gather_async(weights_.data() + layout().owned_begin(s, rank_),
                                           weights_.data() + seg.offset, seg.shard));
     }
-    queue_.wait_all();
+    queue_.order_all();  // the next forward reads them in the stream's order
   }
 
   /// `f(slot, first, at, n)` for runs of at most 2^16 of the rank's parameter elements: element
