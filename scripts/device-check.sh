@@ -22,23 +22,38 @@
 #                        B 8, bf16 with fp32 masters, AdamW, clip 1.0): fourway-train-cuda vs
 #                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds; tokens/s,
 #                        MFU and the ratio in the table (benchmarks/train/compare_pytorch_gpu.sh)
-#   bench-kernels        last, with what is left of the budget: bench_kernels_gpu (GEMM vs a direct
-#                        cuBLAS call, AdamW / LayerNorm / GELU vs the copy bandwidth, attention
-#                        flash vs materialised), its JSON kept in the logs, figures in the table
+#   bench-kernels        near the end, with what is left of the budget: bench_kernels_gpu (GEMM
+#                        vs a direct cuBLAS call, AdamW / LayerNorm / GELU / softmax /
+#                        cross-entropy / column sum vs the copy bandwidth, attention flash vs
+#                        materialised), its JSON kept in the logs, figures in the table
+#   bench-comm           bench_comm_gpu: 8 bf16 GEMMs with a 32 MiB all-reduce after each, on
+#                        NcclComm's communication stream and on the bound stream, 3 interleaved
+#                        repetitions (the overlap of gradient reduction with compute)
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
 # (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN. A step's command sees
 # that limit in STEP_LIMIT_S (compare_pytorch_gpu.sh stops starting rounds before it).
 #
+# Building on the GPU machine costs minutes of its time (fourway-train-cuda's one translation unit
+# takes over 6 minutes on one core here), so the check can also run what was built elsewhere:
+#   kit-build, configure, build   replaced by one `prebuilt` row when --prebuilt DIR is given
+#
 # Usage:
 #   scripts/device-check.sh --prepare [SRC]  here (a machine with the kit sources): copy the kit
 #                                            from SRC (default ../shared/device-kit beside the
 #                                            checkout) into .device-kit/ (git-ignored)
+#   scripts/device-check.sh --stage [DIR]    here, after building the check's targets in --build
+#                                            (sm_90, Release, no MPI, no CBLAS, portable -march;
+#                                            docs/building.md): copy the executables, Google
+#                                            Benchmark's shared library and ctest's files into
+#                                            DIR (default .device-build, git-ignored), stripped
 #   scripts/device-check.sh --dry-run        parse, check the kit, print the plan; no GPU needed
 #   scripts/device-check.sh                  on the GPU machine, with .device-kit carried along
+#   scripts/device-check.sh --prebuilt DIR   on the GPU machine, with the staged DIR carried along
+#                                            (no kit needed; ctest's paths are rewritten there)
 # Options: --kit DIR (default .device-kit), --build DIR (default build/cuda), --budget S, --jobs N.
 # Exit: 0 all ok; 1 a step failed, timed out or was not run; 2 bad arguments or no kit.
-# With $OUT set (the device tool's output folder) the logs and the table are copied there.
+# With $OUT set (the device tool's output folder) the table and a tarball of the logs go there.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=run
@@ -47,6 +62,8 @@ build=$root/build/cuda
 budget=${DEVICE_CHECK_BUDGET:-480}
 jobs=${JOBS:-$(nproc)}
 prepare_src=$root/../shared/device-kit
+stage_dir=$root/.device-build
+prebuilt=
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() {
@@ -65,6 +82,14 @@ while [ $# -gt 0 ]; do
         shift
       fi
       ;;
+    --stage)
+      mode=stage
+      if [ $# -gt 1 ] && [ "${2#--}" = "$2" ]; then
+        stage_dir=$2
+        shift
+      fi
+      ;;
+    --prebuilt) [ $# -gt 1 ] || die "--prebuilt needs the staged folder"; prebuilt=$2; shift ;;
     --kit) [ $# -gt 1 ] || die "--kit needs a folder"; kit=$2; shift ;;
     --build) [ $# -gt 1 ] || die "--build needs a folder"; build=$2; shift ;;
     --budget) [ $# -gt 1 ] || die "--budget needs seconds"; number --budget "$2"; budget=$2; shift ;;
@@ -76,6 +101,57 @@ while [ $# -gt 0 ]; do
 done
 case "$kit" in /*) ;; *) kit=$(pwd)/$kit ;; esac
 case "$build" in /*) ;; *) build=$(pwd)/$build ;; esac
+case "$stage_dir" in /*) ;; *) stage_dir=$(pwd)/$stage_dir ;; esac
+case "$prebuilt" in /*|'') ;; *) prebuilt=$(pwd)/$prebuilt ;; esac
+
+# ---- a staged build -----------------------------------------------------------------------------
+# What the steps run: every gpu-labelled test's executable, the two trainers and the GPU
+# benchmarks, at their paths under the build folder; ctest's files beside them (their absolute
+# paths name this checkout and this build, and are rewritten on the GPU machine).
+staged_programs=(tests/backend/backend_kernels_cuda_test tests/comm/comm_cuda_test
+                 tests/core/core_cuda_backend_test tests/layers/layers_cuda_test
+                 tests/parallel/parallel_sharded_cuda_test
+                 tests/parallel/parallel_tensor_parallel_cuda_test
+                 tests/train/train_trainer_cuda_test examples/train/fourway-train
+                 examples/train/fourway-train-cuda benchmarks/backend/bench_kernels_gpu
+                 benchmarks/comm/bench_comm_gpu)
+
+if [ "$mode" = stage ]; then
+  [ -f "$build/CTestTestfile.cmake" ] || die "cannot stage: $build is not a configured build \
+(configure and build it first: docs/building.md, 'A staged build')"
+  for f in "${staged_programs[@]}"; do
+    [ -x "$build/$f" ] || die "cannot stage: $build/$f is not built (build the check's targets \
+first: docs/building.md, 'A staged build')"
+  done
+  rm -rf "$stage_dir"
+  mkdir -p "$stage_dir/lib"
+  (cd "$build" && find . \( -name CTestTestfile.cmake -o -name '*_include.cmake' \
+     -o -name '*_tests.cmake' \) -print0 | xargs -0 cp --parents -t "$stage_dir") ||
+    die "cannot copy ctest's files from $build"
+  for f in "${staged_programs[@]}"; do
+    mkdir -p "$stage_dir/$(dirname "$f")"
+    strip -o "$stage_dir/$f" "$build/$f" || die "cannot strip $build/$f"
+  done
+  # shared libraries the GPU machine lacks (Google Benchmark); CUDA's, cuBLAS's and NCCL's are there
+  while read -r lib; do
+    cp -L "$lib" "$stage_dir/lib/" || die "cannot copy $lib"
+  done < <(ldd "$build/benchmarks/backend/bench_kernels_gpu" | awk '/libbenchmark/ { print $3 }')
+  { echo "source $root"; echo "build $build"; echo "staged $(date -u +%FT%TZ) on $(hostname)"; } \
+    > "$stage_dir/STAGED"
+  echo "device-check: staged ${#staged_programs[@]} programs from $build in $stage_dir" \
+       "($(du -sh "$stage_dir" | cut -f1)); send it with the run (device tool: carry" \
+       "[\"${stage_dir#"$root"/}\"], command scripts/device-check.sh --prebuilt" \
+       "${stage_dir#"$root"/})"
+  exit 0
+fi
+if [ -n "$prebuilt" ]; then
+  [ -f "$prebuilt/STAGED" ] || die "--prebuilt $prebuilt: no STAGED file there (stage it with \
+scripts/device-check.sh --stage on the machine that built it, and carry the folder)"
+  for f in "${staged_programs[@]}"; do
+    [ -x "$prebuilt/$f" ] || die "--prebuilt $prebuilt: $f is missing (stage again)"
+  done
+  build=$prebuilt
+fi
 
 # ---- the device kit -----------------------------------------------------------------------------
 # What the GPU machine lacks, as sources: GoogleTest (required) and Google Benchmark (optional:
@@ -100,7 +176,7 @@ device-kit folder: scripts/device-check.sh --prepare SRC)"
 fi
 
 missing=()
-for f in "${kit_files[@]}"; do [ -f "$kit/$f" ] || missing+=("$f"); done
+[ -z "$prebuilt" ] && for f in "${kit_files[@]}"; do [ -f "$kit/$f" ] || missing+=("$f"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "device-check: the device kit is missing or incomplete at $kit (missing: ${missing[*]})." >&2
   echo "  Prepare it on a machine that has the kit sources: scripts/device-check.sh --prepare" \
@@ -123,10 +199,17 @@ plan=(
   "gpt-step|40|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
   "train-vs-pytorch-gpu|90|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda vs PyTorch eager/SDPA, 3 rounds"
-  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW/LayerNorm/GELU/column sum vs copy, attention flash vs materialised"
+  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention flash vs materialised"
+  "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
 )
 
-echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
+if [ -n "$prebuilt" ]; then  # the three build steps become one
+  plan=("prebuilt|10|staged programs in $prebuilt: ctest's paths rewritten, libraries found"
+        "${plan[@]:3}")
+  echo "== device-check ($mode): prebuilt $prebuilt ($(sed -n 's/^staged //p' "$prebuilt/STAGED")), budget ${budget}s"
+else
+  echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
+fi
 printf '   %-22s %5s  %s\n' step limit what
 for p in "${plan[@]}"; do
   IFS='|' read -r n l w <<< "$p"
@@ -137,7 +220,9 @@ if [ "$mode" = dry ]; then
     if command -v "$tool" >/dev/null 2>&1; then s=found; else s="not found here"; fi
     printf '   tool %-18s %s\n' "$tool" "$s"
   done
-  echo "device-check: dry run ok (kit present, ${#plan[@]} steps planned)"
+  what=kit
+  [ -n "$prebuilt" ] && what="staged programs"
+  echo "device-check: dry run ok ($what present, ${#plan[@]} steps planned)"
   exit 0
 fi
 
@@ -220,8 +305,47 @@ if [ ! -f "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include/n
   fi
 fi
 
+# A staged build: ctest's files name the checkout and build folder they were made in; point them
+# here. The programs find Google Benchmark in lib/, CUDA's libraries beside nvcc or in Python's
+# nvidia wheels; any library still not found fails the row (ldd's lines in prebuilt.log).
+use_prebuilt() {
+  local old_src old_build f lib missing_libs
+  old_src=$(sed -n 's/^source //p' "$prebuilt/STAGED")
+  old_build=$(sed -n 's/^build //p' "$prebuilt/STAGED")
+  while IFS= read -r -d '' f; do
+    sed -i -e "s#$old_build#$prebuilt#g" -e "s#$old_src#$root#g" "$f" || return 1
+  done < <(find "$prebuilt" -name '*.cmake' -print0)
+  local dirs=("$prebuilt/lib")
+  command -v nvcc >/dev/null 2>&1 && dirs+=("$(dirname "$(command -v nvcc)")/../lib64")
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    f=$(find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+          -maxdepth 5 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
+    [ -n "$f" ] && dirs+=("$(dirname "$f")")
+  done
+  export LD_LIBRARY_PATH=$(IFS=:; echo "${dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  missing_libs=0
+  for f in "${staged_programs[@]}"; do
+    echo "-- ldd $f"
+    ldd "$prebuilt/$f"
+    ldd "$prebuilt/$f" | grep -q 'not found' && missing_libs=1
+  done
+  return $missing_libs
+}
+
 prefix=$build-kit
-if [ -f "$prefix/lib/cmake/GTest/GTestConfig.cmake" ] || [ -f "$prefix/lib64/cmake/GTest/GTestConfig.cmake" ]; then
+if [ -n "$prebuilt" ]; then
+  use_prebuilt > "$logdir/prebuilt.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    row prebuilt ok 0 "$(sed -n 's/^staged //p' "$prebuilt/STAGED")"
+  else
+    row prebuilt FAILED 0 "a library is not found or a path not rewritten; log prebuilt.log"
+    failed=1
+    grep 'not found' "$logdir/prebuilt.log" | sort -u | head -5
+  fi
+  benchmarks=ON
+elif [ -f "$prefix/lib/cmake/GTest/GTestConfig.cmake" ] || [ -f "$prefix/lib64/cmake/GTest/GTestConfig.cmake" ]; then
   row kit-build ok 0 "already built in $prefix"
 else
   bench_kit=true
@@ -235,23 +359,29 @@ else
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX='$prefix' -DBUILD_GMOCK=OFF && \
     cmake --build '$build-kit-build' -j $jobs && cmake --install '$build-kit-build' && $bench_kit"
 fi
-benchmarks=OFF
-if compgen -G "$prefix/lib*/cmake/benchmark/benchmarkConfig.cmake" >/dev/null; then
-  benchmarks=ON
+if [ -z "$prebuilt" ]; then
+  benchmarks=OFF
+  compgen -G "$prefix/lib*/cmake/benchmark/benchmarkConfig.cmake" >/dev/null && benchmarks=ON
 fi
 
-if [ "$failed" -eq 0 ]; then
+if [ -n "$prebuilt" ]; then
+  :  # nothing to configure or build
+elif [ "$failed" -eq 0 ]; then
   step configure cmake --preset cuda -G Ninja -B "$build" -DCMAKE_PREFIX_PATH="$prefix" \
     -DFOURWAY_BUILD_BENCHMARKS=$benchmarks "${nccl_args[@]}"
 else
   skip configure "kit-build failed"
 fi
 
-if [ "$failed" -eq 0 ]; then
+if [ -n "$prebuilt" ]; then
+  :
+elif [ "$failed" -eq 0 ]; then
   mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
     sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sort -u)
   targets=(fourway-train fourway-train-cuda)
   [ "$benchmarks" = ON ] && targets+=(bench_kernels_gpu)
+  [ "$benchmarks" = ON ] && ninja -C "$build" -t query bench_comm_gpu >/dev/null 2>&1 &&
+    targets+=(bench_comm_gpu)
   for t in "${gpu_tests[@]}"; do
     ninja -C "$build" -t query "$t" >/dev/null 2>&1 && targets+=("$t")
   done
@@ -324,14 +454,25 @@ if [ "$built" -eq 1 ]; then
       --benchmark_out="$logdir/bench-kernels.json" --benchmark_out_format=json
     # one note per benchmark: name, time per iteration and its rate counters
     while IFS= read -r line; do note bench-kernels "$line"; done \
-      < <(grep -E '^(gemm|attention|adamw|layernorm|gelu|device_copy)' "$logdir/bench-kernels.log" |
+      < <(grep -E '^(gemm|attention|adamw|layernorm|gelu|linear_gelu|column_sum|softmax|cross_entropy|device_copy)' "$logdir/bench-kernels.log" |
           awk '{ line = $1 " " $2 " " $3; for (i = 6; i <= NF; ++i) line = line " " $i; print line }')
   else
     skip bench-kernels "bench_kernels_gpu not built (no Google Benchmark in the kit?)"
   fi
+  bench=$build/benchmarks/comm/bench_comm_gpu
+  if [ -x "$bench" ]; then
+    step bench-comm "$bench" --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true \
+      --benchmark_out="$logdir/bench-comm.json" --benchmark_out_format=json
+    # medians of the four variants; overlap = (compute + comm - comm_stream) / min(compute, comm)
+    while IFS= read -r line; do note bench-comm "$line"; done \
+      < <(grep -E '^step/variant:[0-9]+(/[a-z_]+)?_median' "$logdir/bench-comm.log" |
+          awk '{ print $1 " " $2 " " $3 }')
+  else
+    skip bench-comm "bench_comm_gpu not built (no NCCL or no Google Benchmark?)"
+  fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels; do
+           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels bench-comm; do
     skip "$n" "build failed"
   done
 fi
@@ -347,7 +488,9 @@ fi
   done
   if [ "$failed" -eq 0 ]; then echo "device-check: PASSED"; else echo "device-check: FAILED"; fi
 } | tee "$logdir/summary.txt"
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp -R "$logdir" "$OUT/device-check" 2>/dev/null || true
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then  # the device tool returns at most 8 files
+  cp "$logdir/summary.txt" "$OUT/device-check-summary.txt" 2>/dev/null || true
+  tar -czf "$OUT/device-check-logs.tgz" -C "$(dirname "$logdir")" "$(basename "$logdir")" \
+    2>/dev/null || true
 fi
 exit "$failed"

@@ -2,8 +2,10 @@
 // executable says so and exits 77, which ctest reports as Skipped). Figures a user compares:
 //  - GEMM FLOP/s of fourway::cuda::gemm against a direct cublasGemmEx call with the same
 //    arguments, at GPT-2 small shapes with B*T = 8192 rows (fp32 and bf16);
-//  - AdamW, LayerNorm and GELU bytes/s as a percentage of the measured device-to-device copy
-//    bandwidth (`pct_of_copy`; a copy moves 2 bytes per byte copied);
+//  - AdamW, LayerNorm, GELU, softmax (forward + backward, the materialised attention's shape)
+//    and cross-entropy (forward + backward over the padded 50304-wide vocabulary) bytes/s as a
+//    percentage of the measured device-to-device copy bandwidth (`pct_of_copy`; a copy moves 2
+//    bytes per byte copied): the roofline of a memory-bound kernel;
 //  - gelu(x·W + b) at the MLP's shape as one cuBLASLt epilogue GEMM against the GEMM, bias and
 //    GELU passes it replaces (TFLOP/s side by side), and the bias gradient's column sum in
 //    bytes/s against the copy;
@@ -211,6 +213,76 @@ void layernorm(benchmark::State& state) {
   report_bandwidth(state, 4.0 * static_cast<double>(rows * C));  // read x, write out (bf16)
 }
 
+/// Row softmax at the materialised attention's shape (B·NH·T = 8·12·1024 rows of T = 1024
+/// scores, bf16), forward and backward: read in + write out, then read out and dout + write din.
+void softmax(benchmark::State& state) {
+  Gpu g;
+  const std::int64_t rows = 8 * 12 * 1024, cols = 1024;
+  fw::Tensor<fw::bf16, fw::Cuda> in({rows, cols}, fw::MemTag::workspace, g.acct),
+      out({rows, cols}, fw::MemTag::workspace, g.acct),
+      dout({rows, cols}, fw::MemTag::workspace, g.acct),
+      din({rows, cols}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, in.data(), rows * cols, 21, -6.0f, 6.0f);
+  fill_random(g.ctx, dout.data(), rows * cols, 22, -1.0f, 1.0f);
+  auto run = [&] {
+    fw::cuda::softmax_forward(g.ctx, out.data(), in.data(), rows, cols);
+    fw::cuda::softmax_backward(g.ctx, din.data(), out.data(), dout.data(), rows, cols);
+  };
+  run();
+  {  // first 8 rows against the host kernels
+    const auto hi = download(g.ctx, in.data(), 8 * cols), hd = download(g.ctx, dout.data(), 8 * cols),
+               hg = download(g.ctx, din.data(), 8 * cols);
+    std::vector<fw::bf16> ho(hi.size()), want(hi.size());
+    fw::host::softmax_forward(g.host, ho.data(), hi.data(), 8, cols);
+    fw::host::softmax_backward(g.host, want.data(), ho.data(), hd.data(), 8, cols);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const float a = fw::convert<float>(hg[i]), e = fw::convert<float>(want[i]);
+      if (std::abs(a - e) > 3e-2f * std::abs(e) + 1e-3f) {
+        state.SkipWithError("softmax gradient differs from the host kernels");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx, run);
+  report_bandwidth(state, 2.0 * 5.0 * static_cast<double>(rows * cols));
+}
+
+/// Cross-entropy forward and backward over GPT-2's padded vocabulary (8192 rows of 50304 bf16
+/// logits, 50257 real): read the logits for the losses, then read them and write the gradient.
+void cross_entropy(benchmark::State& state) {
+  Gpu g;
+  const std::int64_t rows = 8192, V = 50257, ld = 50304;
+  fw::Tensor<fw::bf16, fw::Cuda> logits({rows, ld}, fw::MemTag::workspace, g.acct),
+      dlogits({rows, ld}, fw::MemTag::workspace, g.acct);
+  fw::Tensor<float, fw::Cuda> losses({rows}, fw::MemTag::workspace, g.acct);
+  fw::Tensor<std::int32_t, fw::Cuda> targets({rows}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, logits.data(), rows * ld, 23, -8.0f, 8.0f);
+  std::vector<std::int32_t> ht(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) ht[static_cast<std::size_t>(r)] = (r * 7919) % V;
+  fw::cuda::from_host(g.ctx, targets.data(), ht.data(), rows);
+  auto run = [&] {
+    fw::cuda::cross_entropy_forward(g.ctx, losses.data(), logits.data(), targets.data(), rows, V,
+                                    ld);
+    fw::cuda::cross_entropy_backward(g.ctx, dlogits.data(), logits.data(), targets.data(), rows,
+                                     V, 1.0f / static_cast<float>(rows), ld);
+  };
+  run();
+  {  // first 4 rows' losses against the host kernel
+    const auto hl = download(g.ctx, logits.data(), 4 * ld);
+    const auto got = download(g.ctx, losses.data(), 4);
+    std::vector<float> want(4);
+    fw::host::cross_entropy_forward(g.host, want.data(), hl.data(), ht.data(), 4, V, ld);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (std::abs(got[i] - want[i]) > 1e-3f * std::abs(want[i]) + 1e-3f) {
+        state.SkipWithError("cross-entropy loss differs from the host kernel");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx, run);
+  report_bandwidth(state, 3.0 * 2.0 * static_cast<double>(rows * ld));
+}
+
 void gelu(benchmark::State& state) {
   Gpu g;
   const std::int64_t n = 8192 * 3072 * 4;
@@ -378,6 +450,8 @@ BENCHMARK_CAPTURE(gemm_bf16, cublas, true)->Apply(gpt2_shapes);
 BENCHMARK(adamw)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(layernorm)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(gelu)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(softmax)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(cross_entropy)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_fused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_unfused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(column_sum)->UseManualTime()->Unit(benchmark::kMicrosecond);
