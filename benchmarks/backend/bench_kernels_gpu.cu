@@ -10,7 +10,8 @@
 //    GELU passes it replaces (TFLOP/s side by side), and the bias gradient's column sum in
 //    bytes/s against the copy;
 //  - causal attention forward + backward in bf16 at GPT-2 small's heads (12 x 64), B = 8,
-//    T = 1024: the flash-style kernels against the materialised ones (cuBLAS GEMMs + softmax),
+//    T = 1024: the blockwise path the layers run (query blocks on cuBLAS, O(T) stash), the tiled
+//    flash kernels (CUDA cores) and the materialised ones (cuBLAS GEMMs + softmax, T² stash),
 //    in FLOP/s of the causal half (`causal_tflops`: 4·B·NH·T²·hs forward + 10·B·NH·T²·hs backward
 //    over 2, the work a causal kernel must do at least; the materialised side does twice that).
 // Times come from CUDA events around each iteration (manual time). Every benchmark checks its
@@ -230,7 +231,8 @@ void softmax(benchmark::State& state) {
   };
   run();
   {  // first 8 rows against the host kernels
-    const auto hi = download(g.ctx, in.data(), 8 * cols), hd = download(g.ctx, dout.data(), 8 * cols),
+    const auto hi = download(g.ctx, in.data(), 8 * cols),
+               hd = download(g.ctx, dout.data(), 8 * cols),
                hg = download(g.ctx, din.data(), 8 * cols);
     std::vector<fw::bf16> ho(hi.size()), want(hi.size());
     fw::host::softmax_forward(g.host, ho.data(), hi.data(), 8, cols);
@@ -263,8 +265,8 @@ void cross_entropy(benchmark::State& state) {
   auto run = [&] {
     fw::cuda::cross_entropy_forward(g.ctx, losses.data(), logits.data(), targets.data(), rows, V,
                                     ld);
-    fw::cuda::cross_entropy_backward(g.ctx, dlogits.data(), logits.data(), targets.data(), rows,
-                                     V, 1.0f / static_cast<float>(rows), ld);
+    fw::cuda::cross_entropy_backward(g.ctx, dlogits.data(), logits.data(), targets.data(), rows, V,
+                                     1.0f / static_cast<float>(rows), ld);
   };
   run();
   {  // first 4 rows' losses against the host kernel
@@ -381,8 +383,11 @@ void column_sum(benchmark::State& state) {
   report_bandwidth(state, 2.0 * static_cast<double>(rows * cols));  // read dy (bf16)
 }
 
-/// Causal attention, forward then backward, bf16: flash-style (`flash`) or materialised.
-void attention(benchmark::State& state, bool flash) {
+enum class Attention { blockwise, tiled, materialised };
+
+/// Causal attention, forward then backward, bf16, by one of the three paths.
+void attention(benchmark::State& state, Attention path) {
+  const bool flash = path != Attention::materialised;
   Gpu g;
   const std::int64_t B = 8, T = 1024, NH = 12, hs = 64, C = NH * hs;
   using E = fw::bf16;
@@ -397,10 +402,15 @@ void attention(benchmark::State& state, bool flash) {
   fw::Tensor<E, fw::Cuda> att({att_elems}, fw::MemTag::workspace, g.acct),
       datt({att_elems}, fw::MemTag::workspace, g.acct);
   auto run = [&] {
-    if (flash) {
+    if (path == Attention::blockwise) {
       fw::cuda::flash_attention_forward(g.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH);
       fw::cuda::flash_attention_backward(g.ctx, dqkv.data(), delta.data(), dout.data(), qkv.data(),
                                          out.data(), lse.data(), B, T, C, NH);
+    } else if (path == Attention::tiled) {
+      fw::cuda::tiled_flash_attention_forward(g.ctx, out.data(), lse.data(), qkv.data(), B, T, C,
+                                              NH);
+      fw::cuda::tiled_flash_attention_backward(g.ctx, dqkv.data(), delta.data(), dout.data(),
+                                               qkv.data(), out.data(), lse.data(), B, T, C, NH);
     } else {
       fw::cuda::attention_forward(g.ctx, out.data(), att.data(), qkv.data(), B, T, C, NH);
       fw::cuda::attention_backward(g.ctx, dqkv.data(), datt.data(), dout.data(), qkv.data(),
@@ -455,8 +465,15 @@ BENCHMARK(cross_entropy)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_fused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_unfused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(column_sum)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(attention, flash, true)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(attention, materialised, false)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, blockwise, Attention::blockwise)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, tiled, Attention::tiled)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, materialised, Attention::materialised)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   if (fw::cuda::device_count() == 0) {

@@ -91,9 +91,9 @@ void step(benchmark::State& state) {
       if (fw::convert<float>(x) != 1.0f) state.SkipWithError("the reduced bucket is not 1");
     }
   }
-  state.counters["gemm_tflops"] = benchmark::Counter(
-      variant == comm ? 0.0 : 2.0 * gemm_m * gemm_n * gemm_k * rounds * 1e-12,
-      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gemm_tflops"] =
+      benchmark::Counter(variant == comm ? 0.0 : 2.0 * gemm_m * gemm_n * gemm_k * rounds * 1e-12,
+                         benchmark::Counter::kIsIterationInvariantRate);
   state.counters["reduced_gib"] =
       static_cast<double>(variant == compute ? 0 : rounds * bucket * 2) / (1 << 30);
 }

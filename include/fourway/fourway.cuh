@@ -6,6 +6,7 @@
 #include "fourway/backend/cuda/attention.cuh"
 #include "fourway/backend/cuda/backend.cuh"
 #include "fourway/backend/cuda/bias.cuh"
+#include "fourway/backend/cuda/blockwise_attention.cuh"
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/backend/cuda/cross_entropy.cuh"
 #include "fourway/backend/cuda/elementwise.cuh"

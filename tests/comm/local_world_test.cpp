@@ -228,6 +228,19 @@ TEST(LocalWorld, SplitGroupsByColorAndRanksByKey) {
   });
 }
 
+// A split child orders device memory on its parent's stream (the pipeline's tied-embedding group
+// is split from a group whose stream was set; without this its all-reduce was refused on a GPU).
+TEST(LocalWorld, SplitChildrenKeepTheParentsStream) {
+  static int stream_stand_in[2];  // any address: the stream is only carried here, never used
+  fw::launch<fw::LocalWorld>(2, [](LocalRank& w) {
+    EXPECT_EQ(w.comm().split(0, 0).stream(), nullptr);
+    w.comm().set_stream(&stream_stand_in[w.rank()]);
+    auto sub = w.comm().split(0, 0);
+    EXPECT_EQ(sub.stream(), &stream_stand_in[w.rank()]);
+    EXPECT_EQ(sub.split(w.rank(), 0, "alone").stream(), &stream_stand_in[w.rank()]);
+  });
+}
+
 // ---- uneven counts ----------------------------------------------------------------------------
 
 TEST(LocalWorld, UnevenCountsGoThroughTheVForms) {

@@ -2,6 +2,7 @@
 // with the same initial parameters and data. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -69,8 +70,18 @@ void gpu_matches_host(double loss_rel, double grad_rel_l2,
   fw::Context<Cuda> dctx(dm, 0);
   Gpt<T, Host> host(hctx, cfg, 17);
   Gpt<T, Cuda> dev(dctx, cfg, 17);  // init depends only on (seed, name): identical start
+  // the seconds of each side, printed as they end (a step that runs out of time still says
+  // which side it was in)
+  const auto t0 = std::chrono::steady_clock::now();
   const Out h = run(hctx, host, tok, tgt, Bn, Tn);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::printf("gpt-step T%lld: host forward + backward %.2f s\n", static_cast<long long>(Tn),
+              std::chrono::duration<double>(t1 - t0).count());
+  std::fflush(stdout);
   const Out d = run(dctx, dev, tok, tgt, Bn, Tn);
+  std::printf("gpt-step T%lld: cuda forward + backward %.3f s (the first, with set-up)\n",
+              static_cast<long long>(Tn),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
   EXPECT_NEAR(d.loss, h.loss, loss_rel * h.loss);
   ASSERT_EQ(h.names, d.names);
   double worst = 0.0;

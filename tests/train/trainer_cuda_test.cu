@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "fourway/backend/ops.cuh"
@@ -83,8 +85,14 @@ Run train(const fw::Context<B>& ctx, int steps, fw::LossScalerConfig scaler = {}
   return r;
 }
 
+// The weights are compared by relative L2 (||d - h|| / ||h||), not element by element: AdamW with
+// the golden eps (1e-8) moves a weight whose gradient is ~0 by ±lr (1e-2) a step whatever the
+// gradient's size, so a gradient of 1e-9 on one side and -1e-9 on the other (a last-ulp
+// difference) parts that weight by 2·lr a step. The first GPU run saw exactly that: worst
+// element 0.05 (bf16) and 0.035 (fp16) after 3 steps with every loss matching; the norm bounds
+// the whole trajectory instead.
 template <class T>
-void device_matches_host(int steps, double loss_rel, double weight_abs) {
+void device_matches_host(int steps, double loss_rel, double weight_rel_l2) {
   fw::MemoryAccountant hm, dm;
   fw::Context<Host> hctx(hm);
   fw::Context<Cuda> dctx(dm, 0);
@@ -95,28 +103,34 @@ void device_matches_host(int steps, double loss_rel, double weight_abs) {
     EXPECT_EQ(d.skipped[i], h.skipped[i]) << "step " << i;
   }
   ASSERT_EQ(d.weights.size(), h.weights.size());
-  double worst = 0.0;
+  double diff = 0.0, norm = 0.0, worst = 0.0;
   for (std::size_t i = 0; i < h.weights.size(); ++i) {
-    worst = std::max(worst, std::abs(d.weights[i] - h.weights[i]));
+    const double e = d.weights[i] - h.weights[i];
+    diff += e * e;
+    norm += h.weights[i] * h.weights[i];
+    worst = std::max(worst, std::abs(e));
   }
-  EXPECT_LE(worst, weight_abs);
+  const double rel = std::sqrt(diff / norm);
+  std::printf("FIGURE trainer-cuda %s: %d steps, weights rel-L2 %.2e, worst element %.2e\n",
+              std::string(fw::dtype_name(fw::dtype_of<T>::value)).c_str(), steps, rel, worst);
+  EXPECT_LE(rel, weight_rel_l2);
 }
 
 // fp32: cuBLAS and device expf/tanhf differ from the host by a few ulp per op (docs/layers.md);
 // over 3 steps the loss stays within the 1e-5 of the mesh-independence law.
 TEST(TrainerCuda, Fp32MatchesHost) {
   FOURWAY_REQUIRE_GPU();
-  device_matches_host<float>(3, 1e-5, 5e-5);
+  device_matches_host<float>(3, 1e-5, 2e-5);
 }
-// bf16: both sides round to 8 mantissa bits at different points; one bf16 ulp of a weight of
-// magnitude ~0.1 is 5e-4, and a few steps can differ by a couple of ulps.
+// bf16 / fp16: both sides round the working weights at different points (one bf16 ulp of a
+// weight of ~0.1 is 5e-4), plus the ±lr parting above on the few near-zero gradients.
 TEST(TrainerCuda, Bf16MatchesHost) {
   FOURWAY_REQUIRE_GPU();
-  device_matches_host<fw::bf16>(3, 1e-2, 4e-3);
+  device_matches_host<fw::bf16>(3, 1e-2, 2e-2);
 }
 TEST(TrainerCuda, Fp16MatchesHost) {
   FOURWAY_REQUIRE_GPU();
-  device_matches_host<fw::fp16>(3, 5e-3, 1e-3);
+  device_matches_host<fw::fp16>(3, 5e-3, 2e-2);
 }
 
 // A 2^24 loss scale overflows fp16 gradients on the device too: the first step is skipped and

@@ -147,8 +147,7 @@ struct NcclShared {
     stream = cuda::Stream::borrowed(s);
     if (nccl.communication_stream && comm_stream.get() == nullptr) {
       comm_stream = cuda::make_stream(device);
-      cuda::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
-                       "cudaEventCreate");
+      cuda::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     }
   }
 
@@ -176,10 +175,10 @@ struct NcclShared {
       (void)ncclCommFinalize(comm);
       const auto until = NcclClock::now() + std::min<std::chrono::milliseconds>(
                                                 options.deadline, std::chrono::seconds(10));
-      ncclResult_t st = ncclInProgress;
-      while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress &&
-             NcclClock::now() < until) {
+      ncclResult_t st = async_state(comm);
+      while (st == ncclInProgress && NcclClock::now() < until) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
+        st = async_state(comm);
       }
       if (st == ncclSuccess) {
         (void)ncclCommDestroy(comm);
@@ -212,12 +211,21 @@ struct NcclShared {
     (void)ncclCommAbort(comm);
   }
 
+  /// A non-blocking communicator's state: ncclCommGetAsyncError's answer, or its own return
+  /// value when that is not ncclSuccess (it returns ncclInProgress itself while it completes a
+  /// communicator's pending group job, as a split child's first polls do).
+  static ncclResult_t async_state(ncclComm_t c) {
+    ncclResult_t st = ncclInProgress;
+    const ncclResult_t r = ncclCommGetAsyncError(c, &st);
+    return r != ncclSuccess ? r : st;
+  }
+
   /// After a call on a non-blocking communicator: waits while it is ncclInProgress.
   void settle(ncclResult_t r, const std::string& what, NcclClock::time_point start) {
     if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
     ncclResult_t st = r;
     while (st == ncclInProgress) {
-      if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
+      st = async_state(comm);
       if (st == ncclInProgress) {
         if (NcclClock::now() - start > deadline()) {
           abort(cat(what, " did not finish enqueueing within the deadline"));
@@ -307,8 +315,8 @@ class NcclWork final : public Work::State {
       done_ = true;
       return true;
     }
-    if (ncclCommGetAsyncError(s_->comm, &st) == ncclSuccess && st != ncclSuccess &&
-        st != ncclInProgress) {
+    st = detail::NcclShared::async_state(s_->comm);
+    if (st != ncclSuccess && st != ncclInProgress) {
       s_->abort(cat(what_, " failed: ", ncclGetErrorString(st)));
       error_ = std::make_exception_ptr(
           CommError(cat("fourway: ", what_, " in ", s_->header(),
@@ -577,12 +585,13 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->settle(ncclCommSplit(s_->comm, color, key, &out, &config), what, start);
     int r = 0;
     int n = 0;
-    ncclResult_t st = ncclInProgress;
-    while (ncclCommGetAsyncError(out, &st) == ncclSuccess && st == ncclInProgress) {
+    ncclResult_t st = detail::NcclShared::async_state(out);
+    while (st == ncclInProgress) {
       check<CommTimeout>(detail::NcclClock::now() - start <= s_->deadline(),
                          "fourway: CommTimeout: ", what, " in ", s_->header(),
                          ": ncclCommSplit did not finish within the deadline");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+      st = detail::NcclShared::async_state(out);
     }
     check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(),
                      " failed: ", ncclGetErrorString(st));

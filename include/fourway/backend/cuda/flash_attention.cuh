@@ -1,5 +1,9 @@
-//! CUDA flash-style causal attention, twin of `host/flash_attention.hpp` (same layout, same
-//! parameters, fp32 statistics and accumulators, 16-bit memory read and written once).
+//! CUDA flash-style causal attention on CUDA cores, twin of `host/flash_attention.hpp` (same
+//! layout, same parameters, fp32 statistics and accumulators, 16-bit memory read and written
+//! once): `tiled_flash_attention_forward` / `_backward`. The attention layers run the blockwise
+//! path of `blockwise_attention.cuh` instead (same contract, the products on cuBLAS: the first
+//! GPU run timed these kernels at ~2 TFLOP/s); they stay as the device form of the host twin's
+//! algorithm, tested against it and benchmarked beside the blockwise path.
 //!
 //! Tiles are 32 query rows by 32 keys; a block of 8 warps owns one tile of one (batch, head), each
 //! warp four of its rows (forward, dQ) or four of its keys (dK, dV), the lanes running over the
@@ -303,8 +307,9 @@ std::size_t flash_shared_bytes(Kernel kernel, int tiles, const FlashShape& f) {
 
 /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); causal, scale 1/sqrt(hs).
 template <floating_dtype E>
-void flash_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const E* qkv,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
+void tiled_flash_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const E* qkv,
+                                   std::int64_t B, std::int64_t T, std::int64_t C,
+                                   std::int64_t NH) {
   const detail::FlashShape f = detail::flash_shape(B, T, C, NH);
   if (B * T == 0) return;
   const dim3 grid(static_cast<unsigned>((T + detail::flash_rows - 1) / detail::flash_rows),
@@ -317,9 +322,9 @@ void flash_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const
 
 /// dqkv (B, T, 3C) (`=`); `delta` (B, NH, T) is scratch and ends holding rowsum(dO ∘ O).
 template <floating_dtype E>
-void flash_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, const E* dout,
-                              const E* qkv, const E* out, const float* lse, std::int64_t B,
-                              std::int64_t T, std::int64_t C, std::int64_t NH) {
+void tiled_flash_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, const E* dout,
+                                    const E* qkv, const E* out, const float* lse, std::int64_t B,
+                                    std::int64_t T, std::int64_t C, std::int64_t NH) {
   const detail::FlashShape f = detail::flash_shape(B, T, C, NH);
   if (B * T == 0) return;
   const std::int64_t rows = B * NH * T;

@@ -6,6 +6,7 @@
 #include "fourway/backend/cuda/adamw.cuh"
 #include "fourway/backend/cuda/attention.cuh"
 #include "fourway/backend/cuda/bias.cuh"
+#include "fourway/backend/cuda/blockwise_attention.cuh"
 #include "fourway/backend/cuda/cross_entropy.cuh"
 #include "fourway/backend/cuda/elementwise.cuh"
 #include "fourway/backend/cuda/embedding.cuh"

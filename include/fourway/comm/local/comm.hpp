@@ -163,10 +163,12 @@ class LocalComm : private detail::LocalMailbox {
     run_sync(o, [this] { barrier_now(); });
   }
   /// A communicator over the ranks that pass the same `color` (>= 0), ranked by (key, rank).
-  /// `name` names the new group in messages (default: "<parent>/<color>").
+  /// `name` names the new group in messages (default: "<parent>/<color>"). The new group orders
+  /// its device-memory operations on this one's stream, as NcclComm's split children do.
   LocalComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
     LocalComm out;
     run_sync(o, [&, this] { out = split_now(color, key, std::move(name)); });
+    out.set_stream(s_->stream);
     return out;
   }
 
