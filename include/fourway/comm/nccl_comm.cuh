@@ -585,13 +585,23 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->settle(ncclCommSplit(s_->comm, color, key, &out, &config), what, start);
     int r = 0;
     int n = 0;
-    ncclResult_t st = detail::NcclShared::async_state(out);
-    while (st == ncclInProgress) {
+    // A non-blocking split leaves the new handle null until its job is done (NCCL publishes it
+    // from the job's thread; asking the parent for its state completes the job): drain the
+    // parent until the handle appears, then the child until it is ready.
+    ncclResult_t st = ncclInProgress;
+    for (;;) {
+      const ncclComm_t child = __atomic_load_n(&out, __ATOMIC_ACQUIRE);
+      if (child != nullptr) {
+        st = detail::NcclShared::async_state(child);
+        if (st != ncclInProgress) break;
+      } else {
+        st = detail::NcclShared::async_state(s_->comm);
+        if (st != ncclSuccess && st != ncclInProgress) break;
+      }
       check<CommTimeout>(detail::NcclClock::now() - start <= s_->deadline(),
                          "fourway: CommTimeout: ", what, " in ", s_->header(),
                          ": ncclCommSplit did not finish within the deadline");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      st = detail::NcclShared::async_state(out);
     }
     check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(),
                      " failed: ", ncclGetErrorString(st));

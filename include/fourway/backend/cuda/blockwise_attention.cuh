@@ -14,9 +14,11 @@
 //!   backward  S again, dP = dO Vᵀ, P = exp(S − L) (causal), dS = P ∘ (dP − D),
 //!             dV += Pᵀ dO, dQ = dS K/√hs, dK += dSᵀ Q/√hs      (D = rowsum(dO ∘ O))
 //!
-//! Everything inside is fp32 (q|k|v, dO and the gradients converted once per sequence, the GEMMs
-//! in fp32 with no TF32, as the context's cuBLAS handle is set), and the outputs are rounded to
-//! E once, as the tiled kernels and the host twin do; the sums run in one fixed order, so the
+//! Everything inside is fp32: the two products of stored values (Q·Kᵀ, dO·Vᵀ) take q|k|v and dO
+//! as stored (16-bit products are exact in fp32; cuBLAS accumulates in fp32, on the tensor cores),
+//! the other five multiply fp32 P or dS by fp32 copies of q|k|v and dO made once per sequence
+//! (fp32 GEMMs, no TF32, as the context's cuBLAS handle is set); the outputs are rounded to E
+//! once, as the tiled kernels and the host twin do; the sums run in one fixed order, so the
 //! result is the same run after run. Transient workspace (MemTag::workspace, freed on return):
 //! (3C + C) · T floats forward plus NH · min(chunk, T) · T for the scores; backward 2 · 3C · T +
 //! C · T plus twice the scores — about 47 MB at GPT-2 small's T = 1024, chunk 256.
@@ -102,11 +104,12 @@ inline BlockPlan block_plan(std::int64_t B, std::int64_t T, std::int64_t C, std:
           1.0f / std::sqrt(static_cast<float>(hs))};
 }
 
-/// S (NH blocks of rc × e, compact) = scale · Q[i0, i0 + rc) K[0, e)ᵀ of one sequence's fp32
-/// q|k|v (T × 3C).
-inline void block_scores(const Context<Cuda>& ctx, float* s, const float* x, std::int64_t i0,
-                         std::int64_t rc, std::int64_t e, std::int64_t C, std::int64_t NH,
-                         const BlockPlan& p) {
+/// S (NH blocks of rc × e, compact, fp32) = scale · Q[i0, i0 + rc) K[0, e)ᵀ of one sequence's
+/// q|k|v (T × 3C) as stored: in 16 bits the products are exact in fp32 and cuBLAS accumulates
+/// them in fp32 on the tensor cores, so this is the fp32 result in another summation order.
+template <class E>
+void block_scores(const Context<Cuda>& ctx, float* s, const E* x, std::int64_t i0, std::int64_t rc,
+                  std::int64_t e, std::int64_t C, std::int64_t NH, const BlockPlan& p) {
   gemm_strided_batched(ctx, Trans::none, Trans::transpose, rc, e, p.hs, p.scale, x + i0 * 3 * C,
                        3 * C, p.hs, x + C, 3 * C, p.hs, 0.0f, s, e, rc * e, NH);
 }
@@ -130,7 +133,7 @@ void blockwise_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, c
     cast(ctx, x.data(), qkv + b * T * 3 * C, T * 3 * C);
     for (std::int64_t i0 = 0; i0 < T; i0 += p.qc) {
       const std::int64_t rc = std::min(p.qc, T - i0), e = i0 + rc;
-      detail::block_scores(ctx, s.data(), x.data(), i0, rc, e, C, NH, p);
+      detail::block_scores(ctx, s.data(), qkv + b * T * 3 * C, i0, rc, e, C, NH, p);
       detail::block_softmax_kernel<<<detail::block_rows_grid(NH * rc), detail::softmax_warps * 32,
                                      0, ctx.stream()>>>(s.data(), lse + b * NH * T, NH * rc,
                                                         static_cast<int>(rc), static_cast<int>(e),
@@ -172,13 +175,13 @@ void blockwise_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delt
                "blockwise attention: clearing the gradient");
     const float* q = x.data();
     const float* k = q + C;
-    const float* v = q + 2 * C;
+    const E* x16 = qkv + b * T * 3 * C;  // as stored: for the two products of stored values
     for (std::int64_t i0 = 0; i0 < T; i0 += p.qc) {
       const std::int64_t rc = std::min(p.qc, T - i0), e = i0 + rc, blk = rc * e;
       const float* dyb = dy.data() + i0 * C;
-      detail::block_scores(ctx, s.data(), x.data(), i0, rc, e, C, NH, p);
-      gemm_strided_batched(ctx, N, Tr, rc, e, p.hs, 1.0f, dyb, C, p.hs, v, 3 * C, p.hs, 0.0f,
-                           dp.data(), e, blk, NH);  // dP = dO Vᵀ
+      detail::block_scores(ctx, s.data(), x16, i0, rc, e, C, NH, p);
+      gemm_strided_batched(ctx, N, Tr, rc, e, p.hs, 1.0f, dout + (b * T + i0) * C, C, p.hs,
+                           x16 + 2 * C, 3 * C, p.hs, 0.0f, dp.data(), e, blk, NH);  // dP = dO Vᵀ
       detail::block_softmax_grad_kernel<<<detail::block_rows_grid(NH * rc),
                                           detail::softmax_warps * 32, 0, ctx.stream()>>>(
           s.data(), dp.data(), lse + b * NH * T, delta + b * NH * T, NH * rc, static_cast<int>(rc),
