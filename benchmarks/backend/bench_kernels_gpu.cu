@@ -26,6 +26,7 @@
 
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/backend/host/kernels.hpp"
+#include "support/cuda_timing.cuh"
 
 namespace fw = fourway;
 
@@ -66,21 +67,7 @@ std::vector<T> download(const fw::Context<fw::Cuda>& ctx, const T* p, std::int64
 /// Times `body` per iteration with CUDA events on the context's stream.
 template <class Body>
 void timed_loop(benchmark::State& state, const fw::Context<fw::Cuda>& ctx, Body&& body) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  body();  // warm-up
-  for (auto _ : state) {
-    cudaEventRecord(start, ctx.stream());
-    body();
-    cudaEventRecord(stop, ctx.stream());
-    cudaEventSynchronize(stop);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(static_cast<double>(ms) * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  cuda_timed_loop(state, ctx.stream(), body, [] {});
 }
 
 void report_bandwidth(benchmark::State& state, double bytes_per_iter) {

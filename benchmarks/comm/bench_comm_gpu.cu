@@ -25,6 +25,7 @@
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/comm/nccl_comm.cuh"
 #include "fourway/parallel/work_queue.hpp"
+#include "support/cuda_timing.cuh"
 
 namespace fw = fourway;
 
@@ -67,23 +68,9 @@ void step(benchmark::State& state) {
     }
     queue.order_all();
   };
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  body();  // warm-up (NCCL's first call sets up its buffers)
-  queue.wait_all();
-  for (auto _ : state) {
-    cudaEventRecord(start, ctx.stream());
-    body();
-    cudaEventRecord(stop, ctx.stream());
-    cudaEventSynchronize(stop);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(static_cast<double>(ms) * 1e-3);
-    queue.wait_all();  // bounded by NCCL's deadline, never a hang
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  // the warm-up sets up NCCL's buffers; the host wait after each iteration is bounded by NCCL's
+  // deadline, never a hang
+  cuda_timed_loop(state, ctx.stream(), body, [&] { queue.wait_all(); });
   {  // one rank's avg is its input: every element still 1
     std::vector<Bf> back(16);
     fw::cuda::to_host(ctx, back.data(), grads.data() + (rounds - 1) * bucket, 16);
