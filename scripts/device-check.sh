@@ -292,8 +292,9 @@ nvcc --version 2>/dev/null | tail -1
 # NCCL: the toolkit's, else the one in Python's nvidia wheels (libnccl.so.2 has no unversioned name
 # there, so the library is passed by path).
 nccl_args=()
+# Python's site-packages, where PyTorch's nvidia wheels (NCCL, cuBLAS, the CUDA runtime) live
+sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
 if [ ! -f "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include/nccl.h" ]; then
-  sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
   nccl_h=$(find $sp -maxdepth 5 -path '*nvidia*' -name nccl.h 2>/dev/null | head -1)
   nccl_so=$(find $sp -maxdepth 5 -path '*nvidia*' -name 'libnccl.so*' 2>/dev/null | head -1)
   if [ -n "$nccl_h" ] && [ -n "$nccl_so" ]; then
@@ -318,8 +319,7 @@ use_prebuilt() {
   local dirs=("$prebuilt/lib")
   command -v nvcc >/dev/null 2>&1 && dirs+=("$(dirname "$(command -v nvcc)")/../lib64")
   for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-    f=$(find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-          -maxdepth 5 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
+    f=$(find $sp -maxdepth 5 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
     [ -n "$f" ] && dirs+=("$(dirname "$f")")
   done
   export LD_LIBRARY_PATH=$(IFS=:; echo "${dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -74,11 +74,7 @@ class WorkQueue {
   /// device before.
   void wait_all() {
     while (!items_.empty()) complete_front(false);
-    while (!ordered_.empty()) {
-      Work w = std::move(ordered_.front());
-      ordered_.pop_front();
-      w.wait();
-    }
+    wait_ordered(false);
   }
   /// Waits on every entry, running no completion and swallowing errors (for destructors).
   void drain() noexcept {
@@ -107,11 +103,14 @@ class WorkQueue {
     if (item.on_done) item.on_done();
   }
   /// Forgets the device-completed entries that have finished (keeps the list short).
-  void prune() {
-    while (!ordered_.empty() && ordered_.front().test()) {
+  void prune() { wait_ordered(true); }
+  /// Host-waits the device-completed entries in order: all, or the finished prefix (those return
+  /// at once, or rethrow their failure).
+  void wait_ordered(bool finished_only) {
+    while (!ordered_.empty() && (!finished_only || ordered_.front().test())) {
       Work w = std::move(ordered_.front());
       ordered_.pop_front();
-      w.wait();  // finished: returns at once, or rethrows its failure
+      w.wait();
     }
   }
   static void swallow(Work& w) noexcept {

@@ -156,11 +156,7 @@ void blockwise_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delt
   if (B * T == 0) return;
   const detail::FlashShape f{static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH),
                              static_cast<int>(p.hs), p.scale};
-  const std::int64_t rows = B * NH * T;
-  detail::flash_delta_kernel<E>
-      <<<detail::blocks_for(rows, detail::flash_warps), detail::flash_warps * 32, 0,
-         ctx.stream()>>>(delta, dout, out, rows, f);
-  check_cuda(cudaGetLastError(), "blockwise attention delta launch");
+  detail::launch_flash_delta(ctx, delta, dout, out, B, f);
   Tensor<float, Cuda> x({T * 3 * C}, MemTag::workspace, ctx.memory());
   Tensor<float, Cuda> g({T * 3 * C}, MemTag::workspace, ctx.memory());
   Tensor<float, Cuda> dy({T * C}, MemTag::workspace, ctx.memory());

@@ -172,6 +172,17 @@ __global__ void flash_delta_kernel(float* delta, const E* dout, const E* out, st
   if (lane == 0) delta[row] = s;
 }
 
+/// D = rowsum(dO ∘ O) of every (b, h, t) row into `delta` (B, NH, T): the first pass of both
+/// CUDA backwards (the tiled one here, the blockwise one).
+template <class E>
+void launch_flash_delta(const Context<Cuda>& ctx, float* delta, const E* dout, const E* out,
+                        std::int64_t B, const FlashShape& f) {
+  const std::int64_t rows = B * f.NH * f.T;
+  flash_delta_kernel<E><<<blocks_for(rows, flash_warps), flash_warps * 32, 0, ctx.stream()>>>(
+      delta, dout, out, rows, f);
+  check_cuda(cudaGetLastError(), "flash attention delta launch");
+}
+
 /// dK and dV of one key tile: the query tiles from the diagonal down.
 template <class E>
 __global__ void flash_dkdv_kernel(E* dqkv, const E* dout, const E* qkv, const float* lse,
@@ -327,11 +338,7 @@ void tiled_flash_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* de
                                     std::int64_t T, std::int64_t C, std::int64_t NH) {
   const detail::FlashShape f = detail::flash_shape(B, T, C, NH);
   if (B * T == 0) return;
-  const std::int64_t rows = B * NH * T;
-  detail::flash_delta_kernel<E>
-      <<<detail::blocks_for(rows, detail::flash_warps), detail::flash_warps * 32, 0,
-         ctx.stream()>>>(delta, dout, out, rows, f);
-  check_cuda(cudaGetLastError(), "flash attention delta launch");
+  detail::launch_flash_delta(ctx, delta, dout, out, B, f);
   const dim3 grid(static_cast<unsigned>((T + detail::flash_rows - 1) / detail::flash_rows),
                   static_cast<unsigned>(B * NH));
   const std::size_t smem = detail::flash_shared_bytes(detail::flash_dkdv_kernel<E>, 4, f);
