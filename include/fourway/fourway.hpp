@@ -4,6 +4,7 @@
 //! targets fourway::mpi, ... set it); the CUDA parts are in `fourway/fourway.cuh`.
 #pragma once
 
+#include "fourway/backend/blockwise_plan.hpp"
 #include "fourway/backend/gemm_types.hpp"
 #include "fourway/backend/host/adamw.hpp"
 #include "fourway/backend/host/attention.hpp"

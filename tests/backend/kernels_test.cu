@@ -5,6 +5,7 @@
 // to ~1e-5 relative; 16-bit outputs may round to neighbouring values: 2 units of T's rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -464,12 +465,18 @@ TYPED_TEST(CudaKernels, Attention) {
 }
 
 // The device attention paths against the host twin (pinned to the definition by
-// flash_attention_test.cpp): the tiled kernels, and the blockwise path the layers run, with its
-// default block (one block up to T = 256) and with 16-row blocks (many blocks, a partial last
-// one); partial tiles, one token, a head size of 1 and of 128 (shared memory past 48 KiB), and
-// T = 300 (two default blocks). All are fp32 inside and round once, so they differ by summation
-// order and expf vs the host polynomial: fp32 ~1e-5, 16-bit a flip of the last rounding.
-enum class AttentionPath { tiled, blockwise, blockwise16 };
+// flash_attention_test.cpp): the tiled kernels, and the blockwise path the layers run with its
+// default plan (one block up to T = 256, the whole batch in each launch), with 16-row blocks
+// (many blocks, a partial last one), and with a score budget of one sequence's block (groups of
+// one sequence: every group offset); partial tiles, one token, a head size of 1 and of 128
+// (shared memory past 48 KiB), and T = 300 (two default blocks).
+// Tolerances: the tiled kernels are fp32 inside and round once, so they differ from the host by
+// summation order and expf vs the host polynomial: fp32 ~1e-5, 16-bit a flip of the last
+// rounding. The blockwise path also rounds P and dS to a 16-bit E before their products (the
+// host twin keeps them fp32): each product term moves by at most u relative, independently, so
+// an output moves by ~u · 0.6 · sqrt(Σ P²) · |v| ≤ 0.5 u (4u is eight of those), a gradient by
+// ~0.3 u from dS and ~0.5 u from P at these inputs (8u · scale); in fp32 it rounds nothing.
+enum class AttentionPath { tiled, blockwise, blockwise16, grouped };
 
 template <class E>
 void device_attention_forward(AttentionPath path, const fw::Context<fw::Cuda>& c, E* out,
@@ -479,8 +486,11 @@ void device_attention_forward(AttentionPath path, const fw::Context<fw::Cuda>& c
     fw::cuda::tiled_flash_attention_forward(c, out, lse, qkv, B, T, C, NH);
   } else if (path == AttentionPath::blockwise) {
     fw::cuda::flash_attention_forward(c, out, lse, qkv, B, T, C, NH);  // the layers' entry
-  } else {
+  } else if (path == AttentionPath::blockwise16) {
     fw::cuda::blockwise_attention_forward(c, out, lse, qkv, B, T, C, NH, 16);
+  } else {
+    fw::cuda::blockwise_attention_forward(c, out, lse, qkv, B, T, C, NH, 16,
+                                          NH * T * std::min<std::int64_t>(16, T));
   }
 }
 template <class E>
@@ -492,8 +502,11 @@ void device_attention_backward(AttentionPath path, const fw::Context<fw::Cuda>& 
     fw::cuda::tiled_flash_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH);
   } else if (path == AttentionPath::blockwise) {
     fw::cuda::flash_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH);
-  } else {
+  } else if (path == AttentionPath::blockwise16) {
     fw::cuda::blockwise_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH, 16);
+  } else {
+    fw::cuda::blockwise_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH, 16,
+                                           NH * T * std::min<std::int64_t>(16, T));
   }
 }
 
@@ -504,11 +517,15 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
   const std::int64_t shapes[][4] = {{1, 1, 4, 1},    {2, 7, 12, 3},   {1, 65, 3, 3},
                                     {3, 100, 64, 2}, {1, 70, 256, 2}, {2, 300, 48, 3}};
   std::uint32_t seed = 900;
-  for (AttentionPath path :
-       {AttentionPath::tiled, AttentionPath::blockwise, AttentionPath::blockwise16}) {
-    const std::string name = path == AttentionPath::tiled       ? "tiled "
-                             : path == AttentionPath::blockwise ? "blockwise "
-                                                                : "blockwise16 ";
+  for (AttentionPath path : {AttentionPath::tiled, AttentionPath::blockwise,
+                             AttentionPath::blockwise16, AttentionPath::grouped}) {
+    const std::string name = path == AttentionPath::tiled         ? "tiled "
+                             : path == AttentionPath::blockwise   ? "blockwise "
+                             : path == AttentionPath::blockwise16 ? "blockwise16 "
+                                                                  : "grouped ";
+    const bool fp32 = std::is_same_v<E, float>;
+    const double u = ft::unit_roundoff<E>();
+    const bool rounds_p = !fp32 && path != AttentionPath::tiled;
     for (const auto& s : shapes) {
       const std::int64_t B = s[0], T = s[1], C = s[2], NH = s[3];
       const auto nqkv = static_cast<std::size_t>(B * T * 3 * C),
@@ -524,7 +541,7 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
       Dev<E> dq(e, qkv), ddy(e, dy), dout(e, out), ddq(e, dqkv);
       Dev<float> dlse(e, lse), ddelta(e, delta);
       device_attention_forward(path, e.dev, dout.p(), dlse.p(), dq.p(), B, T, C, NH);
-      const double atol = std::is_same_v<E, float> ? 1e-5 : 2 * ft::unit_roundoff<E>();
+      const double atol = fp32 ? 1e-5 : (rounds_p ? 4 : 2) * u;
       expect_match(dout.get(e, nout), out, atol, name + "out");
       ft::expect_close(ft::to_double(dlse.get(e, nrow)), ft::to_double(lse), 1e-5, 1e-6,
                        name + "lse");
@@ -532,8 +549,7 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
       device_attention_backward(path, e.dev, ddq.p(), ddelta.p(), ddy.p(), dq.p(), dout.p(),
                                 dlse.p(), B, T, C, NH);
       const double g_scale = std::max(1.0, ft::max_abs(ft::to_double(dqkv)));
-      expect_match(ddq.get(e, nqkv), dqkv,
-                   (std::is_same_v<E, float> ? 2e-5 : 4 * ft::unit_roundoff<E>()) * g_scale,
+      expect_match(ddq.get(e, nqkv), dqkv, (fp32 ? 2e-5 : (rounds_p ? 8 : 4) * u) * g_scale,
                    name + "dqkv");
     }
   }
@@ -563,6 +579,28 @@ TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {
     Dev<T> dg(e, logits);  // in place on a copy of the logits
     fw::cuda::cross_entropy_backward(e.dev, dg.p(), dg.p(), dt.p(), rows, V, 0.5f);
     expect_match(dg.get(e, N), g, 1e-8 + ft::subnormal_step<T>(), "cross_entropy_backward");
+
+    // rows padded to a multiple of 128 columns (16-byte aligned rows: the packed reads and
+    // writes), the padding holding 50s that must be masked; the host on the same layout
+    const std::int64_t ld = (V + 127) / 128 * 128;
+    const auto Np = static_cast<std::size_t>(rows * ld);
+    std::vector<T> padded(Np, fw::convert<T>(50.0f));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < V; ++c) padded[r * ld + c] = logits[r * V + c];
+    }
+    Dev<T> dpad(e, padded);
+    std::vector<float> ploss(R);
+    Dev<float> dploss(e, ploss);
+    fw::cuda::cross_entropy_forward(e.dev, dploss.p(), dpad.p(), dt.p(), rows, V, ld);
+    fw::host::cross_entropy_forward(e.host, ploss.data(), padded.data(), tgt.data(), rows, V, ld);
+    ft::expect_close(ft::to_double(dploss.get(e, R)), ft::to_double(ploss), 1e-5, 1e-5,
+                     "cross_entropy_forward (padded)");
+    std::vector<T> pg(Np);
+    fw::host::cross_entropy_backward(e.host, pg.data(), padded.data(), tgt.data(), rows, V, 0.5f,
+                                     ld);
+    fw::cuda::cross_entropy_backward(e.dev, dpad.p(), dpad.p(), dt.p(), rows, V, 0.5f, ld);
+    expect_match(dpad.get(e, Np), pg, 1e-8 + ft::subnormal_step<T>(),
+                 "cross_entropy_backward (padded)");
 
     // one shard [start, start + vl) of the vocabulary
     const std::int64_t start = V / 3, vl = V - V / 3;

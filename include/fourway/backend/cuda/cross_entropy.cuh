@@ -1,6 +1,8 @@
 //! CUDA fused softmax + cross-entropy and its vocabulary-sharded pieces, twins of
 //! `host/cross_entropy.hpp` (see there for the all-reduce sequence). One 256-thread block per
-//! row, block reductions in a fixed order, fp32.
+//! row, block reductions in a fixed order, fp32. The row is read in 16-byte packs; the fused
+//! forward reads it once (maximum and sum of exponentials together, online), the fused backward
+//! twice (that, then the gradient written in place).
 //!
 //! A target outside the vocabulary cannot throw from a kernel; it yields a NaN loss (and NaN
 //! gradients for that row), which `has_inf_nan` and the loss scaler see — never a silent value.
@@ -17,26 +19,90 @@ namespace fourway::cuda {
 namespace detail {
 inline constexpr int ce_threads = 256;
 
+/// f(c, x[c]) for this thread's share of the row x[0, n): 16-byte packs (8 bf16 / fp16 or 4
+/// fp32 values a load) when the row starts on a 16-byte boundary, thread after thread along the
+/// row so a warp reads 512 contiguous bytes; the last n mod pack columns (or a misaligned row)
+/// one element a thread.
+template <class T, class F>
+__device__ __forceinline__ void row_for_each(const T* x, std::int64_t n, F&& f) {
+  constexpr int P = Pack<T>::size;
+  std::int64_t done = 0;
+  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+    const std::int64_t packs = n / P;
+    const auto* px = reinterpret_cast<const Pack<T>*>(x);
+    for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<T> v = px[i];
+#pragma unroll
+      for (int k = 0; k < P; ++k) f(i * P + k, load(&v.v[k]));
+    }
+    done = packs * P;
+  }
+  for (std::int64_t c = done + threadIdx.x; c < n; c += blockDim.x) f(c, load(x + c));
+}
+
 template <class T>
 __device__ float block_row_max(const T* x, std::int64_t n, float* shared) {
   float mx = -3.4e38f;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) mx = fmaxf(mx, load(x + c));
+  row_for_each(x, n, [&](std::int64_t, float v) { mx = fmaxf(mx, v); });
   return block_max(mx, shared);
 }
 template <class T>
 __device__ float block_row_sumexp(const T* x, std::int64_t n, float mx, float* shared) {
   float s = 0.0f;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) s += expf(load(x + c) - mx);
+  row_for_each(x, n, [&](std::int64_t, float v) { s += expf(v - mx); });
   return block_sum(s, shared);
 }
-/// dx[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed.
+
+struct RowMaxSum {
+  float max, sum;  ///< the row's maximum and Σ exp(x − max)
+};
+/// The row's maximum and its sum of exponentials in one read of the row (the online softmax of
+/// Milakov & Gimelshein 2018): each thread keeps a running maximum and rescales its sum when the
+/// maximum rises; the block then rescales every thread's sum to the block maximum and adds them
+/// in a fixed order.
+template <class T>
+__device__ RowMaxSum block_row_max_sum(const T* x, std::int64_t n, float* shared) {
+  float m = -3.4e38f, s = 0.0f;
+  row_for_each(x, n, [&](std::int64_t, float v) {
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  });
+  const float mx = block_max(m, shared);
+  const float sum = block_sum(s * expf(m - mx), shared);
+  return {mx, sum};
+}
+
+/// dx[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed (each thread
+/// writes only the columns it read). 16-byte packs when x and dx both start on a boundary.
 template <class T>
 __device__ void block_row_grad(T* dx, const T* x, std::int64_t n, float mx, float sum,
                                std::int64_t target_local, float dloss) {
+  constexpr int P = Pack<T>::size;
   const float inv = 1.0f / sum;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    const float p = expf(load(x + c) - mx) * inv;
-    store(dx + c, dloss * (p - (c == target_local ? 1.0f : 0.0f)));
+  auto grad = [&](std::int64_t c, float v) {
+    return dloss * (expf(v - mx) * inv - (c == target_local ? 1.0f : 0.0f));
+  };
+  std::int64_t done = 0;
+  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0 &&
+      reinterpret_cast<std::uintptr_t>(dx) % 16 == 0) {
+    const std::int64_t packs = n / P;
+    const auto* px = reinterpret_cast<const Pack<T>*>(x);
+    auto* pd = reinterpret_cast<Pack<T>*>(dx);
+    for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<T> v = px[i];
+      Pack<T> g;
+#pragma unroll
+      for (int k = 0; k < P; ++k) store(&g.v[k], grad(i * P + k, load(&v.v[k])));
+      pd[i] = g;
+    }
+    done = packs * P;
+  }
+  for (std::int64_t c = done + threadIdx.x; c < n; c += blockDim.x) {
+    store(dx + c, grad(c, load(x + c)));
   }
 }
 
@@ -47,11 +113,10 @@ __global__ void cross_entropy_forward_kernel(float* losses, const T* logits,
   __shared__ float shared[32];
   const std::int64_t r = blockIdx.x;
   const T* x = logits + r * ld;
-  const float mx = block_row_max(x, V, shared);
-  const float sum = block_row_sumexp(x, V, mx, shared);
+  const RowMaxSum ms = block_row_max_sum(x, V, shared);
   if (threadIdx.x == 0) {
     const std::int32_t t = targets[r];
-    losses[r] = (t >= 0 && t < V) ? logf(sum) + mx - load(x + t) : nanf("");
+    losses[r] = (t >= 0 && t < V) ? logf(ms.sum) + ms.max - load(x + t) : nanf("");
   }
 }
 
@@ -62,11 +127,10 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits,
   __shared__ float shared[32];
   const std::int64_t r = blockIdx.x;
   const T* x = logits + r * ld;
-  const float mx = block_row_max(x, V, shared);
-  const float sum = block_row_sumexp(x, V, mx, shared);
+  const RowMaxSum ms = block_row_max_sum(x, V, shared);
   __syncthreads();  // every thread has read the row before any writes it (in-place use)
   const std::int32_t t = targets[r];
-  block_row_grad(dlogits + r * ld, x, V, mx, (t >= 0 && t < V) ? sum : nanf(""), t, dloss);
+  block_row_grad(dlogits + r * ld, x, V, ms.max, (t >= 0 && t < V) ? ms.sum : nanf(""), t, dloss);
   for (std::int64_t c = V + threadIdx.x; c < ld; c += blockDim.x) store(dlogits + r * ld + c, 0.0f);
 }
 
