@@ -4,12 +4,14 @@
 //! targets fourway::mpi, ... set it); the CUDA parts are in `fourway/fourway.cuh`.
 #pragma once
 
+#include "fourway/backend/blockwise_attention.hpp"
 #include "fourway/backend/blockwise_plan.hpp"
 #include "fourway/backend/gemm_types.hpp"
 #include "fourway/backend/host/adamw.hpp"
 #include "fourway/backend/host/attention.hpp"
 #include "fourway/backend/host/backend.hpp"
 #include "fourway/backend/host/bias.hpp"
+#include "fourway/backend/host/blockwise_attention.hpp"
 #include "fourway/backend/host/cross_entropy.hpp"
 #include "fourway/backend/host/elementwise.hpp"
 #include "fourway/backend/host/embedding.hpp"

@@ -1,47 +1,23 @@
 //! CUDA causal attention by query blocks on cuBLAS — what `flash_attention_forward` /
-//! `flash_attention_backward` run on a GPU (the Ops entry points of the attention layers).
+//! `flash_attention_backward` run on a GPU (the Ops entry points of the attention layers): the
+//! algorithm of `backend/blockwise_attention.hpp` (written once, its host form tested in CI
+//! against the host flash twin) with cuBLAS's strided-batched GEMMs and the element kernels here.
 //!
 //! The tiled kernels of `flash_attention.cuh` (the twin of the host's tiled online softmax) do
 //! their dot products on CUDA cores from shared memory: the first GPU run measured them at about
 //! 2 TFLOP/s, 22 ms for one GPT-2 layer's attention at B = 8, T = 1024, against 0.8 ms for the
-//! materialised kernels. This path keeps what makes attention flash-style — the stash is the
-//! output and one fp32 log-sum-exp per row, O(T) per head; the backward recomputes the
-//! probabilities; blocks above the diagonal are never computed — and runs the products as
-//! strided-batched GEMMs, one launch per product over every head of every sequence of a group.
-//! For that one stride has to reach every (sequence, head), so q|k|v and dO are first copied
-//! head-major, (NH, T, hs) per sequence (as llm.c and PyTorch permute them), and the output and
-//! the gradient copied back:
-//!
-//!   per block of `rows` query rows [i0, i0 + rc), keys [0, e = i0 + rc), all (sequence, head):
-//!   forward   S = Q Kᵀ/√hs (rc × e), P = causal softmax(S) with its log-sum-exp, O = P V
-//!   backward  S again, dP = dO Vᵀ, P = exp(S − L) (causal), dS = P ∘ (dP − D),
-//!             dV += Pᵀ dO, dQ = dS K/√hs, dK += dSᵀ Q/√hs      (D = rowsum(dO ∘ O))
-//!
-//! The cut into blocks and groups of sequences is `blockwise_plan` (`backend/blockwise_plan.hpp`,
-//! host code): one block's fp32 scores stay within `attention_score_budget`.
-//!
-//! Precision: every product takes its operands in E — q|k|v and dO as stored, P and dS rounded to
-//! E once (in 16-bit types the rounding FlashAttention-2 and the materialised kernels make; in
-//! fp32 no rounding at all) — and accumulates in fp32 (on the tensor cores for 16-bit E; fp32
-//! GEMMs, no TF32 unless the context enables it, for fp32). The scores, the softmax, its
-//! log-sum-exp, dP and D are fp32; dQ, dK and dV accumulate in fp32 across the blocks and are
-//! rounded to E once, as the output is. Every sum runs in one fixed order, so the result is the
-//! same run after run. Transient workspace (MemTag::workspace, freed on return), per group of
-//! `sequences`: forward the head-major q|k|v and output (4 · group · T · C of E), the scores
-//! (fp32) and for 16-bit E P (E); backward the head-major q|k|v and dO (E), the fp32 gradient
-//! (3 · group · T · C), the scores and dP (fp32), and for 16-bit E P and dS (E).
+//! materialised kernels. This path keeps their O(T) stash and puts the products on cuBLAS; in
+//! 16-bit types all seven run on the tensor cores (P and dS rounded to the element type).
 // fourway-requires: cuda
 #pragma once
 
-#include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
+#include <utility>
 
+#include "fourway/backend/blockwise_attention.hpp"
 #include "fourway/backend/blockwise_plan.hpp"
 #include "fourway/backend/cuda/common.cuh"
-#include "fourway/backend/cuda/elementwise.cuh"
 #include "fourway/backend/cuda/flash_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/softmax.cuh"
@@ -126,39 +102,53 @@ void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int6
       "blockwise attention head permute launch");
 }
 
-/// Head size, scale and the plan of one call; refuses sizes the kernels' 32-bit indices miss.
-struct BlockCall {
-  std::int64_t hs;
-  float scale;
-  BlockwisePlan plan;
-};
-
-inline BlockCall block_call(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                            std::int64_t chunk, std::int64_t budget) {
-  check<ShapeError>(T <= INT_MAX / 4, "fourway: blockwise attention: T=", T, " exceeds ",
-                    INT_MAX / 4);
-  const std::int64_t hs = host::detail::head_size(C, NH);
-  const BlockwisePlan plan = blockwise_plan(B, T, NH, chunk, budget);
-  check<ShapeError>(plan.sequences * NH <= INT_MAX,
-                    "fourway: blockwise attention: ", plan.sequences, " sequences x ", NH,
-                    " heads exceed one launch's 32-bit batch");
-  return {hs, 1.0f / std::sqrt(static_cast<float>(hs)), plan};
-}
-
 inline unsigned block_rows_grid(std::int64_t rows) { return blocks_for(rows, softmax_warps); }
 
-/// A 16-bit E buffer for P or dS beside an fp32 one, or the fp32 one itself when E is float.
-template <class E>
-E* rounded_buffer(Tensor<E, Cuda>& own, Tensor<float, Cuda>& fp32, const Context<Cuda>& ctx) {
-  if constexpr (std::is_same_v<E, float>) {
-    (void)ctx;
-    (void)own;
-    return fp32.data();
-  } else {
-    own = Tensor<E, Cuda>({fp32.numel()}, MemTag::workspace, ctx.memory());
-    return own.data();
+/// The CUDA kernels of the blockwise algorithm (`backend/blockwise_attention.hpp`).
+struct CudaBlockKernels {
+  using Backend = Cuda;
+  template <class... Args>
+  static void gemm_strided_batched(Args&&... args) {
+    cuda::gemm_strided_batched(std::forward<Args>(args)...);
   }
-}
+  template <class To, class From>
+  static void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int64_t nb,
+                            std::int64_t T, std::int64_t parts, std::int64_t C, std::int64_t hs,
+                            bool to_heads) {
+    detail::permute_heads(ctx, dst, src, nb, T, parts, C, hs, to_heads);
+  }
+  template <class E>
+  static void block_softmax(const Context<Cuda>& ctx, const float* s, E* p, float* lse,
+                            std::int64_t rows, std::int64_t rc, std::int64_t e, std::int64_t first,
+                            std::int64_t T) {
+    block_softmax_kernel<E><<<block_rows_grid(rows), softmax_warps * 32, 0, ctx.stream()>>>(
+        s, p, lse, rows, static_cast<int>(rc), static_cast<int>(e), static_cast<int>(first),
+        static_cast<int>(T));
+    check_cuda(cudaGetLastError(), "blockwise attention softmax launch");
+  }
+  template <class E>
+  static void block_softmax_grad(const Context<Cuda>& ctx, const float* s, const float* dp, E* p,
+                                 E* ds, const float* lse, const float* delta, std::int64_t rows,
+                                 std::int64_t rc, std::int64_t e, std::int64_t first,
+                                 std::int64_t T) {
+    block_softmax_grad_kernel<E><<<block_rows_grid(rows), softmax_warps * 32, 0, ctx.stream()>>>(
+        s, dp, p, ds, lse, delta, rows, static_cast<int>(rc), static_cast<int>(e),
+        static_cast<int>(first), static_cast<int>(T));
+    check_cuda(cudaGetLastError(), "blockwise attention gradient launch");
+  }
+  template <class E>
+  static void row_delta(const Context<Cuda>& ctx, float* delta, const E* dout, const E* out,
+                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
+    const std::int64_t hs = C / NH;
+    const FlashShape f{static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH),
+                       static_cast<int>(hs), 1.0f / std::sqrt(static_cast<float>(hs))};
+    launch_flash_delta(ctx, delta, dout, out, B, f);
+  }
+  static void zero(const Context<Cuda>& ctx, float* p, std::int64_t n) {
+    check_cuda(cudaMemsetAsync(p, 0, static_cast<std::size_t>(n) * sizeof(float), ctx.stream()),
+               "blockwise attention: clearing the gradient");
+  }
+};
 
 }  // namespace detail
 
@@ -169,35 +159,7 @@ void blockwise_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, c
                                  std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
                                  std::int64_t chunk = attention_query_chunk,
                                  std::int64_t budget = attention_score_budget) {
-  const detail::BlockCall call = detail::block_call(B, T, C, NH, chunk, budget);
-  if (B * T == 0) return;
-  const std::int64_t hs = call.hs, group = call.plan.sequences, head = T * hs;
-  Tensor<E, Cuda> xh({3 * group * T * C}, MemTag::workspace, ctx.memory());
-  Tensor<E, Cuda> oh({group * T * C}, MemTag::workspace, ctx.memory());
-  Tensor<float, Cuda> s({call.plan.scores(T, NH)}, MemTag::workspace, ctx.memory());
-  Tensor<E, Cuda> p_own;
-  E* p = detail::rounded_buffer(p_own, s, ctx);
-  const Trans N = Trans::none, Tr = Trans::transpose;
-  for (std::int64_t b0 = 0; b0 < B; b0 += group) {
-    const std::int64_t nb = std::min(group, B - b0), n = nb * NH;
-    detail::permute_heads(ctx, xh.data(), qkv + b0 * T * 3 * C, nb, T, 3, C, hs, true);
-    const E* q = xh.data();  // (n, T, hs) each, head after head
-    const E* k = q + nb * T * C;
-    const E* v = k + nb * T * C;
-    for (std::int64_t i0 = 0; i0 < T; i0 += call.plan.rows) {
-      const std::int64_t rc = std::min(call.plan.rows, T - i0), e = i0 + rc, blk = rc * e;
-      gemm_strided_batched(ctx, N, Tr, rc, e, hs, call.scale, q + i0 * hs, hs, head, k, hs, head,
-                           0.0f, s.data(), e, blk, n);  // S = scale · Q Kᵀ
-      detail::block_softmax_kernel<E>
-          <<<detail::block_rows_grid(n * rc), detail::softmax_warps * 32, 0, ctx.stream()>>>(
-              s.data(), p, lse + b0 * NH * T, n * rc, static_cast<int>(rc), static_cast<int>(e),
-              static_cast<int>(i0), static_cast<int>(T));
-      check_cuda(cudaGetLastError(), "blockwise attention softmax launch");
-      gemm_strided_batched(ctx, N, N, rc, hs, e, 1.0f, static_cast<const E*>(p), e, blk, v, hs,
-                           head, 0.0f, oh.data() + i0 * hs, hs, head, n);  // O = P V
-    }
-    detail::permute_heads(ctx, out + b0 * T * C, oh.data(), nb, T, 1, C, hs, false);
-  }
+  blockwise::forward<detail::CudaBlockKernels>(ctx, out, lse, qkv, B, T, C, NH, chunk, budget);
 }
 
 /// dqkv (B, T, 3C) (`=`); `delta` (B, NH, T) is scratch and ends holding rowsum(dO ∘ O).
@@ -207,62 +169,8 @@ void blockwise_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delt
                                   std::int64_t T, std::int64_t C, std::int64_t NH,
                                   std::int64_t chunk = attention_query_chunk,
                                   std::int64_t budget = attention_score_budget) {
-  const detail::BlockCall call = detail::block_call(B, T, C, NH, chunk, budget);
-  if (B * T == 0) return;
-  const std::int64_t hs = call.hs, group = call.plan.sequences, head = T * hs;
-  const detail::FlashShape f{static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH),
-                             static_cast<int>(hs), call.scale};
-  detail::launch_flash_delta(ctx, delta, dout, out, B, f);
-  const std::int64_t scores = call.plan.scores(T, NH);
-  Tensor<E, Cuda> xh({3 * group * T * C}, MemTag::workspace, ctx.memory());
-  Tensor<E, Cuda> dyh({group * T * C}, MemTag::workspace, ctx.memory());
-  Tensor<float, Cuda> g({3 * group * T * C}, MemTag::workspace, ctx.memory());
-  Tensor<float, Cuda> s({scores}, MemTag::workspace, ctx.memory());
-  Tensor<float, Cuda> dp({scores}, MemTag::workspace, ctx.memory());
-  Tensor<E, Cuda> p_own, ds_own;
-  E* p = detail::rounded_buffer(p_own, s, ctx);
-  E* ds = detail::rounded_buffer(ds_own, dp, ctx);
-  const E* pr = p;
-  const E* dsr = ds;
-  const Trans N = Trans::none, Tr = Trans::transpose;
-  for (std::int64_t b0 = 0; b0 < B; b0 += group) {
-    const std::int64_t nb = std::min(group, B - b0), n = nb * NH;
-    detail::permute_heads(ctx, xh.data(), qkv + b0 * T * 3 * C, nb, T, 3, C, hs, true);
-    detail::permute_heads(ctx, dyh.data(), dout + b0 * T * C, nb, T, 1, C, hs, true);
-    check_cuda(
-        cudaMemsetAsync(g.data(), 0, static_cast<std::size_t>(3 * nb * T * C) * sizeof(float),
-                        ctx.stream()),
-        "blockwise attention: clearing the gradient");
-    const E* q = xh.data();  // (n, T, hs) each, head after head; so are dO and the gradients
-    const E* k = q + nb * T * C;
-    const E* v = k + nb * T * C;
-    const E* dy = dyh.data();
-    float* gq = g.data();
-    float* gk = gq + nb * T * C;
-    float* gv = gk + nb * T * C;
-    for (std::int64_t i0 = 0; i0 < T; i0 += call.plan.rows) {
-      const std::int64_t rc = std::min(call.plan.rows, T - i0), e = i0 + rc, blk = rc * e;
-      const E* qb = q + i0 * hs;  // the block's query rows, and their dO
-      const E* dyb = dy + i0 * hs;
-      gemm_strided_batched(ctx, N, Tr, rc, e, hs, call.scale, qb, hs, head, k, hs, head, 0.0f,
-                           s.data(), e, blk, n);  // S
-      gemm_strided_batched(ctx, N, Tr, rc, e, hs, 1.0f, dyb, hs, head, v, hs, head, 0.0f, dp.data(),
-                           e, blk, n);  // dP = dO Vᵀ
-      detail::block_softmax_grad_kernel<E>
-          <<<detail::block_rows_grid(n * rc), detail::softmax_warps * 32, 0, ctx.stream()>>>(
-              s.data(), dp.data(), p, ds, lse + b0 * NH * T, delta + b0 * NH * T, n * rc,
-              static_cast<int>(rc), static_cast<int>(e), static_cast<int>(i0), static_cast<int>(T));
-      check_cuda(cudaGetLastError(), "blockwise attention gradient launch");
-      // dV[0, e) += Pᵀ dO;  dQ[i0, i0 + rc) = scale · dS K;  dK[0, e) += scale · dSᵀ Q
-      gemm_strided_batched(ctx, Tr, N, e, hs, rc, 1.0f, pr, e, blk, dyb, hs, head, 1.0f, gv, hs,
-                           head, n);
-      gemm_strided_batched(ctx, N, N, rc, hs, e, call.scale, dsr, e, blk, k, hs, head, 0.0f,
-                           gq + i0 * hs, hs, head, n);
-      gemm_strided_batched(ctx, Tr, N, e, hs, rc, call.scale, dsr, e, blk, qb, hs, head, 1.0f, gk,
-                           hs, head, n);
-    }
-    detail::permute_heads(ctx, dqkv + b0 * T * 3 * C, g.data(), nb, T, 3, C, hs, false);
-  }
+  blockwise::backward<detail::CudaBlockKernels>(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH,
+                                                chunk, budget);
 }
 
 /// The attention layers' entry points on a GPU: the blockwise path above.
