@@ -52,6 +52,8 @@
 
 #include "fourway/backend/blockwise_plan.hpp"
 #include "fourway/backend/gemm_types.hpp"
+#include "fourway/backend/host/attention.hpp"
+#include "fourway/config.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
@@ -67,16 +69,25 @@ struct Call {
 
 inline Call plan_call(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
                       std::int64_t chunk, std::int64_t budget) {
-  check<ShapeError>(NH > 0 && C % NH == 0, "fourway: attention needs C divisible by NH, got C=", C,
-                    " NH=", NH);
+  const std::int64_t hs = host::detail::head_size(C, NH);
   check<ShapeError>(T <= INT_MAX / 4, "fourway: blockwise attention: T=", T, " exceeds ",
                     INT_MAX / 4);
-  const std::int64_t hs = C / NH;
   const BlockwisePlan plan = blockwise_plan(B, T, NH, chunk, budget);
   check<ShapeError>(plan.sequences * NH <= INT_MAX,
                     "fourway: blockwise attention: ", plan.sequences, " sequences x ", NH,
                     " heads exceed one launch's 32-bit batch");
   return {hs, 1.0f / std::sqrt(static_cast<float>(hs)), plan};
+}
+
+/// Where element i of the token-major layout (nb, T, parts·C) — q|k|v (parts = 3) or dO / O
+/// (parts = 1) as the layers store them — sits in the head-major one (parts, nb, NH, T, hs) the
+/// GEMMs take with one stride. Every backend's `permute_heads` moves elements by this map.
+FOURWAY_HOST_DEVICE constexpr std::int64_t head_major_at(std::int64_t i, std::int64_t nb,
+                                                         std::int64_t T, std::int64_t parts,
+                                                         std::int64_t C, std::int64_t hs) {
+  const std::int64_t width = parts * C, b = i / (T * width), r = i % (T * width);
+  const std::int64_t t = r / width, c = r % width;
+  return (((c / C * nb + b) * (C / hs) + c % C / hs) * T + t) * hs + c % hs;
 }
 
 /// A buffer of E for P or dS beside an fp32 one, or the fp32 one itself when E is float.

@@ -78,21 +78,16 @@ __global__ void block_softmax_grad_kernel(const float* s, const float* dp, E* p,
   }
 }
 
-/// Between the token-major layout (nb, T, parts·C) — q|k|v (parts = 3) or dO / O (parts = 1) as
-/// the layers store them — and the head-major one (parts, nb, NH, T, hs) the batched GEMMs take
-/// with one stride: `to_heads` reads the first and writes the second, else the reverse; each
-/// element converted through fp32 once (exact for the same type).
+/// Token-major ↔ head-major (`blockwise::head_major_at`): `to_heads` reads the first and writes
+/// the second, else the reverse; each element converted through fp32 once (exact for one type).
 template <class To, class From>
 void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int64_t nb,
                    std::int64_t T, std::int64_t parts, std::int64_t C, std::int64_t hs,
                    bool to_heads) {
-  const std::int64_t NH = C / hs, width = parts * C;
   for_each(
-      ctx, nb * T * width,
+      ctx, nb * T * parts * C,
       [=] __device__(std::int64_t i) {
-        const std::int64_t b = i / (T * width), r = i % (T * width), t = r / width, c = r % width;
-        const std::int64_t p = c / C, h = (c % C) / hs, d = c % hs;
-        const std::int64_t at = (((p * nb + b) * NH + h) * T + t) * hs + d;
+        const std::int64_t at = blockwise::head_major_at(i, nb, T, parts, C, hs);
         if (to_heads) {
           store(dst + at, load(src + i));
         } else {

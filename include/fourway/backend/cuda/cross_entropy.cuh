@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/backend/host/cross_entropy.hpp"
@@ -19,25 +20,41 @@ namespace fourway::cuda {
 namespace detail {
 inline constexpr int ce_threads = 256;
 
-/// f(c, x[c]) for this thread's share of the row x[0, n): 16-byte packs (8 bf16 / fp16 or 4
-/// fp32 values a load) when the row starts on a 16-byte boundary, thread after thread along the
-/// row so a warp reads 512 contiguous bytes; the last n mod pack columns (or a misaligned row)
-/// one element a thread.
+/// f(c, x[c]) for this thread's share of the row x[0, n) — and out[c] = that value when f returns
+/// one: 16-byte packs (8 bf16 / fp16 or 4 fp32 values a load or store) when the row (and out)
+/// start on a 16-byte boundary, thread after thread along the row so a warp reads 512 contiguous
+/// bytes; the last n mod pack columns (or a misaligned row) one element a thread. Each thread
+/// writes only the columns it read, so out may be x.
 template <class T, class F>
-__device__ __forceinline__ void row_for_each(const T* x, std::int64_t n, F&& f) {
+__device__ __forceinline__ void row_for_each(const T* x, std::int64_t n, F&& f, T* out = nullptr) {
+  constexpr bool writes = !std::is_void_v<std::invoke_result_t<F&, std::int64_t, float>>;
   constexpr int P = Pack<T>::size;
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   std::int64_t done = 0;
-  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+  if (aligned(x) && (!writes || aligned(out))) {
     const std::int64_t packs = n / P;
     const auto* px = reinterpret_cast<const Pack<T>*>(x);
     for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const Pack<T> v = px[i];
+      if constexpr (writes) {
+        Pack<T> y;
 #pragma unroll
-      for (int k = 0; k < P; ++k) f(i * P + k, load(&v.v[k]));
+        for (int k = 0; k < P; ++k) store(&y.v[k], f(i * P + k, load(&v.v[k])));
+        reinterpret_cast<Pack<T>*>(out)[i] = y;
+      } else {
+#pragma unroll
+        for (int k = 0; k < P; ++k) f(i * P + k, load(&v.v[k]));
+      }
     }
     done = packs * P;
   }
-  for (std::int64_t c = done + threadIdx.x; c < n; c += blockDim.x) f(c, load(x + c));
+  for (std::int64_t c = done + threadIdx.x; c < n; c += blockDim.x) {
+    if constexpr (writes) {
+      store(out + c, f(c, load(x + c)));
+    } else {
+      f(c, load(x + c));
+    }
+  }
 }
 
 template <class T>
@@ -76,34 +93,17 @@ __device__ RowMaxSum block_row_max_sum(const T* x, std::int64_t n, float* shared
   return {mx, sum};
 }
 
-/// dx[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed (each thread
-/// writes only the columns it read). 16-byte packs when x and dx both start on a boundary.
+/// dx[0, n) = dloss * (exp(x - mx) / sum - [c == target_local]); in place allowed.
 template <class T>
 __device__ void block_row_grad(T* dx, const T* x, std::int64_t n, float mx, float sum,
                                std::int64_t target_local, float dloss) {
-  constexpr int P = Pack<T>::size;
   const float inv = 1.0f / sum;
-  auto grad = [&](std::int64_t c, float v) {
-    return dloss * (expf(v - mx) * inv - (c == target_local ? 1.0f : 0.0f));
-  };
-  std::int64_t done = 0;
-  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0 &&
-      reinterpret_cast<std::uintptr_t>(dx) % 16 == 0) {
-    const std::int64_t packs = n / P;
-    const auto* px = reinterpret_cast<const Pack<T>*>(x);
-    auto* pd = reinterpret_cast<Pack<T>*>(dx);
-    for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Pack<T> v = px[i];
-      Pack<T> g;
-#pragma unroll
-      for (int k = 0; k < P; ++k) store(&g.v[k], grad(i * P + k, load(&v.v[k])));
-      pd[i] = g;
-    }
-    done = packs * P;
-  }
-  for (std::int64_t c = done + threadIdx.x; c < n; c += blockDim.x) {
-    store(dx + c, grad(c, load(x + c)));
-  }
+  row_for_each(
+      x, n,
+      [&](std::int64_t c, float v) {
+        return dloss * (expf(v - mx) * inv - (c == target_local ? 1.0f : 0.0f));
+      },
+      dx);
 }
 
 template <class T>

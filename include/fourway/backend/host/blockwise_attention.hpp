@@ -28,24 +28,17 @@ struct HostBlockKernels {
   static void gemm_strided_batched(Args&&... args) {
     host::gemm_strided_batched(std::forward<Args>(args)...);
   }
-  /// Token-major (nb, T, parts·C) ↔ head-major (parts, nb, NH, T, hs).
+  /// Token-major ↔ head-major (`blockwise::head_major_at`).
   template <class To, class From>
   static void permute_heads(const Context<Host>& /*ctx*/, To* dst, const From* src, std::int64_t nb,
                             std::int64_t T, std::int64_t parts, std::int64_t C, std::int64_t hs,
                             bool to_heads) {
-    const std::int64_t NH = C / hs;
-    for (std::int64_t b = 0; b < nb; ++b) {
-      for (std::int64_t t = 0; t < T; ++t) {
-        for (std::int64_t c = 0; c < parts * C; ++c) {
-          const std::int64_t i = (b * T + t) * parts * C + c;
-          const std::int64_t p = c / C, h = (c % C) / hs, d = c % hs;
-          const std::int64_t at = (((p * nb + b) * NH + h) * T + t) * hs + d;
-          if (to_heads) {
-            dst[at] = convert<To>(convert<float>(src[i]));
-          } else {
-            dst[i] = convert<To>(convert<float>(src[at]));
-          }
-        }
+    for (std::int64_t i = 0; i < nb * T * parts * C; ++i) {
+      const std::int64_t at = blockwise::head_major_at(i, nb, T, parts, C, hs);
+      if (to_heads) {
+        dst[at] = convert<To>(convert<float>(src[i]));
+      } else {
+        dst[i] = convert<To>(convert<float>(src[at]));
       }
     }
   }
