@@ -29,6 +29,9 @@
 #   bench-comm           bench_comm_gpu: 8 bf16 GEMMs with a 32 MiB all-reduce after each, on
 #                        NcclComm's communication stream and on the bound stream, 3 interleaved
 #                        repetitions (the overlap of gradient reduction with compute)
+#   profile-step         last: every kernel of one GPT-2 124M bf16 step (B 8, T 1024) timed by
+#                        Nsight Compute, summed by kernel function; the top ones in the table
+#                        (benchmarks/train/profile_step_gpu.sh)
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
 # (DEVICE_CHECK_BUDGET, 480 s); a step the budget cannot start is NOT RUN. A step's command sees
@@ -51,7 +54,10 @@
 #   scripts/device-check.sh                  on the GPU machine, with .device-kit carried along
 #   scripts/device-check.sh --prebuilt DIR   on the GPU machine, with the staged DIR carried along
 #                                            (no kit needed; ctest's paths are rewritten there)
-# Options: --kit DIR (default .device-kit), --build DIR (default build/cuda), --budget S, --jobs N.
+# Options: --kit DIR (default .device-kit), --build DIR (default build/cuda), --budget S, --jobs N,
+#   --only STEP[,STEP...]  run only the named steps after the build (or prebuilt) ones, say to rerun
+#                          one that failed with the rest of the budget; the others are rows marked
+#                          "not asked" and the verdict line names the steps that ran.
 # Exit: 0 all ok; 1 a step failed, timed out or was not run; 2 bad arguments or no kit.
 # With $OUT set (the device tool's output folder) the table and a tarball of the logs go there.
 set -uo pipefail
@@ -64,6 +70,7 @@ jobs=${JOBS:-$(nproc)}
 prepare_src=$root/../shared/device-kit
 stage_dir=$root/.device-build
 prebuilt=
+only=
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() {
@@ -94,6 +101,7 @@ while [ $# -gt 0 ]; do
     --build) [ $# -gt 1 ] || die "--build needs a folder"; build=$2; shift ;;
     --budget) [ $# -gt 1 ] || die "--budget needs seconds"; number --budget "$2"; budget=$2; shift ;;
     --jobs) [ $# -gt 1 ] || die "--jobs needs a number"; number --jobs "$2"; jobs=$2; shift ;;
+    --only) [ $# -gt 1 ] || die "--only needs step names (comma-separated)"; only=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (try --help)" ;;
   esac
@@ -194,14 +202,31 @@ plan=(
   "gpu-tests|50|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
   "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
   "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
-  "racecheck-kernels|40|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests)"
+  "racecheck-kernels|60|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; tiled attention)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
   "train-vs-pytorch-gpu|90|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda vs PyTorch eager/SDPA, 3 rounds"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention flash vs materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
+  "profile-step|180|benchmarks/train/profile_step_gpu.sh: ncu times every kernel of one GPT-2 124M bf16 step"
 )
+
+# --only: names the plan knows, not the build steps (they run whenever they are needed)
+if [ -n "$only" ]; then
+  IFS=, read -r -a only_steps <<< "$only"
+  for o in "${only_steps[@]}"; do
+    known=0
+    for p in "${plan[@]:3}"; do [ "${p%%|*}" = "$o" ] && known=1; done
+    [ "$known" -eq 1 ] || die "--only: '$o' is not a step after the build (see --help)"
+  done
+fi
+asked() {  # asked NAME: whether --only leaves NAME to run
+  [ -z "$only" ] && return 0
+  local o
+  for o in "${only_steps[@]}"; do [ "$o" = "$1" ] && return 0; done
+  return 1
+}
 
 if [ -n "$prebuilt" ]; then  # the three build steps become one
   plan=("prebuilt|10|staged programs in $prebuilt: ctest's paths rewritten, libraries found"
@@ -213,6 +238,7 @@ fi
 printf '   %-22s %5s  %s\n' step limit what
 for p in "${plan[@]}"; do
   IFS='|' read -r n l w <<< "$p"
+  case "$n" in kit-build|configure|build|prebuilt) ;; *) asked "$n" || w="(not asked) $w" ;; esac
   printf '   %-22s %5s  %s\n' "$n" "${l}s" "$w"
 done
 if [ "$mode" = dry ]; then
@@ -247,6 +273,11 @@ row() { rows+=("$1|$2|$3|$4"); }
 step() {
   local name=$1 limit
   shift
+  if ! asked "$name"; then
+    row "$name" "-" 0 "not asked (--only $only)"
+    : > "$logdir/$name.log"
+    return 0
+  fi
   limit=$(limit_of "$name")
   local left=$((budget - ($(date +%s) - t0)))
   [ "$left" -lt "$limit" ] && limit=$left
@@ -274,11 +305,16 @@ step() {
   return $rc
 }
 skip() {  # skip NAME WHY: a step that cannot run because an earlier one failed
+  if ! asked "$1"; then
+    row "$1" "-" 0 "not asked (--only $only)"
+    return 0
+  fi
   row "$1" "NOT RUN" 0 "$2"
   failed=1
 }
-note() {  # note NAME TEXT: appends TEXT to NAME's row
+note() {  # note NAME TEXT: appends TEXT (when not empty) to NAME's row
   local i
+  [ -n "$2" ] || return 0
   for i in "${!rows[@]}"; do
     IFS='|' read -r n st dt nt <<< "${rows[$i]}"
     [ "$n" = "$1" ] && rows[$i]="$n|$st|$dt|${nt:+$nt; }$2"
@@ -409,8 +445,10 @@ if [ "$built" -eq 1 ]; then
   # LocalWorld under the sanitizers: the fp32 instance of the typed test (1-8 ranks) and the
   # bitwise and refusal tests. racecheck (shared-memory hazards, independent of the element type)
   # runs the fp32 instances of the kernel tests but the GEMM ones (cuBLAS's kernels under
-  # racecheck took over 20 s on the first GPU run, and they are not fourway's); memcheck runs all
-  # three types.
+  # racecheck took over 20 s on the first GPU run, and they are not fourway's), and of the
+  # attention test only the tiled kernels (the blockwise paths are cuBLAS and warp-shuffle element
+  # kernels, no shared memory; with them the step outran 40 s); memcheck runs all three types and
+  # every path.
   localworld='DeviceComm/0.LocalWorld*:DeviceComm.*LocalWorld*'
   sanitize() {  # sanitize STEP TOOL EXE FILTER
     if ! command -v compute-sanitizer >/dev/null 2>&1 || [ -z "$3" ]; then
@@ -422,7 +460,8 @@ if [ "$built" -eq 1 ]; then
   }
   sanitize memcheck-kernels memcheck "$kernels" '*'
   sanitize memcheck-localworld memcheck "$comm" "$localworld"
-  sanitize racecheck-kernels racecheck "$kernels" 'CudaKernels/0.*-CudaKernels/0.Gemm*'
+  FOURWAY_TEST_ATTENTION_PATHS=tiled \
+    sanitize racecheck-kernels racecheck "$kernels" 'CudaKernels/0.*-CudaKernels/0.Gemm*'
   sanitize racecheck-localworld racecheck "$comm" "$localworld"
   gpt=$(exe layers_cuda_test)
   if [ -n "$gpt" ]; then
@@ -472,9 +511,19 @@ if [ "$built" -eq 1 ]; then
   else
     skip bench-comm "bench_comm_gpu not built (no NCCL or no Google Benchmark?)"
   fi
+  # last: one step's kernels under Nsight Compute (no ncu there: the script exits 77, a NOT RUN)
+  if [ -x "$train_cuda" ]; then
+    step profile-step "$root/benchmarks/train/profile_step_gpu.sh" "$build" "$logdir/profile-step"
+    rc=$?
+    [ $rc -eq 77 ] && note profile-step "no ncu or no GPU visible"
+    while IFS= read -r f; do note profile-step "${f#FIGURE profile-step }"; done \
+      < <(grep '^FIGURE profile-step' "$logdir/profile-step.log")
+  else
+    skip profile-step "fourway-train-cuda not built"
+  fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels bench-comm; do
+           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels bench-comm profile-step; do
     skip "$n" "build failed"
   done
 fi
@@ -488,7 +537,9 @@ fi
     IFS='|' read -r n st dt nt <<< "$r"
     printf '| %-20s | %-8s | %5s | %s\n' "$n" "$st" "$dt" "$nt"
   done
-  if [ "$failed" -eq 0 ]; then echo "device-check: PASSED"; else echo "device-check: FAILED"; fi
+  verdict=PASSED
+  [ "$failed" -eq 0 ] || verdict=FAILED
+  echo "device-check: $verdict${only:+ (only $only)}"
 } | tee "$logdir/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then  # the device tool returns at most 8 files
   cp "$logdir/summary.txt" "$OUT/device-check-summary.txt" 2>/dev/null || true

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Where one GPT-2 124M training step spends its GPU time: every kernel of one fourway-train-cuda
+# step timed by Nsight Compute (ncu), summed by kernel function.
+#
+#   benchmarks/train/profile_step_gpu.sh [build-dir] [out-dir]   (defaults build/cuda, a temp dir)
+#
+# Model and step as benchmarks/train/compare_pytorch_gpu.sh (GPT-2 124M, bf16 with fp32 masters,
+# B 8, T 1024, AdamW, clip 1.0), one step (STEPS), random tokens over the whole vocabulary.
+# ncu replays each kernel alone (--cache-control none, --clock-control none: the clocks and caches
+# as the program leaves them) and reads gpu__time_duration.sum: so the sum is the step's kernel
+# time with no overlap and no launch gaps — measured per kernel, the step's wall time is not (the
+# difference to compare_pytorch_gpu.sh's step time is host and launch overhead plus overlap).
+# The first step also runs the set-up's kernels (random init, copies to the masters): they are
+# listed with the rest.
+# Environment: B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257), STEPS (1),
+#   TOP (10 kernel functions in the figures), NCU (ncu on PATH, else Nsight Compute's usual
+#   folders), PYTHON (python3).
+# Kernels are named by function (namespaces and template arguments dropped; one templated on a
+# device lambda, as for_each and map are, also names the function holding the lambda).
+# Prints the table and `FIGURE profile-step ...` lines (scripts/device-check.sh's table); the raw
+# CSV is left in out-dir/ncu.csv.
+# Exit: 0 profiled; 1 ncu or the trainer failed; 2 bad settings or not built; 77 no ncu or no GPU.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../../build/cuda}
+out=${2:-$(mktemp -d)}
+die() {
+  echo "profile_step_gpu: $1" >&2
+  exit "${2:-2}"
+}
+B=${B:-8} T=${T:-1024} LAYERS=${LAYERS:-12} DIM=${DIM:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-50257}
+steps=${STEPS:-1} top=${TOP:-10} py=${PYTHON:-python3}
+for v in B T LAYERS DIM HEADS VOCAB steps top; do
+  if ! [[ "${!v}" =~ ^[0-9]+$ ]] || [ "${!v}" -eq 0 ]; then
+    die "$v must be a positive whole number, got '${!v}'"
+  fi
+done
+exe=$build/examples/train/fourway-train-cuda
+[ -x "$exe" ] ||
+  die "no $exe: build it first (cmake --build --preset cuda --target fourway-train-cuda)"
+ncu=${NCU:-}
+if [ -z "$ncu" ]; then
+  for c in "$(command -v ncu || true)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    if [ -n "$c" ] && [ -x "$c" ]; then
+      ncu=$c
+      break
+    fi
+  done
+fi
+if [ -z "$ncu" ] || [ ! -x "$ncu" ]; then
+  die "no Nsight Compute (ncu) here: nothing profiled" 77
+fi
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  die "no GPU visible: nothing profiled" 77
+fi
+mkdir -p "$out"
+
+"$py" - "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))" <<'PY'
+import random, struct, sys
+random.seed(1)
+vocab, n = int(sys.argv[2]), int(sys.argv[3])
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(random.randrange(vocab) for _ in range(n))))
+PY
+
+echo "profile_step_gpu: $ncu on $exe," \
+  "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $steps step(s)"
+if ! "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv --page raw --print-units base --print-kernel-base demangled --log-file "$out/ncu.csv" \
+    "$exe" --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --vocab "$VOCAB" --seq "$T" \
+    --batch "$B" --precision bf16 --data "$out/tok.bin" --steps "$steps" --lr 3e-4 --beta2 0.95 \
+    --weight-decay 0.1 --grad-clip 1.0 --quiet > "$out/train.out" 2>&1; then
+  tail -20 "$out/train.out" >&2
+  tail -5 "$out/ncu.csv" >&2 || true
+  die "ncu or fourway-train-cuda failed (above)" 1
+fi
+
+# the CSV: ==PROF== lines, a header, a units row, one row per kernel launch
+"$py" - "$out/ncu.csv" "$top" <<'PY'
+import csv, re, sys
+from collections import defaultdict
+path, top = sys.argv[1], int(sys.argv[2])
+
+
+def label(demangled):
+    """The kernel's function name without namespaces or template arguments; a kernel templated on
+    an extended __device__ lambda (for_each, map) also names the function the lambda is in."""
+    head = re.sub(r"^void\s+", "", demangled)
+    name = re.split(r"[<(]", head, maxsplit=1)[0].split("::")[-1]
+    # the lambda's function: "...<void ns::f<...>(args)::[lambda..." (ncu's demangling) or
+    # "__nv_dl_tag<..., &ns::f<...>, ...>" (the wrapper's tag)
+    tag = (re.search(r"[<,]\s*(?:void\s+)?([A-Za-z_][\w:]*)(?:<[^()]*>)?\([^()]*\)::\[lambda",
+                     demangled)
+           or re.search(r"__nv_(?:h?dl)_tag<.*?&([A-Za-z_][\w:]*)", demangled))
+    if tag:
+        name += " [" + tag.group(1).split("::")[-1] + "]"
+    return name
+
+with open(path, newline="") as f:
+    lines = [l for l in f if l.startswith('"')]
+rows = list(csv.reader(lines))
+if not rows:
+    sys.exit("profile_step_gpu: no kernel rows in " + path)
+head = rows[0]
+name_col, time_col = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+scale = 1e-6  # base units: ns -> ms
+total, count = defaultdict(float), defaultdict(int)
+for r in rows[1:]:
+    v = r[time_col].replace(",", "")
+    if r[time_col] in ("ns", "nsecond", "usecond", "msecond"):
+        scale = {"ns": 1e-6, "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}[r[time_col]]
+        continue
+    try:
+        t = float(v)
+    except ValueError:
+        continue
+    total[label(r[name_col])] += t
+    count[label(r[name_col])] += 1
+all_ms = sum(total.values()) * scale
+launches = sum(count.values())
+print(f"{'ms':>9} {'%':>6} {'launches':>8}  kernel function")
+ranked = sorted(total.items(), key=lambda kv: -kv[1])
+for name, t in ranked:
+    print(f"{t * scale:9.3f} {100 * t * scale / all_ms:6.1f} {count[name]:8d}  {name[:110]}")
+print(f"FIGURE profile-step {launches} kernel launches, {len(total)} functions, "
+      f"GPU time {all_ms:.2f} ms (each kernel alone, summed)")
+for name, t in ranked[:top]:
+    print(f"FIGURE profile-step {name[:60]} {t * scale:.2f} ms "
+          f"({100 * t * scale / all_ms:.1f}%, {count[name]}x)")
+PY
