@@ -52,31 +52,51 @@ struct AdamWList {
   int count;
 };
 
+/// One block updates `adamw_block_elements` of one tensor, each thread `adamw_per_thread` of them
+/// a block-width apart: every load of a thread is issued before its first update (one memory
+/// round trip, not eight), and the constants live in registers (the tensor's weight decay chosen
+/// by value: a reference picking one of two kernel parameters put both in local memory, read at
+/// every element).
+inline constexpr int adamw_per_thread = static_cast<int>(adamw_block_elements / block_threads);
+
 template <class T, class G>
 __global__ void adamw_list_kernel(AdamWList<T, G> list, fourway::detail::AdamWConstants with_decay,
                                   fourway::detail::AdamWConstants plain) {
   const int b = static_cast<int>(blockIdx.x);
   int t = 0;
   while (t + 1 < list.count && list.first_block[t + 1] <= b) ++t;
-  const fourway::detail::AdamWConstants& k = list.decay[t] ? with_decay : plain;
+  fourway::detail::AdamWConstants k = plain;
+  if (list.decay[t]) k.decay = with_decay.decay;
   const std::int64_t begin =
-      static_cast<std::int64_t>(b - list.first_block[t]) * adamw_block_elements;
-  const std::int64_t end =
-      begin + adamw_block_elements < list.n[t] ? begin + adamw_block_elements : list.n[t];
-  float* master = list.master[t];
-  float* m = list.m[t];
-  float* v = list.v[t];
-  T* working = list.working[t];
-  const G* grad = list.grad[t];
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float mi = m[i];
-    float vi = v[i];
-    fourway::detail::adamw_moments(k, mi, vi, load(grad + i));
-    const float p = fourway::detail::adamw_param(k, master[i], mi, sqrtf(vi));
-    m[i] = mi;
-    v[i] = vi;
-    master[i] = p;
-    if (working != nullptr) store(working + i, p);
+      static_cast<std::int64_t>(b - list.first_block[t]) * adamw_block_elements + threadIdx.x;
+  const std::int64_t n = list.n[t];
+  float* __restrict__ master = list.master[t];
+  float* __restrict__ m = list.m[t];
+  float* __restrict__ v = list.v[t];
+  T* __restrict__ working = list.working[t];
+  const G* __restrict__ grad = list.grad[t];
+  float mi[adamw_per_thread], vi[adamw_per_thread], gi[adamw_per_thread], pi[adamw_per_thread];
+#pragma unroll
+  for (int u = 0; u < adamw_per_thread; ++u) {
+    const std::int64_t i = begin + std::int64_t{u} * block_threads;
+    if (i < n) {
+      mi[u] = m[i];
+      vi[u] = v[i];
+      gi[u] = load(grad + i);
+      pi[u] = master[i];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < adamw_per_thread; ++u) {
+    const std::int64_t i = begin + std::int64_t{u} * block_threads;
+    if (i < n) {
+      fourway::detail::adamw_moments(k, mi[u], vi[u], gi[u]);
+      const float p = fourway::detail::adamw_param(k, pi[u], mi[u], sqrtf(vi[u]));
+      m[i] = mi[u];
+      v[i] = vi[u];
+      master[i] = p;
+      if (working != nullptr) store(working + i, p);
+    }
   }
 }
 }  // namespace detail

@@ -27,12 +27,61 @@ namespace fourway::cuda {
 
 namespace detail {
 
+/// V consecutive elements of T, moved as one access (V · sizeof(T) bytes: up to 32, two 16-byte
+/// instructions).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Run {
+  T v[V];
+};
+
+/// Visits columns [0, n) of one fp32 row x (and of y, when given) across a warp: f(c, k, a, b)
+/// gets k columns from c on, a[j] = x[c + j] and b[j] = y[c + j]. With `packed` (the rows start
+/// on 16-byte boundaries and so do the outputs' rows at four columns: the caller checks) a lane
+/// takes four consecutive columns per access (k = 4), so a warp has 512 bytes of each row in
+/// flight per load and can store its four results as one access; the rest (and every column when
+/// not packed) one a lane (k = 1).
+template <class F, class... Rows>
+__device__ __forceinline__ void warp_row(int n, bool packed, int lane, F&& f, const Rows*... x) {
+  constexpr std::size_t last = sizeof...(Rows) - 1;
+  int c0 = 0;
+  if (packed) {
+    const int packs = n / 4;
+    for (int q = lane; q < packs; q += 32) {
+      const float4 v[] = {reinterpret_cast<const float4*>(x)[q]...};
+      const float a[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+      const float b[4] = {v[last].x, v[last].y, v[last].z, v[last].w};
+      f(4 * q, 4, a, b);
+    }
+    c0 = 4 * packs;
+  }
+  for (int c = c0 + lane; c < n; c += 32) {
+    const float v[] = {x[c]...};
+    const float a[4] = {v[0]}, b[4] = {v[last]};
+    f(c, 1, a, b);
+  }
+}
+
+/// y[0, k) = val[0, k) in E: one access for a run of four (y on a boundary of four elements).
+template <class E>
+__device__ __forceinline__ void store_run(E* y, int k, const float (&val)[4]) {
+  if (k == 4) {
+    Run<E, 4> r;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) store(&r.v[j], val[j]);
+    *reinterpret_cast<Run<E, 4>*>(y) = r;
+  } else {
+    for (int j = 0; j < k; ++j) store(y + j, val[j]);
+  }
+}
+
 /// Row `row` = (j, r) of a block whose first query is `first`, j = sequence · NH + head of the
 /// group: p[row, :t + 1) becomes the softmax of the (already scaled) fp32 scores s[row, :t + 1),
-/// p[row, t + 1:e) zero, lse[j · T + t] its log-sum-exp (t = first + r). p may be s (fp32).
+/// p[row, t + 1:e) zero, lse[j · T + t] its log-sum-exp (t = first + r). p may be s (fp32): a
+/// lane reads its columns before it writes them. Two reads of the row: the maximum and the sum
+/// of exponentials together (online, as the cross-entropy), then the write.
 template <class E>
 __global__ void block_softmax_kernel(const float* s, E* p, float* lse, std::int64_t rows, int rc,
-                                     int e, int first, int T) {
+                                     int e, int first, int T, bool packed) {
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * softmax_warps + static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -41,15 +90,31 @@ __global__ void block_softmax_kernel(const float* s, E* p, float* lse, std::int6
   const int t = first + static_cast<int>(row % rc);
   const float* x = s + row * e;
   E* y = p + row * e;
-  float mx = -INFINITY;
-  for (int c = lane; c <= t; c += 32) mx = fmaxf(mx, x[c]);
-  mx = warp_max(mx);
-  float sum = 0.0f;
-  for (int c = lane; c <= t; c += 32) sum += expf(x[c] - mx);
-  sum = warp_sum(sum);
+  float m = -INFINITY, sum = 0.0f;
+  warp_row(
+      t + 1, packed, lane,
+      [&](int, int k, const float(&a)[4], const float(&)[4]) {
+        for (int i = 0; i < k; ++i) {
+          if (a[i] > m) {
+            sum = sum * expf(m - a[i]) + 1.0f;
+            m = a[i];
+          } else {
+            sum += expf(a[i] - m);
+          }
+        }
+      },
+      x);
+  const float mx = warp_max(m);
+  sum = warp_sum(sum * expf(m - mx));
   const float inv = 1.0f / sum;
-  for (int c = lane; c <= t; c += 32) store(y + c, expf(x[c] - mx) * inv);
-  for (int c = t + 1 + lane; c < e; c += 32) store(y + c, 0.0f);
+  warp_row(
+      e, packed, lane,
+      [&](int c, int k, const float(&a)[4], const float(&)[4]) {
+        float val[4];
+        for (int i = 0; i < 4; ++i) val[i] = c + i <= t ? expf(a[i] - mx) * inv : 0.0f;
+        store_run(y + c, k, val);
+      },
+      x);
   if (lane == 0) lse[j * T + t] = mx + logf(sum);
 }
 
@@ -59,7 +124,7 @@ __global__ void block_softmax_kernel(const float* s, E* p, float* lse, std::int6
 template <class E>
 __global__ void block_softmax_grad_kernel(const float* s, const float* dp, E* p, E* ds,
                                           const float* lse, const float* delta, std::int64_t rows,
-                                          int rc, int e, int first, int T) {
+                                          int rc, int e, int first, int T, bool packed) {
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * softmax_warps + static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -69,21 +134,81 @@ __global__ void block_softmax_grad_kernel(const float* s, const float* dp, E* p,
   const float L = lse[at];
   const float D = delta[at];
   const std::int64_t o = row * e;
-  for (int c = lane; c < e; c += 32) {
-    const float sv = s[o + c];
-    const float g = dp[o + c];
-    const float pv = c <= t ? expf(sv - L) : 0.0f;
-    store(p + o + c, pv);
-    store(ds + o + c, pv * (g - D));
-  }
+  warp_row(
+      e, packed, lane,
+      [&](int c, int k, const float(&sv)[4], const float(&g)[4]) {
+        float pv[4], d[4];
+        for (int i = 0; i < 4; ++i) {
+          pv[i] = c + i <= t ? expf(sv[i] - L) : 0.0f;
+          d[i] = pv[i] * (g[i] - D);
+        }
+        store_run(p + o + c, k, pv);
+        store_run(ds + o + c, k, d);
+      },
+      s + o, dp + o);
+}
+
+/// The head permute over rows of hs elements, which both layouts keep whole: a thread moves V
+/// elements of one row (chunk k of row r in the token-major order (nb, T, parts, NH), so reads or
+/// writes on that side are consecutive). Indices split in 32 bits, four divisions per V elements
+/// (the element-wise map did five 64-bit ones per element: 180 µs for GPT-2's q|k|v at B 8,
+/// ~8× the copy's time).
+template <int V, class To, class From>
+__global__ void permute_heads_kernel(To* __restrict__ dst, const From* __restrict__ src,
+                                     std::uint32_t chunks, std::uint32_t per_row,
+                                     std::uint32_t parts_nh, std::uint32_t nh, std::uint32_t T,
+                                     std::uint32_t nb, std::int64_t hs, bool to_heads) {
+  const std::uint32_t g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= chunks) return;
+  const std::uint32_t row = g / per_row, k = g - row * per_row;
+  const std::uint32_t tok = row / parts_nh, q = row - tok * parts_nh;
+  const std::uint32_t b = tok / T, t = tok - b * T;
+  const std::uint32_t part = q / nh, h = q - part * nh;
+  const std::int64_t token_major = static_cast<std::int64_t>(row) * hs + std::int64_t{k} * V;
+  const std::int64_t head_major =
+      (((std::int64_t{part} * nb + b) * nh + h) * T + t) * hs + std::int64_t{k} * V;
+  const std::int64_t from = to_heads ? token_major : head_major;
+  const std::int64_t to = to_heads ? head_major : token_major;
+  const Run<From, V> in = *reinterpret_cast<const Run<From, V>*>(src + from);
+  Run<To, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) store(&out.v[j], load(&in.v[j]));
+  *reinterpret_cast<Run<To, V>*>(dst + to) = out;
+}
+
+template <int V, class To, class From>
+bool permute_heads_runs(const Context<Cuda>& ctx, To* dst, const From* src, std::int64_t nb,
+                        std::int64_t T, std::int64_t parts, std::int64_t C, std::int64_t hs,
+                        bool to_heads) {
+  const auto fits = [](const auto* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % (sizeof(*p) * V) == 0;
+  };
+  const std::int64_t chunks = nb * T * parts * C / V;
+  if (hs % V != 0 || !fits(dst) || !fits(src) || chunks > std::int64_t{UINT32_MAX}) return false;
+  const unsigned grid = blocks_for(chunks);
+  permute_heads_kernel<V><<<grid, block_threads, 0, ctx.stream()>>>(
+      dst, src, static_cast<std::uint32_t>(chunks), static_cast<std::uint32_t>(hs / V),
+      static_cast<std::uint32_t>(parts * (C / hs)), static_cast<std::uint32_t>(C / hs),
+      static_cast<std::uint32_t>(T), static_cast<std::uint32_t>(nb), hs, to_heads);
+  check_cuda(cudaGetLastError(), "blockwise attention head permute launch");
+  return true;
 }
 
 /// Token-major ↔ head-major (`blockwise::head_major_at`): `to_heads` reads the first and writes
 /// the second, else the reverse; each element converted through fp32 once (exact for one type).
+/// Runs of 8, 4, 2 or 1 elements a thread, the longest that divides hs and keeps both pointers
+/// aligned; past 2^32 runs, the element-wise map.
 template <class To, class From>
 void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int64_t nb,
                    std::int64_t T, std::int64_t parts, std::int64_t C, std::int64_t hs,
                    bool to_heads) {
+  if (nb * T * parts * C <= 0) return;
+  if (permute_heads_runs<8>(ctx, dst, src, nb, T, parts, C, hs, to_heads) ||
+      permute_heads_runs<4>(ctx, dst, src, nb, T, parts, C, hs, to_heads) ||
+      permute_heads_runs<2>(ctx, dst, src, nb, T, parts, C, hs, to_heads) ||
+      permute_heads_runs<1>(ctx, dst, src, nb, T, parts, C, hs, to_heads)) {
+    return;
+  }
   for_each(
       ctx, nb * T * parts * C,
       [=] __device__(std::int64_t i) {
@@ -98,6 +223,18 @@ void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int6
 }
 
 inline unsigned block_rows_grid(std::int64_t rows) { return blocks_for(rows, softmax_warps); }
+
+/// Whether rows of e columns from these bases all start on a boundary of four elements that is
+/// also one of 16 bytes for the fp32 rows read as float4 (e a multiple of four, and each base
+/// aligned to four of its elements and to 16 bytes).
+template <class... P>
+bool rows_packed(std::int64_t e, const P*... base) {
+  const auto fits = [](const auto* b) {
+    const auto at = reinterpret_cast<std::uintptr_t>(b);
+    return at % 16 == 0 && at % (4 * sizeof(*b)) == 0;
+  };
+  return e % 4 == 0 && (fits(base) && ...);
+}
 
 /// The CUDA kernels of the blockwise algorithm (`backend/blockwise_attention.hpp`).
 struct CudaBlockKernels {
@@ -118,7 +255,7 @@ struct CudaBlockKernels {
                             std::int64_t T) {
     block_softmax_kernel<E><<<block_rows_grid(rows), softmax_warps * 32, 0, ctx.stream()>>>(
         s, p, lse, rows, static_cast<int>(rc), static_cast<int>(e), static_cast<int>(first),
-        static_cast<int>(T));
+        static_cast<int>(T), rows_packed(e, s, p));
     check_cuda(cudaGetLastError(), "blockwise attention softmax launch");
   }
   template <class E>
@@ -128,7 +265,7 @@ struct CudaBlockKernels {
                                  std::int64_t T) {
     block_softmax_grad_kernel<E><<<block_rows_grid(rows), softmax_warps * 32, 0, ctx.stream()>>>(
         s, dp, p, ds, lse, delta, rows, static_cast<int>(rc), static_cast<int>(e),
-        static_cast<int>(first), static_cast<int>(T));
+        static_cast<int>(first), static_cast<int>(T), rows_packed(e, s, dp, p, ds));
     check_cuda(cudaGetLastError(), "blockwise attention gradient launch");
   }
   template <class E>
