@@ -27,15 +27,7 @@ exe=$build/examples/train/fourway-train
 model="--layers 4 --dim 256 --heads 8 --vocab 4096 --seq 128 --batch 8"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-/usr/bin/python3 - "$tmp/tokens.bin" <<'PY'
-import struct, sys, random
-random.seed(1)
-n = (8 * 128) * 16 + 1
-toks = [random.randrange(4096) for _ in range(n)]
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *toks))
-PY
+/usr/bin/python3 "$here/../random_tokens.py" "$tmp/tokens.bin" 4096 $((8 * 128 * 16 + 1))
 
 median_ms() {  # median step_ms of a fourway-train JSON log after the warm-up steps
   awk -v w=$warmup -F'"step_ms":' 'NR > w { split($2, a, ","); print a[1] }' "$1" |

@@ -41,16 +41,7 @@ pin=()
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # random tokens over the whole vocabulary, as the PyTorch side uses, in an llm.c file
-/usr/bin/python3 - "$tmp/tok.bin" "$vocab" "$((batch * seq))" <<'PY'
-import struct, sys, random
-random.seed(1)
-vocab, per_step = int(sys.argv[2]), int(sys.argv[3])
-n = per_step * 12 + 1
-toks = [random.randrange(vocab) for _ in range(n)]
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *toks))
-PY
+/usr/bin/python3 "$here/../random_tokens.py" "$tmp/tok.bin" "$vocab" "$((batch * seq * 12 + 1))"
 
 fourway_ms() {  # median step_ms of one fourway-train run (steps after the warm-up) of ${1:-$exe}
   OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "${pin[@]}" "${1:-$exe}" $model \

@@ -107,14 +107,7 @@ if ! "$exe" --layers 1 --dim 64 --heads 4 --seq 32 --steps 0 --quiet > "$tmp/pro
 fi
 
 # random tokens over the whole vocabulary (as the PyTorch side draws), in an llm.c file
-"$py" - "$tmp/tok.bin" "$VOCAB" "$((B * T * (steps + warmup) + 1))" <<'PY'
-import random, struct, sys
-random.seed(1)
-vocab, n = int(sys.argv[2]), int(sys.argv[3])
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(vocab) for _ in range(n))))
-PY
+"$py" "$here/../random_tokens.py" "$tmp/tok.bin" "$VOCAB" "$((B * T * (steps + warmup) + 1))"
 
 model="--layers $LAYERS --dim $DIM --heads $HEADS --vocab $VOCAB --seq $T --batch $B"
 tokens=$((B * T))

@@ -55,14 +55,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 mkdir -p "$out"
 
-"$py" - "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))" <<'PY'
-import random, struct, sys
-random.seed(1)
-vocab, n = int(sys.argv[2]), int(sys.argv[3])
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(vocab) for _ in range(n))))
-PY
+"$py" "$here/../random_tokens.py" "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))"
 
 echo "profile_step_gpu: $ncu on $exe," \
   "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $steps step(s)"
