@@ -97,15 +97,15 @@ if not rows:
     sys.exit("profile_step_gpu: no kernel rows in " + path)
 head = rows[0]
 name_col, time_col = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-scale = 1e-6  # base units: ns -> ms
+units = {"ns": 1e-6, "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}  # to ms
+scale = units["ns"]  # base units unless the units row says otherwise
 total, count = defaultdict(float), defaultdict(int)
 for r in rows[1:]:
-    v = r[time_col].replace(",", "")
-    if r[time_col] in ("ns", "nsecond", "usecond", "msecond"):
-        scale = {"ns": 1e-6, "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}[r[time_col]]
+    if r[time_col] in units:
+        scale = units[r[time_col]]
         continue
     try:
-        t = float(v)
+        t = float(r[time_col].replace(",", ""))
     except ValueError:
         continue
     total[label(r[name_col])] += t

@@ -27,13 +27,6 @@ namespace fourway::cuda {
 
 namespace detail {
 
-/// V consecutive elements of T, moved as one access (V · sizeof(T) bytes: up to 32, two 16-byte
-/// instructions).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Run {
-  T v[V];
-};
-
 /// Visits columns [0, n) of one fp32 row x (and of y, when given) across a warp: f(c, k, a, b)
 /// gets k columns from c on, a[j] = x[c + j] and b[j] = y[c + j]. With `packed` (the rows start
 /// on 16-byte boundaries and so do the outputs' rows at four columns: the caller checks) a lane
@@ -225,15 +218,11 @@ void permute_heads(const Context<Cuda>& ctx, To* dst, const From* src, std::int6
 inline unsigned block_rows_grid(std::int64_t rows) { return blocks_for(rows, softmax_warps); }
 
 /// Whether rows of e columns from these bases all start on a boundary of four elements that is
-/// also one of 16 bytes for the fp32 rows read as float4 (e a multiple of four, and each base
-/// aligned to four of its elements and to 16 bytes).
+/// also one of 16 bytes for the fp32 rows read as float4: e a multiple of four and each base on a
+/// 16-byte boundary (four elements of 4 bytes or fewer fit in 16).
 template <class... P>
 bool rows_packed(std::int64_t e, const P*... base) {
-  const auto fits = [](const auto* b) {
-    const auto at = reinterpret_cast<std::uintptr_t>(b);
-    return at % 16 == 0 && at % (4 * sizeof(*b)) == 0;
-  };
-  return e % 4 == 0 && (fits(base) && ...);
+  return e % 4 == 0 && (aligned16(base) && ...);
 }
 
 /// The CUDA kernels of the blockwise algorithm (`backend/blockwise_attention.hpp`).

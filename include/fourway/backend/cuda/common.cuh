@@ -185,12 +185,17 @@ void for_each(const Context<Cuda>& ctx, std::int64_t n, F f, const char* what) {
   check_cuda(cudaGetLastError(), what);
 }
 
+/// V consecutive elements of T, loaded and stored as one access (V · sizeof(T) bytes; past 16, as
+/// several 16-byte instructions).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Run {
+  static constexpr int size = V;
+  T v[V];
+};
+
 /// 128 bits of T: 4 fp32 or 8 bf16 / fp16 elements, loaded and stored as one 16-byte access.
 template <class T>
-struct alignas(16) Pack {
-  static constexpr int size = 16 / static_cast<int>(sizeof(T));
-  T v[size];
-};
+using Pack = Run<T, 16 / static_cast<int>(sizeof(T))>;
 
 template <class T>
 bool aligned16(const T* p) {
