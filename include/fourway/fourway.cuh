@@ -4,6 +4,7 @@
 
 #include "fourway/backend/cuda/adamw.cuh"
 #include "fourway/backend/cuda/attention.cuh"
+#include "fourway/backend/cuda/attention_select.cuh"
 #include "fourway/backend/cuda/backend.cuh"
 #include "fourway/backend/cuda/bias.cuh"
 #include "fourway/backend/cuda/blockwise_attention.cuh"
@@ -12,6 +13,7 @@
 #include "fourway/backend/cuda/elementwise.cuh"
 #include "fourway/backend/cuda/embedding.cuh"
 #include "fourway/backend/cuda/flash_attention.cuh"
+#include "fourway/backend/cuda/fused_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/gemm_epilogue.cuh"
 #include "fourway/backend/cuda/kernels.cuh"

@@ -477,23 +477,51 @@ TYPED_TEST(CudaKernels, Attention) {
 // host twin keeps them fp32): each product term moves by at most u relative, independently, so
 // an output moves by ~u · 0.6 · sqrt(Σ P²) · |v| ≤ 0.5 u (4u is eight of those), a gradient by
 // ~0.3 u from dS and ~0.5 u from P at these inputs (8u · scale); in fp32 it rounds nothing.
-enum class AttentionPath { tiled, blockwise, blockwise16, grouped };
+enum class AttentionPath { tiled, blockwise, blockwise16, grouped, fused };
+constexpr std::pair<AttentionPath, const char*> attention_path_names[] = {
+    {AttentionPath::tiled, "tiled"},
+    {AttentionPath::blockwise, "blockwise"},
+    {AttentionPath::blockwise16, "blockwise16"},
+    {AttentionPath::grouped, "grouped"},
+    {AttentionPath::fused, "fused"}};
 
-// The paths the attention test runs: all four, or with FOURWAY_TEST_ATTENTION_PATHS=tiled only
-// the tiled kernels. scripts/device-check.sh sets it for racecheck alone: racecheck looks for
-// shared-memory hazards, the tiled kernels are the attention's only users of shared memory (the
-// blockwise paths are cuBLAS and warp-shuffle element kernels), and cuBLAS under racecheck
-// outlasts the step's limit. The plain run and memcheck run all four.
+const char* attention_path_name(AttentionPath path) {
+  for (const auto& [p, name] : attention_path_names) {
+    if (p == path) return name;
+  }
+  return "?";
+}
+
+// The paths the attention test runs: all five, or those FOURWAY_TEST_ATTENTION_PATHS names
+// (comma-separated). scripts/device-check.sh sets it to `tiled,fused` for racecheck alone:
+// racecheck looks for shared-memory hazards, the tiled and fused kernels are the attention's
+// users of shared memory (the blockwise paths are cuBLAS and warp-shuffle element kernels), and
+// cuBLAS under racecheck outlasts the step's limit. The plain run and memcheck run all five.
 std::vector<AttentionPath> attention_paths_under_test() {
   const char* only = std::getenv("FOURWAY_TEST_ATTENTION_PATHS");
+  std::vector<AttentionPath> paths;
   if (only == nullptr || *only == '\0') {
-    return {AttentionPath::tiled, AttentionPath::blockwise, AttentionPath::blockwise16,
-            AttentionPath::grouped};
+    for (const auto& [p, name] : attention_path_names) paths.push_back(p);
+    return paths;
   }
-  if (std::string(only) == "tiled") return {AttentionPath::tiled};
-  ADD_FAILURE() << "FOURWAY_TEST_ATTENTION_PATHS='" << only
-                << "': the only accepted value is 'tiled' (unset: every path)";
-  return {};
+  std::string list = only;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    bool known = false;
+    for (const auto& [p, name] : attention_path_names) {
+      if (item == name) {
+        paths.push_back(p);
+        known = true;
+      }
+    }
+    if (!known) {
+      ADD_FAILURE() << "FOURWAY_TEST_ATTENTION_PATHS='" << only << "': unknown path '" << item
+                    << "' (tiled, blockwise, blockwise16, grouped, fused; unset: every path)";
+    }
+    at = comma + 1;
+  }
+  return paths;
 }
 
 template <class E>
@@ -502,6 +530,12 @@ void device_attention_forward(AttentionPath path, const fw::Context<fw::Cuda>& c
                               std::int64_t C, std::int64_t NH) {
   if (path == AttentionPath::tiled) {
     fw::cuda::tiled_flash_attention_forward(c, out, lse, qkv, B, T, C, NH);
+  } else if (path == AttentionPath::fused) {
+    if constexpr (fw::cuda::detail::fused_element<E>) {
+      fw::cuda::fused_attention_forward(c, out, lse, qkv, B, T, C, NH);
+    } else {
+      ADD_FAILURE() << "the fused attention runs in bf16 or fp16 only";
+    }
   } else if (path == AttentionPath::blockwise) {
     fw::cuda::flash_attention_forward(c, out, lse, qkv, B, T, C, NH);  // the layers' entry
   } else if (path == AttentionPath::blockwise16) {
@@ -518,6 +552,12 @@ void device_attention_backward(AttentionPath path, const fw::Context<fw::Cuda>& 
                                std::int64_t NH) {
   if (path == AttentionPath::tiled) {
     fw::cuda::tiled_flash_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH);
+  } else if (path == AttentionPath::fused) {
+    if constexpr (fw::cuda::detail::fused_element<E>) {
+      fw::cuda::fused_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH);
+    } else {
+      ADD_FAILURE() << "the fused attention runs in bf16 or fp16 only";
+    }
   } else if (path == AttentionPath::blockwise) {
     fw::cuda::flash_attention_backward(c, dqkv, delta, dy, qkv, out, lse, B, T, C, NH);
   } else if (path == AttentionPath::blockwise16) {
@@ -535,12 +575,10 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
   const std::int64_t shapes[][4] = {{1, 1, 4, 1},    {2, 7, 12, 3},   {1, 65, 3, 3},
                                     {3, 100, 64, 2}, {1, 70, 256, 2}, {2, 300, 48, 3}};
   std::uint32_t seed = 900;
+  const bool fp32 = std::is_same_v<E, float>;
+  int fused_shapes = 0;
   for (AttentionPath path : attention_paths_under_test()) {
-    const std::string name = path == AttentionPath::tiled         ? "tiled "
-                             : path == AttentionPath::blockwise   ? "blockwise "
-                             : path == AttentionPath::blockwise16 ? "blockwise16 "
-                                                                  : "grouped ";
-    const bool fp32 = std::is_same_v<E, float>;
+    const std::string name = std::string(attention_path_name(path)) + " ";
     const double u = ft::unit_roundoff<E>();
     const bool rounds_p = !fp32 && path != AttentionPath::tiled;
     for (const auto& s : shapes) {
@@ -548,6 +586,15 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
       const auto nqkv = static_cast<std::size_t>(B * T * 3 * C),
                  nout = static_cast<std::size_t>(B * T * C),
                  nrow = static_cast<std::size_t>(B * NH * T);
+      // the fused kernels take 16-bit types and head sizes 16, 32, 64, 128 (three of the shapes)
+      if (path == AttentionPath::fused) {
+        const std::int64_t hs = C / NH;
+        const bool takes = !fp32 && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
+        EXPECT_EQ(fw::cuda::fused_attention_supports<E>(e.dev, B, T, C, NH), takes)
+            << "C=" << C << " NH=" << NH;
+        if (!takes) continue;
+        ++fused_shapes;
+      }
       const auto qkv = ft::random_typed<E>(nqkv, ++seed, -1.5f, 1.5f);
       const auto dy = ft::random_typed<E>(nout, ++seed);
       std::vector<E> out(nout), dqkv(nqkv);
@@ -570,6 +617,38 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
                    name + "dqkv");
     }
   }
+  const auto paths = attention_paths_under_test();
+  if (!fp32 && std::find(paths.begin(), paths.end(), AttentionPath::fused) != paths.end()) {
+    EXPECT_EQ(fused_shapes, 3) << "the fused path ran on too few shapes";
+  }
+}
+
+// What the fused attention refuses, and why, asked without a device (no context): the layers
+// fall back to the blockwise path on each of these, and fused_attention_forward names the reason.
+TEST(FusedAttention, RefusalsNameTheirReason) {
+  namespace d = fw::cuda::detail;
+  alignas(16) static fw::bf16 buf[16];
+  const fw::bf16* ok = buf;
+  const fw::bf16* off = buf + 1;  // 2 bytes past a 16-byte boundary
+  const auto why = [](const char* r) { return std::string(r == nullptr ? "(taken)" : r); };
+  EXPECT_EQ(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 768, 12, ok)), "(taken)");
+  EXPECT_EQ(why(d::fused_refusal<fw::fp16>(nullptr, 1, 70, 256, 2)), "(taken)");
+  for (const std::int64_t hs : {16, 32, 64, 128}) {
+    EXPECT_EQ(why(d::fused_refusal<fw::bf16>(nullptr, 2, 100, 3 * hs, 3, ok)), "(taken)") << hs;
+  }
+  EXPECT_NE(why(d::fused_refusal<float>(nullptr, 8, 1024, 768, 12)).find("bf16 or fp16"),
+            std::string::npos);
+  EXPECT_NE(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 960, 12)).find("head size"),
+            std::string::npos);  // hs 80
+  EXPECT_NE(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 768, 5)).find("multiple of NH"),
+            std::string::npos);
+  EXPECT_NE(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 768, 12, ok, off)).find("16-byte"),
+            std::string::npos);
+  EXPECT_NE(why(d::fused_refusal<fw::bf16>(nullptr, 5462, 64, 768, 12)).find("65535"),
+            std::string::npos);  // 5462 * 12 = 65544
+  EXPECT_NE(
+      why(d::fused_refusal<fw::bf16>(nullptr, 1, std::int64_t{1} << 20, 1024, 16)).find("32 bits"),
+      std::string::npos);  // T * 3C = 3 * 2^30
 }
 
 TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {

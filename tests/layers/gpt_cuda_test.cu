@@ -59,7 +59,7 @@ double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
 template <class T>
 void gpu_matches_host(double loss_rel, double grad_rel_l2,
                       const GptConfig& cfg = {2, 4, 64, 96, 32}, std::int64_t Bn = 3,
-                      std::int64_t Tn = 29) {
+                      std::int64_t Tn = 29, bool fused_attention = false) {
   std::vector<std::int32_t> tok, tgt;
   for (std::int64_t i = 0; i < Bn * Tn; ++i) {
     tok.push_back(static_cast<std::int32_t>((i * 37 + 5) % cfg.vocab));
@@ -68,6 +68,7 @@ void gpu_matches_host(double loss_rel, double grad_rel_l2,
   fw::MemoryAccountant hm, dm;
   fw::Context<Host> hctx(hm);
   fw::Context<Cuda> dctx(dm, 0);
+  dctx.set_fused_attention(fused_attention);
   Gpt<T, Host> host(hctx, cfg, 17);
   Gpt<T, Cuda> dev(dctx, cfg, 17);  // init depends only on (seed, name): identical start
   // the seconds of each side, printed as they end (a step that runs out of time still says
@@ -111,6 +112,18 @@ TEST(GptCuda, Fp32MatchesHost) {
 TEST(GptCuda, Bf16MatchesHost) {
   FOURWAY_REQUIRE_GPU();
   gpu_matches_host<fw::bf16>(1e-2, 5e-2);
+}
+
+// The same with the fused tensor-core attention (head size 16, T = 150: three query tiles, the
+// last partial), at bf16's tolerance; the shape is one the fused kernels take, so the layers run
+// them (they fall back to the blockwise path only where fused_attention_supports says no).
+TEST(GptCuda, Bf16FusedAttentionMatchesHost) {
+  FOURWAY_REQUIRE_GPU();
+  const GptConfig cfg{2, 4, 64, 96, 160};
+  fw::MemoryAccountant m;
+  fw::Context<Cuda> ctx(m, 0);
+  ASSERT_TRUE(fw::cuda::fused_attention_supports<fw::bf16>(ctx, 2, 150, cfg.dim, cfg.heads));
+  gpu_matches_host<fw::bf16>(1e-2, 5e-2, cfg, 2, 150, true);
 }
 
 // GPT-2 124M's width, heads and vocabulary at T = 1024, 2 layers, one sequence: the shapes of a

@@ -126,9 +126,9 @@ struct Context<Cuda> : SyncCounter {
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
 
   using backend_type = Cuda;
-  /// `tf32`: see `set_tf32`.
-  Context(MemoryAccountant& m, int device, bool tf32 = false)
-      : memory_(&m), device_(device), tf32_(tf32) {
+  /// `tf32`: see `set_tf32`; `fused_attention`: see `set_fused_attention`.
+  Context(MemoryAccountant& m, int device, bool tf32 = false, bool fused_attention = false)
+      : memory_(&m), device_(device), tf32_(tf32), fused_attention_(fused_attention) {
     const int visible = cuda::device_count();
     check<DeviceError>(device >= 0 && device < visible, "fourway: rank ", m.rank(),
                        " asks for CUDA device ", device, " but ", visible,
@@ -181,6 +181,11 @@ struct Context<Cuda> : SyncCounter {
   /// default, so fp32 means fp32; 16-bit GEMMs are unaffected.
   void set_tf32(bool on) { tf32_ = on; }
   [[nodiscard]] bool tf32() const { return tf32_; }
+  /// The attention layers' kernels in bf16 / fp16 (`cuda/attention_select.cuh`): the fused
+  /// tensor-core flash kernels where they take the shape, else (and by default) the blockwise
+  /// path on cuBLAS. fourway-train-cuda's `--attention fused`.
+  void set_fused_attention(bool on) { fused_attention_ = on; }
+  [[nodiscard]] bool fused_attention() const { return fused_attention_; }
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   void synchronize() const {
@@ -214,6 +219,7 @@ struct Context<Cuda> : SyncCounter {
   cublasLtHandle_t cublaslt_ = nullptr;
   mutable void* lt_workspace_ = nullptr;  // lt_workspace_bytes, made at the first epilogue GEMM
   bool tf32_ = false;
+  bool fused_attention_ = false;
   mutable void* staging_ = nullptr;       // pinned, staging_bytes, made at the first upload
   mutable cudaEvent_t staged_ = nullptr;  // recorded after the staging buffer's last copy
 };

@@ -1,5 +1,5 @@
 //! CUDA causal attention by query blocks on cuBLAS — what `flash_attention_forward` /
-//! `flash_attention_backward` run on a GPU (the Ops entry points of the attention layers): the
+//! `flash_attention_backward` run on a GPU by default (`cuda/attention_select.cuh`): the
 //! algorithm of `backend/blockwise_attention.hpp` (written once, its host form tested in CI
 //! against the host flash twin) with cuBLAS's strided-batched GEMMs and the element kernels here.
 //!
@@ -292,19 +292,6 @@ void blockwise_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delt
                                   std::int64_t budget = attention_score_budget) {
   blockwise::backward<detail::CudaBlockKernels>(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH,
                                                 chunk, budget);
-}
-
-/// The attention layers' entry points on a GPU: the blockwise path above.
-template <floating_dtype E>
-void flash_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const E* qkv,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
-  blockwise_attention_forward(ctx, out, lse, qkv, B, T, C, NH);
-}
-template <floating_dtype E>
-void flash_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, const E* dout,
-                              const E* qkv, const E* out, const float* lse, std::int64_t B,
-                              std::int64_t T, std::int64_t C, std::int64_t NH) {
-  blockwise_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
 }
 
 }  // namespace fourway::cuda
