@@ -18,6 +18,7 @@ struct HostTarget {
   static constexpr bool has_check = true;  // --check (check_program.hpp, train_check.cpp)
   static constexpr const char* default_precision = "fp32";
   static constexpr bool has_tf32 = false;
+  static constexpr bool has_fused_attention = false;
   static void check_device() {}
   static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/,
                                        const Options& /*o*/) {

@@ -5,7 +5,8 @@
 //                                                  one process per GPU (node-local rank)
 // Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
 // The working precision defaults to bf16 here (fp32 masters); --precision fp32 is true fp32, and
-// --tf32 lets its GEMMs use TF32 tensor cores.
+// --tf32 lets its GEMMs use TF32 tensor cores. --attention fused runs the attention on the fused
+// tensor-core flash kernels (bf16/fp16; where they do not take the shape, the blockwise path).
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
 #include "fourway/backend/cuda/backend.cuh"
 #include "train_program.hpp"
@@ -22,6 +23,7 @@ struct CudaTarget {
   /// half the bytes; fp32 stays available, with TF32 only under --tf32.
   static constexpr const char* default_precision = "bf16";
   static constexpr bool has_tf32 = true;
+  static constexpr bool has_fused_attention = true;
   static void check_device() {
     fw::check<fw::DeviceError>(fw::cuda::device_count() > 0,
                                "fourway: no CUDA device is visible (none found by "
@@ -31,7 +33,7 @@ struct CudaTarget {
   }
   static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device,
                                        const fourway_train::Options& o) {
-    return fw::Context<fw::Cuda>(m, device, o.tf32);
+    return fw::Context<fw::Cuda>(m, device, o.tf32, o.attention == "fused");
   }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }

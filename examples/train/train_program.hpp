@@ -81,6 +81,7 @@ struct Options {
   float min_lr = -1.0f;            // < 0: no decay; else cosine from --lr to it at the last step
   std::string precision = "fp32";  // run_program sets the target's default before parsing
   bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
+  std::string attention = "blockwise";  // fourway-train-cuda, 16-bit: "fused" tensor-core kernels
   bool checkpoint_activations = false;
   int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
@@ -148,6 +149,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
       .add_switch("tf32", &o.tf32,
                   "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
+      .add_choice("attention", &o.attention, {"blockwise", "fused"},
+                  "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: one "
+                  "tensor-core flash kernel a pass, head sizes 16/32/64/128; blockwise: cuBLAS)")
       .add("classifier-chunk", &o.classifier_chunk, "ROWS",
            "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
            "kept)")
@@ -833,6 +837,13 @@ int run_program(int argc, char** argv) {
     fw::check<fw::ConfigError>(!o.tf32 || o.precision == "fp32", "fourway: --tf32 changes fp32 ",
                                "GEMMs only, and --precision is ", o.precision,
                                "; drop --tf32 or use --precision fp32");
+    fw::check<fw::ConfigError>(
+        o.attention != "fused" || Target::has_fused_attention,
+        "fourway: --attention fused selects fourway-train-cuda's tensor-core ", "kernels; ",
+        Target::program, " runs the host flash attention (drop --attention)");
+    fw::check<fw::ConfigError>(o.attention != "fused" || o.precision != "fp32",
+                               "fourway: --attention fused runs in bf16 or fp16, and --precision ",
+                               "is fp32; drop --attention fused or use --precision bf16");
     fw::check<fw::ConfigError>(o.classifier_chunk >= 0, "fourway: --classifier-chunk must be >= 0 ",
                                "(0: the whole logits at once), got ", o.classifier_chunk);
     fw::check<fw::ConfigError>(

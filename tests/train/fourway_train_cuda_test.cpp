@@ -63,6 +63,22 @@ TEST(FourwayTrainCuda, DefaultsToBf16AndOffersTf32) {
       << bad.err;
 }
 
+// --attention fused (the tensor-core flash kernels) is offered, and refused in fp32 before the
+// device is touched.
+TEST(FourwayTrainCuda, OffersFusedAttentionIn16BitOnly) {
+  const auto r = run("--help");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto at = r.out.find("--attention");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.substr(at, r.out.find('\n', at) - at).find("[blockwise]"), std::string::npos)
+      << r.out;
+  const auto bad = run("--attention fused --precision fp32 --steps 1");
+  EXPECT_EQ(bad.status, 1) << bad.err;
+  EXPECT_NE(bad.err.find("--attention fused runs in bf16 or fp16, and --precision is fp32"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST(FourwayTrainCuda, BadFlagIsRefusedBeforeTheDeviceIsTouched) {
   const auto r = run("--zero");
   EXPECT_EQ(r.status, 2) << r.err;

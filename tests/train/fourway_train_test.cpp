@@ -218,7 +218,7 @@ TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
                         "--save-dir",  "--save-every",
                         "--keep",      "--resume",
                         "--tf32",      "--classifier-chunk",
-                        "--help"}) {
+                        "--attention", "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
   // the host program works in fp32 unless told otherwise (fourway-train-cuda: bf16)
@@ -263,6 +263,8 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {"--precision fp8", "--precision must be one of fp32, bf16, fp16, got 'fp8'", 2},
       {"stray", "unexpected argument 'stray'", 2},
       {"--tf32", "fourway-train computes fp32 GEMMs in fp32 (drop --tf32)", 1},
+      {"--attention fused", "fourway-train runs the host flash attention (drop --attention)", 1},
+      {"--attention flash", "--attention must be one of blockwise, fused, got 'flash'", 2},
       {"--classifier-chunk -1", "--classifier-chunk must be >= 0", 1},
       {"--classifier-chunk 64 --tp 2", "the vocabulary-parallel head of --tp 2 keeps its slice", 1},
       {"--steps 1 --steps 2", "--steps given twice", 2},
