@@ -20,17 +20,20 @@
 #                        (examples/train/cuda_vs_host.sh)
 #   train-vs-pytorch-gpu one GPT-2 124M training step (12 layers, width 768, vocab 50257, T 1024,
 #                        B 8, bf16 with fp32 masters, AdamW, clip 1.0): fourway-train-cuda vs
-#                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds; tokens/s,
-#                        MFU and the ratio in the table (benchmarks/train/compare_pytorch_gpu.sh)
+#                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds, fourway
+#                        with its blockwise and its fused attention; tokens/s, MFU and the ratios
+#                        in the table (benchmarks/train/compare_pytorch_gpu.sh)
 #   bench-kernels        near the end, with what is left of the budget: bench_kernels_gpu (GEMM
-#                        vs a direct cuBLAS call, AdamW / LayerNorm / GELU / softmax /
-#                        cross-entropy / column sum vs the copy bandwidth, attention flash vs
-#                        materialised), its JSON kept in the logs, figures in the table
+#                        vs a direct cuBLAS call, AdamW (one tensor and GPT-2's 148) / LayerNorm /
+#                        GELU / softmax / cross-entropy / column sum vs the copy bandwidth,
+#                        attention fused / blockwise / tiled / materialised), its JSON kept in the
+#                        logs, figures in the table
 #   bench-comm           bench_comm_gpu: 8 bf16 GEMMs with a 32 MiB all-reduce after each, on
 #                        NcclComm's communication stream and on the bound stream, 3 interleaved
 #                        repetitions (the overlap of gradient reduction with compute)
-#   profile-step         last: every kernel of one GPT-2 124M bf16 step (B 8, T 1024) timed by
-#                        Nsight Compute, summed by kernel function; the top ones in the table
+#   profile-step         last: every kernel of one GPT-2 124M bf16 step (B 8, T 1024, fused
+#                        attention) timed by Nsight Compute, summed by kernel function; the top
+#                        ones in the table
 #                        (benchmarks/train/profile_step_gpu.sh)
 #
 # Every step runs under `timeout` with its own limit, cut to what is left of the total budget
@@ -202,14 +205,14 @@ plan=(
   "gpu-tests|50|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
   "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
   "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
-  "racecheck-kernels|60|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; tiled attention)"
+  "racecheck-kernels|90|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; attention: tiled, and fused in bf16)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
-  "train-vs-pytorch-gpu|90|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda vs PyTorch eager/SDPA, 3 rounds"
-  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention flash vs materialised"
+  "train-vs-pytorch-gpu|120|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA, 3 rounds"
+  "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
-  "profile-step|180|benchmarks/train/profile_step_gpu.sh: ncu times every kernel of one GPT-2 124M bf16 step"
+  "profile-step|180|benchmarks/train/profile_step_gpu.sh: ncu times every kernel of one GPT-2 124M bf16 step (fused attention)"
 )
 
 # --only: names the plan knows, not the build steps (they run whenever they are needed)
@@ -446,8 +449,9 @@ if [ "$built" -eq 1 ]; then
   # bitwise and refusal tests. racecheck (shared-memory hazards, independent of the element type)
   # runs the fp32 instances of the kernel tests but the GEMM ones (cuBLAS's kernels under
   # racecheck took over 20 s on the first GPU run, and they are not fourway's), and of the
-  # attention test only the tiled kernels (the blockwise paths are cuBLAS and warp-shuffle element
-  # kernels, no shared memory; with them the step outran 40 s); memcheck runs all three types and
+  # attention test only the kernels that share memory: the tiled ones, and the fused ones in the
+  # bf16 instance (they take 16-bit types only; the blockwise paths are cuBLAS and warp-shuffle
+  # element kernels, and with them the step outran 40 s); memcheck runs all three types and
   # every path.
   localworld='DeviceComm/0.LocalWorld*:DeviceComm.*LocalWorld*'
   sanitize() {  # sanitize STEP TOOL EXE FILTER
@@ -460,8 +464,8 @@ if [ "$built" -eq 1 ]; then
   }
   sanitize memcheck-kernels memcheck "$kernels" '*'
   sanitize memcheck-localworld memcheck "$comm" "$localworld"
-  FOURWAY_TEST_ATTENTION_PATHS=tiled \
-    sanitize racecheck-kernels racecheck "$kernels" 'CudaKernels/0.*-CudaKernels/0.Gemm*'
+  FOURWAY_TEST_ATTENTION_PATHS=tiled,fused sanitize racecheck-kernels racecheck "$kernels" \
+    'CudaKernels/0.*:CudaKernels/1.FlashAttention*-CudaKernels/0.Gemm*'
   sanitize racecheck-localworld racecheck "$comm" "$localworld"
   gpt=$(exe layers_cuda_test)
   if [ -n "$gpt" ]; then
@@ -513,7 +517,8 @@ if [ "$built" -eq 1 ]; then
   fi
   # last: one step's kernels under Nsight Compute (no ncu there: the script exits 77, a NOT RUN)
   if [ -x "$train_cuda" ]; then
-    step profile-step "$root/benchmarks/train/profile_step_gpu.sh" "$build" "$logdir/profile-step"
+    ATTENTION=fused step profile-step "$root/benchmarks/train/profile_step_gpu.sh" "$build" \
+      "$logdir/profile-step"
     rc=$?
     [ $rc -eq 77 ] && note profile-step "no ncu or no GPU visible"
     while IFS= read -r f; do note profile-step "${f#FIGURE profile-step }"; done \

@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "fourway/backend/cuda/kernels.cuh"
@@ -164,6 +166,89 @@ void adamw(benchmark::State& state) {
     fw::cuda::adamw_update(g.ctx, p.data(), m.data(), v.data(), working.data(), grad.data(), n, s);
   });
   report_bandwidth(state, 28.0 * static_cast<double>(n));  // r/w p, m, v (24 B), r grad, w working
+}
+
+/// The multi-tensor AdamW a training step runs: GPT-2 124M's 148 parameter tensors (vocabulary
+/// padded to 50304), slices of one buffer each on a 16-byte boundary, decay on the 2-D ones; one
+/// call (a launch per 24 tensors).
+void adamw_list(benchmark::State& state) {
+  Gpu g;
+  std::vector<std::pair<std::int64_t, bool>> shapes = {{50304 * 768, true}, {1024 * 768, true}};
+  for (int l = 0; l < 12; ++l) {
+    for (const auto& t : std::initializer_list<std::pair<std::int64_t, bool>>{{768, false},
+                                                                              {768, false},
+                                                                              {768 * 2304, true},
+                                                                              {2304, false},
+                                                                              {768 * 768, true},
+                                                                              {768, false},
+                                                                              {768, false},
+                                                                              {768, false},
+                                                                              {768 * 3072, true},
+                                                                              {3072, false},
+                                                                              {3072 * 768, true},
+                                                                              {768, false}}) {
+      shapes.push_back(t);
+    }
+  }
+  shapes.push_back({768, false});
+  shapes.push_back({768, false});
+  std::int64_t total = 0;
+  for (const auto& t : shapes) total += (t.first + 7) / 8 * 8;
+  fw::Tensor<float, fw::Cuda> p({total}, fw::MemTag::workspace, g.acct),
+      m({total}, fw::MemTag::workspace, g.acct), v({total}, fw::MemTag::workspace, g.acct);
+  fw::Tensor<fw::bf16, fw::Cuda> grad({total}, fw::MemTag::workspace, g.acct),
+      working({total}, fw::MemTag::workspace, g.acct);
+  fill_random(g.ctx, p.data(), total, 4, -1.0f, 1.0f);
+  fill_random(g.ctx, m.data(), total, 5, -0.1f, 0.1f);
+  fill_random(g.ctx, v.data(), total, 6, 0.0f, 0.01f);
+  fill_random(g.ctx, grad.data(), total, 7, -1.0f, 1.0f);
+  std::vector<fw::AdamWTensor<fw::bf16, fw::bf16>> list;
+  std::int64_t at = 0, params = 0;
+  for (const auto& [n, decay] : shapes) {
+    list.push_back({p.data() + at, m.data() + at, v.data() + at, working.data() + at,
+                    grad.data() + at, n, decay});
+    at += (n + 7) / 8 * 8;
+    params += n;
+  }
+  fw::AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 10};
+  {  // one step against the host kernel on a decayed and an undecayed tensor (1-D: list[2])
+    const auto& t = list[2];
+    const std::int64_t c = t.n;
+    const std::int64_t off = t.master - p.data();
+    auto hp = download(g.ctx, p.data() + off, c), hm = download(g.ctx, m.data() + off, c),
+         hv = download(g.ctx, v.data() + off, c);
+    const auto hg = download(g.ctx, grad.data() + off, c);
+    const auto w0 = download(g.ctx, p.data(), 4096), m0 = download(g.ctx, m.data(), 4096),
+               v0 = download(g.ctx, v.data(), 4096);
+    const auto g0 = download(g.ctx, grad.data(), 4096);
+    std::vector<fw::bf16> hw(static_cast<std::size_t>(c)), hw0(4096);
+    fw::AdamWStep plain = s;
+    plain.weight_decay = 0.0f;
+    fw::host::adamw_update(g.host, hp.data(), hm.data(), hv.data(), hw.data(), hg.data(), c, plain);
+    auto hp0 = w0, hm0 = m0, hv0 = v0;
+    fw::host::adamw_update(g.host, hp0.data(), hm0.data(), hv0.data(), hw0.data(), g0.data(), 4096,
+                           s);
+    fw::cuda::adamw_update_list(g.ctx, list, s);
+    const auto dp = download(g.ctx, p.data() + off, c), dp0 = download(g.ctx, p.data(), 4096);
+    for (std::int64_t i = 0; i < c; ++i) {
+      if (std::abs(dp[i] - hp[i]) > 1e-6f + 1e-6f * std::abs(hp[i])) {
+        state.SkipWithError("multi-tensor AdamW differs from the host kernel (no decay)");
+        return;
+      }
+    }
+    for (std::int64_t i = 0; i < 4096; ++i) {
+      if (std::abs(dp0[i] - hp0[i]) > 1e-6f + 1e-6f * std::abs(hp0[i])) {
+        state.SkipWithError("multi-tensor AdamW differs from the host kernel (decay)");
+        return;
+      }
+    }
+  }
+  timed_loop(state, g.ctx, [&] {
+    ++s.step;
+    fw::cuda::adamw_update_list(g.ctx, list, s);
+  });
+  state.counters["params"] = static_cast<double>(params);
+  report_bandwidth(state, 28.0 * static_cast<double>(params));
 }
 
 void layernorm(benchmark::State& state) {
@@ -370,9 +455,9 @@ void column_sum(benchmark::State& state) {
   report_bandwidth(state, 2.0 * static_cast<double>(rows * cols));  // read dy (bf16)
 }
 
-enum class Attention { blockwise, tiled, materialised };
+enum class Attention { fused, blockwise, tiled, materialised };
 
-/// Causal attention, forward then backward, bf16, by one of the three paths.
+/// Causal attention, forward then backward, bf16, by one of the four paths.
 void attention(benchmark::State& state, Attention path) {
   const bool flash = path != Attention::materialised;
   Gpu g;
@@ -389,7 +474,11 @@ void attention(benchmark::State& state, Attention path) {
   fw::Tensor<E, fw::Cuda> att({att_elems}, fw::MemTag::workspace, g.acct),
       datt({att_elems}, fw::MemTag::workspace, g.acct);
   auto run = [&] {
-    if (path == Attention::blockwise) {
+    if (path == Attention::fused) {
+      fw::cuda::fused_attention_forward(g.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      fw::cuda::fused_attention_backward(g.ctx, dqkv.data(), delta.data(), dout.data(), qkv.data(),
+                                         out.data(), lse.data(), B, T, C, NH);
+    } else if (path == Attention::blockwise) {
       fw::cuda::flash_attention_forward(g.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH);
       fw::cuda::flash_attention_backward(g.ctx, dqkv.data(), delta.data(), dout.data(), qkv.data(),
                                          out.data(), lse.data(), B, T, C, NH);
@@ -445,6 +534,7 @@ BENCHMARK_CAPTURE(gemm_fp32, cublas, true)->Apply(gpt2_shapes);
 BENCHMARK_CAPTURE(gemm_bf16, fourway, false)->Apply(gpt2_shapes);
 BENCHMARK_CAPTURE(gemm_bf16, cublas, true)->Apply(gpt2_shapes);
 BENCHMARK(adamw)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(adamw_list)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(layernorm)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(gelu)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(softmax)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -452,6 +542,9 @@ BENCHMARK(cross_entropy)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_fused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(linear_gelu_unfused)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(column_sum)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(attention, fused, Attention::fused)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(attention, blockwise, Attention::blockwise)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -28,6 +28,8 @@
 #   B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257)
 #   ROUNDS (3), STEPS (10 timed steps per run), WARMUP (3)
 #   ATTENTION   PyTorch's attentions, comma list (default eager,sdpa; eager when PyTorch < 2.0)
+#   FW_ATTENTION fourway-train-cuda's --attention values, comma list (default blockwise,fused);
+#               the blockwise run is labelled `fourway`, the fused one `fourway-fused`
 #   ADAMW       default | foreach | fused: torch.optim.AdamW's implementation (default: PyTorch's)
 #   FW_FLAGS    extra fourway-train-cuda flags (e.g. "--classifier-chunk 1024")
 #   PYTHON      the interpreter with a CUDA PyTorch (default: python3, else /usr/bin/python3)
@@ -87,6 +89,15 @@ if [ "$torch_ok" != 1 ]; then
 fi
 attention=${ATTENTION:-$([ "$has_sdpa" = 1 ] && echo eager,sdpa || echo eager)}
 IFS=, read -r -a atts <<< "$attention"
+fw_attention=${FW_ATTENTION:-blockwise,fused}
+IFS=, read -r -a fw_atts <<< "$fw_attention"
+for a in "${fw_atts[@]}"; do
+  case "$a" in
+    blockwise | fused) ;;
+    *) die "FW_ATTENTION takes blockwise, fused or both (comma list), got '$a'" ;;
+  esac
+done
+fw_label() { [ "$1" = blockwise ] && echo fourway || echo "fourway-$1"; }
 for a in "${atts[@]}"; do
   case "$a" in
     eager) ;;
@@ -114,11 +125,11 @@ tokens=$((B * T))
 params=$((VOCAB * DIM + T * DIM + LAYERS * (12 * DIM * DIM + 13 * DIM) + 2 * DIM))
 flops_token=$((6 * params + 12 * LAYERS * T * DIM))
 
-fourway_ms() {  # median step_ms of one fourway-train-cuda run (the steps after the warm-up)
+fourway_ms() {  # fourway_ms ATTENTION: median step_ms of one fourway-train-cuda run (after warm-up)
   # shellcheck disable=SC2086
   if ! "$exe" $model --precision bf16 --data "$tmp/tok.bin" --steps $((steps + warmup)) --lr 3e-4 \
       --beta2 0.95 --weight-decay 0.1 --grad-clip 1.0 --log-json "$tmp/log.jsonl" --quiet \
-      ${FW_FLAGS:-} > "$tmp/fw.out" 2>&1; then
+      --attention "$1" ${FW_FLAGS:-} > "$tmp/fw.out" 2>&1; then
     tail -5 "$tmp/fw.out" >&2
     echo "compare_pytorch_gpu: fourway-train-cuda failed (above)" >&2
     return 1
@@ -147,8 +158,15 @@ echo "machine: $(machine); GPU: $gpu_name; load average before: $(cut -d' ' -f1-
 echo "PyTorch $torch_version (CUDA $torch_cuda) from $py; fourway-train-cuda $exe"
 echo "model: $model (GPT-2 124M at the defaults: $params parameters), bf16 with fp32 masters," \
   "AdamW, clip 1.0; $tokens tokens per step; $steps timed steps after $warmup warm-up, $rounds" \
-  "rounds; PyTorch attention ${atts[*]}, AdamW $adamw${FW_FLAGS:+; fourway flags $FW_FLAGS}"
+  "rounds; fourway attention ${fw_atts[*]}; PyTorch attention ${atts[*]}, AdamW" \
+  "$adamw${FW_FLAGS:+; fourway flags $FW_FLAGS}"
 echo "MFU = tokens/s x (6 N + 12 L T C) / $peak TFLOP/s = tokens/s x $flops_token FLOP / peak"
+fourway_round() {  # one fourway-train-cuda run per attention of fw_order: "ATTENTION MS" lines
+  for a in "${fw_order[@]}"; do
+    fourway_ms "$a" > "$tmp/fw.now" || return 1
+    echo "$a $(cat "$tmp/fw.now")"
+  done
+}
 t0=$(date +%s)
 done_rounds=0
 for i in $(seq "$rounds"); do
@@ -160,15 +178,22 @@ for i in $(seq "$rounds"); do
   fi
   order=$attention
   (( i % 2 )) || order=$(printf '%s\n' "${atts[@]}" | tac | paste -sd,)
+  fw_order=("${fw_atts[@]}")
+  (( i % 2 )) || mapfile -t fw_order < <(printf '%s\n' "${fw_atts[@]}" | tac)
   if (( i % 2 )); then
-    fw=$(fourway_ms) || exit 1
+    fw=$(fourway_round) || exit 1
     pt=$(pytorch_run "$order") || exit 1
   else
     pt=$(pytorch_run "$order") || exit 1
-    fw=$(fourway_ms) || exit 1
+    fw=$(fourway_round) || exit 1
   fi
-  echo "$fw" >> "$tmp/fw.ms"
-  line="round $i (load $(load1)): fourway $fw ms"
+  line="round $i (load $(load1)):"
+  for a in "${fw_atts[@]}"; do
+    ms=$(echo "$fw" | awk -v a="$a" '$1 == a { print $2 }')
+    echo "$ms" >> "$tmp/fw-$a.ms"
+    line+=" $(fw_label "$a") $ms ms,"
+  done
+  line=${line%,}
   for a in "${atts[@]}"; do
     l=$(echo "$pt" | grep " attention $a ") || die "pytorch_step.py printed no line for $a" 1
     ms=$(echo "$l" | field step_ms)
@@ -196,12 +221,16 @@ summary() {  # summary NAME FILE: tokens/s min / median / max, MFU at the median
   echo "FIGURE train-vs-pytorch-gpu $1 bf16 B$B T$T: tokens/s $t_stats (min / median / max," \
     "$done_rounds rounds), MFU $(echo "$t_med" | mfu)% at the median"
 }
-summary fourway "$tmp/fw.ms"
+for f in "${fw_atts[@]}"; do
+  summary "$(fw_label "$f")" "$tmp/fw-$f.ms"
+done
 ratios=()
 for a in "${atts[@]}"; do
   summary "pytorch-$a" "$tmp/pt-$a.ms"
-  ratios+=("fourway / pytorch-$a $(ratio "$(median < "$tmp/fw.ms.tps")" \
-    "$(median < "$tmp/pt-$a.ms.tps")")")
+  for f in "${fw_atts[@]}"; do
+    ratios+=("$(fw_label "$f") / pytorch-$a $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
+      "$(median < "$tmp/pt-$a.ms.tps")")")
+  done
 done
 echo "FIGURE train-vs-pytorch-gpu ratio of the median tokens/s: $(printf '%s, ' "${ratios[@]}" |
   sed 's/, $//') (PyTorch $torch_version, $gpu_name)"

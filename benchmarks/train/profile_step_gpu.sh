@@ -13,8 +13,9 @@
 # The first step also runs the set-up's kernels (random init, copies to the masters): they are
 # listed with the rest.
 # Environment: B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257), STEPS (1),
-#   TOP (10 kernel functions in the figures), NCU (ncu on PATH, else Nsight Compute's usual
-#   folders), PYTHON (python3).
+#   TOP (10 kernel functions in the figures), ATTENTION (fourway-train-cuda's --attention:
+#   blockwise, the default, or fused), NCU (ncu on PATH, else Nsight Compute's usual folders),
+#   PYTHON (python3).
 # Kernels are named by function (namespaces and template arguments dropped; one templated on a
 # device lambda, as for_each and map are, also names the function holding the lambda).
 # Prints the table and `FIGURE profile-step ...` lines (scripts/device-check.sh's table); the raw
@@ -29,7 +30,9 @@ die() {
   exit "${2:-2}"
 }
 B=${B:-8} T=${T:-1024} LAYERS=${LAYERS:-12} DIM=${DIM:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-50257}
-steps=${STEPS:-1} top=${TOP:-10} py=${PYTHON:-python3}
+steps=${STEPS:-1} top=${TOP:-10} py=${PYTHON:-python3} attention=${ATTENTION:-blockwise}
+[[ "$attention" =~ ^(blockwise|fused)$ ]] ||
+  die "ATTENTION takes blockwise or fused, got '$attention'"
 for v in B T LAYERS DIM HEADS VOCAB steps top; do
   if ! [[ "${!v}" =~ ^[0-9]+$ ]] || [ "${!v}" -eq 0 ]; then
     die "$v must be a positive whole number, got '${!v}'"
@@ -58,12 +61,12 @@ mkdir -p "$out"
 "$py" "$here/../random_tokens.py" "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))"
 
 echo "profile_step_gpu: $ncu on $exe," \
-  "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $steps step(s)"
+  "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $attention attention, $steps step(s)"
 if ! "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
     --csv --page raw --print-units base --print-kernel-base demangled --log-file "$out/ncu.csv" \
     "$exe" --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --vocab "$VOCAB" --seq "$T" \
     --batch "$B" --precision bf16 --data "$out/tok.bin" --steps "$steps" --lr 3e-4 --beta2 0.95 \
-    --weight-decay 0.1 --grad-clip 1.0 --quiet > "$out/train.out" 2>&1; then
+    --weight-decay 0.1 --grad-clip 1.0 --attention "$attention" --quiet > "$out/train.out" 2>&1; then
   tail -20 "$out/train.out" >&2
   tail -5 "$out/ncu.csv" >&2 || true
   die "ncu or fourway-train-cuda failed (above)" 1
