@@ -5,14 +5,15 @@
 #   benchmarks/train/profile_step_gpu.sh [build-dir] [out-dir]   (defaults build/cuda, a temp dir)
 #
 # Model and step as benchmarks/train/compare_pytorch_gpu.sh (GPT-2 124M, bf16 with fp32 masters,
-# B 8, T 1024, AdamW, clip 1.0), one step (STEPS), random tokens over the whole vocabulary.
+# B 8, T 1024, AdamW, clip 1.0), random tokens over the whole vocabulary; STEPS steps (2) of which
+# only the last is recorded (fourway-train-cuda --profile-step, ncu --profile-from-start off): a
+# steady-state step, without the set-up's kernels (random init, copies to the masters) or the
+# first step's allocations.
 # ncu replays each kernel alone (--cache-control none, --clock-control none: the clocks and caches
 # as the program leaves them) and reads gpu__time_duration.sum: so the sum is the step's kernel
 # time with no overlap and no launch gaps — measured per kernel, the step's wall time is not (the
 # difference to compare_pytorch_gpu.sh's step time is host and launch overhead plus overlap).
-# The first step also runs the set-up's kernels (random init, copies to the masters): they are
-# listed with the rest.
-# Environment: B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257), STEPS (1),
+# Environment: B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257), STEPS (2),
 #   TOP (10 kernel functions in the figures), ATTENTION (fourway-train-cuda's --attention:
 #   blockwise, the default, or fused), NCU (ncu on PATH, else Nsight Compute's usual folders),
 #   PYTHON (python3).
@@ -30,7 +31,7 @@ die() {
   exit "${2:-2}"
 }
 B=${B:-8} T=${T:-1024} LAYERS=${LAYERS:-12} DIM=${DIM:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-50257}
-steps=${STEPS:-1} top=${TOP:-10} py=${PYTHON:-python3} attention=${ATTENTION:-blockwise}
+steps=${STEPS:-2} top=${TOP:-10} py=${PYTHON:-python3} attention=${ATTENTION:-blockwise}
 [[ "$attention" =~ ^(blockwise|fused)$ ]] ||
   die "ATTENTION takes blockwise or fused, got '$attention'"
 for v in B T LAYERS DIM HEADS VOCAB steps top; do
@@ -61,12 +62,15 @@ mkdir -p "$out"
 "$py" "$here/../random_tokens.py" "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))"
 
 echo "profile_step_gpu: $ncu on $exe," \
-  "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $attention attention, $steps step(s)"
-if ! "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+  "GPT-2 L$LAYERS C$DIM NH$HEADS V$VOCAB B$B T$T bf16, $attention attention, step $steps of" \
+  "$steps recorded"
+if ! "$ncu" --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum \
     --csv --page raw --print-units base --print-kernel-base demangled --log-file "$out/ncu.csv" \
     "$exe" --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --vocab "$VOCAB" --seq "$T" \
     --batch "$B" --precision bf16 --data "$out/tok.bin" --steps "$steps" --lr 3e-4 --beta2 0.95 \
-    --weight-decay 0.1 --grad-clip 1.0 --attention "$attention" --quiet > "$out/train.out" 2>&1; then
+    --weight-decay 0.1 --grad-clip 1.0 --attention "$attention" --profile-step "$steps" --quiet \
+    > "$out/train.out" 2>&1; then
   tail -20 "$out/train.out" >&2
   tail -5 "$out/ncu.csv" >&2 || true
   die "ncu or fourway-train-cuda failed (above)" 1

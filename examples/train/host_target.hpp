@@ -19,6 +19,7 @@ struct HostTarget {
   static constexpr const char* default_precision = "fp32";
   static constexpr bool has_tf32 = false;
   static constexpr bool has_fused_attention = false;
+  static constexpr bool has_profiler_window = false;  // --profile-step is refused
   static void check_device() {}
   static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/,
                                        const Options& /*o*/) {

@@ -8,6 +8,8 @@
 // --tf32 lets its GEMMs use TF32 tensor cores. --attention fused runs the attention on the fused
 // tensor-core flash kernels (bf16/fp16; where they do not take the shape, the blockwise path).
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
+#include <cuda_profiler_api.h>
+
 #include "fourway/backend/cuda/backend.cuh"
 #include "train_program.hpp"
 #if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
@@ -24,6 +26,12 @@ struct CudaTarget {
   static constexpr const char* default_precision = "bf16";
   static constexpr bool has_tf32 = true;
   static constexpr bool has_fused_attention = true;
+  /// --profile-step: the CUDA profiler's recording on (true) or off around one step.
+  static constexpr bool has_profiler_window = true;
+  static void profile(bool on) {
+    fw::cuda::check_cuda(on ? cudaProfilerStart() : cudaProfilerStop(),
+                         on ? "cudaProfilerStart (--profile-step)" : "cudaProfilerStop");
+  }
   static void check_device() {
     fw::check<fw::DeviceError>(fw::cuda::device_count() > 0,
                                "fourway: no CUDA device is visible (none found by "

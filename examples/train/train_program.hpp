@@ -93,6 +93,7 @@ struct Options {
   bool save_async = false;
   std::string resume;
   bool quiet = false;
+  int profile_step = 0;  // fourway-train-cuda: the one step a profiler started off records
   bool memory_report = false;
   double memory_cap_gb = 0.0;      // per rank, 1 GB = 1e9 B; 0: the target's default
   std::string block_cache = "on";  // the accountant's block cache (docs/memory.md)
@@ -150,8 +151,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add_switch("tf32", &o.tf32,
                   "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
       .add_choice("attention", &o.attention, {"blockwise", "fused"},
-                  "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: one "
-                  "tensor-core flash kernel a pass, head sizes 16/32/64/128; blockwise: cuBLAS)")
+                  "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: flash "
+                  "kernels on the tensor cores, scores kept on chip, head sizes 16/32/64/128; "
+                  "blockwise: batched cuBLAS GEMMs)")
       .add("classifier-chunk", &o.classifier_chunk, "ROWS",
            "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
            "kept)")
@@ -203,7 +205,10 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "run the mesh and the one-rank run on the same batches for --steps steps and "
                   "compare losses and step-1 gradients (exit 1 when outside the precision's "
                   "bounds)")
-      .add_switch("quiet", &o.quiet, "print no per-step progress");
+      .add_switch("quiet", &o.quiet, "print no per-step progress")
+      .add("profile-step", &o.profile_step, "N",
+           "fourway-train-cuda: record step N only, for a profiler started with its recording "
+           "off (cudaProfilerStart/Stop around it; ncu --profile-from-start off; 0: no window)");
   return p;
 }
 
@@ -313,6 +318,30 @@ void save_if_due(TrainerT& trainer, fw::AsyncStateSave& pending, int rank, int w
     std::printf("checkpoint %s in %.3f s\n", dir.string().c_str(), seconds_since(t0));
   }
 }
+
+/// --profile-step N: around step N, the target's profiler recording (fourway-train-cuda:
+/// cudaProfilerStart / cudaProfilerStop), closed after the step or when it throws.
+template <class Target>
+class ProfileWindow {
+ public:
+  ProfileWindow(const Options& o, int step) : open_(o.profile_step == step) {
+    if constexpr (Target::has_profiler_window) {
+      if (open_) Target::profile(true);
+    }
+  }
+  ProfileWindow(const ProfileWindow&) = delete;
+  ProfileWindow& operator=(const ProfileWindow&) = delete;
+  ~ProfileWindow() { close(); }
+  void close() {
+    if constexpr (Target::has_profiler_window) {
+      if (open_) Target::profile(false);
+    }
+    open_ = false;
+  }
+
+ private:
+  bool open_;
+};
 
 /// The per-rank cap in bytes: --memory-cap-gb, else the target's default (0: none).
 template <class Target>
@@ -507,7 +536,9 @@ int train(const Options& o) {
     const auto t0 = Clock::now();
     const fw::SequenceBatch b = loader.next();
     const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
+    ProfileWindow<Target> window(o, step);
     const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+    window.close();
     const fw::StepReport& rep = trainer.last_report();
     const double ms = 1e3 * seconds_since(t0);
 
@@ -666,8 +697,10 @@ void train_ranks(const Options& o) {
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       dp.counters().reset();
       if constexpr (std::is_same_v<W, fw::LocalWorld>) dp.inner().reset_traffic();
+      ProfileWindow<Target> window(o, step);
       const float loss = trainer.step(isolated ? batch_share(b, w.rank(), n)
                                                : fw::Batch{b.inputs, b.targets, b.B, b.T});
+      window.close();
       // modelled: ring bytes of the calls made; payload: what the calls were handed; measured
       // (LocalWorld only): the bytes its copy loops moved between ranks
       const double modelled = dp.counters().modelled_bytes_sent("dp");
@@ -852,6 +885,12 @@ int run_program(int argc, char** argv) {
         " keeps its slice of the logits (drop --classifier-chunk)");
     Target::check_device();
     check_checkpoint_flags(o);
+    fw::check<fw::ConfigError>(o.profile_step >= 0 && o.profile_step <= o.steps,
+                               "fourway: --profile-step must be in [0, --steps] = [0, ", o.steps,
+                               "], got ", o.profile_step);
+    fw::check<fw::ConfigError>(o.profile_step == 0 || Target::has_profiler_window,
+                               "fourway: --profile-step opens a CUDA profiler window; ",
+                               Target::program, " has none (drop --profile-step)");
     check_positive("batch", o.batch);
     check_positive("seq", o.seq);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);

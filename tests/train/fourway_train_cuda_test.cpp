@@ -39,8 +39,9 @@ const char* const kNoGpu =
 TEST(FourwayTrainCuda, HelpNeedsNoGpuAndListsTheHostFlags) {
   const auto r = run("--help");
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const char* flag : {"--ranks", "--backend", "--zero", "--bucket-mb", "--precision",
-                           "--log-json", "--init-from", "--checkpoint-activations"}) {
+  for (const char* flag :
+       {"--ranks", "--backend", "--zero", "--bucket-mb", "--precision", "--log-json", "--init-from",
+        "--checkpoint-activations", "--attention", "--profile-step"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from\n" << r.out;
   }
   EXPECT_NE(r.out.find("fourway-train-cuda"), std::string::npos) << r.out;

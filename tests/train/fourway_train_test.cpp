@@ -218,7 +218,8 @@ TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
                         "--save-dir",  "--save-every",
                         "--keep",      "--resume",
                         "--tf32",      "--classifier-chunk",
-                        "--attention", "--help"}) {
+                        "--attention", "--profile-step",
+                        "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
   // the host program works in fp32 unless told otherwise (fourway-train-cuda: bf16)
@@ -265,6 +266,8 @@ TEST(FourwayTrain, BadInputsGiveAClearMessageAndNonZeroExit) {
       {"--tf32", "fourway-train computes fp32 GEMMs in fp32 (drop --tf32)", 1},
       {"--attention fused", "fourway-train runs the host flash attention (drop --attention)", 1},
       {"--attention flash", "--attention must be one of blockwise, fused, got 'flash'", 2},
+      {"--steps 2 --profile-step 1", "fourway-train has none (drop --profile-step)", 1},
+      {"--steps 2 --profile-step 3", "--profile-step must be in [0, --steps] = [0, 2], got 3", 1},
       {"--classifier-chunk -1", "--classifier-chunk must be >= 0", 1},
       {"--classifier-chunk 64 --tp 2", "the vocabulary-parallel head of --tp 2 keeps its slice", 1},
       {"--steps 1 --steps 2", "--steps given twice", 2},
