@@ -39,7 +39,8 @@
 #               scripts/device-check.sh, which sets STEP_LIMIT_S to the step's limit; else none)
 # Prints a line per round, then the summary and `FIGURE train-vs-pytorch-gpu ...` lines (the ones
 # scripts/device-check.sh puts in its table).
-# Exit: 0 measured; 1 a run failed; 2 bad settings or fourway-train-cuda not built; 77 nothing
+# Exit: 0 measured; 1 a run failed (a failed fourway-train-cuda run of one --attention leaves
+# the other's figures, then exits 1); 2 bad settings or fourway-train-cuda not built; 77 nothing
 # measured because no GPU is visible or no PyTorch with CUDA is installed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -161,10 +162,16 @@ echo "model: $model (GPT-2 124M at the defaults: $params parameters), bf16 with 
   "rounds; fourway attention ${fw_atts[*]}; PyTorch attention ${atts[*]}, AdamW" \
   "$adamw${FW_FLAGS:+; fourway flags $FW_FLAGS}"
 echo "MFU = tokens/s x (6 N + 12 L T C) / $peak TFLOP/s = tokens/s x $flops_token FLOP / peak"
-fourway_round() {  # one fourway-train-cuda run per attention of fw_order: "ATTENTION MS" lines
+# one fourway-train-cuda run per attention of fw_order: "ATTENTION MS" lines, "ATTENTION failed"
+# for a run that failed (its log above); the other attentions still run and are reported, and the
+# script exits 1 at the end
+fourway_round() {
   for a in "${fw_order[@]}"; do
-    fourway_ms "$a" > "$tmp/fw.now" || return 1
-    echo "$a $(cat "$tmp/fw.now")"
+    if fourway_ms "$a" > "$tmp/fw.now"; then
+      echo "$a $(cat "$tmp/fw.now")"
+    else
+      echo "$a failed"
+    fi
   done
 }
 t0=$(date +%s)
@@ -181,17 +188,22 @@ for i in $(seq "$rounds"); do
   fw_order=("${fw_atts[@]}")
   (( i % 2 )) || mapfile -t fw_order < <(printf '%s\n' "${fw_atts[@]}" | tac)
   if (( i % 2 )); then
-    fw=$(fourway_round) || exit 1
+    fw=$(fourway_round)
     pt=$(pytorch_run "$order") || exit 1
   else
     pt=$(pytorch_run "$order") || exit 1
-    fw=$(fourway_round) || exit 1
+    fw=$(fourway_round)
   fi
   line="round $i (load $(load1)):"
   for a in "${fw_atts[@]}"; do
     ms=$(echo "$fw" | awk -v a="$a" '$1 == a { print $2 }')
-    echo "$ms" >> "$tmp/fw-$a.ms"
-    line+=" $(fw_label "$a") $ms ms,"
+    if [ "$ms" = failed ]; then
+      echo "$a" >> "$tmp/fw.failed"
+      line+=" $(fw_label "$a") FAILED,"
+    else
+      echo "$ms" >> "$tmp/fw-$a.ms"
+      line+=" $(fw_label "$a") $ms ms,"
+    fi
   done
   line=${line%,}
   for a in "${atts[@]}"; do
@@ -221,16 +233,25 @@ summary() {  # summary NAME FILE: tokens/s min / median / max, MFU at the median
   echo "FIGURE train-vs-pytorch-gpu $1 bf16 B$B T$T: tokens/s $t_stats (min / median / max," \
     "$done_rounds rounds), MFU $(echo "$t_med" | mfu)% at the median"
 }
+measured=()  # the fourway attentions with a run that succeeded
 for f in "${fw_atts[@]}"; do
-  summary "$(fw_label "$f")" "$tmp/fw-$f.ms"
+  if [ -s "$tmp/fw-$f.ms" ]; then
+    summary "$(fw_label "$f")" "$tmp/fw-$f.ms"
+    measured+=("$f")
+  fi
 done
 ratios=()
 for a in "${atts[@]}"; do
   summary "pytorch-$a" "$tmp/pt-$a.ms"
-  for f in "${fw_atts[@]}"; do
+  for f in "${measured[@]}"; do
     ratios+=("$(fw_label "$f") / pytorch-$a $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
       "$(median < "$tmp/pt-$a.ms.tps")")")
   done
 done
 echo "FIGURE train-vs-pytorch-gpu ratio of the median tokens/s: $(printf '%s, ' "${ratios[@]}" |
   sed 's/, $//') (PyTorch $torch_version, $gpu_name)"
+if [ -s "$tmp/fw.failed" ]; then
+  echo "compare_pytorch_gpu: fourway-train-cuda failed with --attention" \
+    "$(sort -u "$tmp/fw.failed" | paste -sd, -) (the runs' logs above)" >&2
+  exit 1
+fi

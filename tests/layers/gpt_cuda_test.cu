@@ -114,18 +114,6 @@ TEST(GptCuda, Bf16MatchesHost) {
   gpu_matches_host<fw::bf16>(1e-2, 5e-2);
 }
 
-// The same with the fused tensor-core attention (head size 16, T = 150: three query tiles, the
-// last partial), at bf16's tolerance; the shape is one the fused kernels take, so the layers run
-// them (they fall back to the blockwise path only where fused_attention_supports says no).
-TEST(GptCuda, Bf16FusedAttentionMatchesHost) {
-  FOURWAY_REQUIRE_GPU();
-  const GptConfig cfg{2, 4, 64, 96, 160};
-  fw::MemoryAccountant m;
-  fw::Context<Cuda> ctx(m, 0);
-  ASSERT_TRUE(fw::cuda::fused_attention_supports<fw::bf16>(ctx, 2, 150, cfg.dim, cfg.heads));
-  gpu_matches_host<fw::bf16>(1e-2, 5e-2, cfg, 2, 150, true);
-}
-
 // GPT-2 124M's width, heads and vocabulary at T = 1024, 2 layers, one sequence: the shapes of a
 // real run (cuBLAS picks other kernels at these sizes than at the small ones, the 50257-wide
 // cross-entropy rows span many warps). fp32 sums of length 768..50257 in another order: 1e-4 on
@@ -134,6 +122,19 @@ TEST(GptCuda, Bf16FusedAttentionMatchesHost) {
 TEST(GptCuda, Gpt2WidthAtT1024MatchesHost) {
   FOURWAY_REQUIRE_GPU();
   gpu_matches_host<float>(1e-4, 1e-3, GptConfig{2, 12, 768, 50257, 1024}, 1, 1024);
+}
+
+// The bf16 step with the fused tensor-core attention (head size 16, T = 150: three query tiles,
+// the last partial), at bf16's tolerance; the shape is one the fused kernels take, so the layers
+// run them (they fall back to the blockwise path only where fused_attention_supports says no).
+// After the other step tests: new kernels whose failure should sink none of them.
+TEST(GptCuda, Bf16FusedAttentionMatchesHost) {
+  FOURWAY_REQUIRE_GPU();
+  const GptConfig cfg{2, 4, 64, 96, 160};
+  fw::MemoryAccountant m;
+  fw::Context<Cuda> ctx(m, 0);
+  ASSERT_TRUE(fw::cuda::fused_attention_supports<fw::bf16>(ctx, 2, 150, cfg.dim, cfg.heads));
+  gpu_matches_host<fw::bf16>(1e-2, 5e-2, cfg, 2, 150, true);
 }
 
 TEST(GptCuda, CheckpointingAndRerunsAreBitwiseEqual) {
