@@ -456,10 +456,14 @@ bool fused_device_ready(const Context<Cuda>& ctx, std::int64_t hs) {
   if (major < 8) return false;
   int built = 0;
   const bool known = fused_head_dispatch(hs, [&](auto head) {
-    cudaFuncAttributes attr{};
-    check_cuda(cudaFuncGetAttributes(&attr, fused_forward_kernel<E, decltype(head)::value>),
-               "cudaFuncGetAttributes (fused attention)");
-    built = attr.binaryVersion;
+    // the binary's version is one per process: asked once (the layers ask at every call)
+    static const int version = [] {
+      cudaFuncAttributes attr{};
+      check_cuda(cudaFuncGetAttributes(&attr, fused_forward_kernel<E, decltype(head)::value>),
+                 "cudaFuncGetAttributes (fused attention)");
+      return attr.binaryVersion;
+    }();
+    built = version;
   });
   return known && built >= 80;
 }
