@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# benchmarks/train/compare_pytorch_gpu.sh without a GPU: stand-ins for fourway-train-cuda (its
+# --log-json step times: 99 ms for the warm-up steps, then 30 ms blockwise, 22 fused; the warm-up
+# must not count) and for a CUDA Python
+# (PyTorch eager 78 ms, SDPA 43 ms) let the script's own logic run — the interleaved order of the
+# sides, the round lines, the min / median / max, the tokens/s, MFU and ratio figures, and the
+# failure of one --attention leaving the other's figures. The real comparison needs a GPU
+# (scripts/device-check.sh, step train-vs-pytorch-gpu).
+#   compare_pytorch_gpu_stubbed.sh SCRIPT WORKDIR
+set -uo pipefail
+script=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work/build/examples/train"
+fails=0
+out=
+fail() {  # the check and the output it read
+  echo "FAIL: $1; the script printed:" >&2
+  printf '  | %s\n' "${out//$'\n'/$'\n'  | }" >&2
+  fails=$((fails + 1))
+}
+cat > "$work/build/examples/train/fourway-train-cuda" <<'STUB'
+#!/usr/bin/env bash
+log=; att=blockwise; steps=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --log-json) log=$2; shift ;;
+    --attention) att=$2; shift ;;
+    --steps) steps=$2; shift ;;
+  esac
+  shift
+done
+echo "model: 124439808 parameters"
+[ -n "$log" ] || exit 0
+echo "fourway $att" >> "$STUB_ORDER"
+if [ "$att" = fused ] && [ -n "${STUB_FAIL_FUSED:-}" ]; then
+  echo "stub: fused attention failed" >&2
+  exit 3
+fi
+base=30
+[ "$att" = fused ] && base=22
+: > "$log"
+for i in $(seq "$steps"); do
+  ms=$base
+  [ "$i" -le "$STUB_WARMUP" ] && ms=99
+  echo "{\"step\":$i,\"step_ms\":$ms,\"loss\":1}" >> "$log"
+done
+STUB
+cat > "$work/python" <<'STUB'
+#!/usr/bin/env bash
+[ "$1" = -c ] && exit 0
+if [ "$1" = - ]; then echo "2.5.0 12.4 1 1 StubGPU"; exit 0; fi
+case "$1" in *random_tokens.py) exit 0 ;; esac
+att=
+while [ $# -gt 0 ]; do
+  [ "$1" = --attention ] && { att=$2; shift; }
+  shift
+done
+echo "pytorch $att" >> "$STUB_ORDER"
+IFS=, read -r -a a <<< "$att"
+for x in "${a[@]}"; do
+  ms=78
+  [ "$x" = sdpa ] && ms=43
+  echo "pytorch step_ms $ms device cuda dtype bf16 attention $x adamw default params 124439808"
+done
+STUB
+chmod +x "$work/build/examples/train/fourway-train-cuda" "$work/python"
+export PYTHON=$work/python STEPS=1 WARMUP=2 STUB_WARMUP=2 ROUNDS=2
+
+# 1. both attentions, both PyTorch attentions: every figure, the order of the sides alternating
+export STUB_ORDER=$work/order.txt
+: > "$STUB_ORDER"
+out=$(bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with every side working"
+# tokens/s = 8192 tokens / step time: 273067 (30 ms), 372364 (22), 105026 (78), 190512 (43)
+for want in \
+  "round 1 (load" "fourway 30 ms, fourway-fused 22 ms, pytorch-eager 78 ms, pytorch-sdpa 43 ms" \
+  "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024: tokens/s 273067 / 273067 / 273067" \
+  "FIGURE train-vs-pytorch-gpu fourway-fused bf16 B8 T1024: tokens/s 372364 / 372364 / 372364" \
+  "FIGURE train-vs-pytorch-gpu pytorch-eager bf16 B8 T1024: tokens/s 105026" \
+  "fourway / pytorch-eager 2.600, fourway-fused / pytorch-eager 3.545" \
+  "fourway / pytorch-sdpa 1.433, fourway-fused / pytorch-sdpa 1.955"; do
+  grep -qF -- "$want" <<< "$out" || fail "missing '$want'"
+done
+order=$(paste -sd'|' "$STUB_ORDER")
+want_order="fourway blockwise|fourway fused|pytorch eager,sdpa|pytorch sdpa,eager|fourway fused|fourway blockwise"
+[ "$order" = "$want_order" ] || fail "sides ran in the order '$order', want '$want_order'"
+
+# 2. the fused run fails: the blockwise and PyTorch figures stay, the script exits 1 naming it
+: > "$STUB_ORDER"
+out=$(STUB_FAIL_FUSED=1 bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "exit $rc when the fused run fails, want 1"
+for want in "fourway 30 ms, fourway-fused FAILED, pytorch-eager 78 ms" \
+  "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024" \
+  "ratio of the median tokens/s: fourway / pytorch-eager 2.600, fourway / pytorch-sdpa 1.433 (" \
+  "failed with --attention fused"; do
+  grep -qF -- "$want" <<< "$out" || fail "missing '$want' when the fused run fails"
+done
+grep -q "FIGURE train-vs-pytorch-gpu fourway-fused" <<< "$out" &&
+  fail "a fourway-fused figure although every fused run failed"
+
+# 3. a bad FW_ATTENTION is refused before anything runs
+out=$(FW_ATTENTION=flash bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 2 ] || fail "exit $rc for FW_ATTENTION=flash, want 2"
+grep -qF "FW_ATTENTION takes blockwise, fused or both (comma list), got 'flash'" <<< "$out" ||
+  fail "no clear message for FW_ATTENTION=flash"
+
+# 4. one attention only: its figures and no other fourway side
+: > "$STUB_ORDER"
+out=$(FW_ATTENTION=fused ATTENTION=eager bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with FW_ATTENTION=fused"
+grep -qF "ratio of the median tokens/s: fourway-fused / pytorch-eager 3.545 (" <<< "$out" ||
+  fail "FW_ATTENTION=fused ATTENTION=eager: wrong ratio line"
+grep -q "fourway blockwise" "$STUB_ORDER" && fail "FW_ATTENTION=fused ran the blockwise attention"
+
+if [ $fails -gt 0 ]; then
+  echo "compare_pytorch_gpu_stubbed: $fails check(s) failed" >&2
+  exit 1
+fi
+echo "compare_pytorch_gpu_stubbed: every check passed"
