@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# benchmarks/train/profile_step_gpu.sh without a GPU: a stand-in ncu checks that recording starts
+# off and that fourway-train-cuda is asked to open its window on the last step (--profile-step
+# STEPS) with the chosen --attention, then writes a CSV of kernel rows as ncu does (header, units
+# row, one row per launch); the script's summary must sum them by function, name a device
+# lambda's enclosing function, and print the FIGURE lines. The real profile needs a GPU and Nsight
+# Compute (scripts/device-check.sh, step profile-step).
+#   profile_step_gpu_stubbed.sh SCRIPT WORKDIR
+set -uo pipefail
+script=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work/build/examples/train" "$work/bin"
+fails=0
+out=
+fail() {
+  echo "FAIL: $1; the script printed:" >&2
+  printf '  | %s\n' "${out//$'\n'/$'\n'  | }" >&2
+  fails=$((fails + 1))
+}
+cat > "$work/build/examples/train/fourway-train-cuda" <<'STUB'
+#!/usr/bin/env bash
+echo "fourway-train-cuda $*" > "$STUB_ARGS"
+STUB
+printf '#!/usr/bin/env bash\necho "GPU 0: StubGPU"\n' > "$work/bin/nvidia-smi"
+cat > "$work/ncu" <<'STUB'
+#!/usr/bin/env bash
+log=
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  [ "${args[i]}" = --log-file ] && log=${args[i + 1]}
+done
+echo "ncu ${args[*]}" > "$STUB_NCU_ARGS"
+# the program: the first argument that is an executable path
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  if [ -x "${args[i]}" ] && [ -f "${args[i]}" ]; then
+    "${args[@]:i}" || exit 1
+    break
+  fi
+done
+{
+  echo '==PROF== Connected to process 1'
+  echo '"ID","Kernel Name","gpu__time_duration.sum"'
+  echo '"","","nsecond"'
+  echo '"0","void fourway::cuda::detail::fused_forward_kernel<fourway::bf16, 64>(fourway::bf16*, float*, const fourway::bf16*, fourway::cuda::detail::FusedShape)","1,000,000"'
+  echo '"1","nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT","2,500,000"'
+  echo '"2","void fourway::cuda::detail::fused_forward_kernel<fourway::bf16, 64>(fourway::bf16*, float*, const fourway::bf16*, fourway::cuda::detail::FusedShape)","1,000,000"'
+  echo '"3","void fourway::cuda::detail::for_each_kernel<void fourway::cuda::cast<float, fourway::bf16>(const fourway::Context<fourway::Cuda>&, fourway::bf16*, const float*, long)::[lambda(long) (instance 1)]>(long, T1)","500,000"'
+} > "$log"
+STUB
+chmod +x "$work/build/examples/train/fourway-train-cuda" "$work/bin/nvidia-smi" "$work/ncu"
+export STUB_ARGS=$work/train-args.txt STUB_NCU_ARGS=$work/ncu-args.txt NCU=$work/ncu
+export PATH=$work/bin:$PATH PYTHON=${PYTHON:-python3}
+
+out=$(ATTENTION=fused bash "$script" "$work/build" "$work/out" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc"
+grep -q -- "--profile-from-start off" "$STUB_NCU_ARGS" 2>/dev/null ||
+  fail "ncu was not started with its recording off: $(cat "$STUB_NCU_ARGS" 2>/dev/null)"
+for want in "--steps 2" "--profile-step 2" "--attention fused" "--precision bf16"; do
+  grep -q -- "$want" "$STUB_ARGS" 2>/dev/null ||
+    fail "fourway-train-cuda not given '$want': $(cat "$STUB_ARGS" 2>/dev/null)"
+done
+for want in "FIGURE profile-step 4 kernel launches, 3 functions, GPU time 5.00 ms" \
+  "FIGURE profile-step nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT 2.50 ms (50.0%, 1x)" \
+  "FIGURE profile-step fused_forward_kernel 2.00 ms (40.0%, 2x)" \
+  "FIGURE profile-step for_each_kernel [cast] 0.50 ms (10.0%, 1x)"; do
+  grep -qF -- "$want" <<< "$out" || fail "missing '$want'"
+done
+
+out=$(STEPS=3 bash "$script" "$work/build" "$work/out" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with STEPS=3"
+for want in "--steps 3" "--profile-step 3" "--attention blockwise"; do
+  grep -q -- "$want" "$STUB_ARGS" || fail "STEPS=3: fourway-train-cuda not given '$want'"
+done
+
+out=$(ATTENTION=tiled bash "$script" "$work/build" "$work/out" 2>&1)
+rc=$?
+[ $rc -eq 2 ] || fail "exit $rc for ATTENTION=tiled, want 2"
+grep -qF "ATTENTION takes blockwise or fused, got 'tiled'" <<< "$out" ||
+  fail "no clear message for ATTENTION=tiled"
+
+if [ $fails -gt 0 ]; then
+  echo "profile_step_gpu_stubbed: $fails check(s) failed" >&2
+  exit 1
+fi
+echo "profile_step_gpu_stubbed: every check passed"
