@@ -8,16 +8,11 @@
 # (scripts/device-check.sh, step train-vs-pytorch-gpu).
 #   compare_pytorch_gpu_stubbed.sh SCRIPT WORKDIR
 set -uo pipefail
+# shellcheck source=tests/device_check/stub_checks.sh
+source "$(dirname "$0")/stub_checks.sh"
 script=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work/build/examples/train"
-fails=0
-out=
-fail() {  # the check and the output it read
-  echo "FAIL: $1; the script printed:" >&2
-  printf '  | %s\n' "${out//$'\n'/$'\n'  | }" >&2
-  fails=$((fails + 1))
-}
 cat > "$work/build/examples/train/fourway-train-cuda" <<'STUB'
 #!/usr/bin/env bash
 log=; att=blockwise; steps=0
@@ -73,15 +68,13 @@ out=$(bash "$script" "$work/build" 2>&1)
 rc=$?
 [ $rc -eq 0 ] || fail "exit $rc with every side working"
 # tokens/s = 8192 tokens / step time: 273067 (30 ms), 372364 (22), 105026 (78), 190512 (43)
-for want in \
+expect_in_out "" \
   "round 1 (load" "fourway 30 ms, fourway-fused 22 ms, pytorch-eager 78 ms, pytorch-sdpa 43 ms" \
   "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024: tokens/s 273067 / 273067 / 273067" \
   "FIGURE train-vs-pytorch-gpu fourway-fused bf16 B8 T1024: tokens/s 372364 / 372364 / 372364" \
   "FIGURE train-vs-pytorch-gpu pytorch-eager bf16 B8 T1024: tokens/s 105026" \
   "fourway / pytorch-eager 2.600, fourway-fused / pytorch-eager 3.545" \
-  "fourway / pytorch-sdpa 1.433, fourway-fused / pytorch-sdpa 1.955"; do
-  grep -qF -- "$want" <<< "$out" || fail "missing '$want'"
-done
+  "fourway / pytorch-sdpa 1.433, fourway-fused / pytorch-sdpa 1.955"
 order=$(paste -sd'|' "$STUB_ORDER")
 want_order="fourway blockwise|fourway fused|pytorch eager,sdpa|pytorch sdpa,eager|fourway fused|fourway blockwise"
 [ "$order" = "$want_order" ] || fail "sides ran in the order '$order', want '$want_order'"
@@ -91,12 +84,10 @@ want_order="fourway blockwise|fourway fused|pytorch eager,sdpa|pytorch sdpa,eage
 out=$(STUB_FAIL_FUSED=1 bash "$script" "$work/build" 2>&1)
 rc=$?
 [ $rc -eq 1 ] || fail "exit $rc when the fused run fails, want 1"
-for want in "fourway 30 ms, fourway-fused FAILED, pytorch-eager 78 ms" \
+expect_in_out " when the fused run fails" "fourway 30 ms, fourway-fused FAILED, pytorch-eager 78 ms" \
   "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024" \
   "ratio of the median tokens/s: fourway / pytorch-eager 2.600, fourway / pytorch-sdpa 1.433 (" \
-  "failed with --attention fused"; do
-  grep -qF -- "$want" <<< "$out" || fail "missing '$want' when the fused run fails"
-done
+  "failed with --attention fused"
 grep -q "FIGURE train-vs-pytorch-gpu fourway-fused" <<< "$out" &&
   fail "a fourway-fused figure although every fused run failed"
 
@@ -116,8 +107,4 @@ grep -qF "ratio of the median tokens/s: fourway-fused / pytorch-eager 3.545 (" <
   fail "FW_ATTENTION=fused ATTENTION=eager: wrong ratio line"
 grep -q "fourway blockwise" "$STUB_ORDER" && fail "FW_ATTENTION=fused ran the blockwise attention"
 
-if [ $fails -gt 0 ]; then
-  echo "compare_pytorch_gpu_stubbed: $fails check(s) failed" >&2
-  exit 1
-fi
-echo "compare_pytorch_gpu_stubbed: every check passed"
+finish compare_pytorch_gpu_stubbed

@@ -7,16 +7,11 @@
 # Compute (scripts/device-check.sh, step profile-step).
 #   profile_step_gpu_stubbed.sh SCRIPT WORKDIR
 set -uo pipefail
+# shellcheck source=tests/device_check/stub_checks.sh
+source "$(dirname "$0")/stub_checks.sh"
 script=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work/build/examples/train" "$work/bin"
-fails=0
-out=
-fail() {
-  echo "FAIL: $1; the script printed:" >&2
-  printf '  | %s\n' "${out//$'\n'/$'\n'  | }" >&2
-  fails=$((fails + 1))
-}
 cat > "$work/build/examples/train/fourway-train-cuda" <<'STUB'
 #!/usr/bin/env bash
 echo "fourway-train-cuda $*" > "$STUB_ARGS"
@@ -60,12 +55,10 @@ for want in "--steps 2" "--profile-step 2" "--attention fused" "--precision bf16
   grep -q -- "$want" "$STUB_ARGS" 2>/dev/null ||
     fail "fourway-train-cuda not given '$want': $(cat "$STUB_ARGS" 2>/dev/null)"
 done
-for want in "FIGURE profile-step 4 kernel launches, 3 functions, GPU time 5.00 ms" \
+expect_in_out "" "FIGURE profile-step 4 kernel launches, 3 functions, GPU time 5.00 ms" \
   "FIGURE profile-step nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT 2.50 ms (50.0%, 1x)" \
   "FIGURE profile-step fused_forward_kernel 2.00 ms (40.0%, 2x)" \
-  "FIGURE profile-step for_each_kernel [cast] 0.50 ms (10.0%, 1x)"; do
-  grep -qF -- "$want" <<< "$out" || fail "missing '$want'"
-done
+  "FIGURE profile-step for_each_kernel [cast] 0.50 ms (10.0%, 1x)"
 
 out=$(STEPS=3 bash "$script" "$work/build" "$work/out" 2>&1)
 rc=$?
@@ -80,8 +73,4 @@ rc=$?
 grep -qF "ATTENTION takes blockwise or fused, got 'tiled'" <<< "$out" ||
   fail "no clear message for ATTENTION=tiled"
 
-if [ $fails -gt 0 ]; then
-  echo "profile_step_gpu_stubbed: $fails check(s) failed" >&2
-  exit 1
-fi
-echo "profile_step_gpu_stubbed: every check passed"
+finish profile_step_gpu_stubbed

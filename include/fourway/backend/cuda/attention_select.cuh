@@ -20,7 +20,7 @@ void flash_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const
                              std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
   if constexpr (detail::fused_element<E>) {
     if (ctx.fused_attention() && fused_attention_supports<E>(ctx, B, T, C, NH, out, qkv)) {
-      fused_attention_forward(ctx, out, lse, qkv, B, T, C, NH);
+      detail::fused_forward_launch(ctx, out, lse, qkv, B, T, C, NH);  // checked just above
       return;
     }
   }
@@ -34,7 +34,7 @@ void flash_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, c
   if constexpr (detail::fused_element<E>) {
     if (ctx.fused_attention() &&
         fused_attention_supports<E>(ctx, B, T, C, NH, dqkv, dout, qkv, out)) {
-      fused_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
+      detail::fused_backward_launch(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
       return;
     }
   }

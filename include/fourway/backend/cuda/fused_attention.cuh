@@ -502,6 +502,51 @@ inline FusedShape fused_shape(std::int64_t T, std::int64_t C, std::int64_t NH) {
                     1.0f / std::sqrt(static_cast<float>(C / NH))};
 }
 
+/// Throws the ShapeError naming why the fused kernels refuse a call (`why` from fused_refusal).
+inline void refuse_fused(const char* why, const char* entry, std::int64_t B, std::int64_t T,
+                         std::int64_t C, std::int64_t NH) {
+  throw ShapeError(fourway::detail::cat(
+      "fourway: the fused attention cannot take B=", B, ", T=", T, ", C=", C, ", NH=", NH, ": ",
+      why, "; run the blockwise path (", entry, " without set_fused_attention)"));
+}
+
+/// The forward's launch, for a call fused_refusal has taken.
+template <class E>
+void fused_forward_launch(const Context<Cuda>& ctx, E* out, float* lse, const E* qkv,
+                          std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
+  if (B * T == 0) return;
+  const FusedShape f = fused_shape(T, C, NH);
+  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
+  fused_head_dispatch(C / NH, [&](auto head) {
+    constexpr int HS = decltype(head)::value;
+    const auto kernel = fused_forward_kernel<E, HS>;
+    const std::size_t smem = fused_shared_bytes<E, HS>(kernel, fused_forward_regions);
+    kernel<<<grid, fused_threads, smem, ctx.stream()>>>(out, lse, qkv, f);
+    check_cuda(cudaGetLastError(), "fused attention forward launch");
+  });
+}
+
+/// The backward's launches (D, then dK/dV, then dQ), for a call fused_refusal has taken.
+template <class E>
+void fused_backward_launch(const Context<Cuda>& ctx, E* dqkv, float* delta, const E* dout,
+                           const E* qkv, const E* out, const float* lse, std::int64_t B,
+                           std::int64_t T, std::int64_t C, std::int64_t NH) {
+  if (B * T == 0) return;
+  launch_flash_delta(ctx, delta, dout, out, B, flash_shape(B, T, C, NH));
+  const FusedShape f = fused_shape(T, C, NH);
+  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
+  fused_head_dispatch(C / NH, [&](auto head) {
+    constexpr int HS = decltype(head)::value;
+    const auto dkdv = fused_dkdv_kernel<E, HS>;
+    const std::size_t dkdv_smem = fused_shared_bytes<E, HS>(dkdv, fused_dkdv_regions);
+    dkdv<<<grid, fused_threads, dkdv_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
+    check_cuda(cudaGetLastError(), "fused attention dK/dV launch");
+    const auto dq = fused_dq_kernel<E, HS>;
+    const std::size_t dq_smem = fused_shared_bytes<E, HS>(dq, fused_dq_regions);
+    dq<<<grid, fused_threads, dq_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
+    check_cuda(cudaGetLastError(), "fused attention dQ launch");
+  });
+}
 }  // namespace detail
 
 /// Whether `fused_attention_forward` / `_backward` take this call (see the file comment); the
@@ -520,22 +565,10 @@ void fused_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv);
-  check<ShapeError>(why == nullptr, "fourway: the fused attention cannot take B=", B, ", T=", T,
-                    ", C=", C, ", NH=", NH, ": ", why == nullptr ? "" : why,
-                    "; run the blockwise path (flash_attention_forward without "
-                    "set_fused_attention)");
-  if (B * T == 0) return;
-  const detail::FusedShape f = detail::fused_shape(T, C, NH);
-  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
-  detail::fused_head_dispatch(C / NH, [&](auto head) {
-    constexpr int HS = decltype(head)::value;
-    const auto kernel = detail::fused_forward_kernel<E, HS>;
-    const std::size_t smem =
-        detail::fused_shared_bytes<E, HS>(kernel, detail::fused_forward_regions);
-    kernel<<<grid, detail::fused_threads, smem, ctx.stream()>>>(out, lse, qkv, f);
-    check_cuda(cudaGetLastError(), "fused attention forward launch");
-  });
+  if (const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv)) {
+    detail::refuse_fused(why, "flash_attention_forward", B, T, C, NH);
+  }
+  detail::fused_forward_launch(ctx, out, lse, qkv, B, T, C, NH);
 }
 
 /// dqkv (B, T, 3C) (`=`) from dout, qkv, out and lse of the forward; `delta` (B, NH, T) is
@@ -547,27 +580,10 @@ void fused_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, c
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out);
-  check<ShapeError>(why == nullptr, "fourway: the fused attention cannot take B=", B, ", T=", T,
-                    ", C=", C, ", NH=", NH, ": ", why == nullptr ? "" : why,
-                    "; run the blockwise path (flash_attention_backward without "
-                    "set_fused_attention)");
-  if (B * T == 0) return;
-  detail::launch_flash_delta(ctx, delta, dout, out, B, detail::flash_shape(B, T, C, NH));
-  const detail::FusedShape f = detail::fused_shape(T, C, NH);
-  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
-  detail::fused_head_dispatch(C / NH, [&](auto head) {
-    constexpr int HS = decltype(head)::value;
-    const auto dkdv = detail::fused_dkdv_kernel<E, HS>;
-    const std::size_t dkdv_smem =
-        detail::fused_shared_bytes<E, HS>(dkdv, detail::fused_dkdv_regions);
-    dkdv<<<grid, detail::fused_threads, dkdv_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
-    check_cuda(cudaGetLastError(), "fused attention dK/dV launch");
-    const auto dq = detail::fused_dq_kernel<E, HS>;
-    const std::size_t dq_smem = detail::fused_shared_bytes<E, HS>(dq, detail::fused_dq_regions);
-    dq<<<grid, detail::fused_threads, dq_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
-    check_cuda(cudaGetLastError(), "fused attention dQ launch");
-  });
+  if (const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out)) {
+    detail::refuse_fused(why, "flash_attention_backward", B, T, C, NH);
+  }
+  detail::fused_backward_launch(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
 }
 
 }  // namespace fourway::cuda
