@@ -573,7 +573,8 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
   using E = TypeParam;
   Env e;
   const std::int64_t shapes[][4] = {{1, 1, 4, 1},    {2, 7, 12, 3},   {1, 65, 3, 3},
-                                    {3, 100, 64, 2}, {1, 70, 256, 2}, {2, 300, 48, 3}};
+                                    {3, 100, 64, 2}, {1, 70, 256, 2}, {2, 300, 48, 3},
+                                    {2, 130, 128, 2}};
   std::uint32_t seed = 900;
   const bool fp32 = std::is_same_v<E, float>;
   int fused_shapes = 0;
@@ -586,7 +587,7 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
       const auto nqkv = static_cast<std::size_t>(B * T * 3 * C),
                  nout = static_cast<std::size_t>(B * T * C),
                  nrow = static_cast<std::size_t>(B * NH * T);
-      // the fused kernels take 16-bit types and head sizes 16, 32, 64, 128 (three of the shapes)
+      // the fused kernels take 16-bit types and head sizes 16, 32, 64, 128 (four of the shapes)
       if (path == AttentionPath::fused) {
         const std::int64_t hs = C / NH;
         const bool takes = !fp32 && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
@@ -619,7 +620,7 @@ TYPED_TEST(CudaKernels, FlashAttentionMatchesItsHostTwin) {
   }
   const auto paths = attention_paths_under_test();
   if (!fp32 && std::find(paths.begin(), paths.end(), AttentionPath::fused) != paths.end()) {
-    EXPECT_EQ(fused_shapes, 3) << "the fused path ran on too few shapes";
+    EXPECT_EQ(fused_shapes, 4) << "the fused path ran on too few shapes";
   }
 }
 
@@ -630,7 +631,7 @@ TEST(FusedAttention, RefusalsNameTheirReason) {
   alignas(16) static fw::bf16 buf[16];
   const fw::bf16* ok = buf;
   const fw::bf16* off = buf + 1;  // 2 bytes past a 16-byte boundary
-  const auto why = [](const char* r) { return std::string(r == nullptr ? "(taken)" : r); };
+  const auto why = [](const std::string& r) { return r.empty() ? std::string("(taken)") : r; };
   EXPECT_EQ(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 768, 12, ok)), "(taken)");
   EXPECT_EQ(why(d::fused_refusal<fw::fp16>(nullptr, 1, 70, 256, 2)), "(taken)");
   for (const std::int64_t hs : {16, 32, 64, 128}) {
@@ -649,6 +650,29 @@ TEST(FusedAttention, RefusalsNameTheirReason) {
   EXPECT_NE(
       why(d::fused_refusal<fw::bf16>(nullptr, 1, std::int64_t{1} << 20, 1024, 16)).find("32 bits"),
       std::string::npos);  // T * 3C = 3 * 2^30
+}
+
+// The shared memory a block must opt in to, against what GPUs allow (CUDA's programming guide:
+// 163 KiB = 166912 bytes at compute capability 8.0, 99 KiB = 101376 at 8.6 and 8.9, 227 KiB at
+// 9.0). The need is the dK/dV kernel's: four 16-bit tiles of 64 rows (hs + 8 apart), two fp32
+// regions of 4 warps x 16 rows (max(hs, 64) + 4 apart), two 16-bit ones (72 apart) and two rows
+// of 64 floats, each rounded up to 128 bytes — by hand: hs 16 66048, hs 32 74240, hs 64 90624,
+// hs 128 156160.
+TEST(FusedAttention, SharedMemoryRefusalNamesBothSizes) {
+  namespace d = fw::cuda::detail;
+  const std::pair<std::int64_t, std::int64_t> need[] = {
+      {16, 66048}, {32, 74240}, {64, 90624}, {128, 156160}};
+  for (const auto& [hs, bytes] : need) {
+    EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(hs, bytes), "") << hs;
+    EXPECT_EQ(d::fused_shared_refusal<fw::fp16>(hs, bytes), "") << hs;
+    const std::string why = d::fused_shared_refusal<fw::bf16>(hs, bytes - 1);
+    EXPECT_NE(why.find(std::to_string(bytes) + " bytes"), std::string::npos) << why;
+    EXPECT_NE(why.find("allows " + std::to_string(bytes - 1)), std::string::npos) << why;
+    EXPECT_NE(why.find("head size " + std::to_string(hs)), std::string::npos) << why;
+  }
+  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(64, 101376), "");   // GPT-2's heads on an L4 / A10
+  EXPECT_NE(d::fused_shared_refusal<fw::bf16>(128, 101376), "");  // Llama's there: blockwise
+  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(128, 166912), "");  // an A100
 }
 
 TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {

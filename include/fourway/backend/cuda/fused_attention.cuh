@@ -21,7 +21,9 @@
 //!
 //! Taken only where `fused_attention_supports` holds: bf16 or fp16, head size 16, 32, 64 or 128,
 //! every pointer on a 16-byte boundary, B·NH <= 65535, a GPU of compute capability 8.0 or later
-//! running code built for it. The layers select it with `Context<Cuda>::set_fused_attention`
+//! running code built for it and letting a block have the shared memory the head size needs
+//! (head size 128 needs 152.5 KiB: not on compute capability 8.6 / 8.9, which allow 99 KiB). The
+//! layers select it with `Context<Cuda>::set_fused_attention`
 //! (`cuda/attention_select.cuh`); elsewhere they run the blockwise path.
 // fourway-requires: cuda
 #pragma once
@@ -31,6 +33,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "fourway/backend/cuda/common.cuh"
@@ -446,16 +449,45 @@ bool fused_head_dispatch(std::int64_t hs, F&& f) {
   }
 }
 
-/// Whether this device runs the fused kernels of E for head size hs: compute capability 8.0 or
-/// later and a binary built for 8.0 or later (the kernels' bodies need WMMA in 16-bit types).
+/// Dynamic shared memory a block of the largest fused kernel takes at head size HS (the dK/dV
+/// kernel's, at every head size).
+template <class E, int HS>
+constexpr std::size_t fused_shared_need() {
+  using L = FusedLayout<E, HS>;
+  std::size_t need = 0;
+  for (const auto& r : {fused_forward_regions, fused_dkdv_regions, fused_dq_regions}) {
+    const std::size_t b = L::bytes(r[0], r[1], r[2], r[3]);
+    need = b > need ? b : need;
+  }
+  return need;
+}
+
+/// Why a GPU that lets a block opt in to `optin` bytes of shared memory cannot run the fused
+/// kernels at head size hs (a message naming both sizes), or empty when it can. Compute
+/// capability 8.6 and 8.9 allow 99 KiB, below what head size 128 needs; 8.0 allows 163 KiB and
+/// 9.0 227 KiB.
 template <class E>
-bool fused_device_ready(const Context<Cuda>& ctx, std::int64_t hs) {
+std::string fused_shared_refusal(std::int64_t hs, std::int64_t optin) {
+  std::size_t need = 0;
+  fused_head_dispatch(hs, [&](auto head) { need = fused_shared_need<E, decltype(head)::value>(); });
+  if (need <= static_cast<std::size_t>(optin)) return {};
+  return fourway::detail::cat("the kernels need ", need,
+                              " bytes of shared memory a block at head size ", hs,
+                              " and this GPU allows ", optin);
+}
+
+/// Why this device cannot run the fused kernels of E for head size hs, or empty: compute
+/// capability 8.0 or later, a binary built for 8.0 or later (the kernels' bodies need WMMA in
+/// 16-bit types), and the shared memory a block opts in to.
+template <class E>
+std::string fused_device_refusal(const Context<Cuda>& ctx, std::int64_t hs) {
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device()),
              "cudaDeviceGetAttribute (compute capability)");
-  if (major < 8) return false;
+  const char* const old = "the GPU (or the code built for it) is older than compute capability 8.0";
+  if (major < 8) return old;  // asked first: an older GPU may have no image of the kernels at all
   int built = 0;
-  const bool known = fused_head_dispatch(hs, [&](auto head) {
+  fused_head_dispatch(hs, [&](auto head) {
     // the binary's version is one per process: asked once (the layers ask at every call)
     static const int version = [] {
       cudaFuncAttributes attr{};
@@ -465,13 +497,17 @@ bool fused_device_ready(const Context<Cuda>& ctx, std::int64_t hs) {
     }();
     built = version;
   });
-  return known && built >= 80;
+  if (built < 80) return old;
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()),
+             "cudaDeviceGetAttribute (shared memory a block opts in to)");
+  return fused_shared_refusal<E>(hs, optin);
 }
 
 /// The checks past the element type (E bf16 or fp16): the device is asked last, so shapes are
 /// refused without a GPU.
 template <class E, class... Ptr>
-const char* fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T,
+std::string fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T,
                                 std::int64_t C, std::int64_t NH, const Ptr*... ptrs) {
   if (NH <= 0 || C % NH != 0) return "C is not a multiple of NH";
   const std::int64_t hs = C / NH;
@@ -480,15 +516,12 @@ const char* fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::i
   if (!(aligned16(ptrs) && ...)) return "a pointer is not on a 16-byte boundary";
   if (B * NH > 65535) return "B * NH is over 65535 (the grid's y)";
   if (T > INT_MAX / (3 * C)) return "T * 3C does not fit 32 bits";
-  if (ctx != nullptr && !fused_device_ready<E>(*ctx, hs)) {
-    return "the GPU (or the code built for it) is older than compute capability 8.0";
-  }
-  return nullptr;
+  return ctx == nullptr ? std::string{} : fused_device_refusal<E>(*ctx, hs);
 }
 
-/// Why the fused kernels refuse this call (a message), or null when they take it.
+/// Why the fused kernels refuse this call (a message), or empty when they take it.
 template <class E, class... Ptr>
-const char* fused_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T, std::int64_t C,
+std::string fused_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T, std::int64_t C,
                           std::int64_t NH, const Ptr*... ptrs) {
   if constexpr (!fused_element<E>) {
     return "the element type is not bf16 or fp16";
@@ -503,7 +536,7 @@ inline FusedShape fused_shape(std::int64_t T, std::int64_t C, std::int64_t NH) {
 }
 
 /// Throws the ShapeError naming why the fused kernels refuse a call (`why` from fused_refusal).
-inline void refuse_fused(const char* why, const char* entry, std::int64_t B, std::int64_t T,
+inline void refuse_fused(const std::string& why, const char* entry, std::int64_t B, std::int64_t T,
                          std::int64_t C, std::int64_t NH) {
   throw ShapeError(fourway::detail::cat(
       "fourway: the fused attention cannot take B=", B, ", T=", T, ", C=", C, ", NH=", NH, ": ",
@@ -554,7 +587,7 @@ void fused_backward_launch(const Context<Cuda>& ctx, E* dqkv, float* delta, cons
 template <class E, class... Ptr>
 bool fused_attention_supports(const Context<Cuda>& ctx, std::int64_t B, std::int64_t T,
                               std::int64_t C, std::int64_t NH, const Ptr*... ptrs) {
-  return detail::fused_refusal<E>(&ctx, B, T, C, NH, ptrs...) == nullptr;
+  return detail::fused_refusal<E>(&ctx, B, T, C, NH, ptrs...).empty();
 }
 
 /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C); causal, scale 1/sqrt(hs). Throws
@@ -565,7 +598,7 @@ void fused_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  if (const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv)) {
+  if (const std::string why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv); !why.empty()) {
     detail::refuse_fused(why, "flash_attention_forward", B, T, C, NH);
   }
   detail::fused_forward_launch(ctx, out, lse, qkv, B, T, C, NH);
@@ -580,7 +613,8 @@ void fused_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, c
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  if (const char* why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out)) {
+  if (const std::string why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out);
+      !why.empty()) {
     detail::refuse_fused(why, "flash_attention_backward", B, T, C, NH);
   }
   detail::fused_backward_launch(ctx, dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
