@@ -16,7 +16,8 @@
 #   gpt-step             one GPT step GPU vs host: small shapes, and GPT-2 124M's width, heads and
 #                        vocabulary at T = 1024 with 2 layers (fp32)
 #   train-cuda-vs-host   fourway-train-cuda vs fourway-train: 1 rank; 4-rank ZeRO-3 on LocalWorld on
-#                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32)
+#                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32); the
+#                        fused classifier (fp32), fp16, bf16 with --attention fused, --tf32
 #                        (examples/train/cuda_vs_host.sh)
 #   train-vs-pytorch-gpu one GPT-2 124M training step (12 layers, width 768, vocab 50257, T 1024,
 #                        B 8, bf16 with fp32 masters, AdamW, clip 1.0): fourway-train-cuda vs
@@ -208,7 +209,7 @@ plan=(
   "racecheck-kernels|90|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; attention: tiled, and fused in bf16)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
-  "train-cuda-vs-host|70|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2"
+  "train-cuda-vs-host|90|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; classifier chunks; fp16; fused attention; tf32"
   "train-vs-pytorch-gpu|120|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA, 3 rounds"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"

@@ -6,12 +6,18 @@
 #   bf16, 4-rank LocalWorld ZeRO-3    relative 5e-3
 #   fp32, tp2·dp2 ZeRO-1 (4 ranks)    relative 1e-4   (tensor parallelism)
 #   fp32, tp2·pp2·dp2 ZeRO-1 (8)      relative 1e-4   (the 3D mesh: p2p between stages too)
+#   fp32, --classifier-chunk 64       relative 1e-4   (the fused classifier: 4 chunks of 64 tokens)
+#   fp16, 1 rank                      relative 5e-3   (loss scaling, the fp16 kernels end to end)
+#   bf16, --attention fused           relative 5e-3   (the tensor-core attention, head size 16,
+#                                                      against the host's bf16 run)
+#   --tf32 against the host's fp32    relative 2e-3   (TF32 rounds GEMM inputs to 10 bits)
 # Tolerances: in fp32 only the summation order differs (cuBLAS vs the host GEMM, device vs host
 # collectives): ~1e-6 relative per step, grown by the AdamW steps; 1e-4 as in
 # tests/parallel/sharded_cuda_test.cu. In bf16 the whole effect of bf16 rounding on this run is
 # 7e-4 (host bf16 vs host fp32, largest step), so two summation orders in bf16 stay well inside
 # 5e-3; another random initialization already moves the losses by 1.3e-2, and a wrong kernel by
-# far more.
+# far more. fp16 and TF32 round to 11 bits where bf16 rounds to 8, so they sit well inside bf16's
+# bound (2e-3 for TF32, whose only rounding is the GEMMs' inputs).
 # Prints one `PASS name: ...` or `FAIL name: ...` line per case; exits 0 when all pass, 1 when
 # one fails, 77 when no GPU is visible (ctest reports that as skipped).
 # Usage: cuda_vs_host.sh HOST_EXE CUDA_EXE OUT_DIR
@@ -37,17 +43,21 @@ fi
 losses() { grep -o '"loss":[-0-9.eE+naif]*' "$1" | cut -d: -f2; }
 
 status=0
-compare() {  # compare NAME TOL FLAGS...
-  local name=$1 tol=$2
+compare() {  # compare NAME TOL FLAGS... [-- FLAGS only fourway-train-cuda takes]
+  local name=$1 tol=$2 both=() cuda_only=()
   shift 2
-  [[ " $* " == *" --precision "* ]] || set -- "$@" --precision fp32
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do both+=("$1") && shift; done
+  [ $# -gt 0 ] && shift && cuda_only=("$@")
+  [[ " ${both[*]} " == *" --precision "* ]] || both+=(--precision fp32)
   local h=$out/$name.host.json d=$out/$name.cuda.json
+  set -- "${both[@]}"
   if ! "$host" "${model[@]}" --steps $steps "$@" --log-json "$h" > "$out/$name.host.txt" 2>&1; then
     echo "FAIL $name: host fourway-train failed: $(tail -1 "$out/$name.host.txt")"
     status=1
     return
   fi
-  if ! "$cuda" "${model[@]}" --steps $steps "$@" --log-json "$d" > "$out/$name.cuda.txt" 2>&1; then
+  if ! "$cuda" "${model[@]}" --steps $steps "$@" "${cuda_only[@]}" --log-json "$d" \
+    > "$out/$name.cuda.txt" 2>&1; then
     echo "FAIL $name: fourway-train-cuda failed: $(tail -1 "$out/$name.cuda.txt")"
     status=1
     return
@@ -72,4 +82,8 @@ compare fp32-zero3-4ranks 1e-4 --ranks 4 --zero 3
 compare bf16-zero3-4ranks 5e-3 --ranks 4 --zero 3 --precision bf16
 compare fp32-tp2-dp2-zero1 1e-4 --tp 2 --dp 2 --zero 1
 compare fp32-tp2-pp2-dp2-zero1 1e-4 --tp 2 --pp 2 --dp 2 --zero 1 --micro-batches 2
+compare fp32-classifier-chunk 1e-4 --classifier-chunk 64
+compare fp16-1rank 5e-3 --precision fp16
+compare bf16-fused-attention 5e-3 --precision bf16 -- --attention fused
+compare tf32-1rank 2e-3 -- --tf32
 exit $status

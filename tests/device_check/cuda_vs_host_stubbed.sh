@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# examples/train/cuda_vs_host.sh without a GPU: a stand-in fourway-train-cuda records its flags,
+# drops the ones only it takes (--attention, --tf32) and runs the real host fourway-train, so
+# every case must pass, each with its flags on the right side (--attention fused and --tf32 on
+# the CUDA side only, --precision fp32 added to both sides of a case that names none); with
+# STUB_SKEW the stand-in scales its losses, and a case whose tolerance that passes must fail; no
+# GPU visible is exit 77. The real comparison needs a GPU (scripts/device-check.sh, step
+# train-cuda-vs-host).
+#   cuda_vs_host_stubbed.sh SCRIPT HOST_EXE WORKDIR
+set -uo pipefail
+# shellcheck source=tests/device_check/stub_checks.sh
+source "$(dirname "$0")/stub_checks.sh"
+script=$1
+host=$2
+work=$3
+rm -rf "$work" && mkdir -p "$work"
+cat > "$work/fourway-train-cuda" <<'STUB'
+#!/usr/bin/env bash
+echo "$*" >> "$STUB_ARGS"
+[ -n "${STUB_NO_GPU:-}" ] && echo "fourway-train-cuda: no CUDA device is visible" >&2 && exit 1
+args=() json=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --attention) shift ;;
+    --tf32) ;;
+    --log-json) json=$2 && args+=("$1" "$2") && shift ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
+"$STUB_HOST" "${args[@]}" || exit 1
+if [ -n "${STUB_SKEW:-}" ] && [ -n "$json" ]; then
+  awk -v k="$STUB_SKEW" '{
+    if (match($0, /"loss":[-0-9.eE+]+/)) {
+      v = substr($0, RSTART + 7, RLENGTH - 7) * k
+      $0 = substr($0, 1, RSTART + 6) sprintf("%.9g", v) substr($0, RSTART + RLENGTH)
+    }
+    print }' "$json" > "$json.skew" && mv "$json.skew" "$json"
+fi
+STUB
+chmod +x "$work/fourway-train-cuda"
+export STUB_ARGS=$work/cuda-args.txt STUB_HOST=$host
+
+out=$(bash "$script" "$host" "$work/fourway-train-cuda" "$work/run" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with a stand-in that runs the host program"
+expect_in_out "" "PASS fp32-1rank: 8 steps" "PASS fp32-zero3-4ranks:" "PASS bf16-zero3-4ranks:" \
+  "PASS fp32-tp2-dp2-zero1:" "PASS fp32-tp2-pp2-dp2-zero1:" "PASS fp32-classifier-chunk:" \
+  "PASS fp16-1rank:" "PASS bf16-fused-attention:" "PASS tf32-1rank:"
+[ "$(grep -c '^PASS' <<< "$out")" -eq 9 ] || fail "not 9 PASS lines"
+# the flags each side got: the CUDA side's from the record, the host's from its own logs
+args_of() { grep -E -- "--log-json [^ ]*/$1.cuda.json" "$STUB_ARGS"; }
+grep -q -- "--precision bf16 --attention fused" <<< "$(args_of bf16-fused-attention)" ||
+  fail "bf16-fused-attention: the CUDA side was not given --attention fused after its flags"
+grep -q -- "--precision fp32 --tf32" <<< "$(args_of tf32-1rank)" ||
+  fail "tf32-1rank: the CUDA side was not given --precision fp32 --tf32"
+grep -q -- "--classifier-chunk 64 --precision fp32" <<< "$(args_of fp32-classifier-chunk)" ||
+  fail "fp32-classifier-chunk: the CUDA side was not given its flags"
+grep -q -- "--precision fp16" <<< "$(args_of fp16-1rank)" || fail "fp16-1rank: no --precision fp16"
+grep -q -- "--precision fp32" <<< "$(args_of fp16-1rank)" &&
+  fail "fp16-1rank: --precision fp32 added to a case that names its precision"
+
+# losses 0.3% off: the fp32 cases (1e-4) and TF32's (2e-3) fail, fp16 / bf16 (5e-3) pass
+: > "$STUB_ARGS"
+out=$(STUB_SKEW=1.003 bash "$script" "$host" "$work/fourway-train-cuda" "$work/skew" 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "exit $rc with losses 0.3% off, want 1"
+expect_in_out " with losses 0.3% off" "FAIL fp32-1rank:" "FAIL fp32-classifier-chunk:" \
+  "FAIL tf32-1rank:" "PASS fp16-1rank:" "PASS bf16-fused-attention:" "max rel diff 3.00e-03"
+
+out=$(STUB_NO_GPU=1 bash "$script" "$host" "$work/fourway-train-cuda" "$work/nogpu" 2>&1)
+rc=$?
+[ $rc -eq 77 ] || fail "exit $rc with no GPU visible, want 77"
+expect_in_out " with no GPU" "SKIP: no CUDA device is visible"
+
+finish cuda_vs_host_stubbed
