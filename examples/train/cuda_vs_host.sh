@@ -9,7 +9,8 @@
 #   fp32, --classifier-chunk 64       relative 1e-4   (the fused classifier: 4 chunks of 64 tokens)
 #   fp16, 1 rank                      relative 5e-3   (loss scaling, the fp16 kernels end to end)
 #   bf16, --attention fused           relative 5e-3   (the tensor-core attention, head size 16,
-#                                                      against the host's bf16 run)
+#                                                      against the host's bf16 run; the program
+#                                                      must say it runs the fused kernels)
 #   --tf32 against the host's fp32    relative 2e-3   (TF32 rounds GEMM inputs to 10 bits)
 # Tolerances: in fp32 only the summation order differs (cuBLAS vs the host GEMM, device vs host
 # collectives): ~1e-6 relative per step, grown by the AdamW steps; 1e-4 as in
@@ -85,5 +86,11 @@ compare fp32-tp2-pp2-dp2-zero1 1e-4 --tp 2 --pp 2 --dp 2 --zero 1 --micro-batche
 compare fp32-classifier-chunk 1e-4 --classifier-chunk 64
 compare fp16-1rank 5e-3 --precision fp16
 compare bf16-fused-attention 5e-3 --precision bf16 -- --attention fused
+# the layers fall back to the blockwise path where the fused kernels refuse: this case must not
+if ! grep -q '^attention: fused' "$out/bf16-fused-attention.cuda.txt" 2>/dev/null; then
+  echo "FAIL bf16-fused-attention: fourway-train-cuda did not run the fused kernels:" \
+    "$(grep '^attention:' "$out/bf16-fused-attention.cuda.txt" 2>/dev/null || echo 'no attention line')"
+  status=1
+fi
 compare tf32-1rank 2e-3 -- --tf32
 exit $status

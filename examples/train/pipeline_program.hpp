@@ -320,6 +320,7 @@ void train_pipeline_ranks(const Options& o) {
     }
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    print_attention<Target>(ctx, o, cfg, lead);
     const int replicas = n / (o.pp * tp_degree);
     fw::check<fw::ConfigError>(
         o.batch % (replicas * o.micro_batches) == 0, "fourway: the global batch of B=", o.batch,

@@ -43,6 +43,19 @@ struct CudaTarget {
                                        const fourway_train::Options& o) {
     return fw::Context<fw::Cuda>(m, device, o.tf32, o.attention == "fused");
   }
+  /// --attention fused: the kernels the layers run for this model on this GPU — the fused ones,
+  /// or the blockwise path and the fused kernels' reason to refuse (head size, GPU). Asked of
+  /// one sequence; the grid limit (B·NH <= 65535) is the only refusal a batch adds.
+  static std::string attention_note(const fw::Context<fw::Cuda>& ctx,
+                                    const fourway_train::Options& o,
+                                    const fw::models::GptConfig& cfg) {
+    const std::string why =
+        o.precision == "fp16"
+            ? fw::cuda::detail::fused_refusal<fw::fp16>(&ctx, 1, o.seq, cfg.dim, cfg.heads)
+            : fw::cuda::detail::fused_refusal<fw::bf16>(&ctx, 1, o.seq, cfg.dim, cfg.heads);
+    return why.empty() ? "fused (the tensor-core flash kernels)"
+                       : "blockwise: the fused kernels refuse this model here (" + why + ")";
+  }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }
   template <class Fn>

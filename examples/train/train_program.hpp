@@ -394,6 +394,20 @@ std::vector<fw::MemorySnapshot> gather_memory(fw::World<W>& w, const fw::Context
   return out;
 }
 
+/// --attention fused (fourway-train-cuda): the lead rank says which attention the layers run,
+/// the fused kernels or the blockwise path and why (Target::attention_note).
+template <class Target, class B>
+void print_attention(const fw::Context<B>& ctx, const Options& o, const fw::models::GptConfig& cfg,
+                     bool lead) {
+  if constexpr (Target::has_fused_attention) {
+    if (lead && o.attention == "fused") {
+      std::printf("attention: %s\n", Target::attention_note(ctx, o, cfg).c_str());
+    }
+  } else {
+    (void)ctx, (void)o, (void)cfg, (void)lead;
+  }
+}
+
 /// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
 /// (The checkpoint is opened for positioned reads: only its header is read here.)
 inline fw::models::GptConfig model_config(const Options& o,
@@ -495,6 +509,7 @@ int train(const Options& o) {
 
   std::optional<fw::SafetensorsReader> ckpt;
   fw::models::GptConfig cfg = model_config(o, ckpt, true);
+  print_attention<Target>(ctx, o, cfg, true);
   // the data is checked against the batch and vocabulary before the model is allocated
   const fw::TokenData data = o.data.empty() ? fw::builtin_corpus() : fw::TokenData::read(o.data);
   fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
@@ -635,6 +650,7 @@ void train_ranks(const Options& o) {
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    print_attention<Target>(ctx, o, cfg, lead);
     // described, not allocated: the strategy materialises (and loads) only what this rank owns
     Model model = Model::deferred(ctx, cfg, o.seed);
     const std::int64_t psi = model.num_parameters();

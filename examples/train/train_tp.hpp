@@ -50,6 +50,7 @@ void train_tp_ranks(const Options& o) {
         "with batch/dp x seq divisible by ", o.tp);
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
+    print_attention<Target>(ctx, o, cfg, lead);
     fw::tp::TpOptions to;
     to.sequence_parallel = o.sequence_parallel;
     to.vocab_alignment = o.vocab_align;

@@ -3,8 +3,9 @@
 # drops the ones only it takes (--attention, --tf32) and runs the real host fourway-train, so
 # every case must pass, each with its flags on the right side (--attention fused and --tf32 on
 # the CUDA side only, --precision fp32 added to both sides of a case that names none); with
-# STUB_SKEW the stand-in scales its losses, and a case whose tolerance that passes must fail; no
-# GPU visible is exit 77. The real comparison needs a GPU (scripts/device-check.sh, step
+# STUB_SKEW the stand-in scales its losses, and a case whose tolerance that passes must fail;
+# with STUB_ATTENTION it reports the blockwise fallback, which fails the fused case; no GPU
+# visible is exit 77. The real comparison needs a GPU (scripts/device-check.sh, step
 # train-cuda-vs-host).
 #   cuda_vs_host_stubbed.sh SCRIPT HOST_EXE WORKDIR
 set -uo pipefail
@@ -21,7 +22,7 @@ echo "$*" >> "$STUB_ARGS"
 args=() json=
 while [ $# -gt 0 ]; do
   case $1 in
-    --attention) shift ;;
+    --attention) echo "attention: ${STUB_ATTENTION:-fused (the tensor-core flash kernels)}" && shift ;;
     --tf32) ;;
     --log-json) json=$2 && args+=("$1" "$2") && shift ;;
     *) args+=("$1") ;;
@@ -67,6 +68,14 @@ rc=$?
 [ $rc -eq 1 ] || fail "exit $rc with losses 0.3% off, want 1"
 expect_in_out " with losses 0.3% off" "FAIL fp32-1rank:" "FAIL fp32-classifier-chunk:" \
   "FAIL tf32-1rank:" "PASS fp16-1rank:" "PASS bf16-fused-attention:" "max rel diff 3.00e-03"
+
+# the CUDA side says it fell back to the blockwise path: the fused case fails, naming that line
+out=$(STUB_ATTENTION="blockwise: the fused kernels refuse this model here (x)" bash "$script" \
+  "$host" "$work/fourway-train-cuda" "$work/fallback" 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "exit $rc when the fused kernels were refused, want 1"
+expect_in_out " when the fused kernels were refused" \
+  "FAIL bf16-fused-attention: fourway-train-cuda did not run the fused kernels: attention: blockwise"
 
 out=$(STUB_NO_GPU=1 bash "$script" "$host" "$work/fourway-train-cuda" "$work/nogpu" 2>&1)
 rc=$?
