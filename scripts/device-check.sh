@@ -148,8 +148,12 @@ first: docs/building.md, 'A staged build')"
   while read -r lib; do
     cp -L "$lib" "$stage_dir/lib/" || die "cannot copy $lib"
   done < <(ldd "$build/benchmarks/backend/bench_kernels_gpu" | awk '/libbenchmark/ { print $3 }')
-  { echo "source $root"; echo "build $build"; echo "staged $(date -u +%FT%TZ) on $(hostname)"; } \
-    > "$stage_dir/STAGED"
+  # the commit the programs were built from, so a later session knows whether they are current
+  commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] &&
+    commit="$commit with uncommitted changes"
+  { echo "source $root"; echo "build $build"
+    echo "staged $(date -u +%FT%TZ) on $(hostname), commit $commit"; } > "$stage_dir/STAGED"
   echo "device-check: staged ${#staged_programs[@]} programs from $build in $stage_dir" \
        "($(du -sh "$stage_dir" | cut -f1)); send it with the run (device tool: carry" \
        "[\"${stage_dir#"$root"/}\"], command scripts/device-check.sh --prebuilt" \
