@@ -51,13 +51,12 @@ compare() {  # compare NAME TOL FLAGS... [-- FLAGS only fourway-train-cuda takes
   [ $# -gt 0 ] && shift && cuda_only=("$@")
   [[ " ${both[*]} " == *" --precision "* ]] || both+=(--precision fp32)
   local h=$out/$name.host.json d=$out/$name.cuda.json
-  set -- "${both[@]}"
-  if ! "$host" "${model[@]}" --steps $steps "$@" --log-json "$h" > "$out/$name.host.txt" 2>&1; then
+  if ! "$host" "${model[@]}" --steps $steps "${both[@]}" --log-json "$h" > "$out/$name.host.txt" 2>&1; then
     echo "FAIL $name: host fourway-train failed: $(tail -1 "$out/$name.host.txt")"
     status=1
     return
   fi
-  if ! "$cuda" "${model[@]}" --steps $steps "$@" "${cuda_only[@]}" --log-json "$d" \
+  if ! "$cuda" "${model[@]}" --steps $steps "${both[@]}" "${cuda_only[@]}" --log-json "$d" \
     > "$out/$name.cuda.txt" 2>&1; then
     echo "FAIL $name: fourway-train-cuda failed: $(tail -1 "$out/$name.cuda.txt")"
     status=1

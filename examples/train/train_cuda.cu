@@ -49,12 +49,12 @@ struct CudaTarget {
   static std::string attention_note(const fw::Context<fw::Cuda>& ctx,
                                     const fourway_train::Options& o,
                                     const fw::models::GptConfig& cfg) {
-    const std::string why =
+    const auto why =
         o.precision == "fp16"
             ? fw::cuda::detail::fused_refusal<fw::fp16>(&ctx, 1, o.seq, cfg.dim, cfg.heads)
             : fw::cuda::detail::fused_refusal<fw::bf16>(&ctx, 1, o.seq, cfg.dim, cfg.heads);
     return why.empty() ? "fused (the tensor-core flash kernels)"
-                       : "blockwise: the fused kernels refuse this model here (" + why + ")";
+                       : "blockwise: the fused kernels refuse this model here (" + why.text() + ")";
   }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }

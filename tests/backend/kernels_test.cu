@@ -631,7 +631,7 @@ TEST(FusedAttention, RefusalsNameTheirReason) {
   alignas(16) static fw::bf16 buf[16];
   const fw::bf16* ok = buf;
   const fw::bf16* off = buf + 1;  // 2 bytes past a 16-byte boundary
-  const auto why = [](const std::string& r) { return r.empty() ? std::string("(taken)") : r; };
+  const auto why = [](const d::FusedRefusal& r) { return r.empty() ? "(taken)" : r.text(); };
   EXPECT_EQ(why(d::fused_refusal<fw::bf16>(nullptr, 8, 1024, 768, 12, ok)), "(taken)");
   EXPECT_EQ(why(d::fused_refusal<fw::fp16>(nullptr, 1, 70, 256, 2)), "(taken)");
   for (const std::int64_t hs : {16, 32, 64, 128}) {
@@ -663,16 +663,17 @@ TEST(FusedAttention, SharedMemoryRefusalNamesBothSizes) {
   const std::pair<std::int64_t, std::int64_t> need[] = {
       {16, 66048}, {32, 74240}, {64, 90624}, {128, 156160}};
   for (const auto& [hs, bytes] : need) {
-    EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(hs, bytes), "") << hs;
-    EXPECT_EQ(d::fused_shared_refusal<fw::fp16>(hs, bytes), "") << hs;
-    const std::string why = d::fused_shared_refusal<fw::bf16>(hs, bytes - 1);
+    EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(hs, bytes).text(), "") << hs;
+    EXPECT_EQ(d::fused_shared_refusal<fw::fp16>(hs, bytes).text(), "") << hs;
+    const std::string why = d::fused_shared_refusal<fw::bf16>(hs, bytes - 1).text();
     EXPECT_NE(why.find(std::to_string(bytes) + " bytes"), std::string::npos) << why;
     EXPECT_NE(why.find("allows " + std::to_string(bytes - 1)), std::string::npos) << why;
     EXPECT_NE(why.find("head size " + std::to_string(hs)), std::string::npos) << why;
   }
-  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(64, 101376), "");   // GPT-2's heads on an L4 / A10
-  EXPECT_NE(d::fused_shared_refusal<fw::bf16>(128, 101376), "");  // Llama's there: blockwise
-  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(128, 166912), "");  // an A100
+  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(64, 101376).text(),
+            "");  // GPT-2's heads on an L4 / A10
+  EXPECT_NE(d::fused_shared_refusal<fw::bf16>(128, 101376).text(), "");  // Llama's there: blockwise
+  EXPECT_EQ(d::fused_shared_refusal<fw::bf16>(128, 166912).text(), "");  // an A100
 }
 
 TYPED_TEST(CudaKernels, CrossEntropyAndVocabPieces) {

@@ -462,25 +462,45 @@ constexpr std::size_t fused_shared_need() {
   return need;
 }
 
-/// Why a GPU that lets a block opt in to `optin` bytes of shared memory cannot run the fused
-/// kernels at head size hs (a message naming both sizes), or empty when it can. Compute
-/// capability 8.6 and 8.9 allow 99 KiB, below what head size 128 needs; 8.0 allows 163 KiB and
-/// 9.0 227 KiB.
+/// Why the fused kernels refuse a call: a fixed reason, or the shared memory a block needs
+/// against what the GPU allows; empty when they take it. Made without allocating (the layers
+/// ask at every call); `text()` writes the message when one is shown.
+struct FusedRefusal {
+  const char* why = nullptr;
+  std::size_t need = 0;  // with `why` null and need > 0: short of shared memory
+  std::int64_t hs = 0, optin = 0;
+  FusedRefusal() = default;
+  FusedRefusal(const char* reason) : why(reason) {}  // NOLINT(google-explicit-constructor)
+  [[nodiscard]] bool empty() const { return why == nullptr && need == 0; }
+  [[nodiscard]] std::string text() const {
+    if (why != nullptr) return why;
+    if (need == 0) return {};
+    return fourway::detail::cat("the kernels need ", need,
+                                " bytes of shared memory a block at head size ", hs,
+                                " and this GPU allows ", optin);
+  }
+};
+
+/// Whether a GPU that lets a block opt in to `optin` bytes of shared memory runs the fused
+/// kernels at head size hs: refused, naming both sizes, when it is short. Compute capability
+/// 8.6 and 8.9 allow 99 KiB, below what head size 128 needs; 8.0 allows 163 KiB and 9.0 227 KiB.
 template <class E>
-std::string fused_shared_refusal(std::int64_t hs, std::int64_t optin) {
+FusedRefusal fused_shared_refusal(std::int64_t hs, std::int64_t optin) {
   std::size_t need = 0;
   fused_head_dispatch(hs, [&](auto head) { need = fused_shared_need<E, decltype(head)::value>(); });
   if (need <= static_cast<std::size_t>(optin)) return {};
-  return fourway::detail::cat("the kernels need ", need,
-                              " bytes of shared memory a block at head size ", hs,
-                              " and this GPU allows ", optin);
+  FusedRefusal r;
+  r.need = need;
+  r.hs = hs;
+  r.optin = optin;
+  return r;
 }
 
 /// Why this device cannot run the fused kernels of E for head size hs, or empty: compute
 /// capability 8.0 or later, a binary built for 8.0 or later (the kernels' bodies need WMMA in
 /// 16-bit types), and the shared memory a block opts in to.
 template <class E>
-std::string fused_device_refusal(const Context<Cuda>& ctx, std::int64_t hs) {
+FusedRefusal fused_device_refusal(const Context<Cuda>& ctx, std::int64_t hs) {
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device()),
              "cudaDeviceGetAttribute (compute capability)");
@@ -507,8 +527,8 @@ std::string fused_device_refusal(const Context<Cuda>& ctx, std::int64_t hs) {
 /// The checks past the element type (E bf16 or fp16): the device is asked last, so shapes are
 /// refused without a GPU.
 template <class E, class... Ptr>
-std::string fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T,
-                                std::int64_t C, std::int64_t NH, const Ptr*... ptrs) {
+FusedRefusal fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T,
+                                 std::int64_t C, std::int64_t NH, const Ptr*... ptrs) {
   if (NH <= 0 || C % NH != 0) return "C is not a multiple of NH";
   const std::int64_t hs = C / NH;
   if (hs != 16 && hs != 32 && hs != 64 && hs != 128)
@@ -516,13 +536,13 @@ std::string fused_shape_refusal(const Context<Cuda>* ctx, std::int64_t B, std::i
   if (!(aligned16(ptrs) && ...)) return "a pointer is not on a 16-byte boundary";
   if (B * NH > 65535) return "B * NH is over 65535 (the grid's y)";
   if (T > INT_MAX / (3 * C)) return "T * 3C does not fit 32 bits";
-  return ctx == nullptr ? std::string{} : fused_device_refusal<E>(*ctx, hs);
+  return ctx == nullptr ? FusedRefusal{} : fused_device_refusal<E>(*ctx, hs);
 }
 
 /// Why the fused kernels refuse this call (a message), or empty when they take it.
 template <class E, class... Ptr>
-std::string fused_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T, std::int64_t C,
-                          std::int64_t NH, const Ptr*... ptrs) {
+FusedRefusal fused_refusal(const Context<Cuda>* ctx, std::int64_t B, std::int64_t T, std::int64_t C,
+                           std::int64_t NH, const Ptr*... ptrs) {
   if constexpr (!fused_element<E>) {
     return "the element type is not bf16 or fp16";
   } else {
@@ -536,11 +556,22 @@ inline FusedShape fused_shape(std::int64_t T, std::int64_t C, std::int64_t NH) {
 }
 
 /// Throws the ShapeError naming why the fused kernels refuse a call (`why` from fused_refusal).
-inline void refuse_fused(const std::string& why, const char* entry, std::int64_t B, std::int64_t T,
+inline void refuse_fused(const FusedRefusal& why, const char* entry, std::int64_t B, std::int64_t T,
                          std::int64_t C, std::int64_t NH) {
   throw ShapeError(fourway::detail::cat(
       "fourway: the fused attention cannot take B=", B, ", T=", T, ", C=", C, ", NH=", NH, ": ",
-      why, "; run the blockwise path (", entry, " without set_fused_attention)"));
+      why.text(), "; run the blockwise path (", entry, " without set_fused_attention)"));
+}
+
+/// One fused kernel on the context's stream: its shared memory (`regions`) opted in, a block per
+/// tile of f and (batch, head) of the B·NH, the launch checked (`what` names it).
+template <class E, int HS, class Kernel, class... Args>
+void fused_run(const Context<Cuda>& ctx, Kernel kernel, const int (&regions)[4],
+               const FusedShape& f, std::int64_t BNH, const char* what, Args... args) {
+  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(BNH));
+  const std::size_t smem = fused_shared_bytes<E, HS>(kernel, regions);
+  kernel<<<grid, fused_threads, smem, ctx.stream()>>>(args...);
+  check_cuda(cudaGetLastError(), what);
 }
 
 /// The forward's launch, for a call fused_refusal has taken.
@@ -549,13 +580,10 @@ void fused_forward_launch(const Context<Cuda>& ctx, E* out, float* lse, const E*
                           std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
   if (B * T == 0) return;
   const FusedShape f = fused_shape(T, C, NH);
-  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
   fused_head_dispatch(C / NH, [&](auto head) {
     constexpr int HS = decltype(head)::value;
-    const auto kernel = fused_forward_kernel<E, HS>;
-    const std::size_t smem = fused_shared_bytes<E, HS>(kernel, fused_forward_regions);
-    kernel<<<grid, fused_threads, smem, ctx.stream()>>>(out, lse, qkv, f);
-    check_cuda(cudaGetLastError(), "fused attention forward launch");
+    fused_run<E, HS>(ctx, fused_forward_kernel<E, HS>, fused_forward_regions, f, B * NH,
+                     "fused attention forward launch", out, lse, qkv, f);
   });
 }
 
@@ -567,17 +595,12 @@ void fused_backward_launch(const Context<Cuda>& ctx, E* dqkv, float* delta, cons
   if (B * T == 0) return;
   launch_flash_delta(ctx, delta, dout, out, B, flash_shape(B, T, C, NH));
   const FusedShape f = fused_shape(T, C, NH);
-  const dim3 grid(static_cast<unsigned>(f.tiles()), static_cast<unsigned>(B * NH));
   fused_head_dispatch(C / NH, [&](auto head) {
     constexpr int HS = decltype(head)::value;
-    const auto dkdv = fused_dkdv_kernel<E, HS>;
-    const std::size_t dkdv_smem = fused_shared_bytes<E, HS>(dkdv, fused_dkdv_regions);
-    dkdv<<<grid, fused_threads, dkdv_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
-    check_cuda(cudaGetLastError(), "fused attention dK/dV launch");
-    const auto dq = fused_dq_kernel<E, HS>;
-    const std::size_t dq_smem = fused_shared_bytes<E, HS>(dq, fused_dq_regions);
-    dq<<<grid, fused_threads, dq_smem, ctx.stream()>>>(dqkv, dout, qkv, lse, delta, f);
-    check_cuda(cudaGetLastError(), "fused attention dQ launch");
+    fused_run<E, HS>(ctx, fused_dkdv_kernel<E, HS>, fused_dkdv_regions, f, B * NH,
+                     "fused attention dK/dV launch", dqkv, dout, qkv, lse, delta, f);
+    fused_run<E, HS>(ctx, fused_dq_kernel<E, HS>, fused_dq_regions, f, B * NH,
+                     "fused attention dQ launch", dqkv, dout, qkv, lse, delta, f);
   });
 }
 }  // namespace detail
@@ -598,7 +621,7 @@ void fused_attention_forward(const Context<Cuda>& ctx, E* out, float* lse, const
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  if (const std::string why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv); !why.empty()) {
+  if (const auto why = detail::fused_refusal<E>(&ctx, B, T, C, NH, out, qkv); !why.empty()) {
     detail::refuse_fused(why, "flash_attention_forward", B, T, C, NH);
   }
   detail::fused_forward_launch(ctx, out, lse, qkv, B, T, C, NH);
@@ -613,7 +636,7 @@ void fused_attention_backward(const Context<Cuda>& ctx, E* dqkv, float* delta, c
   static_assert(detail::fused_element<E>,
                 "fourway: the fused attention runs in bf16 or fp16; fp32 "
                 "runs the blockwise path");
-  if (const std::string why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out);
+  if (const auto why = detail::fused_refusal<E>(&ctx, B, T, C, NH, dqkv, dout, qkv, out);
       !why.empty()) {
     detail::refuse_fused(why, "flash_attention_backward", B, T, C, NH);
   }
