@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/cuda/attention_select.cuh"
+#include "fourway/backend/cuda/fused_attention.cuh"
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/backend/host/kernels.hpp"
 #include "kernel_test_util.hpp"
