@@ -50,6 +50,7 @@
 #include "fourway/comm/local/state.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/comm/peer_access.hpp"
+#include "fourway/comm/tcp_rendezvous.hpp"
 #include "fourway/comm/types.hpp"
 #include "fourway/comm/uneven.hpp"
 #include "fourway/comm/work.hpp"
