@@ -40,6 +40,7 @@
 #include "fourway/comm/concept.hpp"
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/launch.hpp"
+#include "fourway/comm/launch_env.hpp"
 #include "fourway/comm/local/comm.hpp"
 #include "fourway/comm/local/device.hpp"
 #include "fourway/comm/local/executor.hpp"
