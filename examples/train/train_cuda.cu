@@ -2,7 +2,11 @@
 // same flags:
 //   fourway-train-cuda --ranks 4 --zero 3          LocalWorld: 4 ranks as threads on GPU 0
 //   mpirun -np 8 fourway-train-cuda --backend nccl --zero 3
-//                                                  one process per GPU (node-local rank)
+//   torchrun --nproc-per-node 8 --no-python fourway-train-cuda --backend nccl --zero 3
+//   srun -N 2 --ntasks-per-node 8 fourway-train-cuda --backend nccl --zero 3
+//                                                  one process per GPU (GPU = local rank); NCCL's
+//                                                  id over MPI under mpirun, else over the TCP
+//                                                  rendezvous at MASTER_ADDR:MASTER_PORT
 // Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
 // The working precision defaults to bf16 here (fp32 masters); --precision fp32 is true fp32, and
 // --tf32 lets its GEMMs use TF32 tensor cores. --attention fused runs the attention on the fused
@@ -13,7 +17,9 @@
 #include "fourway/backend/cuda/backend.cuh"
 #include "train_program.hpp"
 #if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
-#include "fourway/comm/nccl_mpi.cuh"
+#include "fourway/comm/nccl_mpi.cuh"  // NcclWorld: mpirun, torchrun-style variables, srun
+#elif FOURWAY_HAS_NCCL
+#include "fourway/comm/nccl_env.cuh"  // NcclEnvWorld: torchrun-style variables, srun
 #endif
 
 namespace {
@@ -64,16 +70,19 @@ struct CudaTarget {
 #if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
       fn.template operator()<fw::NcclWorld>();
       return;
+#elif FOURWAY_HAS_NCCL
+      fn.template operator()<fw::NcclEnvWorld>();
+      return;
 #else
       throw fw::ConfigError(
-          "fourway: --backend nccl, but fourway-train-cuda was built without NCCL or MPI; "
-          "install both (libnccl-dev, Open MPI) and reconfigure, or use --backend local");
+          "fourway: --backend nccl, but fourway-train-cuda was built without NCCL; install it "
+          "(libnccl-dev) and reconfigure, or use --backend local");
 #endif
     }
     throw fw::ConfigError(
         "fourway: --backend mpi moves host memory and fourway-train-cuda keeps its tensors on "
-        "the GPU; use --backend nccl under mpirun (one process per GPU), --backend local (all "
-        "ranks on one GPU), or the host fourway-train for --backend mpi");
+        "the GPU; use --backend nccl (one process per GPU, started by mpirun, torchrun or srun), "
+        "--backend local (all ranks on one GPU), or the host fourway-train for --backend mpi");
   }
 };
 

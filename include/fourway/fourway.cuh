@@ -28,6 +28,7 @@
 
 #if FOURWAY_HAS_NCCL
 #include "fourway/comm/nccl_comm.cuh"
+#include "fourway/comm/nccl_env.cuh"
 #endif
 
 #if FOURWAY_HAS_MPI && FOURWAY_HAS_NCCL
