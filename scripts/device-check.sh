@@ -19,6 +19,13 @@
 #                        one GPU (fp32, bf16); tp2·dp2 and the 3D mesh tp2·pp2·dp2 (fp32); the
 #                        fused classifier (fp32), fp16, bf16 with --attention fused, --tf32
 #                        (examples/train/cuda_vs_host.sh)
+#   multi-gpu            with 2 or more GPUs visible: fourway-train-cuda --backend nccl on 2, 4
+#                        and 8 processes (as many as there are GPUs), started with torchrun-style
+#                        variables by scripts/launch-local.sh (no MPI here), against the host
+#                        program's losses: dp, ZeRO-3, tp2, pp2 with every schedule, tp2·pp2·dp2
+#                        ZeRO-3 (examples/train/multi_gpu_vs_host.sh). With fewer GPUs it is
+#                        NOT RUN with the reason, which does not fail the check (the verdict line
+#                        names it)
 #   train-vs-pytorch-gpu one GPT-2 124M training step (12 layers, width 768, vocab 50257, T 1024,
 #                        B 8, bf16 with fp32 masters, AdamW, clip 1.0): fourway-train-cuda vs
 #                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds, fourway
@@ -62,7 +69,8 @@
 #   --only STEP[,STEP...]  run only the named steps after the build (or prebuilt) ones, say to rerun
 #                          one that failed with the rest of the budget; the others are rows marked
 #                          "not asked" and the verdict line names the steps that ran.
-# Exit: 0 all ok; 1 a step failed, timed out or was not run; 2 bad arguments or no kit.
+# Exit: 0 all ok (a step this machine lacks the GPUs for is NOT RUN without failing; the verdict
+#   names it); 1 a step failed, timed out or was not run; 2 bad arguments or no kit.
 # With $OUT set (the device tool's output folder) the table and a tarball of the logs go there.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -214,6 +222,7 @@ plan=(
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|90|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; classifier chunks; fp16; fused attention; tf32"
+  "multi-gpu|300|examples/train/multi_gpu_vs_host.sh: --backend nccl on 2, 4, 8 GPUs (launch-local.sh, torchrun-style): dp, zero3, tp2, pp2 x gpipe/1f1b/interleaved/zb-h1/zb-v, tp2 pp2 dp2 zero3 vs host losses; needs >= 2 GPUs"
   "train-vs-pytorch-gpu|120|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA, 3 rounds"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
@@ -249,11 +258,22 @@ for p in "${plan[@]}"; do
   case "$n" in kit-build|configure|build|prebuilt) ;; *) asked "$n" || w="(not asked) $w" ;; esac
   printf '   %-22s %5s  %s\n' "$n" "${l}s" "$w"
 done
+# GPUs this run may use: nvidia-smi's list, cut to CUDA_VISIBLE_DEVICES when that is set
+visible_gpus() {
+  local n v
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    IFS=, read -r -a v <<< "$CUDA_VISIBLE_DEVICES"
+    [ "${#v[@]}" -lt "$n" ] && n=${#v[@]}
+  fi
+  echo "${n:-0}"
+}
 if [ "$mode" = dry ]; then
   for tool in nvidia-smi nvcc compute-sanitizer cmake ninja python3; do
     if command -v "$tool" >/dev/null 2>&1; then s=found; else s="not found here"; fi
     printf '   tool %-18s %s\n' "$tool" "$s"
   done
+  printf '   %-23s %s\n' "GPUs visible" "$(visible_gpus) (multi-gpu needs 2)"
   what=kit
   [ -n "$prebuilt" ] && what="staged programs"
   echo "device-check: dry run ok ($what present, ${#plan[@]} steps planned)"
@@ -311,6 +331,15 @@ step() {
     tail -15 "$logdir/$name.log"
   fi
   return $rc
+}
+absent_steps=()
+absent() {  # absent NAME WHY: a step this machine lacks the hardware for: NOT RUN, not a failure
+  if ! asked "$1"; then
+    row "$1" "-" 0 "not asked (--only $only)"
+    return 0
+  fi
+  row "$1" "NOT RUN" 0 "$2"
+  absent_steps+=("$1 NOT RUN: $2")
 }
 skip() {  # skip NAME WHY: a step that cannot run because an earlier one failed
   if ! asked "$1"; then
@@ -490,6 +519,23 @@ if [ "$built" -eq 1 ]; then
   else
     skip train-cuda-vs-host "fourway-train or fourway-train-cuda not built"
   fi
+  # several GPUs: one process per GPU over NCCL, started the way torchrun starts them
+  gpus=$(visible_gpus)
+  if [ "$gpus" -lt 2 ]; then
+    absent multi-gpu "$gpus GPU$([ "$gpus" -eq 1 ] || echo s) visible, needs 2"
+  elif [ -x "$train_host" ] && [ -x "$train_cuda" ]; then
+    step multi-gpu "$root/examples/train/multi_gpu_vs_host.sh" "$train_host" "$train_cuda" \
+      "$logdir/multi-gpu" "$gpus"
+    log=$logdir/multi-gpu.log
+    note multi-gpu "$gpus GPUs, $(grep -c '^PASS' "$log") of $(grep -cE '^(PASS|FAIL)' "$log") cases passed"
+    # the first three failures (every one is in the log), then the sizes left out
+    while IFS= read -r line; do note multi-gpu "$line"; done < <(grep '^FAIL' "$log" | head -3)
+    nfail=$(grep -c '^FAIL' "$log")
+    [ "$nfail" -gt 3 ] && note multi-gpu "$((nfail - 3)) more FAIL lines in multi-gpu.log"
+    while IFS= read -r line; do note multi-gpu "$line"; done < <(grep '^SKIP' "$log")
+  else
+    skip multi-gpu "fourway-train or fourway-train-cuda not built"
+  fi
   # GPT-2 124M, fourway-train-cuda vs PyTorch on this GPU: tokens/s, MFU and the ratio as notes
   if [ -x "$train_cuda" ]; then
     step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
@@ -533,7 +579,8 @@ if [ "$built" -eq 1 ]; then
   fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host train-vs-pytorch-gpu bench-kernels bench-comm profile-step; do
+           gpt-step train-cuda-vs-host multi-gpu train-vs-pytorch-gpu bench-kernels bench-comm \
+           profile-step; do
     skip "$n" "build failed"
   done
 fi
@@ -549,7 +596,8 @@ fi
   done
   verdict=PASSED
   [ "$failed" -eq 0 ] || verdict=FAILED
-  echo "device-check: $verdict${only:+ (only $only)}"
+  absent_text=$(IFS=';'; echo "${absent_steps[*]}")
+  echo "device-check: $verdict${only:+ (only $only)}${absent_text:+ ($absent_text)}"
 } | tee "$logdir/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then  # the device tool returns at most 8 files
   cp "$logdir/summary.txt" "$OUT/device-check-summary.txt" 2>/dev/null || true

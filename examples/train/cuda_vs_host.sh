@@ -40,42 +40,10 @@ if ! "$cuda" "${model[@]}" --precision fp32 --steps 0 > "$out/probe.txt" 2>&1; t
   exit 1
 fi
 
-# losses FILE: the "loss" of every line of a --log-json file, one a line
-losses() { grep -o '"loss":[-0-9.eE+naif]*' "$1" | cut -d: -f2; }
-
+# losses, compare: loss_compare.sh (shared with multi_gpu_vs_host.sh)
 status=0
-compare() {  # compare NAME TOL FLAGS... [-- FLAGS only fourway-train-cuda takes]
-  local name=$1 tol=$2 both=() cuda_only=()
-  shift 2
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do both+=("$1") && shift; done
-  [ $# -gt 0 ] && shift && cuda_only=("$@")
-  [[ " ${both[*]} " == *" --precision "* ]] || both+=(--precision fp32)
-  local h=$out/$name.host.json d=$out/$name.cuda.json
-  if ! "$host" "${model[@]}" --steps $steps "${both[@]}" --log-json "$h" > "$out/$name.host.txt" 2>&1; then
-    echo "FAIL $name: host fourway-train failed: $(tail -1 "$out/$name.host.txt")"
-    status=1
-    return
-  fi
-  if ! "$cuda" "${model[@]}" --steps $steps "${both[@]}" "${cuda_only[@]}" --log-json "$d" \
-    > "$out/$name.cuda.txt" 2>&1; then
-    echo "FAIL $name: fourway-train-cuda failed: $(tail -1 "$out/$name.cuda.txt")"
-    status=1
-    return
-  fi
-  local verdict
-  verdict=$(paste <(losses "$h") <(losses "$d") | awk -v tol="$tol" -v steps="$steps" '
-    { n++; last_h = $1; last_d = $2
-      if ($1 !~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/ || $2 !~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) {
-        bad++; next }  # nan, inf or a missing value
-      r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r
-      if (r > worst) worst = r
-      if (r > tol) bad++ }
-    END { if (n != steps) { printf "FAIL %d steps logged, expected %d", n, steps; exit }
-          printf "%s %d steps, final loss host %s cuda %s, max rel diff %.2e (tol %s)",
-                 bad ? "FAIL" : "PASS", n, last_h, last_d, worst, tol }')
-  echo "${verdict%% *} $name: ${verdict#* }"
-  [[ "$verdict" == PASS* ]] || status=1
-}
+# shellcheck source=examples/train/loss_compare.sh
+source "$(dirname "$0")/loss_compare.sh"
 
 compare fp32-1rank 1e-4
 compare fp32-zero3-4ranks 1e-4 --ranks 4 --zero 3

@@ -31,16 +31,13 @@ while [ $# -gt 0 ]; do
 done
 "$STUB_HOST" "${args[@]}" || exit 1
 if [ -n "${STUB_SKEW:-}" ] && [ -n "$json" ]; then
-  awk -v k="$STUB_SKEW" '{
-    if (match($0, /"loss":[-0-9.eE+]+/)) {
-      v = substr($0, RSTART + 7, RLENGTH - 7) * k
-      $0 = substr($0, 1, RSTART + 6) sprintf("%.9g", v) substr($0, RSTART + RLENGTH)
-    }
-    print }' "$json" > "$json.skew" && mv "$json.skew" "$json"
+  "$STUB_SKEWER" "$json" "$STUB_SKEW"
 fi
 STUB
 chmod +x "$work/fourway-train-cuda"
 export STUB_ARGS=$work/cuda-args.txt STUB_HOST=$host
+STUB_SKEWER=$(cd "$(dirname "$0")" && pwd)/skew_losses.sh
+export STUB_SKEWER
 
 out=$(bash "$script" "$host" "$work/fourway-train-cuda" "$work/run" 2>&1)
 rc=$?
