@@ -2,7 +2,7 @@
 // same flags:
 //   fourway-train-cuda --ranks 4 --zero 3          LocalWorld: 4 ranks as threads on GPU 0
 //   mpirun -np 8 fourway-train-cuda --backend nccl --zero 3
-//   torchrun --nproc-per-node 8 --no-python fourway-train-cuda --backend nccl --zero 3
+//   torchrun --nproc_per_node 8 --no_python fourway-train-cuda --backend nccl --zero 3
 //   srun -N 2 --ntasks-per-node 8 fourway-train-cuda --backend nccl --zero 3
 //                                                  one process per GPU (GPU = local rank); NCCL's
 //                                                  id over MPI under mpirun, else over the TCP

@@ -120,8 +120,8 @@ struct NcclEnvWorld {
                        "with torchrun-style variables or srun, or rebuild with MPI");
     check<ConfigError>(env.launcher != Launcher::none,
                        "fourway: NCCL without MPI needs the launcher's variables, and none is "
-                       "set: start the processes with torchrun (`torchrun --nproc-per-node N "
-                       "--no-python PROGRAM ...`), with RANK, WORLD_SIZE, LOCAL_RANK, "
+                       "set: start the processes with torchrun (`torchrun --nproc_per_node N "
+                       "--no_python PROGRAM ...`), with RANK, WORLD_SIZE, LOCAL_RANK, "
                        "MASTER_ADDR and MASTER_PORT set by hand, or with srun "
                        "(docs/guide.md, 'Launching')");
     detail::launch_from_env<NcclEnvWorld>(env, n, fn, options);
