@@ -10,7 +10,9 @@
 //! The invariants that are not obvious:
 //!   - nothing blocks without a deadline: every socket is non-blocking and every wait is a poll()
 //!     bounded by what is left of `RendezvousConfig::deadline`; the listener is closed on every
-//!     path (an RAII socket, moved out of the server when it serves).
+//!     path (an RAII socket, moved out of the server when it serves). Name resolution
+//!     (getaddrinfo) has no deadline of its own: it is bounded by the resolver's (resolv.conf's
+//!     timeout and attempts); a temporary failure is retried until the deadline.
 //!   - rank 0 answers no one before every rank has come, so a rank that holds the blob knows the
 //!     whole world assembled (NCCL's init would otherwise wait for the missing rank itself).
 //!   - each side checks the other: a magic word and a version, the world size, the rank (in
