@@ -26,7 +26,10 @@ class World {
         size_(comm.size()),
         comm_(std::move(comm)),
         memory_(rank_),
-        ctx_(memory_) {}
+        ctx_(memory_) {
+    // a communicator that checks buffers against the rank's accountant (the strict world)
+    if constexpr (requires { comm_.bind_memory(memory_); }) comm_.bind_memory(memory_);
+  }
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 

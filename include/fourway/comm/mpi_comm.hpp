@@ -317,6 +317,10 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
                    std::string name = "world") {
     MPI_Comm dup = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
+    check<ConfigError>(!options.strict,
+                       "fourway: MpiComm does not run the strict world itself; "
+                       "wrap it (fw::Strict<fw::MpiComm>, comm/strict.hpp) or use LocalWorld "
+                       "with CommOptions::strict");
     adopt(dup, options, std::move(name));
   }
   MpiComm(MpiComm&&) noexcept = default;
@@ -479,6 +483,16 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
         nullptr, deadline));
   }
 
+  /// A group of point-to-point operations (NCCL's ncclGroupStart; comm/local/comm.hpp): MPI's
+  /// non-blocking sends and recvs never wait for each other, so a group only marks the span in
+  /// which a collective is refused, as on every backend. Groups nest.
+  void group_start() { ++group_depth_; }
+  void group_end(CallOptions /*unused*/ = {}) {
+    check<ConfigError>(group_depth_ > 0, "fourway: group_end() in ", s_->header(),
+                       " without a group_start()");
+    --group_depth_;
+  }
+
   Work barrier_async(CallOptions o = {}) {
     const auto deadline = call_deadline(o);
     const auto seq = enter<std::uint8_t>(CommOp::barrier, 0, ReduceOp::sum, 0, deadline);
@@ -599,6 +613,9 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   template <class T>
   std::uint64_t enter(CommOp op, std::int64_t count, ReduceOp reduce, int root,
                       std::chrono::milliseconds deadline) {
+    check<ConfigError>(group_depth_ == 0, "fourway: ", comm_op_name(op), " in ", s_->header(),
+                       " inside a group (group_start() without group_end()): a group holds "
+                       "send_async and recv_async only; end the group first");
     s_->reap();
     const auto seq = ++seq_;
     s_->publish(seq, op);
@@ -662,6 +679,7 @@ class MpiComm : public detail::BlockingForms<MpiComm> {
   std::uint64_t seq_ = 0;
   std::uint64_t sends_ = 0;
   std::uint64_t recvs_ = 0;
+  int group_depth_ = 0;
 };
 
 static_assert(call_options_communicator<MpiComm>);

@@ -65,6 +65,12 @@ struct CommOptions {
   std::chrono::milliseconds deadline{std::chrono::minutes(5)};
   /// Check before each collective that all ranks agree on op, dtype, count, reduce op and root.
   bool debug = false;
+  /// Hold every call to NCCL's contract (docs/comm.md, "The strict world"): buffers must be
+  /// memory the backend allocated, a send completes only when its recv is posted (except inside
+  /// a group), and a wait that can never complete throws CommDeadlock naming every rank's
+  /// pending operations. LocalWorld runs it (`fourway-train --backend strict`); NcclComm is
+  /// strict by nature; MpiComm refuses it (wrap it in `fw::Strict<MpiComm>`, comm/strict.hpp).
+  bool strict = false;
 };
 
 /// Options of one communicator call, the trailing defaulted argument of every operation

@@ -68,6 +68,14 @@ class CommMismatch : public CommError {
   using CommError::CommError;
 };
 
+/// Ranks that can never make progress under the strict world's model of NCCL's contract (a send
+/// whose recv is never posted, collectives in different orders on two groups, ...): thrown on
+/// every waiting rank, naming every rank's pending operations, instead of waiting for a timeout.
+class CommDeadlock : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 /// A safetensors file, token file or checkpoint that is missing, truncated or inconsistent.
 class CheckpointError : public Error {
  public:

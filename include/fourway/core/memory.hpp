@@ -13,12 +13,19 @@
 //! The accountant also keeps the rank's `BlockCache` (core/block_cache.hpp): tensors take blocks
 //! from it and give them back to it, so a repeated step makes no backend allocation;
 //! `backend_allocations()` counts the blocks that had to come from the backend.
+//!
+//! On request (`track_blocks(true)`, which the strict world turns on: comm/local/strict.hpp) it
+//! also remembers where every live tensor block lies, so `owns(p, bytes)` says whether a range
+//! is memory this rank's backend allocated: what NCCL's contract asks of a buffer, checked on the
+//! host where every pointer is host memory.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <iomanip>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -246,6 +253,37 @@ class MemoryAccountant {
     cache_.set_enabled(on);
     if (!on) cache_.release_all(nullptr);
   }
+  // ---- live blocks (the strict world's buffer check) --------------------------------------------
+  /// Remembers (true) or forgets (false) the live tensor blocks from now on; blocks allocated
+  /// before tracking began are not known, so turn it on before the rank allocates.
+  void track_blocks(bool on) {
+    std::lock_guard lock(mu_);
+    tracking_.store(on, std::memory_order_relaxed);
+    if (!on) blocks_.clear();
+  }
+  [[nodiscard]] bool tracks_blocks() const { return tracking_.load(std::memory_order_relaxed); }
+  /// A tensor took the block [p, p + bytes) (no-op unless tracking).
+  void note_block(const void* p, std::size_t bytes) {
+    if (!tracks_blocks() || p == nullptr) return;
+    std::lock_guard lock(mu_);
+    blocks_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+  }
+  /// The tensor holding the block at `p` gave it up (no-op unless tracking).
+  void forget_block(const void* p) {
+    if (!tracks_blocks()) return;
+    std::lock_guard lock(mu_);
+    blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  /// Whether [p, p + bytes) lies inside one live block a tensor of this rank owns (tracking on).
+  [[nodiscard]] bool owns(const void* p, std::size_t bytes) const {
+    std::lock_guard lock(mu_);
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return at >= it->first && at + bytes <= it->first + it->second;
+  }
+
   /// Starts a new peak measurement from the current state.
   void reset_peak() {
     std::lock_guard lock(mu_);
@@ -286,6 +324,8 @@ class MemoryAccountant {
   std::size_t total_peak_ = 0;
   std::size_t allocations_ = 0;
   std::size_t backend_allocations_ = 0;
+  std::atomic<bool> tracking_{false};
+  std::map<std::uintptr_t, std::size_t> blocks_;  // live tensor blocks: start -> bytes
   BlockCache cache_;  // declared last: its idle blocks go back before the counters vanish
 };
 

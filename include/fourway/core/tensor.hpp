@@ -66,6 +66,7 @@ class Tensor {
     }
     memory_ = &memory;
     owning_ = true;
+    if (data_ != nullptr) memory.note_block(data_, n);
   }
 
   /// A non-owning view of `shape` at `data`.
@@ -145,6 +146,7 @@ class Tensor {
   /// Gives owned memory back and leaves the tensor empty.
   void release() noexcept {
     if (owning_) {
+      if (data_ != nullptr) memory_->forget_block(data_);
       if (data_ != nullptr && !memory_->keep_block(release_fn, bytes(), data_, !B::on_device)) {
         B::deallocate(data_);
       }

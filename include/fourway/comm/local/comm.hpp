@@ -58,11 +58,13 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/comm/buffer_kind.hpp"
 #include "fourway/comm/concept.hpp"
 #include "fourway/comm/launch.hpp"
 #include "fourway/comm/local/mailbox.hpp"
 #include "fourway/comm/local/reduce.hpp"
 #include "fourway/comm/work.hpp"
+#include "fourway/core/memory.hpp"
 
 namespace fourway {
 // Device memory changes the bodies below in a CUDA translation unit: every name of this file lives
@@ -134,41 +136,66 @@ class LocalComm : private detail::LocalMailbox {
   void set_stream(void* stream) { s_->stream = stream; }
   [[nodiscard]] void* stream() const { return s_->stream; }
 
+  /// The rank's accountant (World binds it): the strict world accepts a host buffer only inside
+  /// a live block of it (core/memory.hpp `owns`) and turns its block tracking on. Groups split
+  /// from this one inherit it.
+  void bind_memory(MemoryAccountant& memory) {
+    s_->memory = &memory;
+    if (g().world->strict) memory.track_blocks(true);
+  }
+  /// Whether this communicator holds its calls to NCCL's contract (CommOptions::strict).
+  [[nodiscard]] bool strict() const { return g().world->strict; }
+
   // ---- blocking forms ----------------------------------------------------------------------
   template <comm_element T>
   void all_reduce(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
-    run_sync(o, [=, this] { all_reduce_now(send, recv, count, op); });
+    buffers<T>(CommOp::all_reduce, send, recv, count, count, op);
+    run_sync(o, call_text<T>(CommOp::all_reduce, count, op),
+             [=, this] { all_reduce_now(send, recv, count, op); });
   }
   template <comm_element T>
   void reduce_scatter(const T* send, T* recv, std::int64_t count, ReduceOp op, CallOptions o = {}) {
-    run_sync(o, [=, this] { reduce_scatter_now(send, recv, count, op); });
+    buffers<T>(CommOp::reduce_scatter, send, recv, count * size(), count, op);
+    run_sync(o, call_text<T>(CommOp::reduce_scatter, count, op),
+             [=, this] { reduce_scatter_now(send, recv, count, op); });
   }
   template <comm_element T>
   void all_gather(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
-    run_sync(o, [=, this] { all_gather_now(send, recv, count); });
+    buffers<T>(CommOp::all_gather, send, recv, count, count * size());
+    run_sync(o, call_text<T>(CommOp::all_gather, count),
+             [=, this] { all_gather_now(send, recv, count); });
   }
   template <comm_element T>
   void broadcast(T* buf, std::int64_t count, int root, CallOptions o = {}) {
-    run_sync(o, [=, this] { broadcast_now(buf, count, root); });
+    buffers<T>(CommOp::broadcast, buf, buf, count, count, ReduceOp::sum, root);
+    run_sync(o, call_text<T>(CommOp::broadcast, count, ReduceOp::sum, root),
+             [=, this] { broadcast_now(buf, count, root); });
   }
   template <comm_element T>
   void send(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
-    run_sync(o, [=, this] { send_now(buf, count, peer, tag); });
+    buffers<T>(CommOp::send, buf, nullptr, count, 0);
+    run_sync(o, p2p_text<T>(CommOp::send, count, peer, tag),
+             [=, this] { send_now(buf, count, peer, tag); });
   }
   template <comm_element T>
   void recv(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
-    run_sync(o, [=, this] { recv_now(buf, count, peer, tag); });
+    buffers<T>(CommOp::recv, nullptr, buf, 0, count);
+    run_sync(o, p2p_text<T>(CommOp::recv, count, peer, tag),
+             [=, this] { recv_now(buf, count, peer, tag); });
   }
   void barrier(CallOptions o = {}) {
-    run_sync(o, [this] { barrier_now(); });
+    run_sync(o, text_of(CommOp::barrier), [this] { barrier_now(); });
   }
   /// A communicator over the ranks that pass the same `color` (>= 0), ranked by (key, rank).
   /// `name` names the new group in messages (default: "<parent>/<color>"). The new group orders
-  /// its device-memory operations on this one's stream, as NcclComm's split children do.
+  /// its device-memory operations on this one's stream, as NcclComm's split children do, and
+  /// checks buffers against this one's accountant.
   LocalComm split(int color, int key, std::string name = {}, CallOptions o = {}) {
     LocalComm out;
-    run_sync(o, [&, this] { out = split_now(color, key, std::move(name)); });
+    run_sync(o, text_of(CommOp::split),
+             [&, this] { out = split_now(color, key, std::move(name)); });
     out.set_stream(s_->stream);
+    out.s_->memory = s_->memory;
     return out;
   }
 
@@ -176,62 +203,251 @@ class LocalComm : private detail::LocalMailbox {
   template <comm_element T>
   Work all_reduce_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
                         CallOptions o = {}) {
-    return run_async(o, [=, this] { all_reduce_now(send, recv, count, op); });
+    buffers<T>(CommOp::all_reduce, send, recv, count, count, op);
+    return run_async(o, call_text<T>(CommOp::all_reduce, count, op),
+                     [=, this] { all_reduce_now(send, recv, count, op); });
   }
   template <comm_element T>
   Work reduce_scatter_async(const T* send, T* recv, std::int64_t count, ReduceOp op,
                             CallOptions o = {}) {
-    return run_async(o, [=, this] { reduce_scatter_now(send, recv, count, op); });
+    buffers<T>(CommOp::reduce_scatter, send, recv, count * size(), count, op);
+    return run_async(o, call_text<T>(CommOp::reduce_scatter, count, op),
+                     [=, this] { reduce_scatter_now(send, recv, count, op); });
   }
   template <comm_element T>
   Work all_gather_async(const T* send, T* recv, std::int64_t count, CallOptions o = {}) {
-    return run_async(o, [=, this] { all_gather_now(send, recv, count); });
+    buffers<T>(CommOp::all_gather, send, recv, count, count * size());
+    return run_async(o, call_text<T>(CommOp::all_gather, count),
+                     [=, this] { all_gather_now(send, recv, count); });
   }
   template <comm_element T>
   Work broadcast_async(T* buf, std::int64_t count, int root, CallOptions o = {}) {
-    return run_async(o, [=, this] { broadcast_now(buf, count, root); });
+    buffers<T>(CommOp::broadcast, buf, buf, count, count, ReduceOp::sum, root);
+    return run_async(o, call_text<T>(CommOp::broadcast, count, ReduceOp::sum, root),
+                     [=, this] { broadcast_now(buf, count, root); });
   }
+  /// Inside a group (group_start ... group_end) the send is posted with the group's other
+  /// operations at group_end, and its Work completes with the group.
   template <comm_element T>
   Work send_async(const T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
-    return run_async(o, [=, this] { send_now(buf, count, peer, tag); });
+    buffers<T>(CommOp::send, buf, nullptr, count, 0);
+    if (s_->group_depth > 0) {
+      s_->group_sends.push_back([=, this] { posted_.push_back(send_post(buf, count, peer, tag)); });
+      s_->group_text.push_back(p2p_text<T>(CommOp::send, count, peer, tag)());
+      return Work(s_->group_work);
+    }
+    return run_async(o, p2p_text<T>(CommOp::send, count, peer, tag),
+                     [=, this] { send_now(buf, count, peer, tag); });
   }
+  /// Inside a group the recv is posted at group_end, after the group's sends.
   template <comm_element T>
   Work recv_async(T* buf, std::int64_t count, int peer, int tag, CallOptions o = {}) {
-    return run_async(o, [=, this] { recv_now(buf, count, peer, tag); });
+    buffers<T>(CommOp::recv, nullptr, buf, 0, count);
+    if (s_->group_depth > 0) {
+      s_->group_recvs.push_back([=, this] { recv_now(buf, count, peer, tag); });
+      s_->group_text.push_back(p2p_text<T>(CommOp::recv, count, peer, tag)());
+      return Work(s_->group_work);
+    }
+    return run_async(o, p2p_text<T>(CommOp::recv, count, peer, tag),
+                     [=, this] { recv_now(buf, count, peer, tag); });
   }
   Work barrier_async(CallOptions o = {}) {
-    return run_async(o, [this] { barrier_now(); });
+    return run_async(o, text_of(CommOp::barrier), [this] { barrier_now(); });
   }
+
+  // ---- groups of point-to-point operations (NCCL's ncclGroupStart / ncclGroupEnd) -----------
+  /// Starts a group: the `send_async` / `recv_async` calls up to the matching `group_end()` are
+  /// posted together, as one operation in this communicator's order, so two ranks may each
+  /// send to and receive from the other without waiting for one another (in the strict world an
+  /// ungrouped send waits for its recv). Their Works complete together. Inside a group only
+  /// `send_async` and `recv_async` are allowed (a blocking call or a collective is refused with
+  /// ConfigError: NCCL runs nothing of a group before its end). Groups nest; the outermost end
+  /// posts.
+  void group_start() {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    if (s_->group_depth++ == 0) {
+      s_->group_work = std::make_shared<detail::LocalWorkState>(s_->gate, strict_world());
+    }
+  }
+  /// Ends a group (see group_start); the outermost end posts its operations. Returns at once.
+  void group_end(CallOptions o = {}) {
+    check<ConfigError>(s_ != nullptr && s_->group_depth > 0, "fourway: group_end() in ",
+                       s_ ? g().header() : std::string("a moved-from LocalComm"),
+                       " without a group_start()");
+    if (--s_->group_depth > 0) return;
+    auto sends = std::move(s_->group_sends);
+    auto recvs = std::move(s_->group_recvs);
+    auto text = std::move(s_->group_text);
+    auto st = std::move(s_->group_work);
+    s_->group_sends.clear();
+    s_->group_recvs.clear();
+    s_->group_text.clear();
+    if (sends.empty() && recvs.empty()) {
+      st->finish(nullptr);
+      return;
+    }
+    std::string what = "group of";
+    for (std::size_t i = 0; i < text.size(); ++i) what += (i ? ", " : " ") + text[i];
+    post(
+        o, st, [what] { return what; },
+        [this, sends = std::move(sends), recvs = std::move(recvs)] {
+          posted_.clear();
+          for (const auto& f : sends) f();  // posted at once: nothing waits for its recv yet
+          for (const auto& f : recvs) f();
+          if (g().world->strict)
+            for (const auto& p : posted_) send_taken(p);
+          posted_.clear();
+        });
+  }
+  /// The number of groups open (0: calls run on their own).
+  [[nodiscard]] int group_depth() const { return s_->group_depth; }
 
  private:
   LocalComm() = default;
 
-  template <class F>
-  void run_sync(const CallOptions& o, F&& f) {
+  /// The world's state for Work states that take part in the strict world's waits (else null).
+  [[nodiscard]] std::shared_ptr<detail::LocalWorldSync> strict_world() const {
+    return g().world->strict ? std::shared_ptr<detail::LocalWorldSync>(g().world) : nullptr;
+  }
+
+  /// Refuses a call inside a group that NCCL would not run there (`what` describes it).
+  template <class D>
+  void outside_group(D& what) const {
+    if (s_->group_depth == 0) return;
+    throw ConfigError(detail::cat("fourway: ", what(), " in ", g().header(), " on ",
+                                  g().who(s_->rank),
+                                  " inside a group (group_start() without group_end()): a group "
+                                  "holds send_async and recv_async only, posted at group_end(); "
+                                  "end the group first"));
+  }
+
+  /// The call's description for the strict world's pending operations (made only there).
+  template <class T>
+  auto call_text(CommOp op, std::int64_t count, ReduceOp reduce = ReduceOp::sum,
+                 int root = 0) const {
+    return [=] { return detail::describe_call({op, dtype_v<T>, count, reduce, root, false}); };
+  }
+  template <class T>
+  auto p2p_text(CommOp op, std::int64_t count, int peer, int tag) const {
+    return [=, this] {
+      return detail::cat(comm_op_name(op), " (", dtype_name(dtype_v<T>), ", count ", count, ") ",
+                         op == CommOp::send ? "to " : "from ", g().who(peer), " with tag ", tag);
+    };
+  }
+  /// An operation's name as its description (barrier, split).
+  struct OpName {
+    CommOp op;
+    [[nodiscard]] std::string operator()() const { return std::string(comm_op_name(op)); }
+  };
+  static OpName text_of(CommOp op) { return {op}; }
+
+  /// The strict world's check of one call's buffers: each must lie in memory the backend
+  /// allocated (a live tensor block of the rank's accountant, or device memory), as NCCL takes
+  /// device memory only; refused with the CommError NcclComm gives (comm/buffer_kind.hpp).
+  template <class T>
+  void buffers(CommOp op, const T* send, const T* recv, std::int64_t send_count,
+               std::int64_t recv_count, ReduceOp reduce = ReduceOp::sum, int root = 0) const {
     check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    if (!g().world->strict) return;
+    auto one = [&](const T* p, std::int64_t count, std::string_view role) {
+      if (p == nullptr && count == 0) return;
+#if defined(FOURWAY_CUDA_COMPILATION)
+      if (detail::is_device_pointer(p)) return;
+#endif
+      check<ConfigError>(s_->memory != nullptr,
+                         "fourway: the strict world checks every buffer "
+                         "against the rank's memory accountant, and ",
+                         g().header(), " on ", g().who(s_->rank),
+                         " has none bound; start the ranks with fw::launch "
+                         "(World binds it) or call comm.bind_memory(accountant)");
+      if (s_->memory->owns(p, static_cast<std::size_t>(count) * sizeof(T))) return;
+      require_nccl_buffer(
+          BufferKind::host, count, role,
+          detail::cat(detail::describe_call(
+                          {op, dtype_v<T>, std::max(send_count, recv_count), reduce, root, false}),
+                      " in ", g().header(), " on ", g().who(s_->rank),
+                      " (strict world: only tensor "
+                      "memory the backend allocated stands for device memory)"));
+    };
+    if (op != CommOp::recv) one(send, send_count, op == CommOp::broadcast ? "buffer" : "send");
+    if (op != CommOp::send && op != CommOp::broadcast) one(recv, recv_count, "recv");
+  }
+
+  template <class D, class F>
+  void run_sync(const CallOptions& o, D describe, F&& f) {
+    check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
+    outside_group(describe);
     if (s_->exec.idle()) {
       s_->call = resolve(o);
       const detail::LocalGate::Blocked blocked(*s_->gate);  // this thread moves data too
+      const Pending pending(*this, describe);
       f();
       return;
     }
-    run_async(o, std::forward<F>(f)).wait();
+    run_async(o, describe, std::forward<F>(f)).wait();
   }
-  template <class F>
-  Work run_async(const CallOptions& o, F f) {
+  template <class D, class F>
+  Work run_async(const CallOptions& o, D describe, F f) {
     check<CommError>(s_ != nullptr, "fourway: use of a moved-from LocalComm");
-    auto st = std::make_shared<detail::LocalWorkState>(s_->gate);
-    s_->exec.post([st, s = s_.get(), call = resolve(o), f = std::move(f)]() mutable {
+    outside_group(describe);
+    auto st = std::make_shared<detail::LocalWorkState>(s_->gate, strict_world());
+    post(o, st, describe, std::move(f));
+    return Work(st);
+  }
+  /// Queues `f` on the worker; `st` is finished with its outcome.
+  template <class D, class F>
+  void post(const CallOptions& o, const std::shared_ptr<detail::LocalWorkState>& st, D describe,
+            F f) {
+    auto& world = *g().world;
+    std::uint64_t id = 0;
+    if (world.strict) id = note_pending(describe());
+    s_->exec.post([st, this_s = s_.get(), world = g().world, id, call = resolve(o),
+                   f = std::move(f)]() mutable {
       try {
-        s->call = call;
+        this_s->call = call;
         f();
         st->finish(nullptr);
       } catch (...) {
         st->finish(std::current_exception());
       }
+      if (world->strict) {
+        std::lock_guard lock(world->mu);
+        drop_pending(*this_s, id);
+      }
     });
-    return Work(st);
   }
+
+  /// Lists an operation among this rank's pending ones (the strict world); returns its id.
+  std::uint64_t note_pending(std::string text) {
+    std::lock_guard lock(g().world->mu);
+    const auto id = ++s_->pending->next_id;
+    s_->pending->ops.emplace_back(id, std::move(text));
+    return id;
+  }
+  static void drop_pending(detail::LocalRankState& s, std::uint64_t id) {
+    if (!s.pending) return;
+    std::erase_if(s.pending->ops, [&](const auto& op) { return op.first == id; });
+  }
+  /// A blocking call running on the rank's thread, listed while it runs (the strict world).
+  struct Pending {
+    template <class D>
+    Pending(LocalComm& c, D& describe) : c_(c) {
+      if (c.g().world->strict) id_ = c.note_pending(describe());
+    }
+    ~Pending() {
+      if (id_ == 0) return;
+      std::lock_guard lock(c_.g().world->mu);
+      drop_pending(*c_.s_, id_);
+    }
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+
+   private:
+    LocalComm& c_;
+    std::uint64_t id_ = 0;
+  };
+
+  std::vector<Posted> posted_;  // the sends of the group now running on the worker
 
   template <class T>
   void all_reduce_now(const T* send, T* recv, std::int64_t count, ReduceOp op) {
@@ -415,7 +631,7 @@ void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
                      "fourway: CommOptions::deadline must be "
                      "positive, got ",
                      options.deadline.count(), " ms");
-  auto world = std::make_shared<detail::LocalWorldState>(n);
+  auto world = std::make_shared<detail::LocalWorldState>(n, options.strict);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = std::make_shared<detail::LocalGroup>(world, "world", std::move(ranks), options);

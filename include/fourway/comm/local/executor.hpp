@@ -1,5 +1,8 @@
 //! LocalWorld's async executor: one worker thread per communicator that runs the `*_async`
 //! operations in call order (started on the first post, joined when the communicator dies).
+//! For the strict world's deadlock detection it reports when it has work to do (`activity`):
+//! +1 when a task is posted to an idle worker, -1 when the worker runs out of tasks, so a task
+//! queued behind one that waits is not counted as running, and one not yet picked up is.
 #pragma once
 
 #include <condition_variable>
@@ -38,11 +41,15 @@ class LocalExecutor {
   void post(std::function<void()> task) {
     {
       std::lock_guard lock(mu_);
+      if (queue_.empty() && !running_ && activity_) activity_(+1);
       queue_.push_back(std::move(task));
       if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     }
     cv_.notify_all();
   }
+  /// `f(+1)` when the worker gets work while idle, `f(-1)` when it runs out (set before the
+  /// first post).
+  void set_activity(std::function<void(int)> f) { activity_ = std::move(f); }
 
  private:
   void loop() {
@@ -57,6 +64,7 @@ class LocalExecutor {
       task();  // never throws: tasks catch into their Work
       lock.lock();
       running_ = false;
+      if (queue_.empty() && activity_) activity_(-1);
     }
   }
   std::mutex mu_;
@@ -64,6 +72,7 @@ class LocalExecutor {
   std::deque<std::function<void()>> queue_;
   bool running_ = false;
   bool stop_ = false;
+  std::function<void(int)> activity_;
   std::thread thread_;
 };
 

@@ -14,14 +14,17 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
 
+#include "fourway/comm/local/activity.hpp"
 #include "fourway/comm/work.hpp"
 #include "fourway/config.hpp"
+#include "fourway/core/error.hpp"
 
 // In the mode's inline namespace (config.hpp) like every part of LocalWorld: host and CUDA
 // units of one program link distinct symbols, never two bodies under one name.
@@ -94,14 +97,25 @@ class LocalGate {
 };
 
 /// The state behind a LocalWorld `Work`: completed by the worker; `wait()` opens the gate while
-/// it blocks, `test()` helps with one chunk when the operation is unfinished.
+/// it blocks, `test()` helps with one chunk when the operation is unfinished. In the strict world
+/// (`world` set) a wait takes part in the deadlock detection (comm/local/activity.hpp) and
+/// `finish` wakes the world's waiters.
 class LocalWorkState final : public Work::State {
  public:
-  explicit LocalWorkState(std::shared_ptr<LocalGate> gate) : gate_(std::move(gate)) {}
-  void finish(std::exception_ptr error) { done_.finish(std::move(error)); }
+  explicit LocalWorkState(std::shared_ptr<LocalGate> gate,
+                          std::shared_ptr<LocalWorldSync> world = nullptr)
+      : gate_(std::move(gate)), world_(std::move(world)) {}
+  void finish(std::exception_ptr error) {
+    done_.finish(std::move(error));
+    if (world_) {
+      std::lock_guard lock(world_->mu);
+      world_->notify_changed();
+    }
+  }
   void wait() override {
     if (!done_.test()) {
       LocalGate::Blocked blocked(*gate_);
+      if (world_) strict_wait();
       done_.wait();
       return;
     }
@@ -114,7 +128,22 @@ class LocalWorkState final : public Work::State {
   }
 
  private:
+  /// Blocks until the operation finished, as one of the world's strict waiters.
+  void strict_wait() {
+    std::unique_lock lock(world_->mu);
+    LocalWorldSync::Waiter me(*world_, lock);
+    me.enter_locked();
+    while (!done_.test()) {
+      if (!world_->deadlock.empty() || me.stalled_locked()) {
+        throw CommDeadlock(world_->deadlock_message_locked());
+      }
+      world_->cv.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    me.leave_locked();
+  }
+
   std::shared_ptr<LocalGate> gate_;
+  std::shared_ptr<LocalWorldSync> world_;
   CompletionState done_;
 };
 

@@ -4,6 +4,7 @@
 //! when the world was aborted or the awaited rank returned, and names what it waited for.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -66,6 +67,13 @@ class LocalRendezvous : protected LocalCommBase {
       ~Awake() { n.fetch_sub(1, std::memory_order_relaxed); }
     } awake{world.sleepers};
     std::unique_lock lock(world.mu);
+    LocalWorldSync::Waiter me(world, lock);  // the strict world's deadlock detection
+    struct Waiting {                         // what this rank's report says it waits for
+      LocalPendingOps* p;
+      ~Waiting() {
+        if (p != nullptr) p->waiting.clear();
+      }
+    } waiting{nullptr};
     for (;;) {
       if (ready()) return;
       if (world.aborted.load()) throw_aborted_locked(what());
@@ -76,8 +84,22 @@ class LocalRendezvous : protected LocalCommBase {
                                       " returned from its function without joining it"));
         }
       }
+      if (world.strict) {
+        if (waiting.p == nullptr && s_->pending) {
+          waiting.p = s_->pending.get();
+          waiting.p->waiting = what();
+        }
+        me.enter_locked();
+        if (!world.deadlock.empty() || me.stalled_locked()) {
+          throw CommDeadlock(world.deadlock_message_locked());
+        }
+      }
       if (!timed) {
-        world.cv.wait(lock);
+        if (world.strict) {
+          world.cv.wait_for(lock, strict_slice);
+        } else {
+          world.cv.wait(lock);
+        }
         continue;
       }
       const auto now = std::chrono::steady_clock::now();
@@ -102,11 +124,16 @@ class LocalRendezvous : protected LocalCommBase {
         os << ". If those ranks are only slow, raise CommOptions::deadline (or this "
               "call's CallOptions::timeout); otherwise find the "
               "rank that skipped, reordered or never reached this call";
+        if (world.strict) os << ". Pending operations, rank by rank:" << world.pending_report();
         throw CommTimeout(os.str());
       }
-      world.cv.wait_until(lock, deadline);
+      world.cv.wait_until(lock, world.strict ? std::min(deadline, now + strict_slice) : deadline);
     }
   }
+
+  /// How long a strict waiter sleeps before it looks at the world again (a probe or a finished
+  /// Work also wakes it at once).
+  static constexpr std::chrono::milliseconds strict_slice{10};
 
   [[noreturn]] void throw_aborted_locked(const std::string& what) const {
     auto& world = *g().world;

@@ -4,6 +4,7 @@
 //! `LocalCommBase`, the root of LocalComm's parts, with the bookkeeping every operation shares.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -11,9 +12,11 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,11 +25,13 @@
 #include <vector>
 
 #include "fourway/comm/call_desc.hpp"
+#include "fourway/comm/local/activity.hpp"
 #include "fourway/comm/local/executor.hpp"
 #include "fourway/comm/local/gate.hpp"
 #include "fourway/comm/types.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
+#include "fourway/core/memory.hpp"
 
 #if defined(FOURWAY_CUDA_COMPILATION)
 #include <cuda_runtime_api.h>
@@ -37,32 +42,34 @@
 namespace fourway::detail {
 FOURWAY_BEGIN_MODE_NAMESPACE
 
-/// State shared by every group of one LocalWorld launch.
-struct LocalWorldState {
-  explicit LocalWorldState(int n)
-      : exited(static_cast<std::size_t>(n), 0),
-        poll_first(static_cast<unsigned>(n) <= std::thread::hardware_concurrency()) {}
-  std::mutex mu;
-  std::condition_variable cv;
+/// What one rank has posted on one group and not finished: the strict world's deadlock report
+/// lists it (guarded by the world's mutex).
+struct LocalPendingOps {
+  int world_rank = 0;
+  std::string group;                                      // the group's header
+  std::deque<std::pair<std::uint64_t, std::string>> ops;  // (id, description), posted order
+  std::uint64_t next_id = 0;
+  std::string waiting;  // what the operation now running waits for, while it waits
+};
+
+/// State shared by every group of one LocalWorld launch: the synchronisation core
+/// (comm/local/activity.hpp), abort, exits, and the strict world's pending operations.
+struct LocalWorldState : LocalWorldSync {
+  explicit LocalWorldState(int n, bool strict_world = false)
+      : LocalWorldSync(n, strict_world),
+        exited(static_cast<std::size_t>(n), 0),
+        poll_first(static_cast<unsigned>(n) <= std::thread::hardware_concurrency()) {
+    pending_report = [this] { return report_pending_locked(); };
+  }
   std::atomic<bool> aborted{false};
-  std::atomic<int> sleepers{0};  // threads inside the blocking part of a wait (see notify)
-  int failed_rank = -1;          // world rank whose function threw first (guarded by mu)
-  std::string failure;           // its message (guarded by mu)
-  std::vector<char> exited;      // world rank returned from its function (guarded by mu)
+  int failed_rank = -1;      // world rank whose function threw first (guarded by mu)
+  std::string failure;       // its message (guarded by mu)
+  std::vector<char> exited;  // world rank returned from its function (guarded by mu)
   // Every rank has a core of its own: a waiter polls with a pause before it yields its core.
   const bool poll_first;
+  // The strict world: every rank's pending operations per group (guarded by mu).
+  std::vector<std::weak_ptr<LocalPendingOps>> pending;
 
-  /// Wakes the blocked waiters after a change of an atomic they wait on. A waiter counts itself
-  /// in `sleepers` (then a fence) before it takes the lock and checks; the change is made (then a
-  /// fence) before `sleepers` is read here. So either the waiter sees the change, or this sees
-  /// the waiter and takes the lock, which orders the notify after the waiter's check. With no
-  /// waiter (the common case of a collective whose peers are polling) it costs one load.
-  void notify() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_relaxed) == 0) return;
-    { std::lock_guard lock(mu); }
-    cv.notify_all();
-  }
   void abort(int world_rank, const std::string& what) {
     {
       std::lock_guard lock(mu);
@@ -71,15 +78,45 @@ struct LocalWorldState {
         failure = what;
         aborted.store(true);
       }
+      notify_changed();
     }
-    cv.notify_all();
   }
   void mark_exited(int world_rank) {
     {
       std::lock_guard lock(mu);
       exited[static_cast<std::size_t>(world_rank)] = 1;
+      busy.fetch_sub(1, std::memory_order_acq_rel);
+      notify_changed();
     }
-    cv.notify_all();
+  }
+
+  /// Every rank's pending operations, rank by rank (lock held).
+  std::string report_pending_locked() {
+    std::erase_if(pending, [](const std::weak_ptr<LocalPendingOps>& p) { return p.expired(); });
+    std::vector<std::shared_ptr<LocalPendingOps>> all;
+    for (const auto& w : pending) all.push_back(w.lock());
+    std::stable_sort(all.begin(), all.end(),
+                     [](const auto& a, const auto& b) { return a->world_rank < b->world_rank; });
+    std::ostringstream os;
+    for (std::size_t r = 0; r < exited.size(); ++r) {
+      os << "\n  world rank " << r << ":";
+      bool any = false;
+      for (const auto& p : all) {
+        if (p->world_rank != static_cast<int>(r) || p->ops.empty()) continue;
+        any = true;
+        os << " in " << p->group << ": ";
+        for (std::size_t i = 0; i < p->ops.size(); ++i)
+          os << (i ? "; then " : "") << p->ops[i].second;
+        if (!p->waiting.empty()) os << " [waiting: " << p->waiting << "]";
+        os << ".";
+      }
+      if (exited[r]) {
+        os << " returned from its function.";
+      } else if (!any) {
+        os << " nothing pending.";
+      }
+    }
+    return os.str();
   }
 };
 
@@ -106,6 +143,7 @@ struct LocalSlot {
 struct LocalMessage {
   Dtype dtype;
   std::int64_t count;
+  int tag;                            // the strict world matches by order and checks the tag
   std::uint64_t number;               // the sender's send sequence number in this group
   std::unique_ptr<std::byte[]> data;  // host messages (a buffer of the group's pool)
   std::size_t capacity = 0;           // bytes allocated at `data`
@@ -143,7 +181,12 @@ struct LocalGroup {
   // The next unclaimed chunk of the collective of each sequence parity (share_chunks); reset by
   // rank 0 when it enters, before it publishes its arrival.
   std::atomic<std::int64_t> next_chunk[2] = {0, 0};
-  std::map<std::tuple<int, int, int>, std::deque<LocalMessage>> mail;  // (src, dst, tag)
+  // (src, dst, tag); the strict world matches by order, as NCCL does: (src, dst, 0)
+  std::map<std::tuple<int, int, int>, std::deque<LocalMessage>> mail;
+  // Messages ever taken from each mailbox: a strict send waits until its own has been (its
+  // place in the mailbox's FIFO is the count posted before it plus one).
+  std::map<std::tuple<int, int, int>, std::uint64_t> taken;
+  std::map<std::tuple<int, int, int>, std::uint64_t> posted;
   // Host message buffers handed back by receivers, reused by senders: a steady stream of large
   // messages then costs two memcpys, not fresh pages every time. At most `pool_max` are kept.
   static constexpr std::size_t pool_max = 16;
@@ -197,7 +240,20 @@ struct LocalRankState {
       : group(std::move(g)),
         rank(r),
         call{group->options.deadline, nullptr},
-        gate(std::make_shared<LocalGate>([w = group->world] { w->notify(); })) {}
+        gate(std::make_shared<LocalGate>([w = group->world] { w->notify(); })) {
+    if (!group->world->strict) return;
+    // NCCL progresses every communicator on its own: no waiting for the rank's thread
+    gate->open_forever();
+    pending = std::make_shared<LocalPendingOps>();
+    pending->world_rank = group->world_ranks[static_cast<std::size_t>(rank)];
+    pending->group = group->header();
+    exec.set_activity([w = group->world.get()](int d) {
+      // a worker that runs out of tasks may have been the last thing running
+      if (w->busy.fetch_add(d, std::memory_order_acq_rel) + d == 0) w->notify();
+    });
+    std::lock_guard lock(group->world->mu);
+    group->world->pending.push_back(pending);
+  }
   LocalRankState(const LocalRankState&) = delete;
   LocalRankState& operator=(const LocalRankState&) = delete;
   // Queued work still runs: its worker may now move data (comm/local/gate.hpp), then is joined.
@@ -216,7 +272,18 @@ struct LocalRankState {
   std::array<std::atomic<std::uint64_t>, comm_op_count> moved_out{};  // bytes written to peers
   LocalEvents events;
   std::shared_ptr<LocalGate> gate;  // when the worker may move data (comm/local/gate.hpp)
-  LocalExecutor exec;               // last: joined before the rest is destroyed
+  // The rank's accountant (bound by World): the strict world checks buffers against it.
+  MemoryAccountant* memory = nullptr;
+  // The strict world: what this rank posted on this group and has not finished.
+  std::shared_ptr<LocalPendingOps> pending;
+  // group_start() / group_end(): the depth and the operations collected at depth > 0.
+  int group_depth = 0;
+  std::vector<std::function<void()>> group_sends;  // post a send, return at once
+  std::vector<std::function<void()>> group_recvs;  // receive (waits for the message)
+  std::vector<std::function<void()>> group_waits;  // strict: wait until a send was taken
+  std::vector<std::string> group_text;
+  std::shared_ptr<LocalWorkState> group_work;
+  LocalExecutor exec;  // last: joined before the rest is destroyed
 };
 
 /// The root of LocalComm's parts (rendezvous, device part, mailbox, LocalComm itself): the
