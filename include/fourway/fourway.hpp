@@ -41,6 +41,7 @@
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/launch.hpp"
 #include "fourway/comm/launch_env.hpp"
+#include "fourway/comm/local/activity.hpp"
 #include "fourway/comm/local/comm.hpp"
 #include "fourway/comm/local/device.hpp"
 #include "fourway/comm/local/executor.hpp"
@@ -51,6 +52,8 @@
 #include "fourway/comm/local/state.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/comm/peer_access.hpp"
+#include "fourway/comm/staged.hpp"
+#include "fourway/comm/strict.hpp"
 #include "fourway/comm/tcp_rendezvous.hpp"
 #include "fourway/comm/types.hpp"
 #include "fourway/comm/uneven.hpp"
@@ -96,6 +99,7 @@
 #include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
+#include "fourway/parallel/pp/links.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/parallel/step_scalars.hpp"
 #include "fourway/parallel/tp/block.hpp"
@@ -142,4 +146,5 @@
 
 #if FOURWAY_HAS_MPI
 #include "fourway/comm/mpi_comm.hpp"
+#include "fourway/comm/strict_mpi.hpp"
 #endif

@@ -143,7 +143,7 @@ TEST(SafetensorsCollective, RanksWritingTheirPiecesMakeTheOneProcessFileByteForB
     std::filesystem::remove(path);
     fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
       (void)fw::write_safetensors_collective(
-          w.rank(), fw::host_flag_gather(w.comm()), path, {{"format", "pt"}}, s.tensors(),
+          w.rank(), fw::flag_gather(w.ctx(), w.comm()), path, {{"format", "pt"}}, s.tensors(),
           [&](fw::PieceSink& sink) { write_share(s, sink, w.rank(), n); });
     });
     EXPECT_EQ(slurp(path), expected) << n << " ranks";
@@ -162,7 +162,7 @@ TEST(SafetensorsCollective, ARankFailingMidSaveLeavesNoFileAndAnErrorOnEveryRank
   fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
     try {
       (void)fw::write_safetensors_collective(
-          w.rank(), fw::host_flag_gather(w.comm()), path, {{"format", "pt"}}, s.tensors(),
+          w.rank(), fw::flag_gather(w.ctx(), w.comm()), path, {{"format", "pt"}}, s.tensors(),
           [&](fw::PieceSink& sink) {
             write_share(s, sink, w.rank(), n);
             if (w.rank() == 2) throw fw::CheckpointError("injected: disk full on rank 2");
@@ -184,7 +184,7 @@ TEST(SafetensorsCollective, ARankFailingMidSaveLeavesNoFileAndAnErrorOnEveryRank
   spit(path, {42});
   fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
     EXPECT_THROW((void)fw::write_safetensors_collective(
-                     w.rank(), fw::host_flag_gather(w.comm()), path, {}, s.tensors(),
+                     w.rank(), fw::flag_gather(w.ctx(), w.comm()), path, {}, s.tensors(),
                      [&](fw::PieceSink& sink) {
                        if (w.rank() == 1) sink.write(0, 1000, std::span<const unsigned char>());
                        sink.write(9, 0, std::span<const unsigned char>());

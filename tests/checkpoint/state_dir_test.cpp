@@ -149,7 +149,7 @@ TEST(StateDir, ThreeRanksWriteOneRankReadsAnyRangeAndTheIndexDescribesEverything
   fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
     fw::StateSave s{root, 7, kTensors, {{"mesh", "dp=3"}}, 0, {}};
     const auto mine = pieces_of(w.rank(), 3);
-    const auto dir = fw::save_state_dir(w.rank(), 3, fw::host_flag_gather(w.comm()), s, mine,
+    const auto dir = fw::save_state_dir(w.rank(), 3, fw::flag_gather(w.ctx(), w.comm()), s, mine,
                                         [&](fw::StateSink& sink) { push_values(sink, mine); });
     EXPECT_EQ(dir, root / "step-00000007");
   });
@@ -267,7 +267,7 @@ TEST(StateDir, AFailureOnOneRankIsAnErrorOnEveryRankAndNothingIsCommitted) {
     fw::StateSave s{root, 9, kTensors, {}, 0, {}};
     const auto mine = pieces_of(w.rank(), 3);
     errors[static_cast<std::size_t>(w.rank())] = error_of([&] {
-      (void)fw::save_state_dir(w.rank(), 3, fw::host_flag_gather(w.comm()), s, mine,
+      (void)fw::save_state_dir(w.rank(), 3, fw::flag_gather(w.ctx(), w.comm()), s, mine,
                                [&](fw::StateSink& sink) {
                                  if (w.rank() == 1) {
                                    throw std::runtime_error("No space left on device");
@@ -322,7 +322,7 @@ TEST(StateDir, StridedSlicesOfThreeRanksReadBackAnyRange) {
   fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
     fw::StateSave s{root, 3, kTensors, {}, 0, {}};
     const auto& m = mine[static_cast<std::size_t>(w.rank())];
-    (void)fw::save_state_dir(w.rank(), 3, fw::host_flag_gather(w.comm()), s, m,
+    (void)fw::save_state_dir(w.rank(), 3, fw::flag_gather(w.ctx(), w.comm()), s, m,
                              [&](fw::StateSink& sink) { push_values(sink, m); });
   });
   const auto dir = root / "step-00000003";
@@ -389,7 +389,7 @@ TEST(AsyncStateSave, WritesInTheBackgroundAndCommitsTheSameBytesAsTheSynchronous
   std::atomic<bool> release{false};
   std::vector<int> polled(3, -1);
   fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
-    const auto flags = fw::host_flag_gather(w.comm());
+    const auto flags = fw::flag_gather(w.ctx(), w.comm());
     const auto mine = pieces_of(w.rank(), 3);
     (void)fw::save_state_dir(w.rank(), 3, flags, fw::StateSave{sync_root, 7, kTensors, {}, 0, {}},
                              mine, [&](fw::StateSink& sink) { push_values(sink, mine); });
@@ -430,7 +430,7 @@ TEST(AsyncStateSave, ABackgroundWriteErrorOnOneRankIsRaisedOnEveryRankAndNothing
   const auto root = scratch("async_fail");
   std::vector<std::string> errors(3);
   fw::launch<fw::LocalWorld>(3, [&](fw::World<fw::LocalWorld>& w) {
-    const auto flags = fw::host_flag_gather(w.comm());
+    const auto flags = fw::flag_gather(w.ctx(), w.comm());
     const auto mine = pieces_of(w.rank(), 3);
     fw::AsyncStateSave pending;
     fill_snapshot(pending.snapshot(mine), mine);

@@ -84,30 +84,36 @@ Result run_mesh(const Case& c, int steps) {
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
   Result r;
   std::mutex mu;
-  fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
-    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
-    fw::MeshGroups<Comm> groups(mesh, w.comm());
-    fw::MeshOptions mo;
-    mo.pipeline.schedule = c.schedule;
-    mo.pipeline.micro_batches = c.micro_batches;
-    mo.pipeline.virtual_stages = c.virtual_stages;
-    mo.tensor.sequence_parallel = c.sequence_parallel;
-    mo.sharded.bucket_bytes = 512;  // several buckets
-    fw::TrainerOptions to;
-    to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(c.checkpoint), harness::kSeed, mo,
-                     harness::adamw(kLr));
-    std::vector<float> losses;
-    for (int s = 0; s < steps; ++s) losses.push_back(t.step(harness::batch(s).view()));
-    const auto full = t.strategy().full_parameters();
-    std::lock_guard lock(mu);
-    if (w.rank() == 0) {
-      r.losses = losses;
-      for (const auto& nt : full) r.params[nt.name] = nt.values;
-    }
-    EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses)
-        << c.name() << ": rank " << w.rank() << " reports another loss";
-  });
+  fw::CommOptions strict;
+  strict.strict = true;  // held to NCCL's contract (docs/comm.md, "The strict world")
+  strict.deadline = std::chrono::seconds(120);
+  fw::launch<fw::LocalWorld>(
+      c.ranks(),
+      [&](fw::World<fw::LocalWorld>& w) {
+        const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+        fw::MeshGroups<Comm> groups(mesh, w.comm());
+        fw::MeshOptions mo;
+        mo.pipeline.schedule = c.schedule;
+        mo.pipeline.micro_batches = c.micro_batches;
+        mo.pipeline.virtual_stages = c.virtual_stages;
+        mo.tensor.sequence_parallel = c.sequence_parallel;
+        mo.sharded.bucket_bytes = 512;  // several buckets
+        fw::TrainerOptions to;
+        to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
+        fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(c.checkpoint), harness::kSeed,
+                         mo, harness::adamw(kLr));
+        std::vector<float> losses;
+        for (int s = 0; s < steps; ++s) losses.push_back(t.step(harness::batch(s).view()));
+        const auto full = t.strategy().full_parameters();
+        std::lock_guard lock(mu);
+        if (w.rank() == 0) {
+          r.losses = losses;
+          for (const auto& nt : full) r.params[nt.name] = nt.values;
+        }
+        EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses)
+            << c.name() << ": rank " << w.rank() << " reports another loss";
+      },
+      strict);
   return r;
 }
 

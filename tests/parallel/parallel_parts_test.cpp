@@ -26,6 +26,7 @@
 #include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
+#include "fourway/parallel/step_scalars.hpp"
 #include "fourway/parallel/tp/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/work_queue.hpp"
@@ -1068,9 +1069,10 @@ TEST(ParallelParts, ChunkSetJoinsChunksIntoOneModel) {
     }
     EXPECT_THROW(set.visit_unit_parameters(4, [](Param&) {}), fw::ConfigError);
     EXPECT_THROW(set.visit_unit_parameters(-1, [](Param&) {}), fw::ConfigError);
-    double x = w.rank() + 1.5;
-    set.sum_over_model_parallel(x);
-    EXPECT_EQ(x, 1.5 + 2.5);
+    fw::StepScalars<Host> scalars(w.ctx());
+    scalars.set(1, w.rank() + 1.5);
+    set.sum_over_model_parallel(scalars, 1);  // in place, in the backend's memory
+    EXPECT_EQ(scalars.read<2>()[1], 1.5 + 2.5);
     EXPECT_THROW((fw::pp::ChunkSet<float, Host, fw::LocalComm>({}, nullptr, w.comm())),
                  fw::ConfigError);
   });

@@ -24,7 +24,7 @@ string(REPLACE "]" ")" text "${text}")
 string(REPLACE "\n" ";" lines "${text}")
 set(re "\"tid\":([0-9]+),\"name\":\"([^\"]*)\",\"cat\":\"([^\"]*)\",\"ts\":([0-9]+)\\.([0-9][0-9][0-9]),\"dur\":(-?[0-9]+)\\.([0-9][0-9][0-9])")
 set(phases "dp gradient all-reduce" "tied embedding sum" "sum of squares"
-           "step scalars all-reduce" "replicas loss all-reduce" "optimizer step")
+           "step scalars all-reduce" "optimizer step")
 set(events 0)
 foreach(line IN LISTS lines)
   if(NOT line MATCHES "\"ph\":\"X\"")

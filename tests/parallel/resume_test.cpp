@@ -90,7 +90,7 @@ void train_segment(TrainerT& t, Comm& comm, const Plan& p, Segment& out, int ran
   }
   trained = true;  // the state has moved on since the copy; now let the write run
   if (p.async_at >= 0) {
-    EXPECT_TRUE(pending.wait(fw::host_flag_gather(comm)).has_value());
+    EXPECT_TRUE(pending.wait(fw::flag_gather(t.strategy().context(), comm)).has_value());
   } else if (!p.save_root.empty()) {
     (void)fw::save_checkpoint(t, comm, fw::CheckpointOptions{p.save_root, 0, {}, {}});
   }

@@ -63,7 +63,7 @@ std::vector<Io> load_and_save(int ranks, const std::filesystem::path& load,
       fw::load_gpt2_sharded(strategy, f);
       out[static_cast<std::size_t>(w.rank())].bytes_read = f.bytes_read();
     }
-    (void)fw::save_gpt2_sharded(strategy, w.rank(), fw::host_flag_gather(dp), save);
+    (void)fw::save_gpt2_sharded(strategy, w.rank(), fw::flag_gather(w.ctx(), dp), save);
   });
   return out;
 }

@@ -175,7 +175,7 @@ RunResult run_tp_stage(const RunConfig& rc) {
         pad_zero = pad_zero && local[0][k] == 0.0f;
       }
     }
-    auto full = model.gather_over_tp(local);
+    auto full = model.gather_over_tp(w.ctx(), local);
     std::lock_guard lock(mu);
     const auto i = static_cast<std::size_t>(w.rank());
     r.rank_losses[i] = losses;

@@ -38,6 +38,7 @@
 
 #include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/comm/communicator.hpp"
+#include "fourway/comm/staged.hpp"
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 
@@ -212,12 +213,13 @@ class PieceSink {
 /// `flags(mine)`: every rank's flag, in rank order (an all-gather of one integer).
 using FlagGather = std::function<std::vector<std::int64_t>(std::int64_t)>;
 
-/// A `FlagGather` over a communicator that moves host memory (LocalComm, MpiComm, Counting<..>).
-template <communicator Comm>
-FlagGather host_flag_gather(Comm& comm) {
-  return [&comm](std::int64_t mine) {
+/// A `FlagGather` over `comm`, the flags staged through backend memory of `ctx` (comm/staged.hpp:
+/// no host pointer reaches a communicator). Both must outlive it.
+template <class B, communicator Comm>
+FlagGather flag_gather(const Context<B>& ctx, Comm& comm) {
+  return [&ctx, &comm](std::int64_t mine) {
     std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
-    comm.all_gather(&mine, all.data(), 1);
+    staged_all_gather(ctx, comm, &mine, all.data(), 1);
     return all;
   };
 }

@@ -10,9 +10,11 @@
 //!   begin_step: clear     kernels: slot 0 += loss, slot 1 += Σg²     end: [all_reduce SUM] →
 //!   to_host
 //!
-//! `sum` packs values that are already on the host (the tensor-parallel model's Σg², a loss the
-//! model returned) the same way: from_host, all-reduce, to_host. A communicator moves only the
-//! backend's memory (NCCL refuses host pointers, comm/buffer_kind.hpp), hence the buffer.
+//! `reduce` sums slots over one more group in place (a tensor-parallel or pipeline model sums
+//! Σg² over its groups before the one read-back); `sum` packs values that are already on the
+//! host (a loss the model returned) the same way: from_host, all-reduce, to_host. A communicator
+//! moves only the backend's memory (NCCL refuses host pointers, comm/buffer_kind.hpp), hence the
+//! buffer.
 #pragma once
 
 #include <array>
@@ -64,6 +66,15 @@ class StepScalars {
                  "fourway: StepScalars::read_summed reduces 1 to N slots, not ", reduced);
     comm.all_reduce(buffer_.data(), buffer_.data(), reduced, ReduceOp::sum);
     return read<N>();
+  }
+
+  /// Slots [first, first + n) summed over `comm`'s group in place: one all-reduce, no read-back
+  /// (a model-parallel model sums Σg² over its groups with it before the step's one `read`).
+  template <class Comm>
+  void reduce(Comm& comm, std::int64_t first, std::int64_t n = 1) {
+    check<Error>(first >= 0 && n >= 1 && first + n <= capacity, "fourway: StepScalars::reduce ",
+                 "of slots [", first, ", ", first + n, ") outside [0, ", capacity, ")");
+    comm.all_reduce(buffer_.data() + first, buffer_.data() + first, n, ReduceOp::sum);
   }
 
   /// Every rank's `local` summed over `comm`'s group, in one all-reduce of N doubles on the

@@ -328,9 +328,9 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
 ///         (Σ exp, target logit) pairs; sequence parallel: the LayerNorms' gains and biases);
 ///         per step the gradient norm's double
 ///   pp    per micro-batch and chunk, the activation sent forward when the next chunk lives on
-///         another rank and its gradient sent back when the previous one does, each behind a
-///         6-integer header (b·T/tp rows under sequence parallelism); per step 16 B of step
-///         scalars (loss and Σg², all-reduced over the stages)
+///         another rank and its gradient sent back when the previous one does (b·T/tp rows under
+///         sequence parallelism; no header: the table knows every message's size); per step 16 B
+///         of step scalars (loss and Σg², all-reduced over the stages)
 ///   tie   the ranks of the first and the last chunk all-reduce the tied wte's gradient slice
 ///         (Vp/tp rows) — nothing when one rank holds both ends (ZB-V)
 ///   dp    ZeRO 0: every gradient all-reduced once per step, and the loss's double; ZeRO 1-3:
@@ -371,13 +371,12 @@ inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
   r.tp = runtime_tensor_parallel_bytes(xs, t.tp, sequence_parallel, g.precision, recompute,
                                        s.micro_batches, embedding, head);
   if (s.stages > 1) {
-    constexpr double header = 6.0 * 8.0;
     double sends = 0;
     for (int c : table.chunks_of(rank)) {
       if (c < last_chunk && table.rank_of(c + 1) != rank) sends += 1;  // the activation
       if (c > 0 && table.rank_of(c - 1) != rank) sends += 1;           // its gradient
     }
-    r.pp = m * sends * (header + act) + ring_bytes_sent(Collective::all_reduce, 16.0, s.stages);
+    r.pp = m * sends * act + ring_bytes_sent(Collective::all_reduce, 16.0, s.stages);
     const int first_rank = table.rank_of(0), last_rank = table.rank_of(last_chunk);
     if (first_rank != last_rank && (rank == first_rank || rank == last_rank)) {
       const std::int64_t rows = t.tp > 1 ? runtime_vocab_rows(a, t) : a.vocab;

@@ -10,7 +10,9 @@
 //!   4. an F has its input before it (the previous chunk's F earlier on this rank, or a recv of
 //!      it), a B likewise its output gradient; a send comes after the compute that produced it;
 //!   5. every send has exactly one recv on its peer, with the same tag and size, and back;
-//!   6. no deadlock when point-to-point calls block (see `Blocking`): consecutive p2p actions
+//!   6. the messages of one stream — one (sender, receiver, kind) — are received in the order
+//!      they are sent: NCCL matches point-to-point by order, not tag (parallel/pp/links.hpp);
+//!   7. no deadlock when point-to-point calls block (see `Blocking`): consecutive p2p actions
 //!      form a group that is posted together (NCCL groups, `batch_isend_irecv`); the simulation
 //!      runs every rank until all finish or none can move.
 #pragma once
@@ -39,16 +41,20 @@ enum class Problem : std::uint8_t {
   missing_input,    // F / B without its input from the previous / next chunk
   unmatched,        // a send without its recv, or a recv without its send
   size_mismatch,    // send and recv disagree on the message size
+  stream_order,     // a stream's messages received in another order than sent (NCCL: by order)
   deadlock,         // no rank can progress
 };
 
 /// How point-to-point calls block, for the deadlock rule. Either way a group of consecutive p2p
 /// actions is posted together. `rendezvous`: the group returns only when every one of its
-/// messages is matched (NCCL sends and recvs on the compute stream, MPI_Ssend). `eager`: the
-/// group's sends return at once (waited at the end of the step) and its recvs block until their
-/// sends are posted (LocalWorld's mailboxes, MPI_Isend, NCCL sends on their own stream, as in
-/// torch.distributed.pipelining). A table safe under rendezvous is safe under eager, not the
-/// other way round: the interleaved and ZB-V tables need eager sends once m > p.
+/// messages is matched (every message on one NCCL communicator, which runs its operations in
+/// order, MPI_Ssend). `eager`: the group's sends never hold the rank back (waited before their
+/// buffer is freed) and its recvs block until their sends are posted — what fourway's executor
+/// runs on every backend, the strict world's rendezvous included, because each (sender,
+/// receiver, kind) has a communicator of its own (parallel/pp/links.hpp): a send waits only for
+/// its own recv, and later sends of the same stream, which the receiver takes in that order
+/// (rule 6). A table safe under rendezvous is safe under eager, not the other way round: the
+/// interleaved and ZB-V tables need eager sends once m > p.
 enum class Blocking : std::uint8_t { rendezvous, eager };
 
 struct CheckResult {
@@ -310,6 +316,27 @@ constexpr CheckResult check(const Table& t, Blocking blocking = Blocking::eager)
         return fail(Problem::size_mismatch, r, ii, a);
     }
   }
+  // 6: per stream, the receiver's recvs name the sender's sends in order
+  for (int r = 0; r < t.ranks; ++r) {
+    const auto& row = t.actions[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const Action& a = row[i];
+      if (!is_recv(a.op)) continue;
+      // the k-th recv of this stream on r must match the k-th send of it on the peer
+      int k = 0;
+      for (std::size_t j = 0; j < i; ++j) k += row[j].op == a.op && row[j].peer == a.peer ? 1 : 0;
+      const auto& prow = t.actions[static_cast<std::size_t>(a.peer)];
+      const Op send = matching_op(a.op);
+      int seen = 0;
+      for (const Action& b : prow) {
+        if (b.op != send || b.peer != r) continue;
+        if (seen++ != k) continue;
+        if (b.micro_batch != a.micro_batch || b.chunk != a.chunk)
+          return fail(Problem::stream_order, r, static_cast<int>(i), a);
+        break;
+      }
+    }
+  }
   return blocking == Blocking::rendezvous ? detail::check_deadlock_rendezvous(t)
                                           : detail::check_deadlock_eager(t);
 }
@@ -359,6 +386,12 @@ inline std::string describe(const CheckResult& res, const Table& t) {
     case Problem::size_mismatch:
       return cat(where, ": the matching action on rank ", a.peer, " expects another size than ",
                  a.elements, " elements");
+    case Problem::stream_order:
+      return cat(where, ": rank ", a.peer, " sends the ",
+                 a.op == Op::recv_gradient ? "gradients" : "activations",
+                 " of this stream in another order; NCCL matches point-to-point "
+                 "by order, not tag, so this recv would take another message: receive them in "
+                 "the order they are sent");
     case Problem::deadlock:
       return cat(where,
                  ": deadlock: no rank can progress; reorder the sends and recvs so that "

@@ -41,6 +41,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
@@ -181,8 +182,8 @@ std::vector<NamedTensor> model_values(const Context<B>& ctx, Model& m) {
 /// The comparison both front ends share. `train(optimizer)` builds a fresh run of the mesh and
 /// returns it as a trainer (a unique_ptr); `full(trainer)` its unsplit parameters (a collective);
 /// `one_rank(optimizer)` a fresh one-rank run on world rank 0 ({model, trainer} pointers).
-template <class T, class Comm, class Train, class Full, class OneRank>
-CheckReport compare_with_one_rank(Comm& world, const AdamW& optimizer,
+template <class T, class B, class Comm, class Train, class Full, class OneRank>
+CheckReport compare_with_one_rank(const Context<B>& world_ctx, Comm& world, const AdamW& optimizer,
                                   const std::function<Batch(int)>& batch_at,
                                   const CheckOptions& check_options, Train&& train, Full&& full,
                                   OneRank&& one_rank) {
@@ -235,8 +236,7 @@ CheckReport compare_with_one_rank(Comm& world, const AdamW& optimizer,
           std::sqrt(num) / std::max(std::sqrt(den), floor);
     }
   }
-  if (world.size() > 1)
-    world.broadcast(numbers.data(), static_cast<std::int64_t>(numbers.size()), 0);
+  staged_broadcast(world_ctx, world, numbers.data(), static_cast<std::int64_t>(numbers.size()), 0);
   r.one_rank_loss.assign(numbers.begin(), numbers.begin() + steps);
   r.gradient_difference.assign(numbers.begin() + steps, numbers.end());
   return r;
@@ -277,7 +277,7 @@ CheckReport check_mesh(
   one.micro_batches = trainer.micro_batches * mesh.dp();
   Comm single = world.split(world.rank(), 0);  // a group of one rank, for the one-rank model
   return detail::compare_with_one_rank<T>(
-      world, optimizer, batch_at, check_options,
+      ctx, world, optimizer, batch_at, check_options,
       [&](const AdamW& opt) {
         return std::make_unique<Trainer<S>>(trainer, ctx, mesh, groups, cfg, seed, options, opt,
                                             load);
@@ -312,7 +312,7 @@ CheckReport check_sharded(const Context<B>& ctx, Comm& dp, MakeModel&& make_mode
   TrainerOptions one = trainer;
   one.micro_batches = trainer.micro_batches * dp.size();
   return detail::compare_with_one_rank<typename P::param_type>(
-      dp, optimizer, batch_at, check_options,
+      ctx, dp, optimizer, batch_at, check_options,
       [&](const AdamW& opt) {
         auto run = std::make_unique<MeshRun>();
         run->model = std::make_unique<Model>(make_model(ctx));

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "fourway/comm/communicator.hpp"
+#include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
@@ -185,8 +186,8 @@ class MeshStrategy : private detail::OwnedModel<
     const Context<B>& ctx = this->context();
     if constexpr (!traits::pipeline) {
       auto values = this->gather_full_parameters();
-      if constexpr (requires { this->owned->gather_over_tp(values); })
-        values = this->owned->gather_over_tp(values);
+      if constexpr (requires { this->owned->gather_over_tp(ctx, values); })
+        values = this->owned->gather_over_tp(ctx, values);
       return named(*this->owned, std::move(values));
     } else {
       // every chunk's unsplit tensors on the ranks that hold it, then broadcast over pp
@@ -197,8 +198,8 @@ class MeshStrategy : private detail::OwnedModel<
           rank_model_type* chunk = this->chunk(c);
           if (chunk == nullptr) continue;
           std::vector<std::vector<float>> v;
-          if constexpr (requires { chunk->gather_over_tp(v); }) {
-            v = chunk->gather_over_tp(chunk->local_parameters(ctx));
+          if constexpr (requires { chunk->gather_over_tp(ctx, v); }) {
+            v = chunk->gather_over_tp(ctx, chunk->local_parameters(ctx));
           } else {
             chunk->visit_parameters(
                 [&](Parameter<T, B>& p) { v.push_back(parameter_values(ctx, p)); });
@@ -209,7 +210,7 @@ class MeshStrategy : private detail::OwnedModel<
       std::vector<NamedTensor> out;
       Comm& pp = groups_->pp();
       for (int c = 0; c < table.chunks(); ++c) {
-        auto part = broadcast_tensors(pp, table.rank_of(c), mine[static_cast<std::size_t>(c)]);
+        auto part = broadcast_tensors(ctx, pp, table.rank_of(c), mine[static_cast<std::size_t>(c)]);
         for (auto& nt : part) {
           const bool known = std::any_of(out.begin(), out.end(),
                                          [&](const NamedTensor& o) { return o.name == nt.name; });
@@ -233,12 +234,12 @@ class MeshStrategy : private detail::OwnedModel<
   }
 
   /// `tensors` of rank `root` on every rank of `comm`: the count, the names' and values' sizes,
-  /// the names' characters and the values, in four broadcasts.
-  static std::vector<NamedTensor> broadcast_tensors(Comm& comm, int root,
+  /// the names' characters and the values, in four broadcasts staged through backend memory.
+  static std::vector<NamedTensor> broadcast_tensors(const Context<B>& ctx, Comm& comm, int root,
                                                     std::vector<NamedTensor> tensors) {
     if (comm.size() == 1) return tensors;
     std::int64_t n = static_cast<std::int64_t>(tensors.size());
-    comm.broadcast(&n, 1, root);
+    staged_broadcast(ctx, comm, &n, 1, root);
     std::vector<std::int64_t> sizes(static_cast<std::size_t>(2 * n));
     std::vector<std::int32_t> chars;
     std::vector<float> values;
@@ -250,7 +251,7 @@ class MeshStrategy : private detail::OwnedModel<
         values.insert(values.end(), tensors[i].values.begin(), tensors[i].values.end());
       }
     }
-    comm.broadcast(sizes.data(), 2 * n, root);
+    staged_broadcast(ctx, comm, sizes.data(), 2 * n, root);
     std::int64_t name_chars = 0, numel = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       name_chars += sizes[static_cast<std::size_t>(2 * i)];
@@ -258,8 +259,8 @@ class MeshStrategy : private detail::OwnedModel<
     }
     chars.resize(static_cast<std::size_t>(name_chars));
     values.resize(static_cast<std::size_t>(numel));
-    comm.broadcast(chars.data(), name_chars, root);
-    comm.broadcast(values.data(), numel, root);
+    staged_broadcast(ctx, comm, chars.data(), name_chars, root);
+    staged_broadcast(ctx, comm, values.data(), numel, root);
     if (comm.rank() == root) return tensors;
     std::vector<NamedTensor> out(static_cast<std::size_t>(n));
     std::size_t c = 0, v = 0;

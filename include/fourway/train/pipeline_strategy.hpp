@@ -280,25 +280,28 @@ class PipelineStrategy {
         tied_head && table_.chunks() > 1 && (chunks_.front() != nullptr || last_chunk() != nullptr);
     tie_embedding_gradients();
     if (tied) t = phase_end("tied embedding sum", t);
-    double ss = 0.0;
-    int i = 0;  // the tied copy and (tp) replicated parameters off tp rank 0 are not counted
+    // the step's scalars in backend memory: the loss (on the last stage) in slot 0, this rank's
+    // counted Σg² in slot 1 (the tied copy and, under tp, replicated parameters off tp rank 0
+    // are not counted); summed over the pipeline, Σg² also over tp, the loss over the replicas
+    // (their gradients, hence Σg², are already equal); then one read-back
+    scalars_.set(0, c.loss_sum);
+    scalars_.zero(1);
+    std::vector<std::span<const T>> counted;
+    int i = 0;
     visit_parameters([&](Parameter<T, B>& p) {
       if (set_->counts_in_norm(i++))
-        ss += Ops<B>::sum_squares(*ctx_, p.grad.data(), p.grad.numel());
+        counted.emplace_back(p.grad.data(), static_cast<std::size_t>(p.grad.numel()));
     });
+    Ops<B>::sum_squares_into(*ctx_, scalars_.slot(1), counted);
     t = phase_end("sum of squares", t);
-    // one packed all-reduce over the pipeline: the loss (on the last stage) and every stage's
-    // Σg²; then the loss over the replicas (their gradients, hence Σg², are already equal)
-    const auto sums = scalars_.sum(*pp_, std::array<double, 2>{c.loss_sum, ss});
-    ss = sums[1];
-    set_->sum_over_tensor_parallel(ss);  // every tp rank's slices
+    scalars_.reduce(*pp_, 0, 2);
+    set_->sum_over_tensor_parallel(scalars_, 1);  // every tp rank's slices
+    if (dp_ != nullptr && dp_->size() > 1) scalars_.reduce(*dp_, 0);
+    const auto sums = scalars_.template read<2>();
+    double ss = sums[1];
     t = phase_end("step scalars all-reduce", t);
     StepReport r;
     r.loss_sum = sums[0];
-    if (dp_ != nullptr && dp_->size() > 1) {
-      r.loss_sum = scalars_.sum(*dp_, std::array<double, 1>{r.loss_sum})[0];
-      t = phase_end("replicas loss all-reduce", t);
-    }
     r.found_inf = c.check_finite && !std::isfinite(ss);
     std::vector<SegmentBinding<T>> bindings;
     visit_parameters([&](Parameter<T, B>& p) {

@@ -131,7 +131,7 @@ std::vector<StatePiece> checkpoint_pieces(const Strategy& s) {
 }
 
 /// Saves the run (see the file comment); a collective of the strategy's group, rank `rank` of
-/// `world`, agreeing through `flags` (host_flag_gather(comm) for host communicators). Returns
+/// `world`, agreeing through `flags` (flag_gather(ctx, comm), checkpoint/sharded_io.hpp). Returns
 /// the committed directory, root/step-<trainer.iteration()>.
 template <class TrainerT>
 std::filesystem::path save_checkpoint(TrainerT& trainer, int rank, int world,
@@ -174,13 +174,15 @@ void save_checkpoint_async(TrainerT& trainer, AsyncStateSave& pending, int rank,
 
 template <class TrainerT, communicator Comm>
 std::filesystem::path save_checkpoint(TrainerT& trainer, Comm& comm, const CheckpointOptions& o) {
-  return save_checkpoint(trainer, comm.rank(), comm.size(), host_flag_gather(comm), o);
+  return save_checkpoint(trainer, comm.rank(), comm.size(),
+                         flag_gather(trainer.strategy().context(), comm), o);
 }
 
 template <class TrainerT, communicator Comm>
 void save_checkpoint_async(TrainerT& trainer, AsyncStateSave& pending, Comm& comm,
                            const CheckpointOptions& o) {
-  save_checkpoint_async(trainer, pending, comm.rank(), comm.size(), host_flag_gather(comm), o);
+  save_checkpoint_async(trainer, pending, comm.rank(), comm.size(),
+                        flag_gather(trainer.strategy().context(), comm), o);
 }
 
 /// A committed checkpoint directory, or the newest one under a root of them.
@@ -243,7 +245,7 @@ StateIndex resume_checkpoint(TrainerT& trainer, const FlagGather& flags,
 
 template <class TrainerT, communicator Comm>
 StateIndex resume_checkpoint(TrainerT& trainer, Comm& comm, const std::filesystem::path& path) {
-  return resume_checkpoint(trainer, host_flag_gather(comm), path);
+  return resume_checkpoint(trainer, flag_gather(trainer.strategy().context(), comm), path);
 }
 
 }  // namespace fourway

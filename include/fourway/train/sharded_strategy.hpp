@@ -79,9 +79,9 @@ struct ShardedOptions {
 /// rank of the group only) and sums the norm over that group; the strategy's communicator is
 /// then the data-parallel group.
 template <class M>
-concept model_parallel_model = requires(M& m, const M& cm, double& x, int i) {
+concept model_parallel_model = requires(M& m, const M& cm, StepScalars<Host>& s, int i) {
   { cm.counts_in_norm(i) } -> std::convertible_to<bool>;
-  m.sum_over_model_parallel(x);
+  m.sum_over_model_parallel(s, std::int64_t{1});  // slot 1 summed over its groups, in place
 };
 
 template <int Stage, class Model, precision_policy P, backend B, class Comm>
@@ -171,17 +171,16 @@ class ShardedStrategy {
     double ss = 0.0;
     StepReport r;
     if constexpr (model_parallel_model<Model>) {
-      const double loss = c.loss_on_device ? scalars_.template read<1>()[0] : c.loss_sum;
-      ss = model_parallel_sum_squares();  // this rank's counted tiles only
-      if constexpr (!policy::shards_optimizer_state) {
-        // replicas hold the same gradients: no Σg² over dp
-        r.loss_sum = scalars_.sum(*comm_, std::array<double, 1>{loss})[0];
-      } else {
-        const auto sums = scalars_.sum(*comm_, std::array<double, 2>{loss, ss});
-        r.loss_sum = sums[0];
-        ss = sums[1];
-      }
-      model_->sum_over_model_parallel(ss);
+      // Σg² of this rank's counted tiles beside the loss, summed over the replicas (Σg² only
+      // where they hold different shards) and over the model's groups in place: one read-back
+      if (!c.loss_on_device) scalars_.set(0, c.loss_sum);
+      scalars_.zero(1);
+      ops::sum_squares_into(*ctx_, scalars_.slot(1), counted_gradients());
+      scalars_.reduce(*comm_, 0, policy::shards_optimizer_state ? 2 : 1);
+      model_->sum_over_model_parallel(scalars_, 1);
+      const auto sums = scalars_.template read<2>();
+      r.loss_sum = sums[0];
+      ss = sums[1];
     } else {
       if (!c.loss_on_device) scalars_.set(0, c.loss_sum);
       std::vector<std::span<const T>> held;
@@ -518,13 +517,15 @@ class ShardedStrategy {
   /// Σg² over the tiles of the parameters this rank counts (model_parallel_model: a replicated
   /// parameter on one tensor-parallel rank only); finish_step sums it over the data-parallel
   /// shards (stages 1-3, with the loss in one packed all-reduce) and the model-parallel group.
-  double model_parallel_sum_squares() {
-    double ss = 0.0;
+  /// The gradients of this rank's tiles that count in the global norm (a model-parallel model
+  /// counts a replicated parameter on one rank of its group).
+  std::vector<std::span<const T>> counted_gradients() {
+    std::vector<std::span<const T>> held;
     for (const auto& t : tiles_) {
       if (t.slot < 0 || !model_->counts_in_norm(layout().slots()[t.slot].param)) continue;
-      ss += ops::sum_squares(*ctx_, grad_at(t), t.count);
+      held.emplace_back(grad_at(t), static_cast<std::size_t>(t.count));
     }
-    return ss;
+    return held;
   }
 
   // ---- hooks ----------------------------------------------------------------------------------

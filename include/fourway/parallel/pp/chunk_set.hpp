@@ -80,14 +80,18 @@ class ChunkSet {
     v.writes = v.writes && counted_[static_cast<std::size_t>(param)];
     return v;
   }
-  void sum_over_model_parallel(double& x) {
-    pp_->all_reduce(&x, &x, 1, ReduceOp::sum);
-    sum_over_tensor_parallel(x);
+  /// Slot `slot` of the step's scalars (backend memory) summed over the pipeline group and the
+  /// chunks' tensor-parallel group, in place.
+  template <class Scalars>
+  void sum_over_model_parallel(Scalars& scalars, std::int64_t slot) {
+    scalars.reduce(*pp_, slot);
+    sum_over_tensor_parallel(scalars, slot);
   }
-  /// x = Σ over the chunks' tensor-parallel group of x (nothing for chunks without one).
-  void sum_over_tensor_parallel(double& x) {
-    if constexpr (requires { chunks_.front()->sum_over_model_parallel(x); })
-      chunks_.front()->sum_over_model_parallel(x);
+  /// Slot `slot` summed over the chunks' tensor-parallel group (nothing for chunks without one).
+  template <class Scalars>
+  void sum_over_tensor_parallel(Scalars& scalars, std::int64_t slot) {
+    if constexpr (requires { chunks_.front()->sum_over_model_parallel(scalars, slot); })
+      chunks_.front()->sum_over_model_parallel(scalars, slot);
   }
 
  private:

@@ -4,13 +4,18 @@
 //! optimizer step. What passes between chunks has the chunk's `boundary_shape(b, T)`.
 //!
 //! Semantics (`schedule::Blocking::eager`, what the checker proved the table safe under):
-//!   - actions run in the table's order; a run of consecutive p2p actions is one group: its
-//!     sends are posted first (`send_async`, waited before the buffer is freed or at the end of
-//!     the step), then its recvs (`recv_async`), and the rank waits for every recv of the group;
-//!   - every message is a 6-integer header {kind, micro-batch, chunk, b, T, C} then the tensor,
-//!     both under the table's tag (`schedule::message_tag`); the receiver compares the header
-//!     with what its table expects and throws `CommMismatch` naming both when they differ, so a
-//!     transport that swaps two messages (NCCL matches by order, not tag) fails loudly;
+//!   - messages travel on the pipeline's streams (parallel/pp/links.hpp): one two-rank
+//!     communicator per (sender, receiver, kind), so a send that waits for its recv (NCCL's
+//!     rendezvous) holds back only later sends of its own stream, never the rank;
+//!   - actions run in the table's order; a run of consecutive p2p actions is one group: on every
+//!     stream it touches its operations are posted between `group_start()` and `group_end()`
+//!     (ncclGroupStart / ncclGroupEnd on NCCL, the same calls on every backend), sends first;
+//!     the sends are waited before their buffer is freed or at the end of the step, and the rank
+//!     waits for every recv of the group;
+//!   - a message is the tensor alone (the table knows every message's size), under the table's
+//!     tag (`schedule::message_tag`); NCCL matches by order, not tag, and the checker proves that
+//!     each stream's recvs come in the order of its sends (schedule/check.hpp); the strict world
+//!     (docs/comm.md) checks the tags as it matches by order;
 //!   - chunks that follow each other on this rank (the turn of a V) hand over in memory;
 //!   - F(mb, c) runs chunk c's units in model order (embedding on chunk 0, head + loss on the
 //!     last chunk); BW(mb, c) runs them backwards and frees the micro-batch's activations;
@@ -26,6 +31,7 @@
 //! timed (steady clock) into `spans()` for the trace and the measured idle fraction.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -42,20 +48,34 @@
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
+#include "fourway/parallel/pp/links.hpp"
 #include "fourway/schedule/action.hpp"
 #include "fourway/schedule/check.hpp"
 #include "fourway/schedule/table.hpp"
 
 namespace fourway::pp {
 
-/// What the executor needs from a communicator: point-to-point, async.
+/// What the executor needs from a communicator: point-to-point, async, and split (to make the
+/// pipeline's streams). Groups (`group_start` / `group_end`) are used where the communicator has
+/// them.
 template <class C>
 concept p2p_communicator = requires(C& c, const float* s, float* r, std::int64_t n, int i) {
   { c.rank() } -> std::convertible_to<int>;
   { c.size() } -> std::convertible_to<int>;
   { c.send_async(s, n, i, i) } -> std::same_as<Work>;
   { c.recv_async(r, n, i, i) } -> std::same_as<Work>;
+  { c.split(i, i) } -> std::same_as<C>;
 };
+
+/// Starts / ends a group of point-to-point operations on `c` where it has them.
+template <class C>
+void group_start(C& c) {
+  if constexpr (requires { c.group_start(); }) c.group_start();
+}
+template <class C>
+void group_end(C& c) {
+  if constexpr (requires { c.group_end(); }) c.group_end();
+}
 
 /// One micro-batch's token ids and targets, (b, T) on the backend.
 template <backend B>
@@ -97,13 +117,16 @@ class Executor {
   /// `chunks[c]` is chunk c's model part when this rank holds chunk c, else null.
   Executor(const Context<B>& ctx, Comm& comm, const schedule::Table& table,
            std::vector<Model*> chunks)
-      : ctx_(&ctx), comm_(&comm), table_(table), chunks_(std::move(chunks)) {
+      : ctx_(&ctx),
+        comm_(&comm),
+        table_((schedule::verify(table, schedule::Blocking::eager), table)),  // before any split
+        chunks_(std::move(chunks)),
+        links_(comm, table) {
     check<ConfigError>(comm.size() == table.ranks, "fourway: the pipeline group has ", comm.size(),
                        " ranks but the schedule '", table.name, "' has ", table.ranks);
     check<ConfigError>(static_cast<int>(chunks_.size()) == table.chunks(),
                        "fourway: the executor got ", chunks_.size(), " chunk slots for ",
                        table.chunks(), " chunks");
-    schedule::verify(table_, schedule::Blocking::eager);
     for (int c = 0; c < table.chunks(); ++c) {
       check<ConfigError>((table.rank_of(c) == comm.rank()) == (chunks_[idx(c)] != nullptr),
                          "fourway: pipeline rank ", comm.rank(),
@@ -178,7 +201,6 @@ class Executor {
 
  private:
   using Op = schedule::Op;
-  static constexpr int header_size = 6;
 
   /// What one (micro-batch, chunk) keeps between its actions.
   struct Slot {
@@ -189,19 +211,14 @@ class Executor {
     Tensor<T, B> grad_out;               // B's d loss / d input
     WeightGradQueue<T, B> weight_grads;  // B's deferred dW GEMMs, run and freed by W
   };
-  /// A posted send and the buffers it reads.
+  /// A posted send and the buffer it reads.
   struct Pending {
     int micro_batch = 0;
     int chunk = 0;
     bool gradient = false;
-    std::vector<std::int64_t> header;
     Tensor<T, B> keep;  // the gradient being sent (activations stay in their stash)
-    Work header_work;
-    Work data_work;
-    void wait() {
-      header_work.wait();
-      data_work.wait();
-    }
+    Work work;
+    void wait() { work.wait(); }
   };
 
   static std::size_t idx(int i) { return static_cast<std::size_t>(i); }
@@ -278,89 +295,70 @@ class Executor {
     }
   }
 
-  [[nodiscard]] std::vector<std::int64_t> header_of(const schedule::Action& a) const {
-    const bool grad = a.op == Op::send_gradient || a.op == Op::recv_gradient;
-    return {grad ? 1 : 0, a.micro_batch, a.chunk, dims_[0], dims_[1], dims_[2]};
-  }
-  static std::string describe_header(const std::vector<std::int64_t>& h) {
-    return detail::cat(h[0] ? "gradient" : "activation", " of micro-batch ", h[1], " from chunk ",
-                       h[2], " shaped (", h[3], ", ", h[4], ", ", h[5], ")");
-  }
-
-  /// One group of p2p actions: post the sends, then the recvs; wait for the recvs; check them.
+  /// One group of p2p actions: on every stream it touches, the sends then the recvs are posted
+  /// between group_start and group_end; then the rank waits for the recvs.
   void exchange(const std::vector<schedule::Action>& row, std::size_t lo, std::size_t hi) {
     const int C = table_.chunks();
-    for (std::size_t i = lo; i < hi; ++i) {
-      const schedule::Action& a = row[i];
-      if (!schedule::is_send(a.op)) continue;
-      const int tag = schedule::message_tag(a, C);
-      Slot& s = slot(a.micro_batch, a.chunk);
-      Pending p;
-      p.micro_batch = a.micro_batch;
-      p.chunk = a.chunk;
-      p.gradient = a.op == Op::send_gradient;
-      p.header = header_of(a);
-      const Tensor<T, B>& data = p.gradient ? s.grad_out : s.output;
-      check<ShapeError>(data.numel() == a.elements || a.elements <= 1, "fourway: pipeline rank ",
-                        comm_->rank(), " sends ", data.numel(), " elements for ",
-                        schedule::to_string(a), " but the table says ", a.elements);
-      p.header_work = comm_->send_async(p.header.data(), header_size, a.peer, tag);
-      p.data_work = comm_->send_async(data.data(), data.numel(), a.peer, tag);
-      if (p.gradient) p.keep = std::move(s.grad_out);
-      pending_.push_back(std::move(p));
-    }
+    std::vector<Comm*> touched;
+    auto stream = [&](Comm& c) -> Comm& {
+      if (std::find(touched.begin(), touched.end(), &c) == touched.end()) {
+        touched.push_back(&c);
+        pp::group_start(c);
+      }
+      return c;
+    };
     struct Incoming {
       const schedule::Action* a;
-      std::vector<std::int64_t> header;
-      Work header_work;
-      Work data_work;
+      Work work;
     };
     std::vector<Incoming> in;
-    for (std::size_t i = lo; i < hi; ++i) {
-      const schedule::Action& a = row[i];
-      if (!schedule::is_recv(a.op)) continue;
-      const int tag = schedule::message_tag(a, C);
-      const bool grad = a.op == Op::recv_gradient;
-      // the consumer: the next chunk's input, or the previous chunk's output gradient
-      Slot& s = slot(a.micro_batch, grad ? a.chunk - 1 : a.chunk + 1);
-      Tensor<T, B>& buf = grad ? s.grad_in : s.input;
-      buf = Tensor<T, B>(shape(), grad ? MemTag::workspace : MemTag::activations, ctx_->memory());
-      Incoming m{&a, std::vector<std::int64_t>(header_size, -1), {}, {}};
-      m.header_work = comm_->recv_async(m.header.data(), header_size, a.peer, tag);
-      m.data_work = comm_->recv_async(buf.data(), buf.numel(), a.peer, tag);
-      in.push_back(std::move(m));
-    }
     try {
-      for (auto& m : in) {
-        m.header_work.wait();
-        std::exception_ptr data_error;  // the buffer stays alive until its recv is done either way
-        try {
-          m.data_work.wait();
-        } catch (...) {
-          data_error = std::current_exception();
-        }
-        const auto want = header_of(*m.a);
-        check<CommMismatch>(m.header == want, "fourway: pipeline rank ", comm_->rank(),
-                            " expected the ", describe_header(want), " from rank ", m.a->peer,
-                            " under tag ", schedule::message_tag(*m.a, C), " (",
-                            schedule::to_string(*m.a), ") but received the ",
-                            describe_header(m.header),
-                            ": messages were swapped or the ranks run different schedules");
-        if (data_error) std::rethrow_exception(data_error);
+      for (std::size_t i = lo; i < hi; ++i) {
+        const schedule::Action& a = row[i];
+        if (!schedule::is_send(a.op)) continue;
+        Slot& s = slot(a.micro_batch, a.chunk);
+        Pending p;
+        p.micro_batch = a.micro_batch;
+        p.chunk = a.chunk;
+        p.gradient = a.op == Op::send_gradient;
+        const Tensor<T, B>& data = p.gradient ? s.grad_out : s.output;
+        check<ShapeError>(data.numel() == a.elements || a.elements <= 1, "fourway: pipeline rank ",
+                          comm_->rank(), " sends ", data.numel(), " elements for ",
+                          schedule::to_string(a), " but the table says ", a.elements);
+        p.work = stream(links_.to(a.peer, p.gradient))
+                     .send_async(data.data(), data.numel(), 1, schedule::message_tag(a, C));
+        if (p.gradient) p.keep = std::move(s.grad_out);
+        pending_.push_back(std::move(p));
+      }
+      for (std::size_t i = lo; i < hi; ++i) {
+        const schedule::Action& a = row[i];
+        if (!schedule::is_recv(a.op)) continue;
+        const bool grad = a.op == Op::recv_gradient;
+        // the consumer: the next chunk's input, or the previous chunk's output gradient
+        Slot& s = slot(a.micro_batch, grad ? a.chunk - 1 : a.chunk + 1);
+        Tensor<T, B>& buf = grad ? s.grad_in : s.input;
+        buf = Tensor<T, B>(shape(), grad ? MemTag::workspace : MemTag::activations, ctx_->memory());
+        in.push_back(
+            {&a, stream(links_.from(a.peer, grad))
+                     .recv_async(buf.data(), buf.numel(), 0, schedule::message_tag(a, C))});
       }
     } catch (...) {
-      for (auto& m : in) {  // no recv may still write into a buffer once we unwind
-        try {
-          m.header_work.wait();
-          m.data_work.wait();
-        } catch (...) {  // NOLINT(bugprone-empty-catch): the first failure is rethrown below
-        }
-      }
+      for (Comm* c : touched) pp::group_end(*c);
       throw;
     }
+    for (Comm* c : touched) pp::group_end(*c);
+    std::exception_ptr first;
+    for (auto& m : in) {  // every recv finishes before we go on (or unwind): its buffer lives here
+      try {
+        m.work.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
     // drop finished gradient sends early: their buffers are workspace
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->gradient && it->header_work.test() && it->data_work.test()) {
+      if (it->gradient && it->work.test()) {
         it->wait();
         it = pending_.erase(it);
       } else {
@@ -377,9 +375,10 @@ class Executor {
   std::vector<Pending> pending_;
   std::vector<ExecSpan> spans_;
   std::function<void(const schedule::Action&)> on_compute_;
-  std::array<std::int64_t, 3> dims_{};  // b, T, C (the messages' header)
+  std::array<std::int64_t, 3> dims_{};  // b, T, C
   Shape boundary_;                      // what passes between chunks
   std::chrono::steady_clock::time_point t0_{};
+  Links<Comm> links_;  // last: made (a collective) after the checks above
 };
 
 }  // namespace fourway::pp

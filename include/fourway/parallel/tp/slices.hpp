@@ -13,6 +13,7 @@
 
 #include "fourway/backend/ops.hpp"
 #include "fourway/comm/communicator.hpp"
+#include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/parallel/tp/placement.hpp"
@@ -49,9 +50,10 @@ void load_slices(const Context<B>& ctx, Model& m, std::span<const Placement> tab
 }
 
 /// The unsplit tensors from every rank's `local` slices (one per row of `table`; a collective
-/// over `tp`; padding is dropped).
-template <communicator Comm>
-std::vector<std::vector<float>> gather_slices(Comm& tp, std::span<const Placement> table,
+/// over `tp`, staged through backend memory; padding is dropped).
+template <class B, communicator Comm>
+std::vector<std::vector<float>> gather_slices(const Context<B>& ctx, Comm& tp,
+                                              std::span<const Placement> table,
                                               const std::vector<std::vector<float>>& local) {
   check<ShapeError>(local.size() == table.size(), "fourway: gather of ", local.size(),
                     " tensors over the tensor-parallel group, the model has ", table.size());
@@ -65,7 +67,7 @@ std::vector<std::vector<float>> gather_slices(Comm& tp, std::span<const Placemen
     }
     const std::int64_t count = pl.local_numel(n);
     std::vector<float> all(static_cast<std::size_t>(count * n));
-    tp.all_gather(local[i].data(), all.data(), count);
+    staged_all_gather(ctx, tp, local[i].data(), all.data(), count);
     out[i].assign(static_cast<std::size_t>(pl.full_numel()), 0.0f);
     for (int q = 0; q < n; ++q) {
       pl.for_each_run(n, q, [&](std::int64_t from, std::int64_t to, std::int64_t c) {
@@ -96,14 +98,18 @@ class SlicedModel {
   [[nodiscard]] StateView state_view(int i) const {
     return table_[static_cast<std::size_t>(i)].state_view(n_, rank_);
   }
-  /// x = Σ over the tensor-parallel group of x.
-  void sum_over_model_parallel(double& x) {
-    if (n_ > 1) tp_->all_reduce(&x, &x, 1, ReduceOp::sum);
+  /// Slot `slot` of the step's scalars (parallel/step_scalars.hpp, backend memory) summed over
+  /// the tensor-parallel group in place: Σg² of every rank's slices, without a host value.
+  template <class Scalars>
+  void sum_over_model_parallel(Scalars& scalars, std::int64_t slot) {
+    if (n_ > 1) scalars.reduce(*tp_, slot);
   }
   /// The full tensors from every rank's `local` slices (a collective over the group; padding is
   /// dropped). `local` is the model's parameter values or a strategy's gathered ones.
-  std::vector<std::vector<float>> gather_over_tp(const std::vector<std::vector<float>>& local) {
-    return gather_slices(*tp_, table_, local);
+  template <class B>
+  std::vector<std::vector<float>> gather_over_tp(const Context<B>& ctx,
+                                                 const std::vector<std::vector<float>>& local) {
+    return gather_slices(ctx, *tp_, table_, local);
   }
 
  protected:
