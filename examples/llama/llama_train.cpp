@@ -4,6 +4,8 @@
 // with the one-rank run (fw::check_mesh). docs/llama.md has the flags and a session.
 //
 //   fourway-llama --tp 2 --pp 2 --dp 2 --zero 1 --steps 5 --check
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -28,6 +30,8 @@ struct Options {
   llama::Config model;
   float lr = 3e-3f;
   std::uint64_t seed = 1;
+  std::string backend = "local";  // or "strict": LocalWorld held to NCCL's contract
+  double comm_timeout = 300.0;    // seconds
 };
 
 const char* const usage =
@@ -35,10 +39,11 @@ const char* const usage =
     "                     [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [--steps N]\n"
     "                     [--batch B] [--seq T] [--layers L] [--dim C] [--heads H] [--ffn F]\n"
     "                     [--precision fp32|bf16] [--checkpoint] [--lr X] [--seed S] [--check]\n"
+    "                     [--backend local|strict] [--comm-timeout SECONDS]\n"
     "Trains the Llama-style example decoder (RMSNorm, rotary embeddings, SwiGLU, untied head)\n"
     "on tp*pp*dp LocalWorld ranks from the built-in corpus. --check runs the mesh and the\n"
     "one-rank model on the same batches and exits 1 when they differ beyond the precision's\n"
-    "bounds.\n";
+    "bounds. --backend strict holds every communicator call to NCCL's contract (docs/comm.md).\n";
 
 fw::schedule::Kind schedule_kind(const std::string& name) {
   using K = fw::schedule::Kind;
@@ -96,6 +101,16 @@ Options parse(int argc, char** argv) {
       o.seed = static_cast<std::uint64_t>(integer());
     } else if (a == "--check") {
       o.check = true;
+    } else if (a == "--backend") {
+      o.backend = value();
+      fw::check<fw::ConfigError>(o.backend == "local" || o.backend == "strict",
+                                 "fourway: --backend ", o.backend,
+                                 " is not local or strict (fourway-llama runs LocalWorld ranks)");
+    } else if (a == "--comm-timeout") {
+      o.comm_timeout = std::stod(value());
+      fw::check<fw::ConfigError>(o.comm_timeout > 0.0 && o.comm_timeout <= 1e6,
+                                 "fourway: --comm-timeout must be in (0, 1e6] seconds, got ",
+                                 o.comm_timeout);
     } else {
       throw fw::ConfigError(fw::detail::cat("fourway: unknown option ", a, "\n", usage));
     }
@@ -135,7 +150,10 @@ int run(const Options& o) {
   using MeshT = fw::dynamic_mesh_t<Tp, Pp, Zero>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm, llama::Config>;
   int status = 0;
-  fw::launch<fw::LocalWorld>(o.tp * o.pp * o.dp, [&](fw::World<fw::LocalWorld>& w) {
+  fw::CommOptions comm;
+  comm.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout * 1000.0));
+  comm.strict = o.backend == "strict";
+  const auto rank_main = [&](fw::World<fw::LocalWorld>& w) {
     const bool lead = w.rank() == 0;
     fw::Context<B> ctx(w.memory());
     const MeshT mesh(w.size(),
@@ -156,9 +174,9 @@ int run(const Options& o) {
     fw::TrainerOptions to;
     to.micro_batches = o.micro_batches;
     if (lead)
-      std::printf("fourway-llama: %s on %d ranks (LocalWorld), %s, %d layers, width %lld\n",
-                  mesh.describe().c_str(), w.size(), o.precision.c_str(), o.model.layers,
-                  static_cast<long long>(o.model.dim));
+      std::printf("fourway-llama: %s on %d ranks (LocalWorld%s), %s, %d layers, width %lld\n",
+                  mesh.describe().c_str(), w.size(), comm.strict ? ", strict" : "",
+                  o.precision.c_str(), o.model.layers, static_cast<long long>(o.model.dim));
     if (o.check) {
       fw::CheckOptions co;
       co.steps = o.steps;
@@ -192,7 +210,8 @@ int run(const Options& o) {
     if (lead)
       std::printf("peak memory of rank 0: %.2f MB\n",
                   static_cast<double>(w.memory().total_peak()) / 1e6);
-  });
+  };
+  fw::launch<fw::LocalWorld>(o.tp * o.pp * o.dp, rank_main, comm);
   return status;
 }
 

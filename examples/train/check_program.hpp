@@ -30,7 +30,7 @@ bool check_ranks(const Options& o, int ranks) {
   using MeshT = fw::dynamic_mesh_t<Tp, Pp, Zero>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   bool ok = false;
-  fw::launch<fw::LocalWorld>(ranks, [&](fw::World<fw::LocalWorld>& w) {
+  const auto rank_main = [&](fw::World<fw::LocalWorld>& w) {
     const bool lead = w.rank() == 0;
     fw::Context<B> ctx = Target::context(w.memory(), 0, o);
     apply_memory_options<Target>(o, w.memory(), 0);
@@ -74,15 +74,17 @@ bool check_ranks(const Options& o, int ranks) {
       std::printf("%s", r.text().c_str());
       ok = r.ok();
     }
-  });
+  };
+  fw::launch<fw::LocalWorld>(ranks, rank_main, o.comm_options());
   return ok;
 }
 
 /// --check: 0 when the mesh matches the one-rank run within the bounds, 1 when it does not.
 template <class Target, class T>
 int run_check(const Options& o) {
-  fw::check<fw::ConfigError>(o.backend == "local", "fourway: --check runs the mesh on LocalWorld ",
-                             "threads (--backend local, the same algorithms); drop --backend ",
+  fw::check<fw::ConfigError>(o.local_world(), "fourway: --check runs the mesh on LocalWorld ",
+                             "threads (--backend local or strict, the same algorithms); drop "
+                             "--backend ",
                              o.backend);
   fw::check<fw::ConfigError>(o.steps >= 1, "fourway: --check needs --steps >= 1");
   fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,

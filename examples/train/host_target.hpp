@@ -41,7 +41,8 @@ struct HostTarget {
     }
     throw fw::ConfigError(
         "fourway: --backend nccl needs the CUDA build, fourway-train-cuda (GPU tensors, one "
-        "process per GPU under mpirun); this host build runs --backend local or mpi");
+        "process per GPU under mpirun, torchrun or srun); this host build runs --backend local, "
+        "strict or mpi");
   }
 };
 

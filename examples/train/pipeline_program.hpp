@@ -295,7 +295,7 @@ void train_pipeline_ranks(const Options& o) {
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)
-  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+  const auto rank_main = [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     const int tp_degree = Tp ? o.tp : 1;
@@ -304,6 +304,7 @@ void train_pipeline_ranks(const Options& o) {
         "fourway: --tp ", tp_degree, " x --pp ", o.pp, " x --dp ", o.dp, " does not make the ", n,
         " ranks; give --ranks = --tp x --pp x --dp");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
+    bind_world(w, ctx);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     // N tp ranks x S stages x D replicas (rank = tp + N * (stage + S * replica))
     const MeshT mesh(n, {.tp = tp_degree, .pp = o.pp});
@@ -344,7 +345,8 @@ void train_pipeline_ranks(const Options& o) {
     auto& st = trainer.strategy();
     st.time_phases(!o.trace.empty());
     if constexpr (!Tp) {
-      if (ckpt) {  // positioned reads of this rank's tensors (under ZeRO: of the elements it owns)
+      if (ckpt) {  // positioned reads of this rank's tensors (under ZeRO: of the elements it
+                   // owns)
         st.load_weights(fw::gpt2_element_reader(*ckpt, fw::inspect_gpt2(*ckpt)));
       }
     }
@@ -468,7 +470,8 @@ void train_pipeline_ranks(const Options& o) {
     const std::vector<double> local =
         RankTimes(table, pp.rank(), st.spans(), st.spans_origin(), width).flat();
     std::vector<double> all(local.size() * static_cast<std::size_t>(o.pp));
-    pp.all_gather(local.data(), all.data(), static_cast<std::int64_t>(local.size()));
+    fw::staged_all_gather(ctx, pp, local.data(), all.data(),
+                          static_cast<std::int64_t>(local.size()));
     if (lead) {
       progress.finish();
       std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
@@ -477,8 +480,10 @@ void train_pipeline_ranks(const Options& o) {
         times.emplace_back(all.data() + static_cast<std::size_t>(q) * local.size(), width);
       const IdlePrediction idle = predict_idle(table, times);
       std::printf(
-          "idle fraction per stage, last step: measured; predicted by the schedule's simulation "
-          "with the measured median F/B/W per chunk, p2p latency %.3g ms and p2p group overhead "
+          "idle fraction per stage, last step: measured; predicted by the schedule's "
+          "simulation "
+          "with the measured median F/B/W per chunk, p2p latency %.3g ms and p2p group "
+          "overhead "
           "%.3g ms; replayed with each action's measured time\n",
           idle.p2p.p2p * 1e3, idle.p2p.p2p_group * 1e3);
       for (std::size_t c = 0; c < idle.chunk.size(); ++c)
@@ -507,7 +512,8 @@ void train_pipeline_ranks(const Options& o) {
       if (lead) std::printf("saved %s\n", o.save.c_str());
     }
     w.comm().barrier();
-  });
+  };
+  fw::launch<W>(o.ranks, rank_main, o.comm_options());
   if (!o.trace.empty() && !trace.empty()) {
     // LocalWorld: every rank in one file; one process per rank (MPI): rank r > 0 writes
     // FILE.rank<r>.json beside rank 0's FILE (concatenate the traceEvents arrays to merge)
@@ -558,7 +564,7 @@ int train_pipeline(const Options& o) {
       }
     });
   };
-  if (o.backend == "local") {
+  if (o.local_world()) {
     Options local = o;
     local.ranks = o.ranks == 0 ? o.tp * o.pp * std::max(o.dp, 1) : o.ranks;
     run.template operator()<fw::LocalWorld>(local);

@@ -33,6 +33,7 @@
 #include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
+#include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/mesh.hpp"
@@ -100,6 +101,7 @@ struct Options {
   // data parallelism (docs/parallel.md)
   int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
   std::string backend = "local";
+  double comm_timeout = 300.0;  // seconds: the deadline of every communicator wait
   int dp = 0;
   int zero = 0;
   float bucket_mb = 25.0f;
@@ -118,6 +120,17 @@ struct Options {
   bool check = false;
   [[nodiscard]] bool parallel() const {
     return ranks > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
+  }
+  /// Ranks as threads of this process: LocalWorld, lenient (`local`) or held to NCCL's contract
+  /// (`strict`, docs/comm.md).
+  [[nodiscard]] bool local_world() const { return backend == "local" || backend == "strict"; }
+  /// What every launch of the program gives its communicators: the --comm-timeout deadline, and
+  /// the strict world for --backend strict.
+  [[nodiscard]] fw::CommOptions comm_options() const {
+    fw::CommOptions c;
+    c.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(comm_timeout * 1000.0));
+    c.strict = backend == "strict";
+    return c;
   }
 };
 
@@ -179,9 +192,14 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "reuse freed blocks for tensors of the same size (off: every tensor asks the "
                   "backend; for comparisons)")
       .add("ranks", &o.ranks, "N",
-           "ranks: LocalWorld threads (default 1), or mpirun processes (default all)")
-      .add_choice("backend", &o.backend, {"local", "mpi", "nccl"},
-                  "communication: LocalWorld threads, MPI processes (mpirun), NCCL")
+           "ranks: LocalWorld threads (default 1), or the launcher's processes (default all)")
+      .add_choice("backend", &o.backend, {"local", "strict", "mpi", "nccl"},
+                  "communication: LocalWorld threads, LocalWorld held to NCCL's contract "
+                  "(docs/comm.md), MPI processes (mpirun), NCCL (one process per GPU: mpirun, "
+                  "torchrun or srun)")
+      .add("comm-timeout", &o.comm_timeout, "SECONDS",
+           "deadline of every communicator wait: a rank that never arrives becomes a typed "
+           "CommTimeout after it (NCCL: the communicator is aborted)")
       .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
       .add("zero", &o.zero, "S", "0 DataParallel, 1/2/3 Sharded<S> (ZeRO-1/2, FSDP)")
       .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
@@ -361,23 +379,23 @@ void apply_memory_options(const Options& o, fw::MemoryAccountant& memory, int de
   memory.set_block_caching(o.block_cache == "on");
 }
 
+/// Binds the world communicator to the rank's stream on a GPU, so the collectives the program
+/// makes on it (the words below, barriers) are ordered with the rank's kernels; NCCL refuses a
+/// call on an unbound communicator.
+template <class B, class W>
+void bind_world(fw::World<W>& w, const fw::Context<B>& ctx) {
+  if constexpr (B::on_device) w.comm().set_stream(ctx.stream());
+}
+
 /// `k` integers of every rank, on every rank (a collective over the world communicator, so the
-/// data-parallel byte counters do not see it). NCCL moves device memory: the words go through a
-/// small counted workspace there.
+/// data-parallel byte counters do not see it), staged through a small counted buffer of the
+/// backend's memory (NCCL moves device memory only; the strict world holds the host to that).
+/// The world communicator is bound to the rank's stream (`bind_world`) on a GPU.
 template <class B, class W>
 std::vector<std::int64_t> all_gather_words(fw::World<W>& w, const fw::Context<B>& ctx,
                                            const std::int64_t* mine, int k) {
   std::vector<std::int64_t> all(static_cast<std::size_t>(k * w.size()));
-  if constexpr (B::on_device && !std::is_same_v<W, fw::LocalWorld>) {
-    fw::Tensor<std::int64_t, B> buf(fw::Shape{k * (w.size() + 1)}, fw::MemTag::workspace,
-                                    w.memory());
-    fw::Ops<B>::from_host(ctx, buf.data(), mine, k);
-    w.comm().all_gather(buf.data(), buf.data() + k, k);
-    fw::Ops<B>::to_host(ctx, all.data(), buf.data() + k, k * w.size());
-  } else {
-    (void)ctx;
-    w.comm().all_gather(mine, all.data(), k);
-  }
+  fw::staged_all_gather(ctx, w.comm(), mine, all.data(), k);  // backend memory, as NCCL needs
   return all;
 }
 
@@ -637,13 +655,14 @@ void train_ranks(const Options& o) {
   using S = fw::ShardedStrategy<Stage, Model, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<const fw::MemoryAccountant*> memories;  // LocalWorld: every rank's, for the log
-  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+  const auto rank_main = [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
                                " ranks; without --pp (and with no tensor axis yet) "
                                "--dp must equal the number of ranks (or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
+    bind_world(w, ctx);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     const bool isolated = skip_collectives();
     Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
@@ -799,7 +818,8 @@ void train_ranks(const Options& o) {
       }
     }
     dp.barrier();  // no rank leaves (and tears down its communicator) while others still log
-  });
+  };
+  fw::launch<W>(o.ranks, rank_main, o.comm_options());
 }
 
 /// Calls `f.template operator()<Stage>()` with --zero as a compile-time stage.
@@ -836,7 +856,7 @@ int train_parallel(const Options& o) {
   fw::check<fw::ConfigError>(o.bucket_mb >= 0.0f, "fourway: --bucket-mb must be >= 0, got ",
                              o.bucket_mb);
   fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
-  if (o.backend == "local") {
+  if (o.local_world()) {
     Options local = o;
     local.ranks = o.ranks == 0 ? 1 : o.ranks;
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == local.ranks, "fourway: --dp ", o.dp,
@@ -850,7 +870,7 @@ int train_parallel(const Options& o) {
     train_stage<Target, T, fw::LocalWorld>(local);
     return 0;
   }
-  // mpi or nccl: one process per rank, started by mpirun; the target says which it runs
+  // mpi or nccl: one process per rank, started by a launcher; the target says which it runs
   Target::launch_processes(o, [&]<class W>() { train_stage<Target, T, W>(o); });
   return 0;
 }
@@ -909,6 +929,9 @@ int run_program(int argc, char** argv) {
                                Target::program, " has none (drop --profile-step)");
     check_positive("batch", o.batch);
     check_positive("seq", o.seq);
+    fw::check<fw::ConfigError>(o.comm_timeout > 0.0 && o.comm_timeout <= 1e6,
+                               "fourway: --comm-timeout must be in (0, 1e6] seconds, got ",
+                               o.comm_timeout);
     fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
     fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
     if (o.check) {

@@ -28,10 +28,11 @@ void train_tp_ranks(const Options& o) {
   using Comm = fw::Counting<typename W::comm_type>;
   using Model = fw::tp::Gpt<T, B, Comm>;
   using S = fw::TensorParallelStrategy<Stage, T, B, Comm>;
-  fw::launch<W>(o.ranks, [&](fw::World<W>& w) {
+  const auto rank_main = [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;
     const TpMesh mesh(w.size(), {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
+    bind_world(w, ctx);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
     Comm world(w.comm().split(0, w.rank(), "world"));
     fw::MeshGroups<Comm> groups(mesh, world);
@@ -158,14 +159,15 @@ void train_tp_ranks(const Options& o) {
       if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
-      const auto full = model.gather_over_tp(trainer.strategy().gather_full_parameters());
+      const auto full = model.gather_over_tp(ctx, trainer.strategy().gather_full_parameters());
       if (lead) {
         fw::save_gpt2_tp(model, full, o.save);
         std::printf("saved %s\n", o.save.c_str());
       }
     }
     world.barrier();  // no rank tears down its communicators while others still use them
-  });
+  };
+  fw::launch<W>(o.ranks, rank_main, o.comm_options());
 }
 
 template <class Target, class T, class W>
@@ -181,7 +183,7 @@ int train_tp_parallel(const Options& o) {
   fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
                              " does not exist; use 0 (DataParallel), 1, 2 or 3");
   fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
-  if (o.backend == "local") {
+  if (o.local_world()) {
     Options local = o;
     local.ranks = o.ranks == 0 ? o.tp * (o.dp == 0 ? 1 : o.dp) : o.ranks;
     (void)TpMesh(local.ranks, {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});  // validates

@@ -273,6 +273,21 @@ TEST(LlamaProgram, ChecksThe3dMeshAgainstTheOneRankRun) {
   EXPECT_NE(bf16.out.find("bounds: loss 0.02"), std::string::npos) << bf16.out;
 }
 
+// The same model held to NCCL's contract (--backend strict, docs/comm.md): every collective on
+// backend memory, every pipeline message on its stream, under a schedule with more micro-batches
+// than stages.
+TEST(LlamaProgram, ChecksPassInTheStrictWorld) {
+  const auto r = llama(
+      "--tp 2 --pp 2 --dp 2 --zero 3 --schedule interleaved --micro-batches 4 --steps 2 "
+      "--backend strict --check");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(LocalWorld, strict)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
+  const auto bad = llama("--backend mpi");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--backend mpi is not local or strict"), std::string::npos) << bad.err;
+}
+
 TEST(LlamaProgram, TrainsAndPrintsTheMapAndTheLoss) {
   const auto r = llama("--tp 2 --dp 2 --zero 2 --steps 4");
   ASSERT_EQ(r.status, 0) << r.out << r.err;

@@ -219,7 +219,8 @@ TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
                         "--keep",      "--resume",
                         "--tf32",      "--classifier-chunk",
                         "--attention", "--profile-step",
-                        "--help"}) {
+                        "--backend",   "--comm-timeout",
+                        "strict",      "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
   // the host program works in fp32 unless told otherwise (fourway-train-cuda: bf16)
