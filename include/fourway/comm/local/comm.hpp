@@ -33,11 +33,11 @@
 //! with one core per rank, overlapped communication uses the cores of ranks that wait instead of
 //! competing with a rank's compute.
 //!
-//! Traffic is counted per rank and op as the collective runs (`LocalComm::traffic()`): the bytes
-//! read out of peers' buffers (`in`) and written into peers' buffers (`out`) for the part of the
-//! result the rank owns (its balanced slice of an all_reduce, its block of a reduce_scatter or of
-//! an all_gather's receive), whichever rank's thread ran the chunks. An all_reduce of P bytes on N
-//! ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the same total as a ring);
+//! Traffic is counted per rank and op inside each chunk as it runs (`LocalComm::traffic()`): the
+//! bytes read out of peers' buffers (`in`) and written into peers' buffers (`out`) for the part of
+//! the result the rank owns (its balanced slice of an all_reduce, its block of a reduce_scatter or
+//! of an all_gather's receive), whichever rank's thread ran the chunks. An all_reduce of P bytes on
+//! N ranks moves about (N−1)/N·P in and (N−1)/N·P out per rank (the same total as a ring);
 //! reduce_scatter and all_gather move (N−1)·P_rank in; a broadcast moves P into each non-root
 //! rank; send/recv count the message out of the sender and into the receiver. Copies within a
 //! rank's own buffers are not traffic.
@@ -468,16 +468,22 @@ class LocalComm : private detail::LocalMailbox {
       dst[q] = static_cast<T*>(s.recv);
     }
     // Chunk c reduces elements [c·k, (c+1)·k) of every send buffer into every recv buffer.
+    // Counted as it runs: element i was read from n - 1 other ranks' send buffers and written
+    // into n - 1 other ranks' recv buffers; the bytes go to the owner of i's balanced slice
+    // (what a ring would have that rank send and receive), whichever thread ran the chunk.
     const bool streaming = detail::streams_result(count * n, sizeof(T));
+    const auto& slots = group.slots[me.seq % 2];
     share_chunks(me, pieces_of<T>(count), [&](std::int64_t c) {
       const auto [lo, hi] = piece<T>(count, c);
       detail::reduce_range<T>(src.data(), n, dst.data(), n, lo, hi, op, streaming);
+      for (int r = 0; r < n; ++r) {
+        const auto [slo, shi] = detail::balanced_slice(count, n, r);
+        const std::int64_t len = std::min(hi, shi) - std::max(lo, slo);
+        if (len <= 0) continue;
+        const std::int64_t bytes = len * static_cast<std::int64_t>(sizeof(T)) * (n - 1);
+        slots[static_cast<std::size_t>(r)].credit(CommOp::all_reduce, bytes, bytes);
+      }
     });
-    // Credited by slice, whichever rank ran the chunks: slice r is this rank's share of reading
-    // every peer's send buffer and writing every peer's recv buffer.
-    const auto [lo, hi] = detail::balanced_slice(count, n, s_->rank);
-    const std::int64_t slice = (hi - lo) * static_cast<std::int64_t>(sizeof(T));
-    add_traffic(CommOp::all_reduce, slice * (n - 1), slice * (n - 1));
   }
 
   template <class T>
@@ -506,9 +512,10 @@ class LocalComm : private detail::LocalMailbox {
       }
       T* out = static_cast<T*>(slots[static_cast<std::size_t>(b)].recv);
       detail::reduce_range<T>(src.data(), n, &out, 1, lo, hi, op, streaming);
+      // counted as it runs, to the block's owner: read from the n - 1 other send buffers
+      slots[static_cast<std::size_t>(b)].credit(
+          CommOp::reduce_scatter, (hi - lo) * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
     });
-    // Credited to the block's owner: block `rank` read from every peer's send buffer
-    add_traffic(CommOp::reduce_scatter, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
   }
 
   template <class T>
@@ -534,9 +541,11 @@ class LocalComm : private detail::LocalMailbox {
       const T* src = static_cast<const T*>(slots[q].send) + lo;
       T* dst = static_cast<T*>(slots[d].recv) + static_cast<std::int64_t>(q) * count + lo;
       if (src != dst) std::memcpy(dst, src, static_cast<std::size_t>(hi - lo) * sizeof(T));
+      // counted as it runs, to the receiving rank: a block copied from another rank's buffer
+      if (d != q) {
+        slots[d].credit(CommOp::all_gather, (hi - lo) * static_cast<std::int64_t>(sizeof(T)), 0);
+      }
     });
-    // Credited to the receiving rank: its recv took every peer's block
-    add_traffic(CommOp::all_gather, count * static_cast<std::int64_t>(sizeof(T)) * (n - 1), 0);
   }
 
   template <class T>

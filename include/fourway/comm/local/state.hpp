@@ -138,6 +138,16 @@ struct LocalSlot {
   bool device = false;
   void* ready_event = nullptr;  // cudaEvent_t of a device collective: the inputs are ready
   void* done_event = nullptr;   // cudaEvent_t: this rank's part is written
+  // this rank's traffic counters (per op): a chunk credits the rank that owns its result, on
+  // whichever rank's thread it runs
+  std::atomic<std::uint64_t>* moved_in = nullptr;
+  std::atomic<std::uint64_t>* moved_out = nullptr;
+  /// Adds `in` / `out` bytes of `op` to this rank's counters.
+  void credit(CommOp op, std::int64_t in, std::int64_t out) const {
+    const auto i = static_cast<std::size_t>(op);
+    if (in > 0) moved_in[i].fetch_add(static_cast<std::uint64_t>(in), std::memory_order_relaxed);
+    if (out > 0) moved_out[i].fetch_add(static_cast<std::uint64_t>(out), std::memory_order_relaxed);
+  }
 };
 
 struct LocalMessage {
@@ -332,6 +342,8 @@ class LocalCommBase {
     s.root = root;
     s.send = send;
     s.recv = recv;
+    s.moved_in = s_->moved_in.data();
+    s.moved_out = s_->moved_out.data();
     return s;
   }
 };
