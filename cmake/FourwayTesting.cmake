@@ -20,6 +20,10 @@
 #   fourway_add_compile_fail_test(NAME n SOURCE f.cpp EXPECT "fourway: ..." [DEFINES ...])
 #       Passes when compiling SOURCE fails with a diagnostic containing EXPECT, and the same
 #       file compiles with -DFOURWAY_COMPILE_FAIL_CONTROL (so the failure is the one pinned).
+#   fourway_watch_test_directory()
+#       Counts the calling directory's tests per label in the configure summary (every helper
+#       above calls it; a directory that registers tests with add_test alone calls it once).
+#       .ci/run fails when a label runs fewer tests than the summary registered.
 include(GoogleTest)
 set(_FOURWAY_TESTING_DIR ${CMAKE_CURRENT_LIST_DIR})
 find_package(GTest REQUIRED)
@@ -56,16 +60,33 @@ function(_fourway_test_optimization target)
   fourway_cuda_optimization(${target} 1)
 endfunction()
 
+# The labels of a gtest executable's discovered tests. gtest_discover_tests cannot carry a list
+# in PROPERTIES (LABELS "cpu;matrix" reaches set_tests_properties split, as `LABELS cpu matrix
+# TIMEOUT ...`: label cpu only, and the pairs after it shifted, the timeout lost), so a ctest
+# include file that runs after the discovery's sets them on the list it leaves in <target>_TESTS.
+# The executable is recorded (FOURWAY_GTEST_UNITS) for the configure summary: each brings at
+# least one test to each of its labels.
+function(_fourway_label_discovered target labels)
+  set(file ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
+  file(WRITE ${file} "if(${target}_TESTS)\n"
+       "  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${labels}\")\n"
+       "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${file})
+  string(REPLACE ";" "," labels_text "${labels}")
+  set_property(GLOBAL APPEND PROPERTY FOURWAY_GTEST_UNITS "${target}:${labels_text}")
+endfunction()
+
 function(fourway_add_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   _fourway_test_defaults(fourway_add_test)
+  fourway_watch_test_directory()
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE fourway::fourway fourway_project_options
                         GTest::gtest GTest::gtest_main ${A_LIBS})
   _fourway_test_optimization(${A_NAME})
   gtest_discover_tests(${A_NAME} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-               SKIP_REGULAR_EXPRESSION "${FOURWAY_GTEST_SKIP_REGEX}")
+    PROPERTIES TIMEOUT ${A_TIMEOUT} SKIP_REGULAR_EXPRESSION "${FOURWAY_GTEST_SKIP_REGEX}")
+  _fourway_label_discovered(${A_NAME} "${A_LABELS}")
 endfunction()
 
 function(fourway_add_cuda_test)
@@ -77,6 +98,7 @@ function(fourway_add_cuda_test)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
+  fourway_watch_test_directory()
   if(NOT TARGET fourway_gpu_test_main)
     add_library(fourway_gpu_test_main STATIC
                 ${_FOURWAY_TESTING_DIR}/fourway_gpu_test_main.cpp)
@@ -97,6 +119,7 @@ endfunction()
 # and for .ci/run, which fails when fewer ran. Without MPI each is still registered, labelled
 # mpi_unavailable, and reports Skipped with the reason, so nothing vanishes silently.
 function(fourway_add_mpi_placeholder name)
+  fourway_watch_test_directory()
   add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E echo
            "fourway: SKIPPED: ${name} needs MPI (Open MPI's libopenmpi-dev and openmpi-bin); reconfigure once it is installed")
   set_tests_properties(${name} PROPERTIES LABELS mpi_unavailable
@@ -112,6 +135,7 @@ endfunction()
 
 # Labels, timeout, CPU count and environment of an mpirun test, and its record.
 function(fourway_mpi_test_properties name np timeout)
+  fourway_watch_test_directory()
   set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${timeout} PROCESSORS ${np}
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader,tcp")
   set_property(GLOBAL APPEND PROPERTY FOURWAY_MPI_TESTS ${name})
@@ -148,6 +172,7 @@ endfunction()
 function(fourway_add_program_test)
   cmake_parse_arguments(A "LOSS_FALLS" "NAME;RC;EXPECT;TIMEOUT" "COMMAND;LABELS" ${ARGN})
   _fourway_test_defaults(fourway_add_program_test)
+  fourway_watch_test_directory()
   list(POP_FRONT A_COMMAND exe)
   if(NOT exe MATCHES "[/$]")  # a target name (perhaps defined later, in examples/)
     set(exe $<TARGET_FILE:${exe}>)
@@ -161,6 +186,7 @@ endfunction()
 
 function(fourway_add_compile_fail_test)
   cmake_parse_arguments(A "" "NAME;SOURCE;EXPECT" "DEFINES" ${ARGN})
+  fourway_watch_test_directory()
   set(inc "${PROJECT_SOURCE_DIR}/include")
   add_test(NAME ${A_NAME}
     COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} -DSRC=${A_SOURCE} -DINC=${inc}
@@ -169,8 +195,30 @@ function(fourway_add_compile_fail_test)
   set_tests_properties(${A_NAME} PROPERTIES LABELS "cpu;compile_fail" TIMEOUT 120)
 endfunction()
 
-# The configure summary of the test groups (called once tests/ is read), also written to
-# <build>/fourway_test_groups.txt as `mpi_tests=N` lines that .ci/run reads.
+# The labels of every test, for the configure summary. get_property(TEST) reads only the calling
+# directory's tests (before CMake 3.28), so each directory that registers a test through these
+# helpers records its own, deferred to its end (after every set_tests_properties in it): one
+# entry of FOURWAY_TEST_LABELS per test and label.
+function(_fourway_record_directory_labels)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS tests)
+    get_property(labels TEST ${t} PROPERTY LABELS)
+    set_property(GLOBAL APPEND PROPERTY FOURWAY_TEST_LABELS ${labels})
+  endforeach()
+endfunction()
+function(fourway_watch_test_directory)
+  get_property(watched DIRECTORY PROPERTY FOURWAY_LABELS_WATCHED)
+  if(NOT watched)
+    set_property(DIRECTORY PROPERTY FOURWAY_LABELS_WATCHED ON)
+    cmake_language(DEFER CALL _fourway_record_directory_labels)
+  endif()
+endfunction()
+
+# The configure summary of the test groups, run once the whole tree is read (tests/CMakeLists.txt
+# defers it to the end of the top directory, so the examples', benchmarks' and lint tests count).
+# Written to <build>/fourway_test_groups.txt, which .ci/run reads: `mpi_tests=N` lines, and one
+# `label.L=N` line per label L, the fewest tests a run of every test must report for L (each
+# add_test once, each gtest executable at least once: its TESTs are discovered at test time).
 function(fourway_test_groups_summary)
   get_property(mpi GLOBAL PROPERTY FOURWAY_MPI_TESTS)
   get_property(mpi_skipped GLOBAL PROPERTY FOURWAY_MPI_SKIPPED)
@@ -188,7 +236,31 @@ function(fourway_test_groups_summary)
   else()
     set(gpu_line "gpu OFF (no CUDA compiler)")
   endif()
+  _fourway_record_directory_labels()  # the calling (top) directory's own tests: lint
+  get_property(labels GLOBAL PROPERTY FOURWAY_TEST_LABELS)
+  get_property(units GLOBAL PROPERTY FOURWAY_GTEST_UNITS)
+  foreach(u IN LISTS units)
+    string(REGEX REPLACE "^[^:]*:" "" unit_labels "${u}")
+    string(REPLACE "," ";" unit_labels "${unit_labels}")
+    list(APPEND labels ${unit_labels})
+  endforeach()
+  set(_fourway_labels ${labels})
+  foreach(l IN LISTS labels)
+    if(NOT DEFINED _fourway_label_${l})
+      set(_fourway_label_${l} 0)
+    endif()
+    math(EXPR _fourway_label_${l} "${_fourway_label_${l}} + 1")
+  endforeach()
+  list(REMOVE_DUPLICATES _fourway_labels)
+  list(SORT _fourway_labels)
+  set(label_lines "")
+  set(label_text "")
+  foreach(l IN LISTS _fourway_labels)
+    string(APPEND label_lines "label.${l}=${_fourway_label_${l}}\n")
+    string(APPEND label_text " ${l}>=${_fourway_label_${l}}")
+  endforeach()
   message(STATUS "fourway test groups: cpu ON; ${mpi_line}; ${gpu_line}")
+  message(STATUS "fourway test labels (at least, per label):${label_text}")
   file(WRITE ${PROJECT_BINARY_DIR}/fourway_test_groups.txt
-       "mpi_tests=${n_mpi}\nmpi_skipped=${n_skipped}\ngpu_tests=${n_gpu}\n")
+       "mpi_tests=${n_mpi}\nmpi_skipped=${n_skipped}\ngpu_tests=${n_gpu}\n${label_lines}")
 endfunction()
