@@ -1,8 +1,11 @@
 //! The handle on an asynchronous communicator operation (`Work`), the state another thread
-//! completes (`detail::CompletionState`), and the blocking forms of a backend whose operations
-//! are async at heart (`detail::BlockingForms`: each is the `*_async` form followed by `wait()`).
+//! completes (`detail::CompletionState`), the blocking forms of a backend whose operations
+//! are async at heart (`detail::BlockingForms`: each is the `*_async` form followed by `wait()`),
+//! and `complete_in_stream_order`: one operation completed before what the caller's stream does
+//! next, with no host wait where the backend orders on the device (`orders_on_device`).
 #pragma once
 
+#include <concepts>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -24,8 +27,8 @@ namespace fourway {
 /// returns. Kernels, frees and copies enqueued on that stream afterwards see the result; the
 /// host does not, until it synchronises that stream. A failure already known is thrown; one that
 /// happens later (a peer that never arrives) is thrown by the next host `wait()` on the same
-/// communicator, whose deadline bounds it. Every other backend (LocalComm, MpiComm, Counting)
-/// completes on the host, so there `wait_device()` is `wait()`.
+/// communicator, whose deadline bounds it. The host backends (LocalComm, MpiComm) complete on
+/// the host, so there `wait_device()` is `wait()`; Counting passes it to its inner Work.
 class Work {
  public:
   struct State {
@@ -115,5 +118,39 @@ class BlockingForms {
   Derived& self() { return static_cast<Derived&>(*this); }
 };
 }  // namespace detail
+
+/// Whether `c`'s `Work::wait_device()` orders the caller's stream without a host wait: a
+/// communicator says so with a member `orders_on_device()` (NcclComm: true; Counting: its inner
+/// one's). The host backends have none: their wait_device is `wait()`.
+template <class C>
+[[nodiscard]] constexpr bool orders_on_device(const C& c) {
+  if constexpr (requires {
+                  { c.orders_on_device() } -> std::convertible_to<bool>;
+                }) {
+    return c.orders_on_device();
+  } else {
+    return false;
+  }
+}
+
+/// Completes one operation in stream order: what the caller's stream runs next sees its result.
+/// `issue(c)` issues the `*_async` form and returns its Work, `call(c)` makes the blocking call.
+/// Where the backend orders on the device (NcclComm) it is `issue(c).wait_device()`: the stream
+/// waits for the operation's event and the host goes on. Elsewhere the host is the stream, and
+/// the blocking form is that order at its cheapest: LocalComm runs it on the caller's thread when
+/// its worker is idle, where `*_async` + wait hops to the worker and back (measured on 2 cores:
+/// the tensor-parallel meshes of the equivalence matrix take 1.5x the wall time with the hop;
+/// docs/parallel-tp.md). A communicator with a member of this name makes the choice itself
+/// (Counting does, to count it as ordered on the device).
+template <class C, class Issue, class Call>
+void complete_in_stream_order(C& c, Issue&& issue, Call&& call) {
+  if constexpr (requires { c.complete_in_stream_order(issue, call); }) {
+    c.complete_in_stream_order(issue, call);
+  } else if (orders_on_device(c)) {
+    issue(c).wait_device();
+  } else {
+    call(c);
+  }
+}
 
 }  // namespace fourway
