@@ -1,13 +1,25 @@
 //! NcclComm: the communicator over NCCL, one rank per GPU, on device memory.
 //!
 //! Communicators are created non-blocking (`ncclConfig_t::blocking = 0`): every NCCL call may
-//! return `ncclInProgress`, and completion is polled with `ncclCommGetAsyncError` against the
-//! deadline. Every operation is enqueued on the communicator's stream and returns a Work that
-//! records a CUDA event; `wait()` polls that event and the communicator's async error, and when
-//! the deadline passes it calls `ncclCommAbort` and throws CommTimeout -- what PyTorch's NCCL
-//! watchdog does, in the waiting thread instead of a separate one. NCCL cannot tell which peer
-//! is missing, so the message says the ranks are unknown; an aborted communicator refuses all
-//! further calls with CommError.
+//! return `ncclInProgress`, and only `ncclCommGetAsyncError` says when it is done (NCCL offers no
+//! callback for it, and asking drives the job of a split), so init, split and enqueueing poll it
+//! against the deadline, pausing 10 µs doubling to 1 ms between polls (`NcclPoll`).
+//!
+//! Every operation is enqueued on the communicator's stream and returns a Work that records a
+//! CUDA event. Its host `wait()` sleeps: it queues a host function (cudaLaunchHostFunc) on a
+//! notify stream of the communicator's, behind a wait for the event, and sleeps on a condition
+//! variable that the function signals, until the deadline. The waiter wakes every 10 ms
+//! (`nccl_check_interval`) to read what the stream cannot say: `ncclCommGetAsyncError` (a
+//! non-blocking communicator reports a peer's failure there, while its kernel keeps the stream
+//! busy) and the event's own error (CUDA runs no host function after a context error). When the
+//! deadline passes it reads the async error once more for the message, calls `ncclCommAbort` and
+//! throws CommTimeout naming the group, the op and its sequence number -- what PyTorch's NCCL
+//! watchdog does, in the waiting thread instead of a separate one. The wake-up state is shared
+//! (shared_ptr) by the Work and the host function, so a function that runs after the Work or the
+//! communicator is gone (an aborted communicator's stream drains later) touches only it. NCCL
+//! cannot tell which peer is missing, so the message says the ranks are unknown; an aborted
+//! communicator refuses all further calls with CommError. `Work::wait_device()` involves no host
+//! wait at all (below), so `orders_on_device()` is true.
 //!
 //! Deviations from the host backends, by NCCL's design:
 //!   - 16-bit sum/avg are reduced in fp32 (cast into an fp32 workspace, ncclAllReduce /
@@ -52,9 +64,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -78,6 +92,49 @@ struct NcclOptions {
 namespace detail {
 
 using NcclClock = std::chrono::steady_clock;
+
+/// How often a sleeping host wait wakes to read ncclCommGetAsyncError and the event's error:
+/// the latest a failure NCCL reports only there ends the wait. A wake-up costs a few µs, so
+/// 10 ms keeps a waiting thread below 0.1% of a core. Completion itself wakes it at once.
+inline constexpr auto nccl_check_interval = std::chrono::milliseconds(10);
+
+/// The pause between polls of a non-blocking NCCL call that returned ncclInProgress (init, split,
+/// an enqueue, finalize): NCCL has no completion callback for those, only ncclCommGetAsyncError,
+/// whose call also advances a split's job. Enqueueing usually settles at the first poll; init and
+/// split take milliseconds to seconds. 10 µs doubling to 1 ms: quick answers stay quick, long
+/// ones cost at most a thousand polls a second.
+class NcclPoll {
+ public:
+  void pause() {
+    std::this_thread::sleep_for(next_);
+    next_ = std::min(next_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  std::chrono::microseconds next_{10};
+};
+
+/// What a host wait sleeps on, shared by the Work and the host function that signals it: the
+/// function may run after the Work is destroyed or its communicator aborted and destroyed, and
+/// touches only this (it holds its own reference, released when it has run).
+struct NcclWake {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool fired = false;
+
+  /// The host function (cudaHostFn_t): runs on CUDA's thread once the stream reaches it; makes
+  /// no CUDA call.
+  static void fire(void* self) {
+    const std::unique_ptr<std::shared_ptr<NcclWake>> held(
+        static_cast<std::shared_ptr<NcclWake>*>(self));
+    NcclWake& w = **held;
+    {
+      std::lock_guard lock(w.mu);
+      w.fired = true;
+    }
+    w.cv.notify_all();
+  }
+};
 
 template <class T>
 ncclDataType_t nccl_type() {
@@ -111,6 +168,7 @@ struct NcclShared {
   int device = 0;
   cuda::Stream stream;              // owned until set_stream binds the caller's (borrowed)
   cuda::Stream comm_stream;         // the communication stream (owned), once one is bound
+  cuda::Stream notify;              // where host waits queue their host functions (owned, lazy)
   cudaEvent_t ready = nullptr;      // recorded on the bound stream before each call
   std::int64_t* scratch = nullptr;  // device, scratch_words(size) int64 (layout below)
   // scratch layout, in int64 words; the slots never overlap
@@ -135,6 +193,13 @@ struct NcclShared {
   /// The stream that produces and consumes the call's buffers: its own, else the bound one.
   [[nodiscard]] cudaStream_t buffer_stream() const {
     return call_stream != nullptr ? call_stream : stream.get();
+  }
+
+  /// The stream a host wait queues its host function on (made at the first host wait): apart
+  /// from the work, so a host function never holds up the next collective.
+  cudaStream_t notify_stream() {
+    if (notify.get() == nullptr) notify = cuda::make_stream(device);
+    return notify.get();
   }
 
   /// Binds `s` (borrowed) as the stream the buffers are ordered on and, with
@@ -176,8 +241,9 @@ struct NcclShared {
       const auto until = NcclClock::now() + std::min<std::chrono::milliseconds>(
                                                 options.deadline, std::chrono::seconds(10));
       ncclResult_t st = async_state(comm);
+      NcclPoll poll;
       while (st == ncclInProgress && NcclClock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        poll.pause();
         st = async_state(comm);
       }
       if (st == ncclSuccess) {
@@ -220,10 +286,11 @@ struct NcclShared {
     return r != ncclSuccess ? r : st;
   }
 
-  /// After a call on a non-blocking communicator: waits while it is ncclInProgress.
+  /// After a call on a non-blocking communicator: polls while it is ncclInProgress (NcclPoll).
   void settle(ncclResult_t r, const std::string& what, NcclClock::time_point start) {
     if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
     ncclResult_t st = r;
+    NcclPoll poll;
     while (st == ncclInProgress) {
       st = async_state(comm);
       if (st == ncclInProgress) {
@@ -233,14 +300,15 @@ struct NcclShared {
                                 ": NCCL did not finish the call within ", deadline().count(),
                                 " ms; communicator aborted"));
         }
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        poll.pause();
       }
     }
     if (st != ncclSuccess) fail(what, st);
   }
 };
 
-/// Work on an NCCL stream: an event polled with the communicator's async error and deadline.
+/// Work on an NCCL stream: an event; a host wait sleeps until it completes, the communicator's
+/// async error reports a failure, or the deadline passes (see the file comment).
 class NcclWork final : public Work::State {
  public:
   NcclWork(std::shared_ptr<NcclShared> s, std::string what, NcclClock::time_point start,
@@ -261,22 +329,19 @@ class NcclWork final : public Work::State {
   }
 
   void wait() override {
-    while (!test()) {
-      if (NcclClock::now() - start_ > deadline_) {
-        const auto waited =
-            std::chrono::duration_cast<std::chrono::milliseconds>(NcclClock::now() - start_)
-                .count();
-        error_ = std::make_exception_ptr(CommTimeout(cat(
-            "fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
-            " ms (deadline ", deadline_.count(),
-            " ms) for ranks unknown (NCCL does "
-            "not report which ranks have not arrived); the communicator was aborted, as PyTorch's "
-            "NCCL watchdog does. If the peers are only slow, raise CommOptions::deadline")));
-        s_->abort(cat(what_, " timed out"));
-        done_ = true;
-        break;
+    if (!test()) {
+      arm();
+      const auto until = start_ + deadline_;
+      while (!test()) {
+        const auto now = NcclClock::now();
+        if (now >= until) {
+          time_out(now);
+          break;
+        }
+        std::unique_lock lock(wake_->mu);
+        wake_->cv.wait_until(lock, std::min(until, now + nccl_check_interval),
+                             [&] { return wake_->fired; });
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -335,8 +400,38 @@ class NcclWork final : public Work::State {
   cudaStream_t consumer_;               // the stream the buffers are ordered on
   std::shared_ptr<void> keep_;
   cudaEvent_t event_ = nullptr;
+  std::shared_ptr<NcclWake> wake_;  // made by the first host wait
   bool done_ = false;
   std::exception_ptr error_;
+
+  /// Queues, once, the host function that wakes a host wait when the event completes: on the
+  /// notify stream behind a wait for the event, so the work stream never waits for the host.
+  void arm() {
+    if (wake_) return;
+    wake_ = std::make_shared<NcclWake>();
+    const cudaStream_t n = s_->notify_stream();
+    cuda::check_cuda(cudaStreamWaitEvent(n, event_, 0), "cudaStreamWaitEvent (host wait)");
+    auto held = std::make_unique<std::shared_ptr<NcclWake>>(wake_);
+    cuda::check_cuda(cudaLaunchHostFunc(n, &NcclWake::fire, held.get()),
+                     "cudaLaunchHostFunc (host wait)");
+    (void)held.release();  // NcclWake::fire deletes it
+  }
+
+  /// The deadline passed: NCCL's own state read once more for the message, then the abort.
+  void time_out(NcclClock::time_point now) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count();
+    const ncclResult_t st = NcclShared::async_state(s_->comm);
+    error_ = std::make_exception_ptr(CommTimeout(
+        cat("fourway: CommTimeout: ", s_->header(), ", ", what_, ": waited ", waited,
+            " ms (deadline ", deadline_.count(),
+            " ms) for ranks unknown (NCCL does not report which ranks have not arrived; "
+            "ncclCommGetAsyncError at the deadline: ",
+            ncclGetErrorString(st),
+            "); the communicator was aborted, as PyTorch's NCCL watchdog does. If the peers are "
+            "only slow, raise CommOptions::deadline (or this call's CallOptions::timeout)")));
+    s_->abort(cat(what_, " timed out"));
+    done_ = true;
+  }
 };
 
 /// A device buffer freed on the stream when the last owner lets go.
@@ -407,6 +502,9 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->bind(stream);
   }
   [[nodiscard]] bool aborted() const { return s_->aborted; }
+  /// `Work::wait_device()` orders the buffers' stream on the device, never by a host wait
+  /// (comm/work.hpp `complete_in_stream_order`).
+  [[nodiscard]] static constexpr bool orders_on_device() { return true; }
 
   void barrier(CallOptions o = {}) {
     use_call_options(o);
@@ -589,6 +687,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     // from the job's thread; asking the parent for its state completes the job): drain the
     // parent until the handle appears, then the child until it is ready.
     ncclResult_t st = ncclInProgress;
+    detail::NcclPoll poll;
     for (;;) {
       const ncclComm_t child = __atomic_load_n(&out, __ATOMIC_ACQUIRE);
       if (child != nullptr) {
@@ -601,7 +700,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
       check<CommTimeout>(detail::NcclClock::now() - start <= s_->deadline(),
                          "fourway: CommTimeout: ", what, " in ", s_->header(),
                          ": ncclCommSplit did not finish within the deadline");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      poll.pause();
     }
     check<CommError>(st == ncclSuccess, "fourway: ncclCommSplit in ", s_->header(),
                      " failed: ", ncclGetErrorString(st));
