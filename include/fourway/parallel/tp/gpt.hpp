@@ -18,6 +18,10 @@
 //! rank's B·T/N rows (contiguous chunks of the flattened (B, T) rows).
 //! Initial values equal fw::models::Gpt's for the same seed (the full tensor is drawn from the
 //! (seed, name) stream and sliced), so every N starts from the one-rank model.
+//! No host wait inside the model: every collective above is completed in stream order
+//! (tp/conjugate.hpp), and `forward_into` leaves the loss on the device (a `LossSink`, as
+//! fw::models::Gpt's), so a Trainer step's host waits are the strategy's step scalars alone
+//! (docs/parallel-tp.md). `forward` reads the loss back (one synchronising call).
 //!
 //! A `models::GptPart` builds only some units, as fw::models::Gpt does (a pipeline chunk under
 //! tensor parallelism, train/pipeline_strategy.hpp): blocks [first_block, end_block), the
@@ -142,7 +146,7 @@ class Gpt : public SlicedModel<Comm> {
     Tensor<T, B> h;          // sequence parallel: ln_f's output gathered (B·T, C)
     Tensor<T, B> logits;     // (B·T, Vv): this rank's Vv <= Vp/N real vocabulary columns
     Tensor<float, B> stats;  // (3, B·T): global row max | Σ exp | target logit
-    float loss = 0.0f;
+    float loss = 0.0f;       // the head's mean loss; NaN when a LossSink took it (forward_into)
   };
 
   /// Builds this rank's slices of GPT-2 (the values of fw::models::Gpt(ctx, cfg, seed)); with
@@ -205,9 +209,28 @@ class Gpt : public SlicedModel<Comm> {
     for (auto& b : blocks_) b.inner().set_sequence_length(Tn);
   }
 
+  /// Mean cross-entropy of predicting `targets` (B, T) from `tokens` (B, T), read back to the
+  /// host (one synchronising call); keeps what backward needs in `s`.
   template <class Hooks = NoHooks>
   float forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
                 const Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
+    return run_forward(ctx, tokens, targets, s, hooks, nullptr);
+  }
+  /// The same forward with the loss left on the device: `sink.weight` × the sum of the per-token
+  /// losses is added to `*sink.sum` (layers/layer.hpp) and no synchronising call is made (the
+  /// Trainer's path: the step's one read-back is then the strategy's, of its scalars).
+  template <class Hooks = NoHooks>
+  void forward_into(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                    const Tensor<std::int32_t, B>& targets, Stash& s, const LossSink& sink,
+                    Hooks&& hooks = Hooks{}) {
+    (void)run_forward(ctx, tokens, targets, s, hooks, &sink);
+  }
+
+ private:
+  template <class Hooks>
+  float run_forward(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens,
+                    const Tensor<std::int32_t, B>& targets, Stash& s, Hooks& hooks,
+                    const LossSink* sink) {
     check<ConfigError>(whole(), "fourway: tp::Gpt::forward runs the whole model; this part holds ",
                        "blocks [", part_.first_block, ", ", part_.end_block,
                        "): run it with forward_embedding / forward_block / forward_head");
@@ -223,11 +246,12 @@ class Gpt : public SlicedModel<Comm> {
       hooks.post_forward(i + 1);
     }
     hooks.pre_forward(head_unit());
-    forward_head(ctx, x, targets, s);
+    forward_head(ctx, x, targets, s, sink);
     hooks.post_forward(head_unit());
     return s.loss;
   }
 
+ public:
   template <class Hooks = NoHooks>
   void backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f, Hooks&& hooks = Hooks{}) {
     check<ShapeError>(!s.stats.empty() && s.blocks.size() == blocks_.size(),
@@ -265,15 +289,17 @@ class Gpt : public SlicedModel<Comm> {
     auto& bs = s.blocks[local_block(i)];
     return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
   }
-  /// Unit L+1: ln_f, the vocabulary-parallel head and the mean cross-entropy of `targets` (B, T).
+  /// Unit L+1: ln_f, the vocabulary-parallel head and the mean cross-entropy of `targets` (B, T),
+  /// read back; with `sink`, left on the device instead (see `forward_into`; NaN is returned).
   float forward_head(const Context<B>& ctx, const Tensor<T, B>& x,
-                     const Tensor<std::int32_t, B>& targets, Stash& s) {
+                     const Tensor<std::int32_t, B>& targets, Stash& s,
+                     const LossSink* sink = nullptr) {
     check<ConfigError>(part_.head, "fourway: tp::Gpt part without the head");
     check<ShapeError>(
         targets.shape().rank() == 2 && x.numel() == targets.numel() * cfg_.dim / (sp_ ? n_ : 1),
         "fourway: tp::Gpt head got x ", x.shape().str(), " for targets ", targets.shape().str());
     s.targets = targets.view();
-    s.loss = head_forward(ctx, x, s);
+    s.loss = head_forward(ctx, x, s, sink);
     return s.loss;
   }
   /// Unit L+1 backward: d(grad_scale × mean loss) / dx; adds to ln_f's and wte's gradients.
@@ -433,7 +459,7 @@ class Gpt : public SlicedModel<Comm> {
   /// This rank's rows of the tied head: its real vocabulary rows of wte.
   VocabSlice<T, B> head_slice() { return {wte_.weight.data(), vocab_start(), vocab_valid()}; }
 
-  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
+  float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s, const LossSink* sink) {
     const std::int64_t rows = s.targets.numel();
     const std::int64_t C = cfg_.dim;
     check_ids(s.targets, "target");
@@ -441,7 +467,7 @@ class Gpt : public SlicedModel<Comm> {
     if (sp_ && n_ > 1) s.h = gather_rows(ctx, *tp_, l, Shape{rows, C}, MemTag::activations);
     const T* h = s.h.empty() ? l.data() : s.h.data();
     return vocab_parallel_loss_forward(ctx, *tp_, head_slice(), h, rows, C, s.targets.data(),
-                                       s.logits, s.stats);
+                                       s.logits, s.stats, sink);
   }
 
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {

@@ -5,6 +5,10 @@
 //! Full logits are never formed, and the backward communicates nothing; the input gradient it
 //! returns is this rank's partial sum (the caller reduces it over the group). Used by tp::Gpt
 //! (the tied head, W = wte's slice) and by any tensor-parallel model (an untied head).
+//! Both all-reduces are completed in stream order (tp/conjugate.hpp): no host wait. Given a
+//! `LossSink`, the loss stays on the device too (added to the sink, as fw::models::Gpt's
+//! `forward_into` does), so the forward makes no synchronising call at all; without one it reads
+//! the loss back, one synchronising call.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include "fourway/backend/matmul.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/layer.hpp"
+#include "fourway/parallel/tp/conjugate.hpp"
 
 namespace fourway::tp {
 
@@ -27,12 +32,14 @@ struct VocabSlice {
 
 /// The mean cross-entropy of `targets` (rows ids, any rank of the group may read any id) for the
 /// hidden states h (rows, C); keeps this rank's logits (rows, Vv) and the row statistics (3,
-/// rows: max | Σ exp | target logit) for the backward. One read-back of the loss.
+/// rows: max | Σ exp | target logit) for the backward. Without `sink`: one read-back of the
+/// loss. With it: `*sink->sum += sink->weight · Σ per-row losses` on the device, no read-back,
+/// and NaN is returned (every rank of the group adds the same sum).
 template <class T, class B, communicator Comm>
 float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSlice<T, B>& w,
                                   const T* h, std::int64_t rows, std::int64_t C,
                                   const std::int32_t* targets, Tensor<T, B>& logits,
-                                  Tensor<float, B>& stats) {
+                                  Tensor<float, B>& stats, const LossSink* sink = nullptr) {
   const std::int64_t Vv = w.valid;
   const int n = tp.size();
   stats = detail::activation<float, B>(ctx, Shape{3, rows});
@@ -46,16 +53,20 @@ float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSl
   } else {
     Ops<B>::fill(ctx, maxes, rows, -std::numeric_limits<float>::infinity());
   }
-  if (n > 1) tp.all_reduce(maxes, maxes, rows, ReduceOp::max);
+  if (n > 1) all_reduce_in_layer(tp, maxes, rows, ReduceOp::max);
   if (Vv > 0) {
     Ops<B>::vocab_local_sumexp(ctx, rest, logits.data(), maxes, rows, Vv);
     Ops<B>::vocab_target_logit(ctx, rest + rows, logits.data(), targets, rows, Vv, w.start);
   } else {
     Ops<B>::fill(ctx, rest, 2 * rows, 0.0f);
   }
-  if (n > 1) tp.all_reduce(rest, rest, 2 * rows, ReduceOp::sum);
+  if (n > 1) all_reduce_in_layer(tp, rest, 2 * rows, ReduceOp::sum);
   Tensor<float, B> losses = detail::workspace<float, B>(ctx, Shape{rows});
   Ops<B>::vocab_loss(ctx, losses.data(), maxes, rest, rest + rows, rows);
+  if (sink != nullptr) {
+    Ops<B>::sum_into(ctx, sink->sum, losses.data(), rows, sink->weight);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   std::vector<float> host(static_cast<std::size_t>(rows));
   Ops<B>::to_host(ctx, host.data(), losses.data(), rows);
   double sum = 0.0;
