@@ -36,7 +36,8 @@ hardware:
   --nvlink-gbs X --ib-gbs X  link bandwidth per GPU per direction, GB/s
   --nvlink-latency-us X --ib-latency-us X
   --tflops X                 achievable TFLOP/s per GPU (default: --mfu x datasheet peak)
-  --mfu F                    achievable fraction of peak (default 0.4)
+  --mfu F                    achievable fraction of peak (default 0.236: fourway's measured
+                             MFU, fourway-train-cuda GPT-2 124M bf16 on one H200; give yours)
 strategy:
   --dp N --tp N --pp N       degrees (dp defaults to GPUs / (tp x pp))
   --zero 0|1|2|3             ZeRO stage (3 = FSDP)

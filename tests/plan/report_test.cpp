@@ -49,6 +49,32 @@ TEST(PlanReport, JsonCarriesTheNumbersUnrounded) {
   EXPECT_TRUE(contains(j, "\"step_s\":"));
 }
 
+// The step time says which achievable rate it assumed: fourway's measured MFU by default (named
+// as such), or the user's --mfu or --tflops.
+TEST(PlanReport, StepTimeNamesTheRateItAssumes) {
+  const fp::Model m{fp::gpt2_124m, 0};
+  const fp::Strategy s{.micro_batch = 4};
+  const fp::Cluster c{fp::h100, 1};
+  const std::string measured = fp::table(fp::make_plan(m, c, s));
+  EXPECT_TRUE(contains(measured,
+                       "assuming 233 TFLOP/s achievable per GPU (23.6% of the datasheet peak, "
+                       "fourway's measured MFU: fourway-train-cuda, GPT-2 124M bf16 on one H200"))
+      << measured;  // 0.236 x 989 TFLOP/s (H100 dense bf16)
+  fp::Options mine;
+  mine.mfu = 0.4;
+  const std::string given = fp::table(fp::make_plan(m, c, s, mine));
+  EXPECT_TRUE(contains(given,
+                       "assuming 396 TFLOP/s achievable per GPU (--mfu 0.400 of the "
+                       "datasheet peak)"))
+      << given;
+  fp::Options tflops;
+  tflops.achievable_tflops = 150;
+  const std::string rate = fp::table(fp::make_plan(m, c, s, tflops));
+  EXPECT_TRUE(contains(rate, "assuming 150 TFLOP/s achievable per GPU (--tflops)")) << rate;
+  EXPECT_TRUE(contains(fp::json(fp::make_plan(m, c, s)),
+                       "\"achievable_source\":\"23.6% of the datasheet peak, fourway's measured"));
+}
+
 TEST(PlanReport, RecommendationTextMarksTheChoice) {
   const fp::Model m{fp::gpt2_774m, 0};
   fp::SearchSpace sp;

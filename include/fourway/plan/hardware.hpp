@@ -5,7 +5,8 @@
 //! Presets are datasheet figures (cited at each), not measurements: memory in GB = 1e9 B as NVIDIA
 //! prints it, dense (no sparsity) tensor-core TFLOP/s, NVLink as the per-direction half of the
 //! bidirectional figure, InfiniBand as one NIC per GPU as in the DGX systems. Latencies are order-
-//! of-magnitude assumptions and say so. What a run achieves is lower: `mfu` scales the peak.
+//! of-magnitude assumptions and say so. What a run achieves is lower: `mfu` scales the peak
+//! (by default fourway's measured MFU, `measured_mfu` in plan/planner.hpp).
 #pragma once
 
 #include <optional>

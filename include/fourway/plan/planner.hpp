@@ -151,12 +151,22 @@ Strategy strategy_of(const Mesh<Policies...>& mesh, const MeshRun& run = {}) {
 /// (plan/runtime_pipeline_state.hpp).
 enum class Footprint : std::uint8_t { published, fourway };
 
+/// The model FLOPs utilisation fourway has measured, the default of `Options::mfu`: a plan
+/// assumes what fourway has shown, not a target it has not met. fourway-train-cuda's GPT-2 124M
+/// bf16 step (B 8, T 1024) on one H200 ran at 271 833 tokens/s = 23.6% of the dense bf16 peak
+/// (stop 38, docs/BENCHMARKS.md; docs/gpu-status.md). Larger models on more GPUs may do better or
+/// worse: `--mfu` or `--tflops` give the planner a figure of your own.
+inline constexpr double measured_mfu = 0.236;
+/// Where `measured_mfu` comes from, as the plan's output names it.
+inline constexpr const char* measured_mfu_source =
+    "fourway's measured MFU: fourway-train-cuda, GPT-2 124M bf16 on one H200";
+
 struct Options {
   Footprint footprint = Footprint::published;
   std::int64_t bucket_bytes = 25LL << 20;  // fourway's gradient buckets (ShardedOptions)
   int vocab_alignment = 1;  // fourway's vocabulary padding (GptConfig / tp::TpOptions; CUDA: 128)
   Optimizer optimizer = Optimizer::adam();
-  double mfu = 0.4;                // achievable fraction of the dense peak
+  double mfu = measured_mfu;       // achievable fraction of the dense peak
   double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
   double overlap = 1.0;            // fraction of the compute window a collective can hide behind
   double headroom = 0.05;          // of GPU memory kept free: CUDA context, fragmentation, buffers

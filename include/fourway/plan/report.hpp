@@ -43,6 +43,17 @@ inline std::string json_number(double v) {
 inline std::string link_name(bool in_node) { return in_node ? "NVLink" : "InfiniBand"; }
 }  // namespace detail
 
+/// Where the plan's achievable TFLOP/s come from: the user's `--tflops`, the user's `--mfu`, or
+/// fourway's measured MFU (the default, `measured_mfu`), named as such.
+inline std::string achievable_source(const Options& o) {
+  if (o.achievable_tflops > 0) return "--tflops";
+  if (o.mfu == measured_mfu) {
+    return detail::fixed(o.mfu * 100, 1) + "% of the datasheet peak, " + measured_mfu_source +
+           "; --mfu or --tflops for yours";
+  }
+  return "--mfu " + detail::fixed(o.mfu, 3) + " of the datasheet peak";
+}
+
 /// The breakdown table of one plan.
 inline std::string table(const Plan& p) {
   using detail::fixed;
@@ -125,7 +136,8 @@ inline std::string table(const Plan& p) {
                               ? p.options.achievable_tflops
                               : p.options.mfu * hw.peak_tflops(s.precision);
     os << "          " << fixed(t.tokens_per_s, 0) << " tokens/s, MFU " << fixed(t.mfu * 100, 1)
-       << "% — assuming " << fixed(tflops, 0) << " TFLOP/s achievable per GPU\n";
+       << "% — assuming " << fixed(tflops, 0) << " TFLOP/s achievable per GPU ("
+       << achievable_source(p.options) << ")\n";
   }
   os << "traffic:  per step per rank: data-parallel " << fixed(w.data_parallel.bytes() / 1e9, 3)
      << " GB (" << detail::link_name(links.dp_in_node) << ")";
@@ -199,7 +211,7 @@ inline std::string json(const Plan& p) {
        << ",\"data_parallel_exposed_s\":" << json_number(t.data_s)
        << ",\"bubble\":" << json_number(t.bubble)
        << ",\"tokens_per_s\":" << json_number(t.tokens_per_s) << ",\"mfu\":" << json_number(t.mfu)
-       << "}";
+       << ",\"achievable_source\":" << json_string(achievable_source(p.options)) << "}";
   } else {
     os << ",\"time\":null";
   }
