@@ -181,6 +181,42 @@ TYPED_TEST(DeviceComm, OneRankNcclMatchesReference) {
   sub.barrier();
 }
 
+// NCCL groups (issue 43): a send to self and its recv complete only inside one group, whose Works
+// record their events at the thread's outermost group_end (a nested group on another
+// communicator included); waiting inside the group and a collective there are refused.
+TEST(DeviceComm, NcclGroupPairsASendToSelfWithItsRecv) {
+  if (no_gpu()) GTEST_SKIP() << "no CUDA device";
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Cuda> ctx(mem, 0);
+  auto nccl = fw::NcclComm::single(0);
+  nccl.set_stream(ctx.stream());
+  auto other = nccl.split(0, 0, "other");
+  const std::int64_t n = 1 << 20;
+  fw::Tensor<float, fw::Cuda> out(fw::Shape{n}, fw::MemTag::comm_buffers, mem);
+  fw::Tensor<float, fw::Cuda> in(fw::Shape{n}, fw::MemTag::comm_buffers, mem);
+  std::vector<float> host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  ASSERT_EQ(cudaMemcpy(out.data(), host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  nccl.group_start();
+  other.group_start();  // NCCL's group is the thread's: this one nests in it
+  fw::Work s = nccl.send_async(out.data(), n, 0, 3);
+  fw::Work r = nccl.recv_async(in.data(), n, 0, 3);
+  EXPECT_FALSE(r.test()) << "an operation of an open group is not enqueued yet";
+  EXPECT_THROW(r.wait(), fw::ConfigError);
+  EXPECT_THROW(nccl.barrier(), fw::ConfigError);
+  other.group_end();
+  EXPECT_FALSE(r.test()) << "the inner group_end does not enqueue";
+  nccl.group_end();
+  s.wait();
+  r.wait();
+  std::vector<float> back(static_cast<std::size_t>(n));
+  ASSERT_EQ(cudaMemcpy(back.data(), in.data(), n * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(back, host);
+  EXPECT_THROW(nccl.group_end(), fw::ConfigError);
+}
+
 TEST(DeviceComm, DeviceLocalWorldIsBitwiseTheHostOne) {
   if (no_gpu()) GTEST_SKIP() << "no CUDA device";
   const int n = 8;

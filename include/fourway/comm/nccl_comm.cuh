@@ -311,8 +311,10 @@ struct NcclShared {
 /// async error reports a failure, or the deadline passes (see the file comment).
 class NcclWork final : public Work::State {
  public:
+  /// `deferred`: the operation sits in an open NCCL group and is enqueued only at the outermost
+  /// ncclGroupEnd, so its event is recorded then (`record`), not here.
   NcclWork(std::shared_ptr<NcclShared> s, std::string what, NcclClock::time_point start,
-           std::shared_ptr<void> keep)
+           std::shared_ptr<void> keep, bool deferred = false)
       : s_(std::move(s)),
         what_(std::move(what)),
         start_(start),
@@ -320,7 +322,12 @@ class NcclWork final : public Work::State {
         consumer_(s_->buffer_stream()),
         keep_(std::move(keep)) {
     cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    if (!deferred) record();
+  }
+  /// Records the completion event behind the operation on its stream.
+  void record() {
     cuda::check_cuda(cudaEventRecord(event_, s_->work_stream()), "cudaEventRecord");
+    recorded_ = true;
   }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -329,6 +336,9 @@ class NcclWork final : public Work::State {
   }
 
   void wait() override {
+    check<ConfigError>(recorded_, "fourway: ", what_, " in ", s_->header(),
+                       " waited inside its group: NCCL enqueues a group's operations at "
+                       "group_end(); end the group, then wait");
     if (!test()) {
       arm();
       const auto until = start_ + deadline_;
@@ -350,6 +360,8 @@ class NcclWork final : public Work::State {
   /// workspace is released at once: its cudaFreeAsync is ordered after the operation on the
   /// stream it ran on.
   void wait_on_device() override {
+    check<ConfigError>(recorded_, "fourway: ", what_, " in ", s_->header(),
+                       " waited inside its group: end the group (group_end()) first");
     if (test()) {
       if (error_) std::rethrow_exception(error_);
       return;
@@ -360,6 +372,7 @@ class NcclWork final : public Work::State {
 
   bool test() override {
     if (done_) return true;
+    if (!recorded_) return false;  // in a group not yet ended
     const cudaError_t q = cudaEventQuery(event_);
     if (q == cudaSuccess) {
       done_ = true;
@@ -400,6 +413,7 @@ class NcclWork final : public Work::State {
   cudaStream_t consumer_;               // the stream the buffers are ordered on
   std::shared_ptr<void> keep_;
   cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
   std::shared_ptr<NcclWake> wake_;  // made by the first host wait
   bool done_ = false;
   std::exception_ptr error_;
@@ -445,6 +459,18 @@ inline std::shared_ptr<void> nccl_workspace(std::size_t bytes, cudaStream_t stre
   });
 }
 
+/// The NCCL group open on this thread, across every communicator: ncclGroupStart/End nest per
+/// thread in NCCL itself, and the operations of a group are enqueued only at the outermost end,
+/// so the Works they return record their events then. (A mirror of NCCL's own thread-local
+/// group state, not state of fourway's.)
+struct NcclThreadGroup {
+  int depth = 0;
+  std::vector<std::shared_ptr<NcclWork>> deferred;
+};
+inline NcclThreadGroup& nccl_thread_group() {
+  thread_local NcclThreadGroup g;
+  return g;
+}
 }  // namespace detail
 
 /// A new NCCL unique id (call on one rank, share with all).
@@ -618,6 +644,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->fence();
     user_buffer(what, buf, count, "send");
     std::shared_ptr<void> keep;
+    in_group_debug_check(what);
     s_->settle(ncclGroupStart(), what, start);
     if (s_->options.debug) {
       void* h = nullptr;
@@ -632,7 +659,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     (void)ncclSend(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer, s_->comm,
                    s_->work_stream());
     s_->settle(ncclGroupEnd(), what, start);
-    return Work(std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep)));
+    return p2p_work(what, start, std::move(keep));
   }
 
   template <comm_element T>
@@ -647,6 +674,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
     s_->fence();
     user_buffer(what, buf, count, "recv");
+    in_group_debug_check(what);
     if (s_->options.debug) {
       std::int64_t* h = s_->scratch + detail::NcclShared::p2p_header;
       s_->settle(ncclRecv(h, 3, ncclInt64, peer, s_->comm, s_->work_stream()), what, start);
@@ -667,7 +695,34 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
     s_->settle(ncclRecv(buf, static_cast<std::size_t>(count), detail::nccl_type<T>(), peer,
                         s_->comm, s_->work_stream()),
                what, start);
-    return Work(std::make_shared<detail::NcclWork>(s_, what, start, nullptr));
+    return p2p_work(what, start, nullptr);
+  }
+
+  /// Starts a group of point-to-point operations (ncclGroupStart): the send_async and recv_async
+  /// calls up to the matching group_end() are enqueued together there, so two ranks may send
+  /// to and receive from each other without waiting. Their Works can be waited after
+  /// group_end(). Nothing else may be called inside (a collective is refused with ConfigError,
+  /// as are debug mode's headers, which need a host wait). Groups nest, here and across
+  /// communicators (NCCL's group is the calling thread's).
+  void group_start() {
+    s_->check_usable("group_start");
+    cuda::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+    s_->settle(ncclGroupStart(), "ncclGroupStart", detail::NcclClock::now());
+    ++group_depth_;
+    ++detail::nccl_thread_group().depth;
+  }
+  /// Ends a group (ncclGroupEnd); the thread's outermost end enqueues every operation of it.
+  void group_end(CallOptions o = {}) {
+    use_call_options(o);
+    check<ConfigError>(group_depth_ > 0, "fourway: group_end() in ", s_->header(),
+                       " without a group_start()");
+    s_->settle(ncclGroupEnd(), "ncclGroupEnd", detail::NcclClock::now());
+    --group_depth_;
+    auto& g = detail::nccl_thread_group();
+    if (--g.depth > 0) return;
+    auto works = std::move(g.deferred);
+    g.deferred.clear();
+    for (auto& w : works) w->record();
   }
 
   /// ncclCommSplit (non-blocking) over the ranks passing the same color, ranked by key.
@@ -783,12 +838,32 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
                       count);
   }
 
+  /// A point-to-point operation's Work: its event recorded now, or at the thread's outermost
+  /// group_end when it sits in a group.
+  Work p2p_work(const std::string& what, detail::NcclClock::time_point start,
+                std::shared_ptr<void> keep) {
+    const bool grouped = detail::nccl_thread_group().depth > 0;
+    auto w = std::make_shared<detail::NcclWork>(s_, what, start, std::move(keep), grouped);
+    if (grouped) detail::nccl_thread_group().deferred.push_back(w);
+    return Work(w);
+  }
+  /// Debug mode's p2p headers need a host wait, which a group cannot hold.
+  void in_group_debug_check(const std::string& what) const {
+    check<ConfigError>(!(s_->options.debug && detail::nccl_thread_group().depth > 0),
+                       "fourway: ", what, " in ", s_->header(),
+                       " inside a group in debug mode: the p2p header check waits on the host, "
+                       "which a group cannot; run without CommOptions::debug, or ungrouped");
+  }
+
   /// Counts the collective and, in debug mode, checks that all ranks make the same call (an
   /// all_gather of descriptors through the scratch buffer). Returns the description for messages.
   template <class T>
   std::string begin(CommOp op, std::int64_t count, ReduceOp reduce, int root) {
     check<ShapeError>(count >= 0, "fourway: ", comm_op_name(op), " in ", s_->header(),
                       " got a negative count ", count);
+    check<ConfigError>(group_depth_ == 0, "fourway: ", comm_op_name(op), " in ", s_->header(),
+                       " inside a group (group_start() without group_end()): a group holds "
+                       "send_async and recv_async only; end the group first");
     const detail::CallDesc mine{op, dtype_v<T>, count, reduce, root, true};
     const auto seq = ++seq_;
     std::string what = detail::cat(detail::describe_call(mine), " #", seq, " on rank ", s_->rank);
@@ -828,6 +903,7 @@ class NcclComm : public detail::BlockingForms<NcclComm> {
 
   std::shared_ptr<detail::NcclShared> s_;
   std::uint64_t seq_ = 0;
+  int group_depth_ = 0;
   std::uint64_t sends_ = 0;
   std::uint64_t recvs_ = 0;
 };
