@@ -138,7 +138,10 @@
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/tensor_parallel.hpp"
 #include "fourway/train/token_data.hpp"
+#include "fourway/train/tokenizer.hpp"
 #include "fourway/train/trainer.hpp"
+#include "fourway/train/unicode_classes.hpp"
+#include "fourway/train/utf8.hpp"
 
 // The programs' command-line parser and progress bar (namespace fourway::tools, not the library).
 #include "fourway/tools/cli.hpp"
