@@ -133,27 +133,36 @@ void a_communicator_is_a_stream(fw::Strict<C>& c, fw::MemoryAccountant& m) {
 }
 
 /// Blocking collectives of two groups in different orders on the two ranks: each waits for the
-/// other's group (NCCL hangs); here a CommTimeout naming this rank's pending collective.
+/// other's group (NCCL hangs); here a CommTimeout naming this rank's pending collective. Rank 0's
+/// deadline is the short one, so it is the rank that times out whatever the scheduling (with
+/// equal deadlines the first to time out moves on and completes the other's call).
 template <class C>
 void crossed_collectives_time_out(fw::Strict<C>& c, fw::MemoryAccountant& m) {
   auto a = c.split(0, c.rank(), std::string("a"));
   auto b = c.split(0, c.rank(), std::string("b"));
   auto t = filled(m, 4, 1.0f);
-  auto& first = c.rank() == 0 ? a : b;
-  auto& second = c.rank() == 0 ? b : a;
-  try {
-    first.all_reduce(t.data(), t.data(), 4, fw::ReduceOp::sum, {.timeout = kDeadline});
-    second.all_reduce(t.data(), t.data(), 4, fw::ReduceOp::sum, {.timeout = kDeadline});
-    ADD_FAILURE() << "crossed collectives completed";
-  } catch (const fw::CommTimeout& e) {
-    EXPECT_TRUE(contains(e.what(), "all_reduce(fp32, count 4, sum)")) << e.what();
-  }
-  // Each rank now calls its other group, which meets the peer's stuck call there: both groups
-  // complete, so no collective is left pending when the groups are freed (MPI would match a
-  // leftover with the next collective on the group).
   auto u = filled(m, 4, 1.0f);
-  second.all_reduce(u.data(), u.data(), 4, fw::ReduceOp::sum);
+  if (c.rank() == 0) {
+    try {
+      a.all_reduce(t.data(), t.data(), 4, fw::ReduceOp::sum, {.timeout = kDeadline});
+      ADD_FAILURE() << "rank 0's all_reduce on group a completed while rank 1 waits on b";
+    } catch (const fw::CommTimeout& e) {
+      EXPECT_TRUE(contains(e.what(), "all_reduce(fp32, count 4, sum)")) << e.what();
+    }
+    // then rank 0 calls b, where rank 1 waits: that completes
+    b.all_reduce(u.data(), u.data(), 4, fw::ReduceOp::sum);
+  } else {
+    b.all_reduce(t.data(), t.data(), 4, fw::ReduceOp::sum, {.timeout = 10 * kDeadline});
+    EXPECT_EQ(t[0], 2.0f);
+    // and rank 1's call on a meets rank 0's call that timed out (still posted underneath), so
+    // no collective is left pending when the groups are freed (MPI would match a leftover with
+    // the next collective on the group)
+    a.all_reduce(u.data(), u.data(), 4, fw::ReduceOp::sum);
+  }
   EXPECT_EQ(u[0], 2.0f);
+  // rank 1 may still be reducing into rank 0's `t` for the call that timed out: both ranks are
+  // past their second call only after that, so `t` is freed after the barrier
+  c.barrier();
 }
 
 }  // namespace strict_test

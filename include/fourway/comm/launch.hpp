@@ -24,9 +24,9 @@ class World {
   explicit World(comm_type comm)
       : rank_(comm.rank()),
         size_(comm.size()),
-        comm_(std::move(comm)),
         memory_(rank_),
-        ctx_(memory_) {
+        ctx_(memory_),
+        comm_(std::move(comm)) {
     // a communicator that checks buffers against the rank's accountant (the strict world)
     if constexpr (requires { comm_.bind_memory(memory_); }) comm_.bind_memory(memory_);
   }
@@ -43,9 +43,11 @@ class World {
  private:
   int rank_;
   int size_;
-  comm_type comm_;
   MemoryAccountant memory_;
   Context<Host> ctx_;
+  // last, so destroyed first: an operation still queued on the communicator (a rank that threw
+  // with async work in flight) finishes or fails before the memory it reads or writes is freed
+  comm_type comm_;
 };
 
 /// Runs `fn(World<W>&)` on `n` ranks of the world kind `W` and returns when all finished. If a

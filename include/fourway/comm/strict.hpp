@@ -155,6 +155,39 @@ class StrictWork final : public Work::State {
 /// A rendezvous token: what a recv expects (tag, count, type), sent to its sender.
 using StrictToken = std::array<std::int64_t, 3>;
 
+/// The decorated communicator with the tokens its failed operations abandoned in flight. A
+/// token whose transfer had not finished when its operation was dropped (a group that failed)
+/// is kept here; `comm` is destroyed first, which finishes or fails its pending transfers, so
+/// no transfer touches a freed token.
+template <class C>
+struct StrictInner {
+  explicit StrictInner(C c) : comm(std::move(c)) {}
+  std::vector<std::shared_ptr<StrictToken>> abandoned;
+  C comm;  // last: destroyed first
+};
+
+/// A token and the transfer that reads or writes it, shared by one Part's moves; when the last
+/// of them is dropped before the transfer finished, the token goes to the communicator's
+/// abandoned list instead of being freed.
+template <class C>
+struct StrictTokenHold {
+  StrictTokenHold(std::shared_ptr<StrictInner<C>> i, StrictToken t)
+      : token(std::make_shared<StrictToken>(t)), inner(std::move(i)) {}
+  StrictTokenHold(const StrictTokenHold&) = delete;
+  StrictTokenHold& operator=(const StrictTokenHold&) = delete;
+  ~StrictTokenHold() {
+    bool finished = true;
+    try {
+      finished = transfer.test();
+    } catch (...) {  // a failed transfer touches nothing more
+    }
+    if (!finished) inner->abandoned.push_back(token);
+  }
+  std::shared_ptr<StrictToken> token;
+  Work transfer;
+  std::shared_ptr<StrictInner<C>> inner;
+};
+
 }  // namespace detail
 
 template <call_options_communicator C>
@@ -335,7 +368,8 @@ class Strict {
   }
 
   Strict(C inner, std::shared_ptr<detail::StrictRank> rank, MemoryAccountant* memory)
-      : inner_(std::make_shared<C>(std::move(inner))),
+      : box_(std::make_shared<detail::StrictInner<C>>(std::move(inner))),
+        inner_(box_, &box_->comm),
         rank_(std::move(rank)),
         queue_(std::make_shared<detail::StrictQueue>()),
         memory_(memory) {
@@ -440,22 +474,22 @@ class Strict {
     std::string what = detail::cat("send (", dtype_name(dtype_v<T>), ", count ", n, ") to rank ",
                                    peer, " with tag ", tag);
     const std::string where = detail::cat("group '", name(), "' on rank ", rank());
-    auto token = std::make_shared<detail::StrictToken>();
-    auto in = std::make_shared<Work>();
+    auto hold = std::make_shared<detail::StrictTokenHold<C>>(box_, detail::StrictToken{});
     auto out = std::make_shared<Work>();
     auto c = inner_;
     const CallOptions t = transport(o);
     Part p;
     p.what = what;
     p.sends = true;
-    p.token = [=] { *in = c->recv_async(token->data(), 3, peer, token_tag, t); };
+    p.token = [=] { hold->transfer = c->recv_async(hold->token->data(), 3, peer, token_tag, t); };
     p.data = [=]() {
-      if (!in->test()) return false;
-      in->wait();
+      if (!hold->transfer.test()) return false;
+      hold->transfer.wait();
+      const detail::StrictToken& got = *hold->token;
       const detail::StrictToken want{tag, n, static_cast<std::int64_t>(dtype_v<T>)};
-      check<CommMismatch>(*token == want, "fourway: CommMismatch in ", where, ": ", what,
-                          " met a recv expecting tag ", (*token)[0], ", count ", (*token)[1], ", ",
-                          dtype_name(static_cast<Dtype>((*token)[2])),
+      check<CommMismatch>(got == want, "fourway: CommMismatch in ", where, ": ", what,
+                          " met a recv expecting tag ", got[0], ", count ", got[1], ", ",
+                          dtype_name(static_cast<Dtype>(got[2])),
                           "; NCCL matches point-to-point by posting order, not tag: post the "
                           "sends and recvs between two ranks in the same order on both");
       *out = c->send_async(b, n, peer, data_tag, t);
@@ -472,23 +506,22 @@ class Strict {
   /// A recv: tell the sender it is posted (the token), then take the data.
   template <class T>
   Part recv_part(T* b, std::int64_t n, int peer, int tag, const CallOptions& o) {
-    auto token = std::make_shared<detail::StrictToken>(
-        detail::StrictToken{tag, n, static_cast<std::int64_t>(dtype_v<T>)});
-    auto out = std::make_shared<Work>();
+    auto hold = std::make_shared<detail::StrictTokenHold<C>>(
+        box_, detail::StrictToken{tag, n, static_cast<std::int64_t>(dtype_v<T>)});
     auto in = std::make_shared<Work>();
     auto c = inner_;
     const CallOptions t = transport(o);
     Part p;
     p.what = detail::cat("recv (", dtype_name(dtype_v<T>), ", count ", n, ") from rank ", peer,
                          " with tag ", tag);
-    p.token = [=] { *out = c->send_async(token->data(), 3, peer, token_tag, t); };
+    p.token = [=] { hold->transfer = c->send_async(hold->token->data(), 3, peer, token_tag, t); };
     p.data = [=]() {
       *in = c->recv_async(b, n, peer, data_tag, t);
       return true;
     };
     p.finished = [=]() {
-      if (!out->test() || !in->test()) return false;
-      out->wait();
+      if (!hold->transfer.test() || !in->test()) return false;
+      hold->transfer.wait();
       in->wait();
       return true;
     };
@@ -501,7 +534,8 @@ class Strict {
     Work(std::make_shared<detail::StrictWork>(rank_, queue_->ops.back())).wait();
   }
 
-  std::shared_ptr<C> inner_;  // shared with queued operations: a Strict may move
+  std::shared_ptr<detail::StrictInner<C>> box_;
+  std::shared_ptr<C> inner_;  // box_'s comm, shared with queued operations: a Strict may move
   std::shared_ptr<detail::StrictRank> rank_;
   std::shared_ptr<detail::StrictQueue> queue_;
   MemoryAccountant* memory_ = nullptr;

@@ -404,6 +404,15 @@ class LocalComm : private detail::LocalMailbox {
     s_->exec.post([st, this_s = s_.get(), world = g().world, id, call = resolve(o),
                    f = std::move(f)]() mutable {
       try {
+        // a world that failed (a rank threw, or the strict world declared a deadlock) starts
+        // nothing more: its rank may already be unwinding and freeing this operation's buffers
+        {
+          std::lock_guard lock(world->mu);
+          if (!world->deadlock.empty()) throw CommDeadlock(world->deadlock);
+          check<CommError>(!world->aborted.load(), "fourway: a queued operation of ",
+                           this_s->group->header(), " was not started: world rank ",
+                           world->failed_rank, " failed: ", world->failure);
+        }
         this_s->call = call;
         f();
         st->finish(nullptr);
@@ -650,16 +659,24 @@ void LocalWorld::launch(int n, Fn&& fn, CommOptions options) {
   threads.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      try {
-        World<LocalWorld> w(LocalComm(group, r));
-        fn(w);
-      } catch (...) {
-        auto e = std::current_exception();
+      auto fail = [&](std::exception_ptr e) {
         {
           std::lock_guard lock(first_mu);
           if (!first) first = e;
         }
         world->abort(r, detail::exception_message(e));
+      };
+      try {
+        // the world is aborted before `w` dies: the rank's queued operations then fail fast
+        // when its communicator joins them, instead of waiting for peers that gave up
+        World<LocalWorld> w(LocalComm(group, r));
+        try {
+          fn(w);
+        } catch (...) {
+          fail(std::current_exception());
+        }
+      } catch (...) {
+        fail(std::current_exception());
       }
       world->mark_exited(r);
     });
