@@ -57,8 +57,7 @@ bool check_ranks(const Options& o, int ranks) {
         fw::load_gpt2(c, *ckpt, m);
       };
     }
-    fw::TrainerOptions to = trainer_options(o);
-    to.micro_batches = o.micro_batches;
+    const fw::TrainerOptions to = trainer_options(o);
     fw::CheckOptions co;
     co.steps = o.steps;
     const fw::CheckReport r = fw::check_mesh<MeshT, fw::Precision<T>>(
@@ -79,32 +78,20 @@ bool check_ranks(const Options& o, int ranks) {
   return ok;
 }
 
-/// --check: 0 when the mesh matches the one-rank run within the bounds, 1 when it does not.
+/// --check: 0 when the mesh matches the one-rank run within the bounds, 1 when it does not. The
+/// flags were validated (validate.hpp): LocalWorld, --steps >= 1, --ranks = tp x pp x dp.
 template <class Target, class T>
 int run_check(const Options& o) {
-  fw::check<fw::ConfigError>(o.local_world(), "fourway: --check runs the mesh on LocalWorld ",
-                             "threads (--backend local or strict, the same algorithms); drop "
-                             "--backend ",
-                             o.backend);
-  fw::check<fw::ConfigError>(o.steps >= 1, "fourway: --check needs --steps >= 1");
-  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
-                             " does not exist; use 0, 1, 2 or 3");
-  check_positive("tp", o.tp);
-  check_positive("pp", o.pp);
-  check_positive("micro-batches", o.micro_batches);
-  fw::check<fw::ConfigError>(!o.sequence_parallel || o.tp > 1,
-                             "fourway: --sequence-parallel needs --tp N > 1");
-  const int ranks = o.ranks > 0 ? o.ranks : o.tp * o.pp * std::max(o.dp, 1);
   bool ok = false;
   with_zero_stage(o.zero, [&]<int Z>() {
     if (o.tp > 1 && o.pp > 1)
-      ok = check_ranks<Target, T, true, true, Z>(o, ranks);
+      ok = check_ranks<Target, T, true, true, Z>(o, o.ranks);
     else if (o.tp > 1)
-      ok = check_ranks<Target, T, true, false, Z>(o, ranks);
+      ok = check_ranks<Target, T, true, false, Z>(o, o.ranks);
     else if (o.pp > 1)
-      ok = check_ranks<Target, T, false, true, Z>(o, ranks);
+      ok = check_ranks<Target, T, false, true, Z>(o, o.ranks);
     else
-      ok = check_ranks<Target, T, false, false, Z>(o, ranks);
+      ok = check_ranks<Target, T, false, false, Z>(o, o.ranks);
   });
   return ok ? 0 : 1;
 }

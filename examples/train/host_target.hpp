@@ -14,12 +14,9 @@ namespace fourway_train {
 /// The host build of the program: host tensors, LocalWorld or MPI ranks.
 struct HostTarget {
   using backend = fw::Host;
-  static constexpr const char* program = "fourway-train";
-  static constexpr bool has_check = true;  // --check (check_program.hpp, train_check.cpp)
-  static constexpr const char* default_precision = "fp32";
-  static constexpr bool has_tf32 = false;
-  static constexpr bool has_fused_attention = false;
-  static constexpr bool has_profiler_window = false;  // --profile-step is refused
+  /// fp32 by default; --check (check_program.hpp, train_check.cpp); no --tf32, --attention fused
+  /// or --profile-step; --backend mpi when built with MPI.
+  static constexpr TargetTraits traits = host_traits;
   static void check_device() {}
   static fw::Context<fw::Host> context(fw::MemoryAccountant& m, int /*device*/,
                                        const Options& /*o*/) {
@@ -27,22 +24,19 @@ struct HostTarget {
   }
   /// The host has no default cap: only --memory-cap-gb sets one.
   static std::size_t default_memory_cap(int /*device*/) { return 0; }
+  /// --backend mpi (validate.hpp refused every backend this build cannot run).
   template <class Fn>
   static void launch_processes(const fourway_train::Options& o, Fn fn) {
-    if (o.backend == "mpi") {
 #if FOURWAY_HAS_MPI
+    if (o.backend == "mpi") {
       fn.template operator()<fw::MpiWorld>();
       return;
-#else
-      throw fw::ConfigError(
-          "fourway: --backend mpi, but fourway-train was built without MPI; "
-          "install Open MPI and reconfigure");
-#endif
     }
-    throw fw::ConfigError(
-        "fourway: --backend nccl needs the CUDA build, fourway-train-cuda (GPU tensors, one "
-        "process per GPU under mpirun, torchrun or srun); this host build runs --backend local, "
-        "strict or mpi");
+#else
+    (void)fn;
+#endif
+    detail::check_backend(o, traits);
+    throw fw::ConfigError("fourway: --backend " + o.backend + " does not start processes");
   }
 };
 

@@ -38,15 +38,6 @@
 
 namespace fourway_train {
 
-inline fw::schedule::Kind schedule_kind(const std::string& s) {
-  using K = fw::schedule::Kind;
-  for (K k : {K::gpipe, K::one_f_one_b, K::interleaved, K::zb_h1, K::zb_v})
-    if (fw::schedule::kind_name(k) == s) return k;
-  throw fw::ConfigError(fw::detail::cat("fourway: --schedule ", s,
-                                        " does not exist; use gpipe, 1f1b, interleaved, zb-h1 "
-                                        "or zb-v"));
-}
-
 /// Gathers every chunk's parameters on pipeline rank 0 into one whole model and saves it there.
 /// A collective over the pipeline group.
 template <class T, class B, class S, class Comm>
@@ -257,10 +248,7 @@ inline fw::MeshOptions mesh_options(const Options& o) {
   fw::MeshOptions mo;
   mo.pipeline.schedule = schedule_kind(o.schedule);
   mo.pipeline.micro_batches = o.micro_batches;
-  mo.pipeline.virtual_stages = o.virtual_stages > 0                               ? o.virtual_stages
-                               : mo.pipeline.schedule == fw::schedule::Kind::zb_v ? 2
-                               : mo.pipeline.schedule == fw::schedule::Kind::interleaved ? 2
-                                                                                         : 1;
+  mo.pipeline.virtual_stages = virtual_stages(o);
   mo.tensor.sequence_parallel = o.sequence_parallel;
   mo.tensor.vocab_alignment = o.vocab_align;
   mo.sharded.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
@@ -413,7 +401,9 @@ void train_pipeline_ranks(const Options& o) {
       const auto t0 = std::chrono::steady_clock::now();
       const fw::SequenceBatch b = loader.next();
       const float lr = st.optimizer().lr_at(trainer.iteration());
+      ProfileWindow<Target> window(o, step);
       const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+      window.close();
       const auto t1 = std::chrono::steady_clock::now();
       const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
       if (!o.trace.empty()) {
@@ -474,7 +464,9 @@ void train_pipeline_ranks(const Options& o) {
                           static_cast<std::int64_t>(local.size()));
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
+      print_losses(o, first_loss, last_loss, o.steps - resumed);
+    }
+    if (lead && o.steps > resumed) {  // a step ran: its idle fractions
       std::vector<RankTimes> times;
       for (int q = 0; q < o.pp; ++q)
         times.emplace_back(all.data() + static_cast<std::size_t>(q) * local.size(), width);
@@ -497,7 +489,6 @@ void train_pipeline_ranks(const Options& o) {
         std::printf("  stage %d: measured %.3f, predicted %.3f, replayed %.3f\n", q,
                     idle.measured[u], idle.predicted[u], idle.replayed[u]);
       }
-      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
     }
     if (!o.save.empty()) {
       if constexpr (Tp) {  // gathered over tp, then over pp (a collective over the whole mesh)
@@ -510,7 +501,9 @@ void train_pipeline_ranks(const Options& o) {
         });
       }
       if (lead) std::printf("saved %s\n", o.save.c_str());
+      save_config<T>(o, cfg, lead);
     }
+    print_memory_report(o, w, ctx, lead);  // every rank's, whole-run peaks (save included)
     w.comm().barrier();
   };
   fw::launch<W>(o.ranks, rank_main, o.comm_options());
@@ -538,22 +531,6 @@ void with_zero_stage(int zero, F&& f) {
 
 template <class Target, class T>
 int train_pipeline(const Options& o) {
-  check_output_dir("save", o.save);
-  check_output_dir("log-json", o.log_json);
-  check_output_dir("trace", o.trace);
-  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
-                             " does not exist; use 0, 1, 2 or 3");
-  fw::check<fw::ConfigError>(o.micro_batches >= 1, "fourway: --micro-batches must be >= 1, got ",
-                             o.micro_batches);
-  fw::check<fw::ConfigError>(
-      o.batch % o.micro_batches == 0, "fourway: the global batch of B=", o.batch,
-      " sequences does not split into ", o.micro_batches,
-      " micro-batches; use a --batch that is a multiple of ", o.micro_batches);
-  (void)schedule_kind(o.schedule);
-  check_positive("tp", o.tp);
-  fw::check<fw::ConfigError>(!o.sequence_parallel || o.tp > 1,
-                             "fourway: --sequence-parallel splits along tensor-parallel ranks; "
-                             "give --tp N > 1 with it");
   // the tensor-parallel axis is a second instantiation: only a run with --tp > 1 pays for it
   const auto run = [&]<class W>(const Options& opts) {
     with_zero_stage(opts.zero, [&]<int Z>() {
@@ -565,9 +542,7 @@ int train_pipeline(const Options& o) {
     });
   };
   if (o.local_world()) {
-    Options local = o;
-    local.ranks = o.ranks == 0 ? o.tp * o.pp * std::max(o.dp, 1) : o.ranks;
-    run.template operator()<fw::LocalWorld>(local);
+    run.template operator()<fw::LocalWorld>(o);  // validate: --ranks = tp x pp x dp
     return 0;
   }
   Target::launch_processes(o, [&]<class W>() { run.template operator()<W>(o); });

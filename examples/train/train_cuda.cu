@@ -26,14 +26,11 @@ namespace {
 
 struct CudaTarget {
   using backend = fw::Cuda;
-  static constexpr const char* program = "fourway-train-cuda";
   /// bf16 working weights (fp32 masters) unless --precision says otherwise: tensor-core GEMMs at
-  /// half the bytes; fp32 stays available, with TF32 only under --tf32.
-  static constexpr const char* default_precision = "bf16";
-  static constexpr bool has_tf32 = true;
-  static constexpr bool has_fused_attention = true;
+  /// half the bytes; fp32 stays available, with TF32 only under --tf32; --attention fused;
+  /// --profile-step; --backend nccl when built with NCCL; no --check.
+  static constexpr fourway_train::TargetTraits traits = fourway_train::cuda_traits;
   /// --profile-step: the CUDA profiler's recording on (true) or off around one step.
-  static constexpr bool has_profiler_window = true;
   static void profile(bool on) {
     fw::cuda::check_cuda(on ? cudaProfilerStart() : cudaProfilerStop(),
                          on ? "cudaProfilerStart (--profile-step)" : "cudaProfilerStop");
@@ -64,6 +61,7 @@ struct CudaTarget {
   }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }
+  /// --backend nccl (validate.hpp refused every backend this build cannot run).
   template <class Fn>
   static void launch_processes(const fourway_train::Options& o, Fn fn) {
     if (o.backend == "nccl") {
@@ -73,16 +71,11 @@ struct CudaTarget {
 #elif FOURWAY_HAS_NCCL
       fn.template operator()<fw::NcclEnvWorld>();
       return;
-#else
-      throw fw::ConfigError(
-          "fourway: --backend nccl, but fourway-train-cuda was built without NCCL; install it "
-          "(libnccl-dev) and reconfigure, or use --backend local");
 #endif
     }
-    throw fw::ConfigError(
-        "fourway: --backend mpi moves host memory and fourway-train-cuda keeps its tensors on "
-        "the GPU; use --backend nccl (one process per GPU, started by mpirun, torchrun or srun), "
-        "--backend local (all ranks on one GPU), or the host fourway-train for --backend mpi");
+    (void)fn;
+    fourway_train::detail::check_backend(o, traits);
+    throw fw::ConfigError("fourway: --backend " + o.backend + " does not start processes");
   }
 };
 

@@ -8,16 +8,17 @@
 //   static std::size_t default_memory_cap(int device);  per-rank cap without --memory-cap-gb
 //                                                       (0: none; CUDA: the device's free bytes)
 //   template <class Fn> static void launch_processes(const Options&, Fn fn);
-//       --backend mpi|nccl: calls fn.template operator()<W>() with the world kind it runs, or
-//       throws ConfigError saying why this build cannot.
-// Everything else, --backend local included, is this one code path.
+//       --backend mpi|nccl: calls fn.template operator()<W>() with the world kind it runs (the
+//       flags were validated against `traits` first: validate.hpp refuses what it cannot run).
+//   static constexpr TargetTraits traits;               what this build runs (options.hpp)
+// Everything else, --backend local included, is this one code path. The flags, their checks and
+// what each path honours are options.hpp and validate.hpp; `--dry-run` stops after them.
 #pragma once
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -50,8 +51,8 @@
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
 #include "fourway/train/trainer.hpp"
-
-namespace fw = fourway;
+#include "options.hpp"
+#include "validate.hpp"
 
 namespace fourway_train {
 
@@ -59,200 +60,6 @@ using Clock = std::chrono::steady_clock;
 /// Wall seconds since `t0`.
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Options {
-  std::string init_from;
-  int layers = 4;
-  int dim = 256;
-  int heads = 0;  // 0: 8 for a random model, width/64 for a checkpoint
-  int vocab = static_cast<int>(fw::corpus_vocab);
-  int seq = 64;
-  std::uint64_t seed = 1337;
-  std::string data;
-  int batch = 8;
-  int steps = 50;
-  float lr = 3e-4f;
-  float weight_decay = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float grad_clip = 1.0f;
-  int warmup = 0;                  // linear warm-up steps
-  float min_lr = -1.0f;            // < 0: no decay; else cosine from --lr to it at the last step
-  std::string precision = "fp32";  // run_program sets the target's default before parsing
-  bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
-  std::string attention = "blockwise";  // fourway-train-cuda, 16-bit: "fused" tensor-core kernels
-  bool checkpoint_activations = false;
-  int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
-  std::string log_json;
-  std::string save;
-  // checkpoints and resuming (docs/train.md)
-  std::string save_dir;
-  int save_every = 0;
-  int keep = 0;
-  bool save_async = false;
-  std::string resume;
-  bool quiet = false;
-  int profile_step = 0;  // fourway-train-cuda: the one step a profiler started off records
-  bool memory_report = false;
-  double memory_cap_gb = 0.0;      // per rank, 1 GB = 1e9 B; 0: the target's default
-  std::string block_cache = "on";  // the accountant's block cache (docs/memory.md)
-  // data parallelism (docs/parallel.md)
-  int ranks = 0;  // 0: 1 for --backend local, every mpirun process for --backend mpi
-  std::string backend = "local";
-  double comm_timeout = 300.0;  // seconds: the deadline of every communicator wait
-  int dp = 0;
-  int zero = 0;
-  float bucket_mb = 25.0f;
-  bool no_overlap = false;
-  // tensor parallelism (docs/parallel-tp.md, train_tp.hpp)
-  int tp = 1;
-  bool sequence_parallel = false;
-  int vocab_align = 0;
-  // pipeline parallelism and micro-batches (docs/pipeline.md)
-  int pp = 1;
-  int micro_batches = 1;
-  std::string schedule = "1f1b";
-  int virtual_stages = 0;  // 0: 2 for interleaved and zb-v, else 1
-  std::string trace;
-  // the numerics check (check_program.hpp, docs/mesh.md)
-  bool check = false;
-  [[nodiscard]] bool parallel() const {
-    return ranks > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
-  }
-  /// Ranks as threads of this process: LocalWorld, lenient (`local`) or held to NCCL's contract
-  /// (`strict`, docs/comm.md).
-  [[nodiscard]] bool local_world() const { return backend == "local" || backend == "strict"; }
-  /// What every launch of the program gives its communicators: the --comm-timeout deadline, and
-  /// the strict world for --backend strict.
-  [[nodiscard]] fw::CommOptions comm_options() const {
-    fw::CommOptions c;
-    c.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(comm_timeout * 1000.0));
-    c.strict = backend == "strict";
-    return c;
-  }
-};
-
-inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
-  fw::tools::ArgParser p(
-      program,
-      "Trains a GPT-2 with AdamW on llm.c token files (or the built-in corpus),\n"
-      "from Hugging Face safetensors weights (or a random init), and reports the\n"
-      "loss, tokens/s and memory per tag at every step.");
-  p.add("init-from", &o.init_from, "FILE", "GPT-2 weights (.safetensors, HF names) to start from")
-      .add("layers", &o.layers, "L", "blocks of a random model")
-      .add("dim", &o.dim, "C", "width of a random model")
-      .add("heads", &o.heads, "H", "attention heads (0: 8, or width/64 with --init-from)")
-      .add("vocab", &o.vocab, "V", "vocabulary of a random model")
-      .add("seq", &o.seq, "T", "sequence length (and the context of a random model)")
-      .add("seed", &o.seed, "S", "seed of the random init")
-      .add("data", &o.data, "FILE", "llm.c token file (default: the built-in corpus)")
-      .add("batch", &o.batch, "B", "sequences per optimizer step (global)")
-      .add("steps", &o.steps, "N", "optimizer steps")
-      .add("lr", &o.lr, "LR", "AdamW learning rate (constant)")
-      .add("weight-decay", &o.weight_decay, "WD", "AdamW weight decay (2-D weights only)")
-      .add("beta1", &o.beta1, "B1", "AdamW beta1")
-      .add("beta2", &o.beta2, "B2", "AdamW beta2")
-      .add("eps", &o.eps, "EPS", "AdamW epsilon")
-      .add("grad-clip", &o.grad_clip, "NORM", "clip the global gradient norm (0: off)")
-      .add("warmup", &o.warmup, "N", "linear learning-rate warm-up over the first N steps")
-      .add("min-lr", &o.min_lr, "LR",
-           "cosine decay from --lr to LR at the last step (negative: no decay)")
-      .add_choice("precision", &o.precision, {"fp32", "bf16", "fp16"},
-                  "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
-      .add_switch("tf32", &o.tf32,
-                  "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
-      .add_choice("attention", &o.attention, {"blockwise", "fused"},
-                  "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: flash "
-                  "kernels on the tensor cores, scores kept on chip, head sizes 16/32/64/128; "
-                  "blockwise: batched cuBLAS GEMMs)")
-      .add("classifier-chunk", &o.classifier_chunk, "ROWS",
-           "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
-           "kept)")
-      .add_switch("checkpoint-activations", &o.checkpoint_activations,
-                  "recompute each block's activations in backward")
-      .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
-      .add("save", &o.save, "FILE", "save the final weights (.safetensors, HF names)")
-      .add("save-dir", &o.save_dir, "DIR",
-           "save resumable checkpoints (optimizer state, step, data position) under DIR")
-      .add("save-every", &o.save_every, "N", "checkpoint every N steps (and after the last)")
-      .add("keep", &o.keep, "K", "keep only the newest K checkpoints (0: all)")
-      .add_switch("save-async", &o.save_async,
-                  "copy the state to host memory at the save step and write it in the "
-                  "background while training continues (one save in flight)")
-      .add("resume", &o.resume, "DIR",
-           "resume from a checkpoint (or the newest under a --save-dir), on any mesh")
-      .add_switch("memory-report", &o.memory_report,
-                  "print every rank's per-tag memory table (whole-run peaks) at the end")
-      .add("memory-cap-gb", &o.memory_cap_gb, "GB",
-           "per-rank memory cap (1e9 B): past it an allocation fails with OutOfMemory "
-           "(0: none on the host, the GPU's free memory on CUDA)")
-      .add_choice("block-cache", &o.block_cache, {"on", "off"},
-                  "reuse freed blocks for tensors of the same size (off: every tensor asks the "
-                  "backend; for comparisons)")
-      .add("ranks", &o.ranks, "N",
-           "ranks: LocalWorld threads (default 1), or the launcher's processes (default all)")
-      .add_choice("backend", &o.backend, {"local", "strict", "mpi", "nccl"},
-                  "communication: LocalWorld threads, LocalWorld held to NCCL's contract "
-                  "(docs/comm.md), MPI processes (mpirun), NCCL (one process per GPU: mpirun, "
-                  "torchrun or srun)")
-      .add("comm-timeout", &o.comm_timeout, "SECONDS",
-           "deadline of every communicator wait: a rank that never arrives becomes a typed "
-           "CommTimeout after it (NCCL: the communicator is aborted)")
-      .add("dp", &o.dp, "N", "data-parallel degree (0: all ranks; no other axis yet)")
-      .add("zero", &o.zero, "S", "0 DataParallel, 1/2/3 Sharded<S> (ZeRO-1/2, FSDP)")
-      .add("bucket-mb", &o.bucket_mb, "MB", "gradient bucket size of --zero 0-2 (0: one bucket)")
-      .add_switch("no-overlap", &o.no_overlap,
-                  "issue collectives after backward, no prefetch (to measure the overlap)")
-      .add("tp", &o.tp, "N", "tensor-parallel degree: groups of N consecutive ranks split layers")
-      .add_switch("sequence-parallel", &o.sequence_parallel,
-                  "with --tp: split LayerNorm/residual regions along the sequence")
-      .add("vocab-align", &o.vocab_align, "A",
-           "pad the vocabulary to a multiple of A (with --tp: of tp*A); the padding is masked, "
-           "files keep the real rows (0: 128 on CUDA, 1 on host)")
-      .add("pp", &o.pp, "S", "pipeline stages (one rank each)")
-      .add("micro-batches", &o.micro_batches, "M",
-           "micro-batches per step (gradient accumulation; the pipeline's M)")
-      .add_choice("schedule", &o.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"},
-                  "pipeline schedule")
-      .add("virtual-stages", &o.virtual_stages, "V",
-           "model chunks per rank of the interleaved schedule (0: 2)")
-      .add("trace", &o.trace, "FILE", "write Chrome trace events of the pipeline to FILE")
-      .add_switch("check", &o.check,
-                  "run the mesh and the one-rank run on the same batches for --steps steps and "
-                  "compare losses and step-1 gradients (exit 1 when outside the precision's "
-                  "bounds)")
-      .add_switch("quiet", &o.quiet, "print no per-step progress")
-      .add("profile-step", &o.profile_step, "N",
-           "fourway-train-cuda: record step N only, for a profiler started with its recording "
-           "off (cudaProfilerStart/Stop around it; ncu --profile-from-start off; 0: no window)");
-  return p;
-}
-
-inline void check_positive(const char* flag, long long v) {
-  fw::check<fw::ConfigError>(v > 0, "fourway: --", flag, " must be positive, got ", v);
-}
-
-/// Fails before training, not after it, when an output file cannot be created.
-inline void check_output_dir(const char* flag, const std::string& file) {
-  if (file.empty()) return;
-  const auto dir = std::filesystem::absolute(file).parent_path();
-  std::error_code ec;
-  fw::check<fw::ConfigError>(std::filesystem::is_directory(dir, ec), "fourway: --", flag,
-                             " cannot create ", file, ": directory ", dir.string(),
-                             " does not exist");
-}
-
-/// --save-dir, --save-every, --keep, --resume: the checks every path makes before training.
-inline void check_checkpoint_flags(const Options& o) {
-  fw::check<fw::ConfigError>(o.save_every >= 0 && o.keep >= 0, "fourway: --save-every (",
-                             o.save_every, ") and --keep (", o.keep, ") must be >= 0");
-  fw::check<fw::ConfigError>(!o.save_dir.empty() || (o.save_every == 0 && o.keep == 0),
-                             "fourway: --save-every and --keep need --save-dir DIR");
-  fw::check<fw::ConfigError>(!o.save_dir.empty() || !o.save_async,
-                             "fourway: --save-async needs --save-dir DIR (it writes the "
-                             "checkpoints of --save-every in the background)");
 }
 
 /// --resume: restores the trainer and the loader's position; returns the step it resumes after.
@@ -343,7 +150,7 @@ template <class Target>
 class ProfileWindow {
  public:
   ProfileWindow(const Options& o, int step) : open_(o.profile_step == step) {
-    if constexpr (Target::has_profiler_window) {
+    if constexpr (Target::traits.has_profiler_window) {
       if (open_) Target::profile(true);
     }
   }
@@ -351,7 +158,7 @@ class ProfileWindow {
   ProfileWindow& operator=(const ProfileWindow&) = delete;
   ~ProfileWindow() { close(); }
   void close() {
-    if constexpr (Target::has_profiler_window) {
+    if constexpr (Target::traits.has_profiler_window) {
       if (open_) Target::profile(false);
     }
     open_ = false;
@@ -412,80 +219,29 @@ std::vector<fw::MemorySnapshot> gather_memory(fw::World<W>& w, const fw::Context
   return out;
 }
 
+/// --memory-report: every rank's per-tag table, peaks of the whole run, printed by the lead (a
+/// collective over the world).
+template <class B, class W>
+void print_memory_report(const Options& o, fw::World<W>& w, const fw::Context<B>& ctx, bool lead) {
+  if (!o.memory_report) return;
+  const std::vector<fw::MemorySnapshot> mems = gather_memory(w, ctx);
+  if (lead) {
+    for (const auto& m : mems) std::printf("%s", m.table().c_str());
+  }
+}
+
 /// --attention fused (fourway-train-cuda): the lead rank says which attention the layers run,
 /// the fused kernels or the blockwise path and why (Target::attention_note).
 template <class Target, class B>
 void print_attention(const fw::Context<B>& ctx, const Options& o, const fw::models::GptConfig& cfg,
                      bool lead) {
-  if constexpr (Target::has_fused_attention) {
+  if constexpr (Target::traits.has_fused_attention) {
     if (lead && o.attention == "fused") {
       std::printf("attention: %s\n", Target::attention_note(ctx, o, cfg).c_str());
     }
   } else {
     (void)ctx, (void)o, (void)cfg, (void)lead;
   }
-}
-
-/// The model's shape, from a checkpoint (read into `ckpt`) or from the flags.
-/// (The checkpoint is opened for positioned reads: only its header is read here.)
-inline fw::models::GptConfig model_config(const Options& o,
-                                          std::optional<fw::SafetensorsReader>& ckpt, bool print) {
-  // ---- the model: from a checkpoint or random ------------------------------------------------
-  fw::models::GptConfig cfg;
-  if (!o.init_from.empty()) {
-    ckpt = fw::SafetensorsReader::open(o.init_from);
-    const auto info = fw::inspect_gpt2(*ckpt);
-    cfg = info.config(o.heads);
-    if (print) {
-      std::printf("checkpoint %s: %d layers, width %d, %d heads, vocab %d, context %d%s\n",
-                  o.init_from.c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq,
-                  info.prefix.empty() ? "" : " (names prefixed transformer.)");
-    }
-    for (const auto& n : info.ignored) {
-      if (print) std::printf("  ignoring buffer %s\n", n.c_str());
-    }
-  } else {
-    cfg.layers = o.layers;
-    cfg.dim = o.dim;
-    cfg.heads = o.heads == 0 ? 8 : o.heads;
-    cfg.vocab = o.vocab;
-    cfg.max_seq = o.seq;
-    check_positive("layers", cfg.layers);
-    check_positive("dim", cfg.dim);
-    check_positive("vocab", cfg.vocab);
-    fw::check<fw::ConfigError>(cfg.dim % cfg.heads == 0, "fourway: --heads ", cfg.heads,
-                               " does not divide --dim ", cfg.dim,
-                               "; choose heads that divide the width");
-  }
-  fw::check<fw::ConfigError>(o.seq <= cfg.max_seq, "fourway: --seq ", o.seq,
-                             " exceeds the model's context of ", cfg.max_seq,
-                             " positions; use --seq <= ", cfg.max_seq);
-  cfg.checkpoint = o.checkpoint_activations;
-  cfg.classifier_chunk = o.classifier_chunk;
-  // the tensor-parallel model pads its vocabulary slices itself (tp::TpOptions)
-  cfg.vocab_alignment = o.tp > 1 ? 1 : std::max(o.vocab_align, 1);
-  return cfg;
-}
-
-inline fw::AdamWConfig adamw_config(const Options& o) {
-  fw::AdamWConfig acfg;
-  acfg.lr = o.lr;
-  acfg.beta1 = o.beta1;
-  acfg.beta2 = o.beta2;
-  acfg.eps = o.eps;
-  acfg.weight_decay = o.weight_decay;
-  acfg.max_grad_norm = o.grad_clip;
-  return acfg;
-}
-
-/// AdamW with a constant learning rate, or warm-up + cosine (nanoGPT's schedule) when
-/// --warmup or --min-lr ask for it.
-inline fw::AdamW make_adamw(const Options& o) {
-  const fw::AdamWConfig cfg = adamw_config(o);
-  if (o.warmup == 0 && o.min_lr < 0.0f) return fw::AdamW(cfg);
-  fw::check<fw::ConfigError>(o.warmup >= 0, "fourway: --warmup must be >= 0, got ", o.warmup);
-  return fw::AdamW(cfg, fw::LrSchedule::warmup_cosine(o.lr, o.warmup, o.steps,
-                                                      o.min_lr < 0.0f ? o.lr : o.min_lr));
 }
 
 /// --micro-batches: gradient accumulation over M micro-batches per step.
@@ -516,11 +272,32 @@ inline std::ofstream open_log(const std::string& path) {
   return log;
 }
 
+/// The run's last line about training: the first and last loss, or that no step ran (--steps 0,
+/// or a checkpoint already at --steps), never a loss of steps that did not happen.
+inline void print_losses(const Options& o, double first, double last, int run) {
+  if (run > 0) {
+    std::printf("loss %.4f -> %.4f over %d steps\n", first, last, run);
+  } else if (o.steps == 0) {
+    std::printf("no step run (--steps 0)\n");
+  } else {
+    std::printf("no step run: %s is at step %d = --steps\n", o.resume.c_str(), o.steps);
+  }
+}
+
+/// --save: Hugging Face's config.json beside the weights (n_layer, n_embd, n_head, vocab_size,
+/// n_positions, ...), so `GPT2LMHeadModel.from_pretrained` rebuilds this shape and `--init-from`
+/// reads the head count back. The lead rank writes it.
+template <class T>
+void save_config(const Options& o, const fw::models::GptConfig& cfg, bool lead) {
+  if (o.save.empty() || !lead) return;
+  const auto path = fw::write_gpt2_config(o.save, cfg, fw::torch_dtype_name<T>());
+  std::printf("  %s: n_layer %d, n_embd %d, n_head %d, vocab_size %d, n_positions %d\n",
+              path.string().c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+}
+
 template <class Target, class T>
 int train(const Options& o) {
   using B = typename Target::backend;
-  check_output_dir("save", o.save);
-  check_output_dir("log-json", o.log_json);
   fw::MemoryAccountant memory(0);
   fw::Context<B> ctx = Target::context(memory, 0, o);
   apply_memory_options<Target>(o, memory, 0);
@@ -586,10 +363,11 @@ int train(const Options& o) {
   finish_saves(pending, alone, o, true, true);
   print_loop_time(o, loop_start, o.steps - resumed);
   progress.finish();
-  std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
+  print_losses(o, first_loss, last_loss, o.steps - resumed);
   if (!o.save.empty()) {
     fw::save_gpt2(ctx, model, o.save);
     std::printf("saved %s\n", o.save.c_str());
+    save_config<T>(o, cfg, true);
   }
   if (o.memory_report) std::printf("%s", memory.table().c_str());  // peaks of the whole run
   return 0;
@@ -608,12 +386,18 @@ int rank_device(fw::World<W>& w) {
   }
 }
 
-/// The negative control of tests/parallel/mpi_train_matches_local.cmake, never for training:
-/// with FOURWAY_TRAIN_SKIP_COLLECTIVES=1 in the environment every rank is alone in its group and
-/// trains on its share of each batch, making no collective with its peers.
-inline bool skip_collectives() {
-  const char* v = std::getenv("FOURWAY_TRAIN_SKIP_COLLECTIVES");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+/// Whether the target isolates every rank (`Target::skip_collectives`): the fault of the negative
+/// control in tests/parallel/mpi_train_matches_local.cmake, built into a test program
+/// (tests/parallel/train_skip_collectives.cpp) and never into fourway-train: each rank is alone
+/// in its data-parallel group and trains on its share of each batch, making no collective with
+/// its peers.
+template <class Target>
+constexpr bool skip_collectives() {
+  if constexpr (requires { Target::skip_collectives; }) {
+    return Target::skip_collectives;
+  } else {
+    return false;
+  }
 }
 
 /// Rank r's share (B/n rows) of the global batch `b`, what the Trainer would give it.
@@ -659,12 +443,12 @@ void train_ranks(const Options& o) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     fw::check<fw::ConfigError>(o.dp == 0 || o.dp == n, "fourway: --dp ", o.dp, " but there are ", n,
-                               " ranks; without --pp (and with no tensor axis yet) "
-                               "--dp must equal the number of ranks (or be 0)");
+                               " ranks; without --tp or --pp --dp must equal the number of ranks "
+                               "(or be 0)");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
     bind_world(w, ctx);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
-    const bool isolated = skip_collectives();
+    constexpr bool isolated = skip_collectives<Target>();
     Comm dp(w.comm().split(isolated ? w.rank() : 0, w.rank(), "dp"));
     if constexpr (B::on_device) dp.inner().set_stream(ctx.stream());  // collectives in order
     std::optional<fw::SafetensorsReader> ckpt;
@@ -793,7 +577,7 @@ void train_ranks(const Options& o) {
     if (lead) print_loop_time(o, loop_start, o.steps - resumed);
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
+      print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
     if (!o.save.empty()) {  // every rank writes its own elements into one file; nothing gathered
       const auto t0 = Clock::now();
@@ -804,6 +588,7 @@ void train_ranks(const Options& o) {
         std::printf("saved %s in %.3f s on %d ranks (rank 0 wrote %llu B of it)\n", o.save.c_str(),
                     s, n, static_cast<unsigned long long>(wrote));
       }
+      save_config<T>(o, cfg, lead);
     }
     if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
       std::vector<fw::MemorySnapshot> mems;
@@ -849,25 +634,8 @@ int run_check(const Options& o);  // check_program.hpp (instantiated in train_ch
 template <class Target, class T>
 int train_parallel(const Options& o) {
   if (o.tp != 1 || o.sequence_parallel) return train_tp_parallel<Target, T>(o);
-  check_output_dir("save", o.save);
-  check_output_dir("log-json", o.log_json);
-  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
-                             " does not exist; use 0 (DataParallel), 1, 2 or 3");
-  fw::check<fw::ConfigError>(o.bucket_mb >= 0.0f, "fourway: --bucket-mb must be >= 0, got ",
-                             o.bucket_mb);
-  fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
   if (o.local_world()) {
-    Options local = o;
-    local.ranks = o.ranks == 0 ? 1 : o.ranks;
-    fw::check<fw::ConfigError>(o.dp == 0 || o.dp == local.ranks, "fourway: --dp ", o.dp,
-                               " but there are ", local.ranks,
-                               " ranks; fourway-train has no "
-                               "tensor or pipeline axis yet, so --dp must equal --ranks (or be 0)");
-    fw::check<fw::ConfigError>(
-        o.batch % local.ranks == 0, "fourway: the global batch of B=", o.batch,
-        " sequences does not split into ", local.ranks,
-        " data-parallel ranks; use a --batch that is a multiple of ", local.ranks);
-    train_stage<Target, T, fw::LocalWorld>(local);
+    train_stage<Target, T, fw::LocalWorld>(o);  // validate: --ranks is set, --dp agrees with it
     return 0;
   }
   // mpi or nccl: one process per rank, started by a launcher; the target says which it runs
@@ -881,91 +649,74 @@ int train_parallel(const Options& o) {
 
 namespace fourway_train {
 
-/// The whole program: parses the flags, trains, and turns every error into one line on stderr.
-template <class Target>
-int run_program(int argc, char** argv) {
+/// Parses and validates the flags (validate.hpp), prints what would run under --dry-run, and
+/// otherwise calls `run(o)`; every error becomes one line on stderr (exit status 2 for flags
+/// that do not parse, 1 otherwise).
+template <class Target, class Run>
+int run_with(int argc, char** argv, Run&& run) {
+  constexpr const TargetTraits& t = Target::traits;
   Options o;
-  o.precision = Target::default_precision;
-  auto parser = make_parser(o, Target::program);
+  o.precision = t.default_precision;
+  auto parser = make_parser(o, t.program);
   try {
     if (!parser.parse(argc, argv)) {
       std::fputs(parser.help().c_str(), stdout);
       return 0;
     }
   } catch (const fw::Error& e) {
-    std::fprintf(stderr, "%s: %s\n", Target::program, e.what());
+    std::fprintf(stderr, "%s: %s\n", t.program, e.what());
     return 2;
   }
   try {
-    fw::check<fw::ConfigError>(o.vocab_align >= 0, "fourway: --vocab-align must be >= 0 (0: 128 ",
-                               "on CUDA, 1 on the host), got ", o.vocab_align);
-    if (o.vocab_align == 0) o.vocab_align = Target::backend::on_device ? 128 : 1;
-    fw::check<fw::ConfigError>(!o.tf32 || Target::has_tf32, "fourway: --tf32 selects TF32 tensor ",
-                               "cores for fourway-train-cuda's fp32 GEMMs; ", Target::program,
-                               " computes fp32 GEMMs in fp32 (drop --tf32)");
-    fw::check<fw::ConfigError>(!o.tf32 || o.precision == "fp32", "fourway: --tf32 changes fp32 ",
-                               "GEMMs only, and --precision is ", o.precision,
-                               "; drop --tf32 or use --precision fp32");
-    fw::check<fw::ConfigError>(
-        o.attention != "fused" || Target::has_fused_attention,
-        "fourway: --attention fused selects fourway-train-cuda's tensor-core ", "kernels; ",
-        Target::program, " runs the host flash attention (drop --attention)");
-    fw::check<fw::ConfigError>(o.attention != "fused" || o.precision != "fp32",
-                               "fourway: --attention fused runs in bf16 or fp16, and --precision ",
-                               "is fp32; drop --attention fused or use --precision bf16");
-    fw::check<fw::ConfigError>(o.classifier_chunk >= 0, "fourway: --classifier-chunk must be >= 0 ",
-                               "(0: the whole logits at once), got ", o.classifier_chunk);
-    fw::check<fw::ConfigError>(
-        o.classifier_chunk == 0 || o.tp == 1, "fourway: --classifier-chunk ",
-        "applies to the tied head of --tp 1; the vocabulary-parallel head of ", "--tp ", o.tp,
-        " keeps its slice of the logits (drop --classifier-chunk)");
+    o.given = given_flags(parser);
+    const fw::models::GptConfig cfg = validate(o, t);
+    if (o.dry_run) {
+      std::fputs(describe(o, t, cfg).c_str(), stdout);
+      return 0;
+    }
     Target::check_device();
-    check_checkpoint_flags(o);
-    fw::check<fw::ConfigError>(o.profile_step >= 0 && o.profile_step <= o.steps,
-                               "fourway: --profile-step must be in [0, --steps] = [0, ", o.steps,
-                               "], got ", o.profile_step);
-    fw::check<fw::ConfigError>(o.profile_step == 0 || Target::has_profiler_window,
-                               "fourway: --profile-step opens a CUDA profiler window; ",
-                               Target::program, " has none (drop --profile-step)");
-    check_positive("batch", o.batch);
-    check_positive("seq", o.seq);
-    fw::check<fw::ConfigError>(o.comm_timeout > 0.0 && o.comm_timeout <= 1e6,
-                               "fourway: --comm-timeout must be in (0, 1e6] seconds, got ",
-                               o.comm_timeout);
-    fw::check<fw::ConfigError>(o.steps >= 0, "fourway: --steps must be >= 0, got ", o.steps);
-    fw::check<fw::ConfigError>(o.heads >= 0, "fourway: --heads must be positive, got ", o.heads);
-    if (o.check) {
-      if constexpr (requires { Target::has_check; }) {
-        if (o.precision == "bf16") return run_check<Target, fw::bf16>(o);
-        if (o.precision == "fp16") return run_check<Target, fw::fp16>(o);
-        return run_check<Target, float>(o);
+    return run(o);
+  } catch (const fw::Error& e) {
+    std::fprintf(stderr, "\n%s: %s\n", t.program, e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "\n%s: out of host memory; lower --batch, --seq or the model size\n",
+                 t.program);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\n%s: error: %s\n", t.program, e.what());
+  }
+  return 1;
+}
+
+/// Runs validated flags on the path `run_path` names, in the working precision.
+template <class Target>
+int dispatch(const Options& o) {
+  const auto in_precision = [&](auto&& f) {
+    if (o.precision == "bf16") return f.template operator()<fw::bf16>();
+    if (o.precision == "fp16") return f.template operator()<fw::fp16>();
+    return f.template operator()<float>();
+  };
+  switch (run_path(o)) {
+    case Path::check:
+      if constexpr (Target::traits.has_check) {
+        return in_precision([&]<class T>() { return run_check<Target, T>(o); });
       } else {
         throw fw::ConfigError("fourway: --check runs in the host build, fourway-train");
       }
-    }
-    if (o.pp > 1) {
-      if (o.precision == "bf16") return train_pipeline<Target, fw::bf16>(o);
-      if (o.precision == "fp16") return train_pipeline<Target, fw::fp16>(o);
-      return train_pipeline<Target, float>(o);
-    }
-    fw::check<fw::ConfigError>(o.pp == 1, "fourway: --pp must be >= 1, got ", o.pp);
-    if (o.parallel()) {
-      if (o.precision == "bf16") return train_parallel<Target, fw::bf16>(o);
-      if (o.precision == "fp16") return train_parallel<Target, fw::fp16>(o);
-      return train_parallel<Target, float>(o);
-    }
-    if (o.precision == "bf16") return train<Target, fw::bf16>(o);
-    if (o.precision == "fp16") return train<Target, fw::fp16>(o);
-    return train<Target, float>(o);
-  } catch (const fw::Error& e) {
-    std::fprintf(stderr, "\n%s: %s\n", Target::program, e.what());
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "\n%s: out of host memory; lower --batch, --seq or the model size\n",
-                 Target::program);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\n%s: error: %s\n", Target::program, e.what());
+    case Path::pipeline:
+      return in_precision([&]<class T>() { return train_pipeline<Target, T>(o); });
+    case Path::data_parallel:
+    case Path::tensor_parallel:
+      return in_precision([&]<class T>() { return train_parallel<Target, T>(o); });
+    case Path::single: break;
   }
-  return 1;
+  return in_precision([&]<class T>() { return train<Target, T>(o); });
+}
+
+/// The whole program: parses and checks the flags, trains, and turns every error into one line
+/// on stderr.
+template <class Target>
+int run_program(int argc, char** argv) {
+  return run_with<Target>(argc, argv, [](const Options& o) { return dispatch<Target>(o); });
 }
 
 }  // namespace fourway_train

@@ -41,14 +41,16 @@ void train_tp_ranks(const Options& o) {
       groups.dp().inner().set_stream(ctx.stream());
     }
     const int dp = mesh.dp();
-    fw::check<fw::ConfigError>(o.batch % dp == 0, "fourway: the global batch of B=", o.batch,
-                               " sequences does not split into ", dp,
-                               " data-parallel groups; use a --batch that is a multiple of ", dp);
     fw::check<fw::ConfigError>(
-        !o.sequence_parallel || (static_cast<long long>(o.batch / dp) * o.seq) % o.tp == 0,
-        "fourway: --sequence-parallel splits the ", (o.batch / dp) * o.seq,
-        " rows (batch/dp x seq) of each group over tp=", o.tp, " ranks; choose --batch and --seq ",
-        "with batch/dp x seq divisible by ", o.tp);
+        o.batch % (dp * o.micro_batches) == 0, "fourway: the global batch of B=", o.batch,
+        " sequences does not split into ", dp, " data-parallel groups x ", o.micro_batches,
+        " micro-batches; use a --batch that is a multiple of ", dp * o.micro_batches);
+    const long long rows = static_cast<long long>(o.batch / dp / o.micro_batches) * o.seq;
+    fw::check<fw::ConfigError>(
+        !o.sequence_parallel || rows % o.tp == 0, "fourway: --sequence-parallel splits the ", rows,
+        " rows of a micro-batch (batch/dp/micro-batches x seq) over tp=", o.tp,
+        " ranks; choose --batch, --micro-batches and --seq so that "
+        "tp divides them");
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
     print_attention<Target>(ctx, o, cfg, lead);
@@ -65,7 +67,7 @@ void train_tp_ranks(const Options& o) {
     fw::ShardedOptions so;
     so.bucket_bytes = static_cast<std::int64_t>(static_cast<double>(o.bucket_mb) * 1048576.0);
     so.overlap = !o.no_overlap;
-    fw::Trainer<S> trainer(fw::TrainerOptions{}, ctx, model, groups.dp(), make_adamw(o), so);
+    fw::Trainer<S> trainer(trainer_options(o), ctx, model, groups.dp(), make_adamw(o), so);
     const std::string tp_name = groups.group_name(fw::Axis::tp);
     const std::string dp_name = groups.group_name(fw::Axis::dp);
     if (lead) {
@@ -74,10 +76,11 @@ void train_tp_ranks(const Options& o) {
                   o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
       std::printf(
           "TensorParallel tp=%d%s x %s dp=%d on %d ranks (%s); vocabulary %d padded to "
-          "%lld\n",
+          "%lld; %d micro-batch%s\n",
           mesh.tp(), o.sequence_parallel ? " (sequence parallel)" : "",
           Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(), dp,
-          w.size(), o.backend.c_str(), cfg.vocab, static_cast<long long>(model.padded_vocab()));
+          w.size(), o.backend.c_str(), cfg.vocab, static_cast<long long>(model.padded_vocab()),
+          o.micro_batches, o.micro_batches == 1 ? "" : "es");
     }
     fw::RankHoldings held;  // the map: who holds what
     held.rank = w.rank();
@@ -113,7 +116,9 @@ void train_tp_ranks(const Options& o) {
       const fw::SequenceBatch b = loader.next();
       const float lr = trainer.strategy().optimizer().lr_at(trainer.iteration());
       world.counters().reset();
+      ProfileWindow<Target> window(o, step);
       const float loss = trainer.step(fw::Batch{b.inputs, b.targets, b.B, b.T});
+      window.close();
       const double tp_bytes = world.counters().modelled_bytes_sent(tp_name);
       const double dp_bytes = world.counters().modelled_bytes_sent(dp_name);
       const double ms =
@@ -155,8 +160,7 @@ void train_tp_ranks(const Options& o) {
     if (lead) print_loop_time(o, loop_start, o.steps - resumed);
     if (lead) {
       progress.finish();
-      std::printf("loss %.4f -> %.4f over %d steps\n", first_loss, last_loss, o.steps - resumed);
-      if (o.memory_report) std::printf("%s", w.memory().table().c_str());
+      print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
     if (!o.save.empty()) {
       const auto full = model.gather_over_tp(ctx, trainer.strategy().gather_full_parameters());
@@ -164,7 +168,9 @@ void train_tp_ranks(const Options& o) {
         fw::save_gpt2_tp(model, full, o.save);
         std::printf("saved %s\n", o.save.c_str());
       }
+      save_config<T>(o, cfg, lead);
     }
+    print_memory_report(o, w, ctx, lead);  // every rank's, whole-run peaks (save included)
     world.barrier();  // no rank tears down its communicators while others still use them
   };
   fw::launch<W>(o.ranks, rank_main, o.comm_options());
@@ -177,17 +183,8 @@ void train_tp_stage(const Options& o) {
 
 template <class Target, class T>
 int train_tp_parallel(const Options& o) {
-  check_output_dir("save", o.save);
-  check_output_dir("log-json", o.log_json);
-  check_positive("tp", o.tp);
-  fw::check<fw::ConfigError>(o.zero >= 0 && o.zero <= 3, "fourway: --zero ", o.zero,
-                             " does not exist; use 0 (DataParallel), 1, 2 or 3");
-  fw::check<fw::ConfigError>(o.ranks >= 0, "fourway: --ranks must be >= 0, got ", o.ranks);
   if (o.local_world()) {
-    Options local = o;
-    local.ranks = o.ranks == 0 ? o.tp * (o.dp == 0 ? 1 : o.dp) : o.ranks;
-    (void)TpMesh(local.ranks, {.tp = o.tp, .dp = o.dp == 0 ? fw::dynamic : o.dp});  // validates
-    train_tp_stage<Target, T, fw::LocalWorld>(local);
+    train_tp_stage<Target, T, fw::LocalWorld>(o);  // validate: --ranks = tp x dp
     return 0;
   }
   Target::launch_processes(o, [&]<class W>() { train_tp_stage<Target, T, W>(o); });

@@ -1,30 +1,31 @@
 # fourway-train --backend mpi under MPIRUN (NP processes) against --backend local --ranks NP, for
 # every --zero stage: compare_runs checks losses, communication, per-rank memory and the saved
-# parameters. Arguments: TRAIN, COMPARE, MPIRUN (the mpirun command line), NP, NEGATIVE, WORK.
+# parameters. Arguments: TRAIN, FAULTY, COMPARE, MPIRUN (the mpirun command line), NP, NEGATIVE,
+# WORK.
 #
-# NEGATIVE=ON is the control: the MPI ranks skip their collectives (FOURWAY_TRAIN_SKIP_COLLECTIVES,
-# each rank alone on its share of the batch), and the test passes only when compare_runs reports
-# the runs differ in losses, parameters and communication (and in memory where ZeRO shards).
+# NEGATIVE=ON is the control: the MPI ranks run FAULTY (train_skip_collectives.cpp, a test build
+# of the program whose ranks skip their collectives, each alone on its share of the batch), and
+# the test passes only when compare_runs reports the runs differ in losses, parameters and
+# communication (and in memory where ZeRO shards).
 file(MAKE_DIRECTORY ${WORK})
 set(common --layers 2 --dim 48 --heads 4 --seq 16 --batch 8 --steps 5 --grad-clip 1.0
            --weight-decay 0.1 --bucket-mb 0.02 --quiet)
 set(stages 0 1 2 3)
+set(mpi_train ${TRAIN})
 if(NEGATIVE)
   set(stages 0 3)
-  set(ENV{FOURWAY_TRAIN_SKIP_COLLECTIVES} 1)  # inherited by the processes mpirun starts here
-  list(INSERT MPIRUN 1 -x FOURWAY_TRAIN_SKIP_COLLECTIVES)
+  set(mpi_train ${FAULTY})
 endif()
 foreach(zero IN LISTS stages)
   set(local ${WORK}/local_np${NP}_z${zero})
   set(mpi ${WORK}/mpi_np${NP}_z${zero})
-  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=FOURWAY_TRAIN_SKIP_COLLECTIVES
-                          ${TRAIN} ${common} --ranks ${NP} --zero ${zero}
+  execute_process(COMMAND ${TRAIN} ${common} --ranks ${NP} --zero ${zero}
                           --log-json ${local}.jsonl --save ${local}.safetensors
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "fourway-train --backend local --ranks ${NP} --zero ${zero} failed: ${rc}\n${out}\n${err}")
   endif()
-  execute_process(COMMAND ${MPIRUN} ${TRAIN} ${common} --backend mpi --zero ${zero}
+  execute_process(COMMAND ${MPIRUN} ${mpi_train} ${common} --backend mpi --zero ${zero}
                           --log-json ${mpi}.jsonl --save ${mpi}.safetensors
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

@@ -5,7 +5,7 @@
 # Arguments: TRAIN, COMPARE, WEIGHTS, MODE, WORK (+ MPIEXEC, NPFLAG for mpi).
 file(MAKE_DIRECTORY ${WORK})
 set(common --layers 2 --dim 48 --heads 4 --vocab 301 --seq 16 --batch 8 --steps 5
-           --grad-clip 1.0 --weight-decay 0.1 --bucket-mb 0.02 --quiet)
+           --grad-clip 1.0 --weight-decay 0.1 --quiet)
 
 function(run name)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
@@ -33,7 +33,7 @@ endfunction()
 
 if(MODE STREQUAL "local")
   run(one_rank ${TRAIN} ${common} --log-json ${WORK}/one.jsonl --save ${WORK}/one.safetensors)
-  foreach(cfg "tp2_sp;--tp;2;--sequence-parallel" "tp2_dp2_z3;--ranks;4;--tp;2;--dp;2;--zero;3"
+  foreach(cfg "tp2_sp;--tp;2;--sequence-parallel" "tp2_dp2_z3;--ranks;4;--tp;2;--dp;2;--zero;3;--bucket-mb;0.02"
               "tp4;--tp;4;--vocab-align;8")
     list(GET cfg 0 name)
     list(SUBLIST cfg 1 -1 flags)
@@ -52,7 +52,7 @@ if(MODE STREQUAL "local")
     message(FATAL_ERROR "--tp 4 --init-from/--save does not round-trip the file")
   endif()
 else()
-  set(tpdp --tp 2 --dp 2)
+  set(tpdp --tp 2 --dp 2 --bucket-mb 0.02)  # buckets where there are replicas
   run(local ${TRAIN} ${common} ${tpdp} --ranks 4 --log-json ${WORK}/local.jsonl
       --save ${WORK}/local.safetensors)
   run(mpi ${MPIEXEC} ${NPFLAG} 4 --oversubscribe --allow-run-as-root --bind-to none ${TRAIN}

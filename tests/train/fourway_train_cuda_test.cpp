@@ -88,14 +88,33 @@ TEST(FourwayTrainCuda, BadFlagIsRefusedBeforeTheDeviceIsTouched) {
 
 TEST(FourwayTrainCuda, WithoutGpuEveryBackendExitsWithTheDeviceError) {
   if (visible_gpus() > 0) GTEST_SKIP() << "a GPU is visible: train_fourway_train_cuda_vs_host runs";
-  for (const char* args : {"--steps 1", "--ranks 4 --zero 3 --steps 1", "--backend nccl --steps 1",
-                           "--backend mpi --steps 1"}) {
+  for (const char* args :
+       {"--steps 1", "--ranks 4 --zero 3 --steps 1", "--backend strict --ranks 2 --steps 1"}) {
     const auto r = run(args);
     EXPECT_EQ(r.status, 1) << args;
     // stdout stays empty: the device is checked before the model or the data is touched
     EXPECT_EQ(r.out, "") << args;
     EXPECT_EQ(r.err, std::string("\n") + kNoGpu) << args;
   }
+  // --backend nccl: the device error, or, in a build without NCCL, that refusal (a flag this build
+  // cannot run is refused with the other flags, before the device)
+  const auto nccl = run("--backend nccl --steps 1");
+  EXPECT_EQ(nccl.status, 1);
+  EXPECT_EQ(nccl.out, "");
+  EXPECT_TRUE(nccl.err == std::string("\n") + kNoGpu ||
+              nccl.err.find("--backend nccl, but fourway-train-cuda was built without NCCL") !=
+                  std::string::npos)
+      << nccl.err;
+}
+
+// Flags the GPU build cannot run are refused like any flag error, with or without a device.
+TEST(FourwayTrainCuda, BackendMpiIsRefusedBeforeTheDevice) {
+  const auto r = run("--backend mpi --steps 1");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("fourway-train-cuda: fourway: --backend mpi moves host memory"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

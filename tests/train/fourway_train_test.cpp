@@ -598,3 +598,137 @@ TEST(FourwayTrain, PaddedVocabularyTrainsSavesAndResumesLikeTheUnpaddedModel) {
     EXPECT_NEAR(resumed[i], want[2 + i], 1e-5 * std::fabs(want[2 + i])) << "step " << i + 3;
   }
 }
+
+// ---- every path ends honestly, config.json beside every --save, the README's figure ----------
+
+// --steps 0 runs no step and says so: no "loss 0 -> 0" of steps that did not happen (before,
+// every path printed "loss 0.0000 -> 0.0000 over 0 steps").
+TEST(FourwayTrain, StepsZeroSaysNoStepRanInsteadOfALoss) {
+  const std::string model =
+      "--layers 2 --dim 32 --heads 4 --vocab 64 --seq 8 --batch 4 --steps 0 --data '" +
+      tokens.string() + "' ";
+  for (const std::string mesh : {"", "--ranks 2 --zero 3 ", "--tp 2 ", "--pp 2 "}) {
+    const ProgramRun r = run(model + mesh);
+    ASSERT_EQ(r.status, 0) << mesh << r.err;
+    EXPECT_NE(r.out.find("no step run (--steps 0)"), std::string::npos) << mesh << r.out;
+    EXPECT_EQ(r.out.find("loss 0.0000 -> 0.0000"), std::string::npos) << mesh << r.out;
+    EXPECT_EQ(r.out.find("idle fraction"), std::string::npos) << mesh << "no step, no idle time";
+  }
+}
+
+/// The value of `"key": <value>` in a JSON text, as written.
+std::string json_value(const std::string& text, const std::string& key) {
+  const auto k = text.find("\"" + key + "\":");
+  if (k == std::string::npos) return "";
+  auto v = text.find_first_not_of(' ', k + key.size() + 3);
+  const auto end = text.find_first_of(",\n}", v);
+  return text.substr(v, end - v);
+}
+
+// Every --save writes Hugging Face's config.json beside the weights (any shape: 6 heads of 8,
+// which width/64 cannot give), on every path, and --init-from reads the head count back from it:
+// before, --init-from assumed width/64 without a word and this file could not load without
+// --heads.
+TEST(FourwayTrain, SaveWritesConfigJsonThatInitFromReads) {
+  const std::string data = "--data '" + tokens.string() + "' --seq 8 --batch 4 --quiet ";
+  const std::string model = "--layers 2 --dim 48 --heads 6 --vocab 64 " + data;
+  for (const std::string mesh :
+       {"", "--ranks 2 --zero 3 ", "--tp 2 ", "--pp 2 ", "--tp 2 --pp 2 --dp 2 --zero 1 "}) {
+    SCOPED_TRACE(mesh);
+    const auto dir = scratch("hf_" + std::to_string(mesh.size()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const auto file = dir / "model.safetensors";
+    ProgramRun r = run(model + mesh + "--steps 1 --save '" + file.string() + "'");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string config = slurp(dir / "config.json");
+    ASSERT_FALSE(config.empty()) << "no config.json beside " << file;
+    const std::vector<std::pair<std::string, std::string>> want = {
+        {"model_type", "\"gpt2\""},
+        {"n_layer", "2"},
+        {"n_embd", "48"},
+        {"n_head", "6"},
+        {"vocab_size", "64"},
+        {"n_positions", "8"},
+        {"n_ctx", "8"},
+        {"activation_function", "\"gelu_new\""},
+        {"layer_norm_epsilon", "1e-05"},
+        {"tie_word_embeddings", "true"},
+        {"n_inner", "null"},
+        {"torch_dtype", "\"float32\""}};
+    for (const auto& [key, value] : want) EXPECT_EQ(json_value(config, key), value) << key;
+    // --init-from without --heads takes the 6 heads from config.json and trains
+    r = run("--init-from '" + file.string() + "' " + data + "--steps 1");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("6 heads"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("heads from " + (dir / "config.json").string()), std::string::npos)
+        << r.out;
+    // a --heads that contradicts it is refused before anything runs
+    r = run("--init-from '" + file.string() + "' " + data + "--steps 1 --heads 3");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.err.find("--heads 3 but " + (dir / "config.json").string() + " says n_head 6"),
+              std::string::npos)
+        << r.err;
+  }
+  // bf16 files say so
+  const auto dir = scratch("hf_bf16");
+  std::filesystem::create_directories(dir);
+  const ProgramRun r =
+      run(model + "--precision bf16 --steps 0 --save '" + (dir / "m.safetensors").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(json_value(slurp(dir / "config.json"), "torch_dtype"), "\"bfloat16\"");
+}
+
+// The shipped program has no fault injection: FOURWAY_TRAIN_SKIP_COLLECTIVES, which isolated
+// every rank before (the MPI negative control's hook), changes nothing; the fault lives in a test
+// build (tests/parallel/train_skip_collectives.cpp).
+TEST(FourwayTrain, TheShippedProgramIgnoresTheOldFaultHook) {
+  const std::string args =
+      "--layers 2 --dim 32 --heads 4 --vocab 64 --seq 8 --batch 4 --steps 3 "
+      "--ranks 2 --quiet --data '" +
+      tokens.string() + "' --log-json ";
+  const auto clean = scratch("hook_clean.jsonl"), hooked = scratch("hook_set.jsonl");
+  ProgramRun r = run(args + "'" + clean.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = fw::test::run_program(
+      "env", "FOURWAY_TRAIN_SKIP_COLLECTIVES=1 '" + exe + "' " + args + "'" + hooked.string() + "'",
+      "fourway_train_test");
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(losses(clean).size(), 3u);
+  EXPECT_EQ(losses(hooked), losses(clean));
+}
+
+// README's "Models that do not fit" figure is what the program measures: its command, run as
+// written there, prints every rank's whole-run peak, and README quotes it to the byte.
+TEST(FourwayTrain, ReadmesZero3PeakIsWhatTheProgramMeasures) {
+  const std::string readme = slurp(FOURWAY_README);
+  const auto at = readme.find("fourway-train --layers 4 --dim 256 --heads 8 --vocab 2048");
+  ASSERT_NE(at, std::string::npos) << "the README's command moved";
+  std::string cmd;  // the command's two lines, joined
+  const auto end = readme.find('\n', readme.find('\n', at) + 1);
+  const auto start = at + std::string("fourway-train").size();
+  for (char c : readme.substr(start, end - start)) {
+    if (c != '\\' && c != '\n') cmd += c;
+  }
+  const auto figure = readme.find("whole-run peak ", end);
+  ASSERT_NE(figure, std::string::npos);
+  std::string digits;
+  for (std::size_t i = figure + 15; i < readme.size() && readme[i] != ' '; ++i) {
+    if (readme[i] != ',') digits += readme[i];
+  }
+  const ProgramRun r = run(cmd);
+  ASSERT_EQ(r.status, 0) << cmd << "\n" << r.err;
+  const auto report = r.out.rfind("\nloss ");  // --memory-report's tables follow the last loss
+  ASSERT_NE(report, std::string::npos) << r.out;
+  std::istringstream out(r.out.substr(report));
+  int ranks = 0;
+  for (std::string line; std::getline(out, line);) {
+    if (line.rfind("total ", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    std::string current, peak;
+    fields >> current >> peak;
+    EXPECT_EQ(peak, digits) << "README says " << digits << ", the run measured " << peak;
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, 8) << r.out;
+}

@@ -13,15 +13,26 @@
 //! equals `wte.weight` bit for bit (an untied head is refused). Any other tensor is an error:
 //! a file with names this mapping does not know is not a GPT-2 and must not load half-way.
 //! F32, F16, BF16 (and F64) convert to the model's element type on load.
+//!
+//! The head count is not in the tensors. Hugging Face keeps it, with the rest of the shape, in the
+//! `config.json` beside the weights (`n_layer`, `n_embd`, `n_head`, `vocab_size`, `n_positions`):
+//! `read_gpt2_config` reads it, `check_gpt2_config` refuses one that contradicts the tensors or
+//! describes a GPT-2 other than fourway's (tanh GELU, LayerNorm eps 1e-5, the head tied to `wte`,
+//! `n_inner` = 4·n_embd, unscaled-by-layer attention), and `write_gpt2_config` writes one with
+//! HF's keys beside a saved file, so `GPT2LMHeadModel.from_pretrained` loads any shape.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -232,6 +243,180 @@ inline auto gpt2_element_reader(const SafetensorsReader& f, const Gpt2FileInfo& 
 
 /// The metadata Hugging Face writes in a GPT-2 file.
 inline std::map<std::string, std::string> gpt2_metadata() { return {{"format", "pt"}}; }
+
+/// The GPT-2 fields of a Hugging Face `config.json` (0: the file does not give it).
+struct Gpt2JsonConfig {
+  std::filesystem::path path;
+  int n_layer = 0, n_embd = 0, n_head = 0, vocab_size = 0, n_positions = 0;
+};
+
+namespace detail {
+/// `key`'s value in the JSON object `o`, or null when absent.
+inline const StJson::Value* json_find(const StJson::Value& o, std::string_view key) {
+  for (std::size_t i = 0; i < o.keys.size(); ++i) {
+    if (o.keys[i] == key) return &o.values[i];
+  }
+  return nullptr;
+}
+/// A positive integer field of config.json, 0 when absent; anything else is refused by name.
+inline int json_positive(const StJson::Value& o, std::string_view key,
+                         const std::filesystem::path& path) {
+  const StJson::Value* v = json_find(o, key);
+  if (v == nullptr || v->kind == StJson::Kind::null) return 0;
+  const auto n = v->kind == StJson::Kind::number ? parse_u64(v->str) : std::nullopt;
+  check<CheckpointError>(n && *n > 0 && *n <= (1u << 30), "fourway: ", path.string(), ": \"", key,
+                         "\" must be a positive integer, got ", v->str);
+  return static_cast<int>(*n);
+}
+/// The text of a string field, "" when absent.
+inline std::string json_text(const StJson::Value& o, std::string_view key) {
+  const StJson::Value* v = json_find(o, key);
+  return v != nullptr && v->kind == StJson::Kind::string ? v->str : std::string();
+}
+}  // namespace detail
+
+/// `config.json` beside `weights` (Hugging Face's layout: `save_pretrained` writes the two side by
+/// side), parsed; nullopt when there is none. A file that is not JSON, or whose fields describe
+/// a GPT-2 that fourway's does not compute (another activation, LayerNorm eps, an untied head,
+/// another MLP width, attention scaled by layer), is a `CheckpointError` naming the field.
+inline std::optional<Gpt2JsonConfig> read_gpt2_config(const std::filesystem::path& weights) {
+  Gpt2JsonConfig c;
+  c.path = std::filesystem::absolute(weights).parent_path() / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(c.path, ec)) return std::nullopt;
+  std::ifstream in(c.path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  check<CheckpointError>(in.good() || in.eof(), "fourway: cannot read ", c.path.string());
+  const std::string doc = text.str();
+  check<CheckpointError>(doc.size() <= (1u << 20), "fourway: ", c.path.string(), " is ", doc.size(),
+                         " bytes; a GPT-2 config.json is a few hundred");
+  detail::StJson::Value o;
+  try {
+    o = detail::StJson(doc, c.path.string(), 8, 1024).parse_document();
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(
+        detail::cat("fourway: ", c.path.string(), " is not valid JSON (", e.what(), ")"));
+  }
+  check<CheckpointError>(o.kind == detail::StJson::Kind::object, "fourway: ", c.path.string(),
+                         " is not a JSON object");
+  const std::string src = c.path.string();
+  c.n_layer = detail::json_positive(o, "n_layer", c.path);
+  c.n_embd = detail::json_positive(o, "n_embd", c.path);
+  c.n_head = detail::json_positive(o, "n_head", c.path);
+  c.vocab_size = detail::json_positive(o, "vocab_size", c.path);
+  c.n_positions = detail::json_positive(o, "n_positions", c.path);
+  const std::string type = detail::json_text(o, "model_type");
+  check<CheckpointError>(type.empty() || type == "gpt2", "fourway: ", src, " describes a \"", type,
+                         "\" model; fourway reads GPT-2 (model_type \"gpt2\")");
+  const std::string act = detail::json_text(o, "activation_function");
+  check<CheckpointError>(act.empty() || act == "gelu_new" || act == "gelu_pytorch_tanh",
+                         "fourway: ", src, ": activation_function \"", act,
+                         "\" is not the tanh GELU fourway's GPT-2 computes (gelu_new)");
+  if (const auto* eps = detail::json_find(o, "layer_norm_epsilon");
+      eps != nullptr && eps->kind == detail::StJson::Kind::number) {
+    const double e = std::strtod(eps->str.c_str(), nullptr);
+    check<CheckpointError>(std::fabs(e - 1e-5) <= 1e-12, "fourway: ", src, ": layer_norm_epsilon ",
+                           eps->str, " but fourway's GPT-2 normalises with eps 1e-5");
+  }
+  const auto flag = [&](std::string_view key) {
+    const auto* v = detail::json_find(o, key);
+    return v != nullptr && v->kind == detail::StJson::Kind::boolean
+               ? std::optional(v->str == "true")
+               : std::nullopt;
+  };
+  check<CheckpointError>(flag("tie_word_embeddings").value_or(true), "fourway: ", src,
+                         ": tie_word_embeddings is false, but fourway's GPT-2 ties its head to "
+                         "wte");
+  check<CheckpointError>(!flag("scale_attn_by_inverse_layer_idx").value_or(false), "fourway: ", src,
+                         ": scale_attn_by_inverse_layer_idx is true; fourway's attention "
+                         "scales by 1/sqrt(head size) alone");
+  check<CheckpointError>(flag("scale_attn_weights").value_or(true), "fourway: ", src,
+                         ": scale_attn_weights is false; fourway's attention scales by "
+                         "1/sqrt(head size)");
+  const int inner = detail::json_positive(o, "n_inner", c.path);
+  check<CheckpointError>(inner == 0 || c.n_embd == 0 || inner == 4 * c.n_embd, "fourway: ", src,
+                         ": n_inner ", inner,
+                         " but fourway's GPT-2 MLP is 4 x n_embd = ", 4 * c.n_embd, " wide");
+  return c;
+}
+
+/// Refuses a `config.json` whose shape contradicts the tensors of the file beside it (`info`),
+/// naming the field, both values and both files.
+inline void check_gpt2_config(const Gpt2FileInfo& info, const Gpt2JsonConfig& c,
+                              const std::string& weights) {
+  const auto same = [&](const char* key, std::int64_t json, std::int64_t tensors,
+                        const char* what) {
+    check<CheckpointError>(json == 0 || json == tensors, "fourway: ", c.path.string(), " says ",
+                           key, " ", json, " but ", weights, " has ", what, " ", tensors,
+                           "; the two describe different models");
+  };
+  same("n_layer", c.n_layer, info.layers, "blocks:");
+  same("n_embd", c.n_embd, info.dim, "width");
+  same("vocab_size", c.vocab_size, info.vocab, "vocabulary");
+  same("n_positions", c.n_positions, info.context, "context");
+  check<CheckpointError>(c.n_head == 0 || info.dim % c.n_head == 0, "fourway: ", c.path.string(),
+                         " says n_head ", c.n_head, ", which does not divide the width ", info.dim);
+}
+
+/// `config.json` of a GPT-2 of shape `cfg` with Hugging Face's keys (`GPT2Config`): what
+/// `GPT2LMHeadModel.from_pretrained` needs to rebuild fourway's model — tanh GELU, eps 1e-5, the
+/// tied head, no dropout (fourway has none), `bos`/`eos` the last token as GPT-2's
+/// <|endoftext|> — and `torch_dtype`, the saved tensors' ("float32", "bfloat16", "float16").
+inline std::string gpt2_config_json(const models::GptConfig& cfg, std::string_view torch_dtype) {
+  std::ostringstream j;
+  j << "{\n"
+    << "  \"activation_function\": \"gelu_new\",\n"
+    << "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+    << "  \"attn_pdrop\": 0.0,\n"
+    << "  \"bos_token_id\": " << cfg.vocab - 1 << ",\n"
+    << "  \"embd_pdrop\": 0.0,\n"
+    << "  \"eos_token_id\": " << cfg.vocab - 1 << ",\n"
+    << "  \"initializer_range\": 0.02,\n"
+    << "  \"layer_norm_epsilon\": 1e-05,\n"
+    << "  \"model_type\": \"gpt2\",\n"
+    << "  \"n_ctx\": " << cfg.max_seq << ",\n"
+    << "  \"n_embd\": " << cfg.dim << ",\n"
+    << "  \"n_head\": " << cfg.heads << ",\n"
+    << "  \"n_inner\": null,\n"
+    << "  \"n_layer\": " << cfg.layers << ",\n"
+    << "  \"n_positions\": " << cfg.max_seq << ",\n"
+    << "  \"reorder_and_upcast_attn\": false,\n"
+    << "  \"resid_pdrop\": 0.0,\n"
+    << "  \"scale_attn_by_inverse_layer_idx\": false,\n"
+    << "  \"scale_attn_weights\": true,\n"
+    << "  \"tie_word_embeddings\": true,\n"
+    << "  \"torch_dtype\": \"" << torch_dtype << "\",\n"
+    << "  \"use_cache\": true,\n"
+    << "  \"vocab_size\": " << cfg.vocab << "\n"
+    << "}\n";
+  return j.str();
+}
+
+/// Hugging Face's name of the element type `T` of saved tensors (`torch_dtype`).
+template <class T>
+constexpr std::string_view torch_dtype_name() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return "bfloat16";
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    return "float16";
+  } else {
+    return "float32";
+  }
+}
+
+/// Writes `gpt2_config_json(cfg, torch_dtype)` as `config.json` beside `weights` (one per folder:
+/// a second model saved into the same folder replaces it). Returns its path.
+inline std::filesystem::path write_gpt2_config(const std::filesystem::path& weights,
+                                               const models::GptConfig& cfg,
+                                               std::string_view torch_dtype) {
+  const auto path = std::filesystem::absolute(weights).parent_path() / "config.json";
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << gpt2_config_json(cfg, torch_dtype);
+  out.close();
+  check<CheckpointError>(out.good(), "fourway: cannot write ", path.string());
+  return path;
+}
 
 /// Copies every parameter of `model` (HF names via `visit_parameters`) from `f`, converting to
 /// the model's element type. The model must have the shape `inspect_gpt2(f)` reports.
