@@ -191,6 +191,11 @@ inline void refuse_unless(bool ok, const Options& o, const char* flag, const std
 
 /// --backend: what this build runs.
 inline void check_backend(const Options& o, const TargetTraits& t) {
+  // --check first: its refusal says what works, whatever this build links
+  fw::check<fw::ConfigError>(!o.check || o.local_world(),
+                             "fourway: --check runs the mesh on LocalWorld threads (--backend "
+                             "local or strict, the same algorithms); drop --backend ",
+                             o.backend);
   if (o.backend == "nccl") {
     fw::check<fw::ConfigError>(t.on_device,
                                "fourway: --backend nccl needs the CUDA build, fourway-train-cuda "
