@@ -191,7 +191,8 @@ inline void refuse_unless(bool ok, const Options& o, const char* flag, const std
 
 /// --backend: what this build runs.
 inline void check_backend(const Options& o, const TargetTraits& t) {
-  // --check first: its refusal says what works, whatever this build links
+  // --check's backend first (its only check of it): its refusal says what works, whatever this
+  // build links
   fw::check<fw::ConfigError>(!o.check || o.local_world(),
                              "fourway: --check runs the mesh on LocalWorld threads (--backend "
                              "local or strict, the same algorithms); drop --backend ",
@@ -344,10 +345,6 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
   if (path == Path::check) {
     fw::check<fw::ConfigError>(t.has_check,
                                "fourway: --check runs in the host build, fourway-train");
-    fw::check<fw::ConfigError>(o.local_world(), "fourway: --check runs the mesh on LocalWorld ",
-                               "threads (--backend local or strict, the same algorithms); drop "
-                               "--backend ",
-                               o.backend);
     fw::check<fw::ConfigError>(o.steps >= 1, "fourway: --check needs --steps >= 1");
     for (const char* flag :
          {"log-json", "save", "save-dir", "resume", "memory-report", "quiet", "trace"}) {

@@ -406,7 +406,8 @@ class LocalComm : private detail::LocalMailbox {
       try {
         // a world that failed (a rank threw, or the strict world declared a deadlock) starts
         // nothing more: its rank may already be unwinding and freeing this operation's buffers
-        {
+        // (only a strict world declares deadlocks: a lenient one's tasks take no lock here)
+        if (world->strict || world->aborted.load()) {
           std::lock_guard lock(world->mu);
           if (!world->deadlock.empty()) throw CommDeadlock(world->deadlock);
           check<CommError>(!world->aborted.load(), "fourway: a queued operation of ",
