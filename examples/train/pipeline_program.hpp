@@ -2,9 +2,9 @@
 // includes it), on fw::MeshStrategy over fw::Mesh<[TensorParallel,] Pipeline, DataParallel |
 // Sharded<Z>>: S stages, each split over N tensor-parallel ranks, in D replicas (N·S·D ranks of
 // --backend local or mpi), a schedule table checked before the first step, each rank building
-// (and with --init-from loading) only its own layers and slices, --save gathering the unsplit
-// model on rank 0 into one ordinary GPT-2 file, and --trace writing the ranks' actions as Chrome
-// trace events. docs/pipeline.md, docs/mesh.md.
+// (and with --init-from loading) only its own layers and slices, --save writing one ordinary
+// GPT-2 file in which every rank writes only the elements it owns, and --trace writing the ranks'
+// actions as Chrome trace events. docs/pipeline.md, docs/mesh.md.
 #pragma once
 
 #include <algorithm>
@@ -37,43 +37,6 @@
 #include "fourway/train/trainer.hpp"
 
 namespace fourway_train {
-
-/// Gathers every chunk's parameters on pipeline rank 0 into one whole model and saves it there.
-/// A collective over the pipeline group.
-template <class T, class B, class S, class Comm>
-void save_pipeline(const fw::Context<B>& ctx, S& strategy, Comm& pp,
-                   const fw::models::GptConfig& cfg, std::uint64_t seed, const std::string& path) {
-  using Model = fw::models::Gpt<T, B>;
-  const auto& table = strategy.table();
-  const int me = pp.rank();
-  constexpr int tag_base = 30000;  // above the schedule tags, below MPI's guaranteed 32767
-  if (me != 0) {
-    for (int c = 0; c < table.chunks(); ++c) {
-      if (table.rank_of(c) != me) continue;
-      strategy.chunk(c)->visit_parameters(
-          [&](fw::Parameter<T, B>& p) { pp.send(p.weight.data(), p.numel(), 0, tag_base + c); });
-    }
-    return;
-  }
-  Model whole(ctx, cfg, seed);
-  std::map<std::string, fw::Parameter<T, B>*> by_name;
-  whole.visit_parameters([&](fw::Parameter<T, B>& p) { by_name[p.name] = &p; });
-  for (int c = 0; c < table.chunks(); ++c) {
-    std::optional<Model> remote;
-    Model* chunk = strategy.chunk(c);
-    if (chunk == nullptr) {
-      remote.emplace(ctx, cfg, seed, strategy.partition().part(c));
-      remote->visit_parameters([&](fw::Parameter<T, B>& p) {
-        pp.recv(p.weight.data(), p.numel(), table.rank_of(c), tag_base + c);
-      });
-      chunk = &*remote;
-    }
-    chunk->visit_parameters([&](fw::Parameter<T, B>& p) {
-      fw::Ops<B>::copy(ctx, by_name.at(p.name)->weight.data(), p.weight.data(), p.numel());
-    });
-  }
-  fw::save_gpt2(ctx, whole, path);
-}
 
 /// Chrome trace event format (chrome://tracing, Perfetto): one track (tid) per rank, one complete
 /// event ("ph":"X", microseconds) per compute action, p2p group, collective of the step and the
@@ -256,25 +219,6 @@ inline fw::MeshOptions mesh_options(const Options& o) {
   return mo;
 }
 
-/// The unsplit model (`MeshStrategy::full_parameters`, Hugging Face order) as a GPT-2 file.
-template <class T>
-void save_full(const fw::models::GptConfig& cfg, const std::vector<fw::NamedTensor>& full,
-               const std::string& path) {
-  fw::SafetensorsWriter out;
-  out.set_metadata("format", "pt");
-  const auto table = fw::tp::gpt_placements(cfg, 1, 1);  // names and unsplit shapes
-  fw::check<fw::ConfigError>(table.size() == full.size(), "fourway: saving ", full.size(),
-                             " tensors of a model that has ", table.size());
-  for (std::size_t i = 0; i < table.size(); ++i) {
-    fw::check<fw::ConfigError>(table[i].name == full[i].name, "fourway: saving ", full[i].name,
-                               " where the model has ", table[i].name);
-    std::vector<T> host(full[i].values.size());
-    for (std::size_t k = 0; k < host.size(); ++k) host[k] = fw::convert<T>(full[i].values[k]);
-    out.add<T>(table[i].name, fw::detail::hf_shape(table[i]), std::span<const T>(host));
-  }
-  out.write(path);
-}
-
 template <class Target, class T, class W, int Zero, bool Tp = false>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
@@ -301,7 +245,6 @@ void train_pipeline_ranks(const Options& o) {
     Comm& pp = groups.pp();
     Comm& dp = groups.dp();
     const auto coord = mesh.coord_of(w.rank());
-    const bool replica0 = coord.dp == 0;
     if constexpr (B::on_device) {
       tpg.set_stream(ctx.stream());
       pp.set_stream(ctx.stream());
@@ -490,19 +433,7 @@ void train_pipeline_ranks(const Options& o) {
                     idle.measured[u], idle.predicted[u], idle.replayed[u]);
       }
     }
-    if (!o.save.empty()) {
-      if constexpr (Tp) {  // gathered over tp, then over pp (a collective over the whole mesh)
-        const auto full = st.full_parameters();
-        if (lead) save_full<T>(cfg, full, o.save);
-      } else {
-        // ZeRO-3: every replica gathers its stage's weights over dp for the call
-        st.with_gathered_parameters([&] {
-          if (replica0) save_pipeline<T>(ctx, st, pp, cfg, o.seed, o.save);
-        });
-      }
-      if (lead) std::printf("saved %s\n", o.save.c_str());
-      save_config<T>(o, cfg, lead);
-    }
+    save_weights<T>(trainer.strategy(), cfg, w.rank(), flags, o);  // each rank what it owns
     print_memory_report(o, w, ctx, lead);  // every rank's, whole-run peaks (save included)
     w.comm().barrier();
   };

@@ -51,6 +51,7 @@
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
 #include "fourway/train/trainer.hpp"
+#include "fourway/train/weights_save.hpp"
 #include "options.hpp"
 #include "validate.hpp"
 
@@ -293,6 +294,26 @@ void save_config(const Options& o, const fw::models::GptConfig& cfg, bool lead) 
   const auto path = fw::write_gpt2_config(o.save, cfg, fw::torch_dtype_name<T>());
   std::printf("  %s: n_layer %d, n_embd %d, n_head %d, vocab_size %d, n_positions %d\n",
               path.string().c_str(), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.max_seq);
+}
+
+/// --save on a mesh: every rank writes the elements it owns into one Hugging Face file, nothing
+/// gathered (train/weights_save.hpp), then config.json. A collective of the whole mesh; the lead
+/// says how the file's bytes were shared out (every rank's count, over `flags`).
+template <class T, class Strategy>
+void save_weights(Strategy& s, const fw::models::GptConfig& cfg, int rank,
+                  const fw::FlagGather& flags, const Options& o) {
+  if (o.save.empty()) return;
+  const auto t0 = Clock::now();
+  const std::uint64_t wrote = fw::save_gpt2_sharded(s, cfg, rank, flags, o.save);
+  const double secs = seconds_since(t0);
+  const std::vector<std::int64_t> all = flags(static_cast<std::int64_t>(wrote));
+  if (rank == 0) {
+    std::printf("saved %s in %.3f s on %zu ranks, each writing what it owns (B per rank:",
+                o.save.c_str(), secs, all.size());
+    for (const std::int64_t b : all) std::printf(" %lld", static_cast<long long>(b));
+    std::printf(")\n");
+  }
+  save_config<T>(o, cfg, rank == 0);
 }
 
 template <class Target, class T>
@@ -579,17 +600,7 @@ void train_ranks(const Options& o) {
       progress.finish();
       print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
-    if (!o.save.empty()) {  // every rank writes its own elements into one file; nothing gathered
-      const auto t0 = Clock::now();
-      const std::uint64_t wrote =
-          fw::save_gpt2_sharded(trainer.strategy(), w.rank(), flags, o.save);
-      const double s = seconds_since(t0);
-      if (lead) {
-        std::printf("saved %s in %.3f s on %d ranks (rank 0 wrote %llu B of it)\n", o.save.c_str(),
-                    s, n, static_cast<unsigned long long>(wrote));
-      }
-      save_config<T>(o, cfg, lead);
-    }
+    save_weights<T>(trainer.strategy(), cfg, w.rank(), flags, o);
     if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
       std::vector<fw::MemorySnapshot> mems;
       if constexpr (std::is_same_v<W, fw::LocalWorld>) {

@@ -162,14 +162,7 @@ void train_tp_ranks(const Options& o) {
       progress.finish();
       print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
-    if (!o.save.empty()) {
-      const auto full = model.gather_over_tp(ctx, trainer.strategy().gather_full_parameters());
-      if (lead) {
-        fw::save_gpt2_tp(model, full, o.save);
-        std::printf("saved %s\n", o.save.c_str());
-      }
-      save_config<T>(o, cfg, lead);
-    }
+    save_weights<T>(trainer.strategy(), cfg, w.rank(), flags, o);  // each rank its slices
     print_memory_report(o, w, ctx, lead);  // every rank's, whole-run peaks (save included)
     world.barrier();  // no rank tears down its communicators while others still use them
   };

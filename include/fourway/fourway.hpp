@@ -142,6 +142,7 @@
 #include "fourway/train/trainer.hpp"
 #include "fourway/train/unicode_classes.hpp"
 #include "fourway/train/utf8.hpp"
+#include "fourway/train/weights_save.hpp"
 
 // The programs' command-line parser and progress bar (namespace fourway::tools, not the library).
 #include "fourway/tools/cli.hpp"

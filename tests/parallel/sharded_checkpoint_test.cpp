@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
+#include "fourway/train/weights_save.hpp"
 #include "parallel_harness.hpp"
 
 namespace {
@@ -63,7 +64,8 @@ std::vector<Io> load_and_save(int ranks, const std::filesystem::path& load,
       fw::load_gpt2_sharded(strategy, f);
       out[static_cast<std::size_t>(w.rank())].bytes_read = f.bytes_read();
     }
-    (void)fw::save_gpt2_sharded(strategy, w.rank(), fw::flag_gather(w.ctx(), dp), save);
+    (void)fw::save_gpt2_sharded(strategy, harness::tiny_gpt(), w.rank(),
+                                fw::flag_gather(w.ctx(), dp), save);
   });
   return out;
 }

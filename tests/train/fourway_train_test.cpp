@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/checkpoint/state_dir.hpp"
 #include "fourway/train/token_data.hpp"
@@ -369,12 +370,20 @@ TEST(FourwayTrain, TensorParallelAndPipelineRanksHonourTheCap) {
   }
 }
 
+/// The data flags of the save tests below, and the file they compare with: 2 blocks of width 48
+/// trained 2 steps from seed 5 on one rank and saved by the one-process writer, at `a`.
+const std::string share_data = " --data '" + tokens.string() + "' --seq 8 --batch 8 --quiet";
+void save_one_rank_file(const std::filesystem::path& a) {
+  const ProgramRun r = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 2 --seed 5 --save '" +
+                           a.string() + "'" + share_data);
+  ASSERT_EQ(r.status, 0) << r.err;
+}
+
 TEST(FourwayTrain, EightRanksReadTheirShareAndSaveTheOneRankFile) {
   const auto a = scratch("share_a.safetensors"), b = scratch("share_b.safetensors");
-  const auto data = " --data '" + tokens.string() + "' --seq 8 --batch 8 --quiet";
-  ProgramRun r = run("--layers 2 --dim 48 --heads 6 --vocab 64 --steps 2 --seed 5 --save '" +
-                     a.string() + "'" + data);  // one rank, the one-process writer
-  ASSERT_EQ(r.status, 0) << r.err;
+  const auto& data = share_data;
+  ASSERT_NO_FATAL_FAILURE(save_one_rank_file(a));
+  ProgramRun r;
   const auto file = fw::SafetensorsFile::read(a);
   const std::uint64_t size = std::filesystem::file_size(a);
   const std::uint64_t header = file.data_offset();
@@ -402,6 +411,103 @@ TEST(FourwayTrain, EightRanksReadTheirShareAndSaveTheOneRankFile) {
       }
       EXPECT_EQ(seen, ranks) << r.out;
     }
+  }
+}
+
+/// The bytes every rank wrote, from the line --save prints ("... (B per rank: 10 20 ...)").
+std::vector<std::int64_t> bytes_per_rank(const std::string& out) {
+  std::vector<std::int64_t> v;
+  const std::size_t at = out.find("B per rank:");
+  if (at == std::string::npos) return v;
+  std::istringstream in(out.substr(at + 11, out.find(')', at) - at - 11));
+  for (std::int64_t b = 0; in >> b;) v.push_back(b);
+  return v;
+}
+
+// --save on tensor-, pipeline-parallel and 3D meshes (with every ZeRO stage on the way) writes the
+// one-rank file byte for byte, every rank writing only what it owns: each rank writes something,
+// no rank more than twice an even share, and the counts add up to the file's tensor bytes (every
+// element once). Before, these meshes gathered the whole model and one rank wrote all of it.
+TEST(FourwayTrain, EveryMeshSavesTheOneRankFileEachRankWritingWhatItOwns) {
+  const auto a = scratch("mesh_save_a.safetensors"), b = scratch("mesh_save_b.safetensors");
+  ASSERT_NO_FATAL_FAILURE(save_one_rank_file(a));
+  const auto file = fw::SafetensorsFile::read(a);
+  const auto data_bytes =
+      static_cast<std::int64_t>(std::filesystem::file_size(a) - file.data_offset());
+  const std::vector<std::pair<std::string, int>> meshes = {
+      {"--tp 2", 2},
+      {"--pp 2 --micro-batches 2", 2},
+      {"--tp 2 --zero 1", 4},
+      {"--pp 2 --micro-batches 2 --zero 2", 4},
+      {"--tp 2 --pp 2 --micro-batches 2 --zero 3", 8},
+      {"--tp 2 --pp 2 --micro-batches 2 --zero 0", 8},
+  };
+  for (const auto& [mesh, ranks] : meshes) {
+    SCOPED_TRACE(mesh + " --ranks " + std::to_string(ranks));
+    std::filesystem::remove(b);
+    const ProgramRun r =
+        run("--init-from '" + a.string() + "' --heads 6 --steps 0 " + mesh + " --ranks " +
+            std::to_string(ranks) + " --save '" + b.string() + "'" + share_data);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(slurp(a), slurp(b)) << "load -> save reproduces the file byte for byte";
+    const auto wrote = bytes_per_rank(r.out);
+    ASSERT_EQ(wrote.size(), static_cast<std::size_t>(ranks)) << r.out;
+    std::int64_t sum = 0;
+    for (const std::int64_t w : wrote) {
+      EXPECT_GT(w, 0) << r.out;
+      EXPECT_LE(w, 2 * data_bytes / ranks) << r.out;
+      sum += w;
+    }
+    EXPECT_EQ(sum, data_bytes) << r.out;
+  }
+}
+
+// When the model does not fit: tensor-parallel, pipeline and 3D meshes of 8 ranks under ZeRO-3
+// train, checkpoint (--save-dir) and save (--save) under a per-rank cap below the whole model's
+// fp32 weights, 4Ψ (what the old --save gathered on every rank). The cap is enforced on every
+// allocation the accountant counts, the save's staging included; each rank's whole-run peak is
+// read back from the memory report.
+TEST(FourwayTrain, ThreeDMeshesTrainAndSaveUnderACapBelowTheWholeModel) {
+  const std::int64_t C = 256, V = 1024, T = 16, L = 4;
+  const std::int64_t psi = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const std::int64_t cap = 4 * psi * 98 / 100;
+  std::ostringstream gb;
+  gb.precision(12);
+  gb << static_cast<double>(cap) / 1e9;
+  for (const std::string mesh :
+       {"--tp 2", "--pp 4 --micro-batches 4", "--tp 2 --pp 2 --micro-batches 2"}) {
+    SCOPED_TRACE(mesh);
+    const auto saved = scratch("capped.safetensors");
+    const auto dir = scratch("capped_ckpt");
+    std::filesystem::remove(saved);
+    std::filesystem::remove_all(dir);
+    const ProgramRun r =
+        run("--layers 4 --dim 256 --heads 4 --vocab 1024 --seq 16 --batch 8 --steps 2 "
+            "--precision bf16 --ranks 8 --zero 3 --quiet --memory-report --memory-cap-gb " +
+            gb.str() + " " + mesh + " --save '" + saved.string() + "' --save-dir '" + dir.string() +
+            "'");
+    ASSERT_EQ(r.status, 0) << r.err << r.out;
+    EXPECT_EQ(fw::SafetensorsFile::read(saved).entries().size(),
+              fw::gpt2_tensor_shapes(L, C, V, T).size());
+    EXPECT_EQ(bytes_per_rank(r.out).size(), 8u) << r.out;
+    int checkpoints = 0;  // --save-dir wrote the last step's
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      checkpoints += e.path().filename().string().rfind("step-", 0) == 0 ? 1 : 0;
+    }
+    EXPECT_EQ(checkpoints, 1) << r.out;
+    // the report after the save: every rank's "total  current  peak  MiB" row
+    const std::size_t report = r.out.rfind("saved ");
+    ASSERT_NE(report, std::string::npos) << r.out;
+    int rows = 0;
+    for (std::size_t at = report; (at = r.out.find("\ntotal ", at)) != std::string::npos; ++at) {
+      std::istringstream row(r.out.substr(at + 7, 80));
+      double current = 0, peak = 0;
+      row >> current >> peak;
+      EXPECT_LE(peak, static_cast<double>(cap)) << r.out;
+      EXPECT_GT(peak, static_cast<double>(16 * psi / 8)) << "more than the states at rest";
+      ++rows;
+    }
+    EXPECT_EQ(rows, 8) << r.out;
   }
 }
 

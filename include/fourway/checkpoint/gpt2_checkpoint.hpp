@@ -102,11 +102,6 @@ struct Gpt2FileInfo {
 };
 
 namespace detail {
-inline std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + ")";
-}
 inline bool is_gpt2_buffer(std::string_view rest) {
   // h.{i}.attn.bias / h.{i}.attn.masked_bias: the causal mask HF registers as a buffer
   if (rest.substr(0, 2) != "h.") return false;
@@ -472,15 +467,14 @@ void add_gpt2_tensors(const Context<B>& ctx, Model& model, SafetensorsWriter& w)
   });
 }
 
-/// The tensors of `model`'s GPT-2 file (HF names, the model's element type, visit order), for
-/// `write_safetensors_collective`, with HF's metadata.
-template <class Model>
-std::vector<CollectiveTensor> gpt2_collective_tensors(Model& model) {
+/// The tensors of a GPT-2 file of `T` for `cfg` (HF names and shapes, in the order `save_gpt2`
+/// writes them), for `write_safetensors_collective` with `gpt2_metadata()`.
+template <class T>
+std::vector<CollectiveTensor> gpt2_file_tensors(const models::GptConfig& cfg) {
   std::vector<CollectiveTensor> out;
-  model.visit_parameters([&](auto& p) {
-    using T = typename std::remove_cvref_t<decltype(p.weight)>::value_type;
-    out.push_back(CollectiveTensor{p.name, st_dtype_of<T>(), detail::file_shape(p)});
-  });
+  for (auto& [name, shape] : gpt2_tensor_shapes(cfg.layers, cfg.dim, cfg.vocab, cfg.max_seq)) {
+    out.push_back(CollectiveTensor{name, st_dtype_of<T>(), shape});
+  }
   return out;
 }
 
@@ -497,31 +491,6 @@ void save_gpt2(const Context<B>& ctx, Model& model, const std::filesystem::path&
 template <class Strategy>
 void load_gpt2_sharded(Strategy& strategy, const SafetensorsReader& f) {
   strategy.load_weights(gpt2_element_reader(f, inspect_gpt2(f)));
-}
-
-/// Saves the weights a data-parallel strategy holds as one GPT-2 file, byte-identical to
-/// `save_gpt2` of the same weights: each rank writes only the elements it owns
-/// (`write_owned_weights`, `write_safetensors_collective`); nothing is gathered. A collective of
-/// the group `flags` agree over. Returns the bytes this rank wrote.
-template <class Strategy>
-std::uint64_t save_gpt2_sharded(Strategy& strategy, int rank, const FlagGather& flags,
-                                const std::filesystem::path& path) {
-  using T = typename Strategy::param_type;
-  const auto tensors = gpt2_collective_tensors(strategy.model());
-  return write_safetensors_collective(
-      rank, flags, path, gpt2_metadata(), tensors, [&](PieceSink& sink) {
-        strategy.write_owned_weights([&](int param, std::int64_t first, const T* host,
-                                         std::int64_t count) {
-          // padding rows (past the file's elements) are not written
-          std::int64_t file_numel = 1;
-          for (std::int64_t d : tensors[static_cast<std::size_t>(param)].shape) file_numel *= d;
-          count = std::clamp<std::int64_t>(file_numel - first, 0, count);
-          if (count == 0) return;
-          sink.write(static_cast<std::size_t>(param), static_cast<std::uint64_t>(first) * sizeof(T),
-                     std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(host),
-                                                    static_cast<std::size_t>(count) * sizeof(T)));
-        });
-      });
 }
 
 }  // namespace fourway

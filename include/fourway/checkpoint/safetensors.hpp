@@ -51,6 +51,12 @@ enum class StDtype : std::uint8_t {
 };
 
 namespace detail {
+/// "(2, 3)": a shape as the error messages print it.
+inline std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string r = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + ")";
+}
 struct StDtypeInfo {
   StDtype dtype;
   std::string_view name;
@@ -125,11 +131,7 @@ struct SafetensorsEntry {
     for (auto d : shape) n *= d;
     return n;
   }
-  [[nodiscard]] std::string shape_str() const {
-    std::string s = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + ")";
-  }
+  [[nodiscard]] std::string shape_str() const { return detail::shape_text(shape); }
 };
 
 namespace detail {

@@ -2,13 +2,12 @@
 //! written through the placement table (parallel/tp/placement.hpp).
 //!
 //! Load: every rank reads from the file (positioned reads, `SafetensorsReader`) only the runs
-//! of elements its table entry names. Save: the slices are gathered
-//! over the tensor-parallel group (`tp::Gpt::gather_over_tp`, the vocabulary padding dropped) and
-//! one rank writes the file that `load_gpt2` of the one-rank model reads.
+//! of elements its table entry names. Save: every rank writes only the runs it owns, through the
+//! strategy's checkpoint runs (train/weights_save.hpp), the file `load_gpt2` of the one-rank
+//! model reads.
 #pragma once
 
 #include <filesystem>
-#include <span>
 #include <vector>
 
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
@@ -46,22 +45,6 @@ void load_gpt2_tp(const Context<B>& ctx, const SafetensorsReader& f, tp::Gpt<T, 
     }
     f.read_elements(*e, first, count, out);
   });
-}
-
-/// Writes the full tensors `full` (from `model.gather_over_tp`, visit order) as a GPT-2 file in
-/// the model's element type.
-template <class T, class B, class Comm>
-void save_gpt2_tp(const tp::Gpt<T, B, Comm>& model, const std::vector<std::vector<float>>& full,
-                  const std::filesystem::path& path) {
-  SafetensorsWriter w;
-  w.set_metadata("format", "pt");
-  const auto& table = model.placements();
-  for (std::size_t i = 0; i < table.size(); ++i) {
-    std::vector<T> host(full[i].size());
-    for (std::size_t k = 0; k < host.size(); ++k) host[k] = convert<T>(full[i][k]);
-    w.add<T>(table[i].name, detail::hf_shape(table[i]), std::span<const T>(host));
-  }
-  w.write(path);
 }
 
 }  // namespace fourway

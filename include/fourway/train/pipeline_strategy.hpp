@@ -429,6 +429,10 @@ class PipelineStrategy {
   void sync_loaded_state() {
     if constexpr (dp_policy::shards_optimizer_state) sharded_->sync_loaded_state();
   }
+  /// Waits for what the data-parallel reduction still has queued (train/weights_save.hpp).
+  void wait_idle() {
+    if constexpr (dp_policy::shards_optimizer_state) sharded_->wait_idle();
+  }
   /// Every parameter this rank holds, chunk by chunk in model order (the tied `wte` once per
   /// chunk that holds it).
   template <class F>

@@ -122,6 +122,7 @@ class ShardedStrategy {
         rank_(comm.rank()),
         size_(comm.size()),
         params_(model, Stage, size_, options.bucket_bytes),
+        model_grads_released_(release_model_grads()),
         owner_rank_(policy::shards_optimizer_state ? rank_ : 0),
         tiles_(shard_tiles()),
         state_(ctx, state_segments()),
@@ -237,20 +238,9 @@ class ShardedStrategy {
     }
   }
 
-  /// Hands every element this rank writes to a checkpoint to `put(param, first, host, count)`
-  /// (parameter index in `visit_parameters` order, its first element, a host buffer of `count`
-  /// elements, at most 2^16): the rank's own shard under stages 1-3, its 1/N of every parameter
-  /// under stage 0. Over all ranks, every element exactly once; nothing is gathered.
-  template <class Put>
-  void write_owned_weights(Put&& put) {
-    queue_.wait_all();
-    std::vector<T> host;
-    for_each_owned_run(true, [&](const FlatSlot& slot, std::int64_t first, T* at, std::int64_t n) {
-      host.resize(static_cast<std::size_t>(n));
-      ops::to_host(*ctx_, host.data(), at, n);
-      put(slot.param, first, host.data(), n);
-    });
-  }
+  /// Waits for every operation the strategy queued (the working weights' all-gather of ZeRO-1/2
+  /// after a step): what `checkpoint_runs` points at is then final (train/weights_save.hpp).
+  void wait_idle() { queue_.wait_all(); }
 
   /// Checkpoints (state_runs.hpp): hands this rank's optimizer state to `put(tensor, first,
   /// values)` — its shard under stages 1-3, its 1/N of every parameter under stage 0, so over
@@ -420,9 +410,17 @@ class ShardedStrategy {
     return out;
   }
 
+  /// A materialised model's own gradients (zeros; the reducer binds its buffers in their place)
+  /// are freed before the strategy allocates anything, so construction never holds both.
+  bool release_model_grads() {
+    for (int s = 0; s < params_.segment_count(); ++s) params_.bind_grads(s, nullptr);
+    return true;
+  }
+
   /// The working weights (stages 0-2: every weight, Ψ'; stage 3: the rank's shard, Ψ'/N),
   /// copied from the model's own storage or, for a deferred model, computed from the init rules
   /// (only the rank's own elements under stage 3), and the fp32 masters initialised from them.
+  /// The model's own weight storage is freed once copied (the constructor binds the parameters).
   Tensor<T, B> place_weights() {
     const FlatLayout& l = layout();
     Tensor<T, B> w(Shape{policy::shards_params ? l.shard() : l.padded()}, MemTag::weights,
@@ -441,6 +439,7 @@ class ShardedStrategy {
                              t.flat_offset - slot.offset, t.count);
       }
     }
+    for (int s = 0; s < params_.segment_count(); ++s) params_.bind_weights(s, nullptr);
     for (std::size_t i = 0; i < tiles_.size(); ++i) {
       state_.init_master(
           *ctx_, i,
@@ -565,6 +564,7 @@ class ShardedStrategy {
   int rank_;
   int size_;
   ParameterLayout<T, B> params_;
+  bool model_grads_released_;  // before anything below is allocated (release_model_grads)
   int owner_rank_;
   std::vector<Tile> tiles_;
   MasterState<T, B> state_;
