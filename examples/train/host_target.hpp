@@ -22,6 +22,12 @@ struct HostTarget {
                                        const Options& /*o*/) {
     return fw::Context<fw::Host>(m);
   }
+  /// No peak FLOP/s is known for a CPU: the MFU needs --peak-tflops (of the whole machine, which
+  /// all the ranks share: one device).
+  static double peak_tflops(const Options& /*o*/) { return 0.0; }
+  static int devices(const Options& /*o*/, int /*ranks*/) { return 1; }
+  /// No GPU memory to report.
+  static constexpr double (*device_memory_in_use)() = nullptr;
   /// The host has no default cap: only --memory-cap-gb sets one.
   static std::size_t default_memory_cap(int /*device*/) { return 0; }
   /// --backend mpi (validate.hpp refused every backend this build cannot run).

@@ -52,7 +52,8 @@ struct Options {
   bool save_async = false;
   std::string resume;
   bool quiet = false;
-  int profile_step = 0;  // fourway-train-cuda: the one step a profiler started off records
+  int profile_step = 0;      // fourway-train-cuda: the one step a profiler started off records
+  double peak_tflops = 0.0;  // one device's peak, for the MFU (0: the target's figure, if any)
   bool memory_report = false;
   double memory_cap_gb = 0.0;      // per rank, 1 GB = 1e9 B; 0: the target's default
   std::string block_cache = "on";  // the accountant's block cache (docs/memory.md)
@@ -150,6 +151,10 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "background while training continues (one save in flight)")
       .add("resume", &o.resume, "DIR",
            "resume from a checkpoint (or the newest under a --save-dir), on any mesh")
+      .add("peak-tflops", &o.peak_tflops, "TFLOPS",
+           "peak TFLOP/s of one device, for the MFU in the progress line and the log: model "
+           "FLOPs / (step time x peak x devices) (0: the datasheet figure of a GPU fourway "
+           "knows, in the run's precision; the host knows none)")
       .add_switch("memory-report", &o.memory_report,
                   "print every rank's per-tag memory table (whole-run peaks) at the end")
       .add("memory-cap-gb", &o.memory_cap_gb, "GB",

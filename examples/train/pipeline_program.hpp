@@ -332,7 +332,7 @@ void train_pipeline_ranks(const Options& o) {
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
-    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    const StepMeter meter = step_meter<Target>(o, cfg, n);
     double first_loss = 0.0, last_loss = 0.0;
     std::vector<TraceEvent> mine;
     const auto origin = std::chrono::steady_clock::now();
@@ -369,8 +369,7 @@ void train_pipeline_ranks(const Options& o) {
                           us(p.end) - us(p.start)});
         }
       }
-      const fw::StepRecord r =
-          step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
+      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
       save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;

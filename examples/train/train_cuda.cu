@@ -14,7 +14,10 @@
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
 #include <cuda_profiler_api.h>
 
+#include <string>
+
 #include "fourway/backend/cuda/backend.cuh"
+#include "fourway/plan/hardware.hpp"
 #include "train_program.hpp"
 #if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
 #include "fourway/comm/nccl_mpi.cuh"  // NcclWorld: mpirun, torchrun-style variables, srun
@@ -58,6 +61,34 @@ struct CudaTarget {
             : fw::cuda::detail::fused_refusal<fw::bf16>(&ctx, 1, o.seq, cfg.dim, cfg.heads);
     return why.empty() ? "fused (the tensor-core flash kernels)"
                        : "blockwise: the fused kernels refuse this model here (" + why.text() + ")";
+  }
+  /// The datasheet peak of this rank's GPU in the run's precision (dense bf16/fp16 tensor cores;
+  /// fp32 without TF32, also under --tf32), for the GPUs plan/hardware.hpp knows (A100 80 GB,
+  /// H100, H200, matched by name); 0 for another, whose MFU needs --peak-tflops.
+  static double peak_tflops(const fourway_train::Options& o) {
+    int device = 0;
+    fw::cuda::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    cudaDeviceProp prop{};
+    fw::cuda::check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    const std::string name = prop.name;
+    const char* preset = name.find("H200") != std::string::npos   ? "h200"
+                         : name.find("H100") != std::string::npos ? "h100"
+                         : name.find("A100") != std::string::npos ? "a100"
+                                                                  : "";
+    const auto hw = fw::plan::hardware_preset(preset);
+    if (!hw) return 0.0;
+    return hw->peak_tflops(o.precision == "fp32" ? fw::plan::Precision::fp32
+                                                 : fw::plan::Precision::bf16);
+  }
+  /// The GPUs a run computes on: one per rank over NCCL, one for every LocalWorld rank.
+  static int devices(const fourway_train::Options& o, int ranks) {
+    return o.backend == "nccl" ? ranks : 1;
+  }
+  /// Bytes in use on the current GPU (cudaMemGetInfo: total - free, the whole device's).
+  static double device_memory_in_use() {
+    std::size_t free = 0, total = 0;
+    fw::cuda::check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return static_cast<double>(total - free);
   }
   /// Without --memory-cap-gb a rank may use what its GPU has free when it starts.
   static std::size_t default_memory_cap(int device) { return fw::cuda::free_memory(device); }

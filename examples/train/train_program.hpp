@@ -41,6 +41,8 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/plan/architecture.hpp"
+#include "fourway/plan/step_time.hpp"
 #include "fourway/tools/cli.hpp"
 #include "fourway/tools/progress.hpp"
 #include "fourway/train/corpus.hpp"
@@ -252,17 +254,46 @@ inline fw::TrainerOptions trainer_options(const Options& o) {
   return t;
 }
 
+/// What a step's line reports beside its loss: the tokens and model FLOPs of one step, the peak
+/// FLOP/s of the devices the run computes on (0: unknown, no MFU), and the device memory in use.
+struct StepMeter {
+  double tokens_per_step = 0;
+  double model_flops_per_step = 0;  // the planner's formula (plan/step_time.hpp), no recomputation
+  double peak_flops = 0;            // FLOP/s of all the devices together
+  double (*device_memory)() = nullptr;  // bytes in use on this rank's GPU; null: none
+};
+
+/// The meter of a run of `cfg` on `ranks` ranks (on `Target::devices(o, ranks)` devices): model
+/// FLOPs per token as the planner counts them (6 per parameter of the blocks and the LM head,
+/// 12·L·T·C for attention; recomputation is not model FLOPs), times B·T; the peak from
+/// --peak-tflops, else the target's figure for its device (`Target::peak_tflops`, 0 when it does
+/// not know one).
+template <class Target>
+StepMeter step_meter(const Options& o, const fw::models::GptConfig& cfg, int ranks) {
+  StepMeter m;
+  m.tokens_per_step = static_cast<double>(o.batch) * o.seq;
+  const auto arch = fw::plan::gpt2_shape(cfg.layers, cfg.dim, cfg.heads, cfg.vocab, o.seq);
+  m.model_flops_per_step = fw::plan::flops_per_token(arch) * m.tokens_per_step;
+  const double per_device = o.peak_tflops > 0 ? o.peak_tflops : Target::peak_tflops(o);
+  m.peak_flops = per_device * 1e12 * Target::devices(o, ranks);
+  m.device_memory = Target::device_memory_in_use;
+  return m;
+}
+
 /// One step's line of the progress display and the JSON log.
 inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& rep, double ms,
-                                  double tokens_per_step, float lr) {
+                                  const StepMeter& meter, float lr) {
   fw::StepRecord r;
   r.step = step;
   r.loss = loss;
   r.grad_norm = rep.grad_norm;
   r.step_ms = ms;
-  r.tokens_per_s = tokens_per_step / (ms / 1000.0);
+  r.tokens_per_s = meter.tokens_per_step / (ms / 1000.0);
   r.lr = lr;
   r.skipped = rep.skipped;
+  r.model_flops = meter.model_flops_per_step;
+  if (meter.peak_flops > 0) r.mfu = meter.model_flops_per_step / (ms / 1000.0) / meter.peak_flops;
+  if (meter.device_memory != nullptr) r.device_memory_bytes = meter.device_memory();
   return r;
 }
 
@@ -359,7 +390,7 @@ int train(const Options& o) {
   fw::tools::Progress progress(o.steps);
   if (o.quiet) progress = fw::tools::Progress(o.steps, false, nullptr);
 
-  const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+  const StepMeter meter = step_meter<Target>(o, cfg, 1);
   double first_loss = 0.0, last_loss = 0.0;
 
   const auto loop_start = Clock::now();
@@ -373,7 +404,7 @@ int train(const Options& o) {
     const fw::StepReport& rep = trainer.last_report();
     const double ms = 1e3 * seconds_since(t0);
 
-    const fw::StepRecord r = step_record(step, loss, rep, ms, tokens_per_step, lr);
+    const fw::StepRecord r = step_record(step, loss, rep, ms, meter, lr);
     log.write(r, {&memory});
     if (!o.quiet) progress.update(r);
     if (step == resumed + 1) first_loss = loss;
@@ -528,7 +559,7 @@ void train_ranks(const Options& o) {
     std::ofstream log;
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
-    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    const StepMeter meter = step_meter<Target>(o, cfg, n);
     double first_loss = 0.0, last_loss = 0.0;
     const auto loop_start = Clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
@@ -550,8 +581,7 @@ void train_ranks(const Options& o) {
         measured = static_cast<long long>(dp.inner().traffic().total());
       }
       const double ms = 1e3 * seconds_since(t0);
-      const fw::StepRecord r =
-          step_record(step, loss, trainer.last_report(), ms, tokens_per_step, lr);
+      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
       save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run

@@ -108,7 +108,7 @@ void train_tp_ranks(const Options& o) {
       fw::check<fw::ConfigError>(log.good(), "fourway: cannot create the log file ", o.log_json);
     }
     fw::tools::Progress progress(o.steps);
-    const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+    const StepMeter meter = step_meter<Target>(o, cfg, w.size());
     double first_loss = 0.0, last_loss = 0.0;
     const auto loop_start = std::chrono::steady_clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
@@ -123,14 +123,7 @@ void train_tp_ranks(const Options& o) {
       const double dp_bytes = world.counters().modelled_bytes_sent(dp_name);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      fw::StepRecord r;
-      r.step = step;
-      r.loss = loss;
-      r.grad_norm = trainer.last_report().grad_norm;
-      r.step_ms = ms;
-      r.tokens_per_s = tokens_per_step / (ms / 1000.0);
-      r.lr = lr;
-      r.skipped = trainer.last_report().skipped;
+      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
       save_if_due(trainer, pending, w.rank(), w.size(), flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;

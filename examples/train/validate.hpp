@@ -13,7 +13,7 @@
 //!   - pipeline: the mesh with --pp, and --schedule, --virtual-stages, --trace; no buckets (the
 //!     replicas reduce once after the last micro-batch);
 //!   - every path but check: the outputs (--log-json, --save, --save-dir, --resume,
-//!     --memory-report, --quiet);
+//!     --memory-report, --quiet, --peak-tflops);
 //!   - check: the mesh and the pipeline flags but not --trace, and no output (it compares).
 #pragma once
 
@@ -267,6 +267,9 @@ inline void check_values(Options& o, const TargetTraits& t) {
                              o.virtual_stages);
   fw::check<fw::ConfigError>(o.memory_cap_gb >= 0.0, "fourway: --memory-cap-gb must be >= 0, got ",
                              o.memory_cap_gb);
+  fw::check<fw::ConfigError>(o.peak_tflops >= 0.0 && o.peak_tflops < 1e6,
+                             "fourway: --peak-tflops must be >= 0 (TFLOP/s of one device), got ",
+                             o.peak_tflops);
   (void)schedule_kind(o.schedule);
   (void)make_adamw(o);  // learning rate, betas, warm-up and decay against --steps
   check_backend(o, t);
@@ -346,8 +349,8 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
     fw::check<fw::ConfigError>(t.has_check,
                                "fourway: --check runs in the host build, fourway-train");
     fw::check<fw::ConfigError>(o.steps >= 1, "fourway: --check needs --steps >= 1");
-    for (const char* flag :
-         {"log-json", "save", "save-dir", "resume", "memory-report", "quiet", "trace"}) {
+    for (const char* flag : {"log-json", "save", "save-dir", "resume", "memory-report", "quiet",
+                             "trace", "peak-tflops"}) {
       refuse_unless(false, o, flag,
                     "is not part of --check, which compares the mesh with the one-rank run and "
                     "prints the comparison (run without --check to train)");
@@ -485,6 +488,7 @@ inline std::string describe(const Options& o, const TargetTraits& t,
     if (!o.resume.empty()) add(cat("resume from ", o.resume));
     if (o.quiet) add("quiet");
     if (o.profile_step > 0) add(cat("profile step ", o.profile_step));
+    if (o.peak_tflops > 0) add(cat("MFU against ", num(o.peak_tflops), " TFLOP/s per device"));
     out += cat("outputs: ", outputs.empty() ? std::string("none") : outputs, "\n");
   }
   return out;

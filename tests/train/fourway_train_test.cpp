@@ -511,6 +511,43 @@ TEST(FourwayTrain, ThreeDMeshesTrainAndSaveUnderACapBelowTheWholeModel) {
   }
 }
 
+// Every path logs each step's model FLOPs, by the formula stated in docs/train.md and computed
+// here from the shape (6 per parameter of the blocks and the LM head per token, 12·L·T·C per token
+// for attention, times B·T), and with --peak-tflops the MFU against it, in the log and the
+// progress line; without a peak the host has no MFU to print, and no GPU memory.
+TEST(FourwayTrain, EveryPathLogsModelFlopsAndTheMfuAgainstThePeak) {
+  const double L = 2, C = 32, V = 256, T = 16, B = 8;  // the built-in corpus: byte ids
+  const double per_token = 6 * (L * (12 * C * C + 13 * C) + V * C) + 12 * L * T * C;
+  const double flops = per_token * B * T;
+  const std::string model =
+      "--layers 2 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 8 --steps 2 ";
+  const auto log = scratch("mfu.jsonl");
+  for (const std::string mesh : {"", "--ranks 2", "--tp 2 --ranks 2", "--pp 2 --ranks 2"}) {
+    SCOPED_TRACE(mesh);
+    ProgramRun r = run(model + mesh + " --peak-tflops 0.5 --log-json '" + log.string() + "'");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto lines = lines_of(slurp(log));
+    ASSERT_EQ(lines.size(), 2u);
+    for (const auto& l : lines) {
+      EXPECT_DOUBLE_EQ(json_field(l, "model_flops"), flops) << l;
+      const double mfu = flops / (json_field(l, "step_ms") / 1e3) / 0.5e12;
+      EXPECT_NEAR(json_field(l, "mfu"), mfu, 1e-6 * mfu) << l;
+      EXPECT_EQ(l.find("device_memory_bytes"), std::string::npos) << l;
+    }
+    EXPECT_NE(r.out.find(" | MFU "), std::string::npos) << r.out;
+    r = run(model + mesh + " --log-json '" + log.string() + "'");
+    ASSERT_EQ(r.status, 0) << r.err;
+    for (const auto& l : lines_of(slurp(log))) {
+      EXPECT_DOUBLE_EQ(json_field(l, "model_flops"), flops) << l;
+      EXPECT_EQ(l.find("\"mfu\""), std::string::npos) << l;
+    }
+    EXPECT_EQ(r.out.find(" | MFU "), std::string::npos) << r.out;
+  }
+  const ProgramRun bad = run(model + "--peak-tflops -1");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--peak-tflops must be >= 0"), std::string::npos) << bad.err;
+}
+
 TEST(FourwayTrain, SaveDirEveryNStepsThenResumeOnAnotherMeshContinuesTheRun) {
   // Uninterrupted on 2 ranks ZeRO-3; interrupted: 4 steps on 2 ranks ZeRO-3 saving every 2
   // (keeping 1), resumed on the same mesh (bitwise) and on 3 ranks ZeRO-1 (within 1e-5).

@@ -45,9 +45,9 @@ class Progress {
     if (!interactive_) {
       std::fprintf(
           out_,
-          "step %lld/%lld | loss %.6f | grad_norm %.4f | lr %.3g | %.0f tokens/s | %.1f ms%s\n",
+          "step %lld/%lld | loss %.6f | grad_norm %.4f | lr %.3g | %.0f tokens/s | %.1f ms%s%s\n",
           static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm, r.lr,
-          r.tokens_per_s, r.step_ms, r.skipped ? " | skipped (inf/nan)" : "");
+          r.tokens_per_s, r.step_ms, extras(r).c_str(), r.skipped ? " | skipped (inf/nan)" : "");
       std::fflush(out_);
       return;
     }
@@ -55,10 +55,10 @@ class Progress {
     const int filled = total_ > 0 ? static_cast<int>(width * r.step / total_) : width;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar += std::string(static_cast<std::size_t>(width - filled), '.');
-    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (ema %.4f) | %s tok/s | eta %s%s",
+    std::fprintf(out_, "\r\033[K[%s] %lld/%lld loss %.4f (ema %.4f) | %s tok/s%s | eta %s%s",
                  bar.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_),
-                 r.loss, mean_loss_, human(r.tokens_per_s).c_str(), duration(eta_s).c_str(),
-                 r.skipped ? " skipped" : "");
+                 r.loss, mean_loss_, human(r.tokens_per_s).c_str(), extras(r).c_str(),
+                 duration(eta_s).c_str(), r.skipped ? " skipped" : "");
     if (r.step >= total_) std::fputc('\n', out_);
     std::fflush(out_);
     open_line_ = r.step < total_;
@@ -79,6 +79,20 @@ class Progress {
   }
 
  private:
+  /// " | MFU 41.2% | GPU 12.3 GiB": what the step adds when it knows it.
+  static std::string extras(const StepRecord& r) {
+    std::string s;
+    char b[48];
+    if (r.mfu >= 0) {
+      std::snprintf(b, sizeof b, " | MFU %.1f%%", 100.0 * r.mfu);
+      s += b;
+    }
+    if (r.device_memory_bytes >= 0) {
+      std::snprintf(b, sizeof b, " | GPU %.2f GiB", r.device_memory_bytes / (1024.0 * 1024 * 1024));
+      s += b;
+    }
+    return s;
+  }
   static std::string human(double v) {
     char b[32];
     if (v >= 1e6)

@@ -28,7 +28,10 @@ struct StepRecord {
   double tokens_per_s = 0.0;  // global batch tokens / step time
   double step_ms = 0.0;
   double lr = 0.0;
-  bool skipped = false;  // fp16: the step found inf/NaN and changed nothing
+  bool skipped = false;               // fp16: the step found inf/NaN and changed nothing
+  double model_flops = 0.0;           // of the step, by the caller's formula (0: not given)
+  double mfu = -1.0;                  // model FLOPs / (step time x peak FLOP/s); < 0: no peak known
+  double device_memory_bytes = -1.0;  // in use on the rank's GPU; < 0: not on a GPU
 };
 
 namespace detail {
@@ -48,7 +51,13 @@ inline std::string step_json(const StepRecord& r,
       ",\"grad_norm\":" + detail::json_number(r.grad_norm) +
       ",\"tokens_per_s\":" + detail::json_number(r.tokens_per_s) +
       ",\"step_ms\":" + detail::json_number(r.step_ms) + ",\"lr\":" + detail::json_number(r.lr) +
-      ",\"skipped\":" + (r.skipped ? "true" : "false") + ",\"memory\":[";
+      ",\"skipped\":" + (r.skipped ? "true" : "false");
+  if (r.model_flops > 0) s += ",\"model_flops\":" + detail::json_number(r.model_flops);
+  if (r.mfu >= 0) s += ",\"mfu\":" + detail::json_number(r.mfu);
+  if (r.device_memory_bytes >= 0) {
+    s += ",\"device_memory_bytes\":" + detail::json_number(r.device_memory_bytes);
+  }
+  s += ",\"memory\":[";
   bool first = true;
   for (const auto* m : ranks) {
     if (m == nullptr) continue;
