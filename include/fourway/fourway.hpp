@@ -73,6 +73,7 @@
 #include "fourway/layers/embedding.hpp"
 #include "fourway/layers/gelu.hpp"
 #include "fourway/layers/gpt.hpp"
+#include "fourway/layers/gradient_check.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/linear.hpp"
