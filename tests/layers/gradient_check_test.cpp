@@ -1,6 +1,7 @@
 // fw::check_gradients, the public checker of hand-written backward passes: fourway's own layers
-// and GPT (at its looser float-loss tolerance) pass it, and a backward that is wrong in one place (a parameter's gradient 5% off, an
-// input gradient 5% off, a bias gradient dropped) fails it with that tensor named.
+// and GPT (at its looser float-loss tolerance) pass it, and a backward that is wrong in one place
+// (a parameter's gradient 5% off, an input gradient 5% off, a bias gradient dropped) fails it with
+// that tensor named.
 #include "fourway/layers/gradient_check.hpp"
 
 #include <gtest/gtest.h>

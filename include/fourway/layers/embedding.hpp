@@ -65,15 +65,16 @@ class Embedding {
         check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
                           " at position ", i, " is outside the vocabulary [0, ", V_, ")");
       }
-      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
-                                wpe_.weight.data(), Bn, Tn, C_);
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(),
+                                wpe_.bound_weight().data(), Bn, Tn, C_);
     } else {
       if (first_bad_.empty()) {
         first_bad_ = Tensor<std::int64_t, B>(Shape{1}, MemTag::workspace, ctx.memory());
         Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
       }
-      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.weight.data(),
-                                wpe_.weight.data(), Bn, Tn, C_, TokenGuard{V_, first_bad_.data()});
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(),
+                                wpe_.bound_weight().data(), Bn, Tn, C_,
+                                TokenGuard{V_, first_bad_.data()});
     }
     return s.y.view();
   }
@@ -103,8 +104,8 @@ class Embedding {
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
     if (!s.tokens_checked) check_tokens(ctx, s);
-    Ops<B>::embedding_backward(ctx, wte_.grad.data(), wpe_.grad.data(), dy.data(), s.tokens.data(),
-                               s.tokens.shape()[0], s.tokens.shape()[1], C_);
+    Ops<B>::embedding_backward(ctx, wte_.bound_grad().data(), wpe_.bound_grad().data(), dy.data(),
+                               s.tokens.data(), s.tokens.shape()[0], s.tokens.shape()[1], C_);
     s = Stash{};
     return Tensor<T, B>{};
   }

@@ -357,7 +357,7 @@ class Gpt {
     const std::int64_t C = cfg_.dim;
     Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);
     s.losses = detail::activation<float, B>(ctx, Shape{Bn, Tn});
-    const Matrix<T> wt = matrix(embedding_.wte().weight).t();
+    const Matrix<T> wt = matrix(embedding_.wte().bound_weight()).t();
     // logits (n, V) = h (n, C) · wteᵀ (C, V), the LM head tied to the token embedding, then the
     // losses: all rows at once into the stash (kept for backward), or, the fused classifier,
     // `chunk` rows at a time into one workspace buffer
@@ -407,19 +407,19 @@ class Gpt {
         } else if (logits.empty()) {
           logits = detail::workspace<T, B>(ctx, Shape{chunk, Vp});
         }
-        matmul(ctx, matrix(logits.data(), n, Vp), hn, matrix(wte.weight).t());
+        matmul(ctx, matrix(logits.data(), n, Vp), hn, matrix(wte.bound_weight()).t());
       }
       // d logits in place; the padded columns become 0, so no gradient reaches wte's padding
       Ops<B>::cross_entropy_backward(ctx, logits.data(), logits.data(), s.targets.data() + r0, n, V,
                                      dloss, Vp);
       // dh (n, C) = dlogits (n, Vp) · wte (Vp, C)
       matmul(ctx, matrix(dh.data() + r0 * C, n, C), matrix(logits.data(), n, Vp),
-             matrix(wte.weight));
+             matrix(wte.bound_weight()));
       if (q != nullptr) {  // d logits kept until W
         q->push(ctx, wte, std::move(logits), s.ln_f.y.slice(r0 * C, Shape{n, C}), n);
       } else {
         // dwte (Vp, C) += dlogitsᵀ (Vp, n) · h (n, C)
-        matmul_add(ctx, matrix(wte.grad), matrix(logits.data(), n, Vp).t(), hn);
+        matmul_add(ctx, matrix(wte.bound_grad()), matrix(logits.data(), n, Vp).t(), hn);
       }
     }
     logits.reset();

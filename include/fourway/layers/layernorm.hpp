@@ -40,7 +40,8 @@ class LayerNorm {
     s.mean = detail::activation<float, B>(ctx, Shape{rows});
     s.rstd = detail::activation<float, B>(ctx, Shape{rows});
     Ops<B>::layernorm_forward(ctx, s.y.data(), s.mean.data(), s.rstd.data(), x.data(),
-                              weight_.weight.data(), bias_.weight.data(), rows, C_, eps_);
+                              weight_.bound_weight().data(), bias_.bound_weight().data(), rows, C_,
+                              eps_);
     return s.y.view();
   }
 
@@ -58,8 +59,8 @@ class LayerNorm {
     s.mean = detail::activation<float, B>(ctx, Shape{rows});
     s.rstd = detail::activation<float, B>(ctx, Shape{rows});
     Ops<B>::residual_layernorm_forward(ctx, r.data(), s.y.data(), s.mean.data(), s.rstd.data(),
-                                       a.data(), b.data(), weight_.weight.data(),
-                                       bias_.weight.data(), rows, C_, eps_);
+                                       a.data(), b.data(), weight_.bound_weight().data(),
+                                       bias_.bound_weight().data(), rows, C_, eps_);
     return s.y.view();
   }
 
@@ -68,9 +69,9 @@ class LayerNorm {
     check<ShapeError>(s.mean.numel() == rows, "fourway: LayerNorm backward without a matching ",
                       "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, dy.shape());
-    Ops<B>::layernorm_backward(ctx, dx.data(), weight_.grad.data(), bias_.grad.data(), dy.data(),
-                               s.x.data(), weight_.weight.data(), s.mean.data(), s.rstd.data(),
-                               rows, C_);
+    Ops<B>::layernorm_backward(
+        ctx, dx.data(), weight_.bound_grad().data(), bias_.bound_grad().data(), dy.data(),
+        s.x.data(), weight_.bound_weight().data(), s.mean.data(), s.rstd.data(), rows, C_);
     s = Stash{};
     return dx;
   }

@@ -50,9 +50,10 @@ class Linear {
     s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
     // Y (rows, out) = X (rows, in) · W (in, out) (+ b)
     if (has_bias_) {
-      matmul_bias(ctx, matrix(s.y), matrix(x), matrix(weight_.weight), bias_.weight.data());
+      matmul_bias(ctx, matrix(s.y), matrix(x), matrix(weight_.bound_weight()),
+                  bias_.bound_weight().data());
     } else {
-      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
+      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.bound_weight()));
     }
     return s.y.view();
   }
@@ -68,10 +69,10 @@ class Linear {
     g.y = detail::activation<T, B>(ctx, s.y.shape());
     g.x = s.y.view();
     if (has_bias_) {
-      matmul_bias(ctx, matrix(g.y), matrix(x), matrix(weight_.weight), bias_.weight.data(),
-                  s.y.data());
+      matmul_bias(ctx, matrix(g.y), matrix(x), matrix(weight_.bound_weight()),
+                  bias_.bound_weight().data(), s.y.data());
     } else {
-      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.weight));
+      matmul(ctx, matrix(s.y), matrix(x), matrix(weight_.bound_weight()));
       Ops<B>::gelu_forward(ctx, g.y.data(), s.y.data(), s.y.numel());
     }
     return g.y.view();
@@ -84,14 +85,14 @@ class Linear {
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, s.x.shape());
     const Matrix<T> dY = matrix(dy);
     // dX (rows, in) = dY (rows, out) · Wᵀ (out, in)
-    matmul(ctx, matrix(dx), dY, matrix(weight_.weight).t());
+    matmul(ctx, matrix(dx), dY, matrix(weight_.bound_weight()).t());
     if (auto* q = DeferWeightGrads<T, B>::active()) {
       q->push(ctx, weight_, s.x.view(), dy.view(), rows);
     } else {
       // dW (in, out) += Xᵀ (in, rows) · dY (rows, out)
-      matmul_add(ctx, matrix(weight_.grad), matrix(s.x).t(), dY);
+      matmul_add(ctx, matrix(weight_.bound_grad()), matrix(s.x).t(), dY);
     }
-    if (has_bias_) Ops<B>::bias_backward(ctx, bias_.grad.data(), dy.data(), rows, out_);
+    if (has_bias_) Ops<B>::bias_backward(ctx, bias_.bound_grad().data(), dy.data(), rows, out_);
     s = Stash{};
     return dx;
   }

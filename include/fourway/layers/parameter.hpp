@@ -99,6 +99,30 @@ struct Parameter {
   }
   /// Described but holding no values (deferred construction, or rebound to nothing).
   [[nodiscard]] bool deferred() const { return weight.data() == nullptr && numel() > 0; }
+
+  /// The weights a layer computes with, checked to be there: a typed error naming the parameter,
+  /// before any kernel touches memory, when a strategy holds them released (ZeRO-3 between its
+  /// hooks) or nothing ever placed them (a deferred model without a strategy).
+  [[nodiscard]] const Tensor<T, B>& bound_weight() const {
+    require_bound(weight, "weights");
+    return weight;
+  }
+  /// The gradient a layer's backward adds to, checked the same way (ZeRO-2/3 bind it per unit).
+  [[nodiscard]] const Tensor<T, B>& bound_grad() const {
+    require_bound(grad, "gradient");
+    return grad;
+  }
+
+ private:
+  void require_bound(const Tensor<T, B>& t, const char* what) const {
+    check<ConfigError>(
+        t.data() != nullptr || t.numel() == 0, "fourway: parameter ", name, " has no ", what,
+        " bound where a layer uses it: a ZeRO-3 strategy (Sharded<3>) holds a unit's weights only "
+        "between hooks.pre_forward(u) and post_forward(u) and between pre_backward(u) and "
+        "post_backward(u) (ZeRO-2/3 bind its gradients there too), so the model must call the "
+        "hooks its forward and backward are given around each unit u that holds ",
+        name, " (docs/contracts.md); a deferred model needs a strategy to place its weights");
+  }
 };
 
 /// Sets every gradient of `model` (anything with `visit_parameters`) to zero.

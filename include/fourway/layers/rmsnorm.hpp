@@ -36,8 +36,8 @@ class RMSNorm {
     s.x = x.view();
     s.y = detail::activation<T, B>(ctx, x.shape());
     s.rstd = detail::activation<float, B>(ctx, Shape{rows});
-    Ops<B>::rmsnorm_forward(ctx, s.y.data(), s.rstd.data(), x.data(), weight_.weight.data(), rows,
-                            C_, eps_);
+    Ops<B>::rmsnorm_forward(ctx, s.y.data(), s.rstd.data(), x.data(), weight_.bound_weight().data(),
+                            rows, C_, eps_);
     return s.y.view();
   }
 
@@ -46,8 +46,8 @@ class RMSNorm {
     check<ShapeError>(s.rstd.numel() == rows, "fourway: RMSNorm backward without a matching ",
                       "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, dy.shape());
-    Ops<B>::rmsnorm_backward(ctx, dx.data(), weight_.grad.data(), dy.data(), s.x.data(),
-                             weight_.weight.data(), s.rstd.data(), rows, C_);
+    Ops<B>::rmsnorm_backward(ctx, dx.data(), weight_.bound_grad().data(), dy.data(), s.x.data(),
+                             weight_.bound_weight().data(), s.rstd.data(), rows, C_);
     s = Stash{};
     return dx;
   }

@@ -54,7 +54,7 @@ class WeightGradQueue {
       const std::int64_t m = e.a.numel() / e.rows;
       const std::int64_t n = e.d.numel() / e.rows;
       // grad (m, n) += Aᵀ (m, rows) · D (rows, n)
-      matmul_add(ctx, matrix(e.p->grad.data(), m, n), matrix(e.a.data(), e.rows, m).t(),
+      matmul_add(ctx, matrix(e.p->bound_grad().data(), m, n), matrix(e.a.data(), e.rows, m).t(),
                  matrix(e.d.data(), e.rows, n));
     }
     clear();

@@ -51,6 +51,7 @@
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/layer.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
@@ -92,6 +93,21 @@ class ShardedStrategy {
   static_assert(communicator<Comm>,
                 "fourway: ShardedStrategy needs Comm to model fw::communicator (LocalComm, "
                 "MpiComm, NcclComm or Counting<...> of one)");
+  static_assert(
+      requires(Model & m) {
+        { m.units() } -> std::convertible_to<int>;
+      },
+      "fourway: ShardedStrategy (DataParallel, Sharded<1|2|3>) needs the model's "
+      "units(): how many FSDP units (its layers, in forward order) it has, the ones "
+      "visit_unit_parameters(u, f) visits and the hooks bracket (docs/contracts.md)");
+  static_assert(
+      requires(Model & m, detail::ParameterVisitorArchetype<typename P::param_type, B> f) {
+        m.visit_parameters(f);
+        m.visit_unit_parameters(0, f);
+      },
+      "fourway: ShardedStrategy (DataParallel, Sharded<1|2|3>) needs the model's "
+      "visit_parameters(f) and visit_unit_parameters(u, f), calling f with each Parameter<T, B> "
+      "(of the precision's T) of the model and of unit u (docs/contracts.md)");
 
  public:
   using model_type = Model;
