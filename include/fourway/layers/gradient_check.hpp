@@ -202,15 +202,9 @@ GradientReport check_gradients(const Context<typename L::backend_type>& ctx, L& 
     typename L::Stash s;
     const Tensor<T, B> y = layer.forward(ctx, x, s);
     const std::vector<double> yv = detail::host_values(ctx, y);
-    if (r.empty()) {  // the probe: SplitMix64 of the seed and the index, in [-1, 1]
+    if (r.empty()) {  // the probe: the init's counter-based stream of the seed, in (-1, 1)
       r.resize(yv.size());
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        std::uint64_t z = o.seed + 0x9E3779B97F4A7C15ull * (i + 1);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        r[i] = 2.0 * static_cast<double>(z >> 11) / 9007199254740992.0 - 1.0;
-      }
+      for (std::size_t i = 0; i < r.size(); ++i) r[i] = 2.0 * detail::init_uniform(o.seed, i) - 1.0;
     }
     double f = 0.0;
     for (std::size_t i = 0; i < yv.size(); ++i) f += r[i] * yv[i];
