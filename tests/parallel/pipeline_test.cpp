@@ -59,6 +59,9 @@ struct Result {
   std::vector<std::int64_t> shard;                   // [rank] ZeRO: its expected shard (formula)
   std::vector<std::size_t> optimizer_bytes;          // [rank] accountant: optimizer_state now
   std::vector<std::int64_t> gathered_peak;           // [rank] ZeRO-3: bytes of gathered units
+  std::vector<std::size_t> grads_peak;               // [rank] accountant: grads peak in training
+  std::vector<std::int64_t> largest_unit;            // [rank] ZeRO-2/3: its largest padded unit
+  std::vector<std::size_t> grads_at_rest;            // [rank] accountant: grads after the run
 };
 
 template <class T>
@@ -109,24 +112,41 @@ std::string name_of(const PipeConfig& pc) {
                          pc.checkpoint ? " ckpt" : "");
 }
 
-/// Expected shard of a rank under ZeRO `zero` over `D` replicas, from the chunks' parameter sizes:
-/// one bucket of everything (ZeRO-1/2, the pipeline's bucket_bytes = 0) or one segment per unit
-/// (ZeRO-3), each padded to a multiple of D.
+/// The sharded layout the policy says a rank has, from its chunks' parameter sizes: per chunk
+/// (global index) the padded elements and the shard of its segments, and its largest padded
+/// unit. ZeRO-1: one bucket of everything (the pipeline's bucket_bytes = 0); ZeRO-2/3: one
+/// segment per unit, the tied wte of the first and the last chunk a segment of its own; each
+/// segment padded to a multiple of D.
+struct ExpectedLayout {
+  std::map<int, std::int64_t> shard_of_chunk;
+  std::int64_t shard = 0;
+  std::int64_t largest_unit = 0;
+};
 template <class S>
-std::int64_t expected_shard(S& st, int zero, int D) {
+ExpectedLayout expected_layout(S& st, int zero, int D) {
   const auto part = [D](std::int64_t n) { return (n + D - 1) / D; };
-  std::int64_t all = 0, per_unit = 0;
-  for (int c = 0; c < st.table().chunks(); ++c) {
+  ExpectedLayout e;
+  std::int64_t all = 0;
+  const int C = st.table().chunks();
+  for (int c = 0; c < C; ++c) {
     auto* chunk = st.chunk(c);
     if (chunk == nullptr) continue;
     for (int u = 0; u < chunk->units(); ++u) {
-      std::int64_t n = 0;
-      chunk->visit_unit_parameters(u, [&](auto& p) { n += p.numel(); });
-      all += n;
-      per_unit += part(n);
+      std::int64_t n = 0, alone = 0;
+      chunk->visit_unit_parameters(u, [&](auto& p) {
+        const bool tied = p.name == "wte.weight" && C > 1 && (c == 0 || c == C - 1);
+        (tied ? alone : n) += p.numel();
+      });
+      all += n + alone;
+      const std::int64_t shard = part(n) + part(alone);
+      e.shard_of_chunk[c] += shard;
+      e.largest_unit = std::max(e.largest_unit, shard * D);
     }
   }
-  return zero == 3 ? per_unit : part(all);
+  e.shard = 0;
+  for (const auto& [c, n] : e.shard_of_chunk) e.shard += n;
+  if (zero == 1) e.shard = part(all);
+  return e;
 }
 
 template <class T, int Zero = 0>
@@ -141,6 +161,9 @@ Result run_pipeline(const PipeConfig& pc) {
   r.shard.resize(static_cast<std::size_t>(world));
   r.optimizer_bytes.resize(static_cast<std::size_t>(world));
   r.gathered_peak.resize(static_cast<std::size_t>(world));
+  r.grads_peak.resize(static_cast<std::size_t>(world));
+  r.largest_unit.resize(static_cast<std::size_t>(world));
+  r.grads_at_rest.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(world, [&](fw::World<fw::LocalWorld>& w) {
     fw::PipelineOptions po;
@@ -172,6 +195,9 @@ Result run_pipeline(const PipeConfig& pc) {
     const auto ur = static_cast<std::size_t>(w.rank());
     const double dp_bytes = all.counters().modelled_bytes_sent(std::string(groups.dp().name()));
     auto& st = t->strategy();
+    std::int64_t gathered_peak = 0;  // training's, before the gathering below
+    if constexpr (Zero > 0) gathered_peak = st.sharded()->gathered_peak_bytes();
+    const std::size_t grads_peak = w.memory().peak(fw::MemTag::grads);
     std::map<std::string, std::vector<float>> mine;  // gathered first: ZeRO-3 gathers over dp
     st.with_gathered_parameters([&] {
       for (int c = 0; c < st.table().chunks(); ++c) {
@@ -188,9 +214,13 @@ Result run_pipeline(const PipeConfig& pc) {
     r.peak_activations[ur] = w.memory().peak(fw::MemTag::activations);
     r.dp_bytes[ur] = dp_bytes;  // the last step's, before the gathering below
     st.visit_parameters([&](fw::Parameter<T, fw::Host>& p) { r.held[ur] += p.numel(); });
-    r.shard[ur] = expected_shard(st, Zero, pc.dp);
+    const ExpectedLayout layout = expected_layout(st, Zero, pc.dp);
+    r.shard[ur] = layout.shard;
+    r.largest_unit[ur] = layout.largest_unit;
+    r.grads_at_rest[ur] = w.memory().current(fw::MemTag::grads);  // shard and placeholders
     r.optimizer_bytes[ur] = w.memory().current(fw::MemTag::optimizer_state);
-    if constexpr (Zero > 0) r.gathered_peak[ur] = st.sharded()->gathered_peak_bytes();
+    r.gathered_peak[ur] = gathered_peak;
+    r.grads_peak[ur] = grads_peak;
     if (mesh.coord_of(w.rank()).dp != 0) return;  // replica 0's parameters
     for (auto& [name, v] : mine) r.params[name] = std::move(v);
   });
@@ -405,20 +435,42 @@ void expect_zero_matches_one_rank(Kind kind, const Result& ref) {
       fw::detail::cat("pp2 dp2 ZeRO-", Zero, " ", fw::schedule::kind_name(kind));
   expect_close(got, ref, kFp32Tol, what);
   const double D = pc.dp;
+  const int M = pc.micro_batches;
   for (std::size_t q = 0; q < got.held.size(); ++q) {
     const auto shard = static_cast<double>(got.shard[q]);
-    // per step over dp: one reduce-scatter of the accumulated gradients and one all-gather of
-    // the weights (ZeRO-1/2: the updated shards after the step; ZeRO-3: every unit before the
-    // first micro-batch), (D-1)·shard·4 bytes each, plus the packed (loss, Σg²) all-reduce
-    EXPECT_DOUBLE_EQ(got.dp_bytes[q], 2 * (D - 1) * shard * 4 + 2 * (D - 1) / D * 16)
-        << what << " rank " << q;
+    const double scalars = 2 * (D - 1) / D * 16;  // the packed (loss, Σg²) all-reduce
+    if (Zero == 1) {
+      // per step over dp: one reduce-scatter of the accumulated gradients and one all-gather of
+      // the updated weights, (D-1)·shard·4 bytes each
+      EXPECT_DOUBLE_EQ(got.dp_bytes[q], 2 * (D - 1) * shard * 4 + scalars) << what << " rank " << q;
+    } else {
+      // ZeRO-2/3: every unit's gradients reduce-scattered after each of its M backwards (BW,
+      // or W of a split backward); ZeRO-2 all-gathers the updated weights once, ZeRO-3 gathers
+      // every unit for each of the M forwards and M backwards (BW or B)
+      const double gathers = Zero == 2 ? shard : 2.0 * M * shard;
+      EXPECT_DOUBLE_EQ(got.dp_bytes[q], (D - 1) * (M * shard + gathers) * 4 + scalars)
+          << what << " rank " << q;
+    }
     // Adam's m and v (fp32) for the rank's shard only
     EXPECT_EQ(got.optimizer_bytes[q], static_cast<std::size_t>(got.shard[q]) * 2 * 4)
         << what << " rank " << q;
     EXPECT_LT(got.shard[q], got.held[q]) << what << " rank " << q;
-    // ZeRO-3 gathers every unit once per step and holds them all through it: Ψ' weights
+    const auto unit_bytes = static_cast<std::size_t>(got.largest_unit[q]) * 4;
+    const auto shard_bytes = static_cast<std::size_t>(got.shard[q]) * 4;
+    // ZeRO-3 gathers one unit at a time: its largest padded unit, not the stage's Ψ'
     if (Zero == 3) {
-      EXPECT_EQ(got.gathered_peak[q], got.shard[q] * pc.dp * 4) << what;
+      EXPECT_EQ(got.gathered_peak[q], static_cast<std::int64_t>(unit_bytes)) << what;
+      EXPECT_LT(got.gathered_peak[q], got.shard[q] * pc.dp * 4) << what;
+    }
+    // ZeRO-2/3 under a fused backward: what is held between steps (the shard, and the parts'
+    // placeholders) and one unit's full gradients; under a split backward a chunk's buffers stay
+    // from its B to the next W: at most the rank's chunks' (Ψ'·4) above the rest
+    if (Zero >= 2 && kind == Kind::one_f_one_b) {
+      EXPECT_EQ(got.grads_peak[q], got.grads_at_rest[q] + unit_bytes) << what << " rank " << q;
+      EXPECT_GE(got.grads_at_rest[q], shard_bytes) << what << " rank " << q;
+    } else if (Zero >= 2) {
+      EXPECT_LE(got.grads_peak[q], got.grads_at_rest[q] + shard_bytes * pc.dp)
+          << what << " rank " << q;
     }
   }
 }
@@ -428,7 +480,9 @@ TEST(ParallelPipeline, TwoStagesTimesTwoReplicasWithZeroMatchOneRank) {
   expect_zero_matches_one_rank<1>(Kind::one_f_one_b, ref);
   expect_zero_matches_one_rank<2>(Kind::one_f_one_b, ref);
   expect_zero_matches_one_rank<3>(Kind::one_f_one_b, ref);
-  expect_zero_matches_one_rank<3>(Kind::zb_v, ref);  // two chunks per rank, the tie on one rank
+  expect_zero_matches_one_rank<2>(Kind::zb_v, ref);  // two chunks per rank, the tie on one rank
+  expect_zero_matches_one_rank<3>(Kind::zb_v, ref);
+  expect_zero_matches_one_rank<3>(Kind::zb_h1, ref);  // B and W apart on one chunk per rank
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------

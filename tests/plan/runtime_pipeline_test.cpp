@@ -1,7 +1,9 @@
 // The planner against fourway's pipeline runtime: for every rank of tp x pp x dp meshes at ZeRO
 // 0-3 (`fw::MeshStrategy` over a Pipeline axis on a LocalWorld), the memory accountant's
-// model-state bytes after a step equal the planner's per-rank figure
-// (plan/runtime_pipeline_state.hpp) exactly, and the planner's per-GPU figure (`make_plan` with
+// model-state bytes after a step, and each model-state tag's peak during it (ZeRO-2/3: the
+// gathered unit and the open gradient buffers the schedule holds), equal the planner's per-rank
+// figures (plan/runtime_pipeline_state.hpp) exactly, and the planner's per-GPU figure (`make_plan`
+// with
 // `--footprint fourway`) is the largest of them; for every schedule (gpipe, 1f1b, interleaved,
 // zb-h1, zb-v) also the activation peak (the fullest tp rank of each stage exactly, every rank
 // within 10%), the whole-run peak within 10% and the bytes sent per group exactly. Every mesh
@@ -75,6 +77,7 @@ struct RankMeasure {
   fp::ModelStateBytes states;
   std::int64_t activation_peak = 0;  // MemTag::activations over the whole run
   std::int64_t total_peak = 0;       // every tag, the whole run (construction and the step)
+  fp::ModelStateBytes step_peaks;    // each model-state tag's peak during the step
   // bytes this rank sent in the step (Counting's ring model) per group
   double tp = 0, pp = 0, tie = 0;
   fp::DataParallelBytes dp;
@@ -121,10 +124,19 @@ std::vector<RankMeasure> run(const Case& c) {
     fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(c.checkpoint), 11, mo,
                      fw::AdamW{});
     world.counters().reset();  // the step's traffic only
+    const auto built = static_cast<std::int64_t>(w.memory().total_peak());
+    const auto built_activations = static_cast<std::int64_t>(w.memory().peak(MemTag::activations));
+    w.memory().reset_peak();  // the step's own peaks below; the whole run's from both
     (void)t.step(batch.view());
     RankMeasure r{groups.pp().rank(), states_of(w.memory()),
-                  static_cast<std::int64_t>(w.memory().peak(MemTag::activations)),
-                  static_cast<std::int64_t>(w.memory().total_peak())};
+                  std::max(built_activations,
+                           static_cast<std::int64_t>(w.memory().peak(MemTag::activations))),
+                  std::max(built, static_cast<std::int64_t>(w.memory().total_peak()))};
+    r.step_peaks =
+        fp::ModelStateBytes{static_cast<std::int64_t>(w.memory().peak(MemTag::weights)),
+                            static_cast<std::int64_t>(w.memory().peak(MemTag::grads)),
+                            static_cast<std::int64_t>(w.memory().peak(MemTag::master_weights)),
+                            static_cast<std::int64_t>(w.memory().peak(MemTag::optimizer_state))};
     const auto& n = world.counters();
     const std::string dp = groups.group_name(fw::Axis::dp);
     r.tp = n.modelled_bytes_sent(groups.group_name(fw::Axis::tp));
@@ -196,6 +208,9 @@ void check(const Case& c) {
     SCOPED_TRACE(::testing::Message() << "rank " << r << ", pipeline rank " << got[r].pp_rank);
     ASSERT_GE(got[r].pp_rank, 0);
     EXPECT_EQ(got[r].states, want[static_cast<std::size_t>(got[r].pp_rank)].states);
+    // during the step too, tag by tag (ZeRO-2/3: the gathered unit, the open gradient buffers)
+    if (c.pp > 1)
+      EXPECT_EQ(got[r].step_peaks, want[static_cast<std::size_t>(got[r].pp_rank)].step_peaks);
     largest = std::max(largest, got[r].states.total());
   }
   // Communication: every rank's bytes per group, counted as they moved, equal the planner's

@@ -474,8 +474,8 @@ TEST(FourwayTrain, ThreeDMeshesTrainAndSaveUnderACapBelowTheWholeModel) {
   std::ostringstream gb;
   gb.precision(12);
   gb << static_cast<double>(cap) / 1e9;
-  for (const std::string mesh :
-       {"--tp 2", "--pp 4 --micro-batches 4", "--tp 2 --pp 2 --micro-batches 2"}) {
+  for (const std::string mesh : {"--tp 2", "--pp 4 --micro-batches 4",
+                                 "--tp 2 --pp 2 --micro-batches 2", "--pp 2 --micro-batches 2"}) {
     SCOPED_TRACE(mesh);
     const auto saved = scratch("capped.safetensors");
     const auto dir = scratch("capped_ckpt");

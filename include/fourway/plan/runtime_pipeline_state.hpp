@@ -11,10 +11,17 @@
 //!
 //!   ZeRO 0     the chunks' weights and gradients, fp32 masters (mixed precision) and Adam moments
 //!              of every parameter: nothing padded
-//!   ZeRO 1-2   `ShardedStrategy` over the rank's chunks (`pp::ChunkSet`) with `bucket_bytes = 0`:
+//!   ZeRO 1     `ShardedStrategy` over the rank's chunks (`pp::ChunkSet`) with `bucket_bytes = 0`:
 //!              one segment of everything, padded to a multiple of dp
-//!   ZeRO 3     one segment per FSDP unit, chunk by chunk, each chunk's units in model order
-//!              (embedding = wte + wpe, each block, head = ln_f + the head's copy of wte)
+//!   ZeRO 2-3   one segment per FSDP unit, chunk by chunk, each chunk's units in model order
+//!              (embedding = wte + wpe, each block, head = ln_f + the head's copy of wte), the
+//!              tied wte of the first and the last chunk a segment of its own (its two copies'
+//!              reduced shards are summed element for element)
+//!
+//! During a step ZeRO-2/3 hold, beside the shards, what the schedule has open (unit by unit,
+//! `PipelineStrategy::unit_event`): ZeRO-3 the weights of the unit running (F, BW, B), ZeRO-2/3
+//! the full gradients of the unit in a fused backward (BW) and, under a split backward, every
+//! unit of a chunk from its B to its next W.
 //!
 //! Parts keep placeholders for the pieces they do not hold, weights and gradients in the working
 //! precision that no optimizer sees: `models::Gpt` a 1-row wte and wpe of width C and a 1-feature
@@ -87,17 +94,34 @@ inline std::int64_t runtime_placeholder_elements(const Architecture& a, const Te
   return (wte ? 0 : row) + (part.embedding ? 0 : row) + (part.head ? 0 : 2);
 }
 
+/// The segments `ShardedStrategy<zero_stage>` pads over one chunk: every unit under ZeRO-2/3
+/// (the tied wte apart), else nothing (the rank's one bucket, `runtime_pipeline_segments`).
+inline std::vector<std::int64_t> runtime_chunk_segments(const Architecture& a, const TensorSplit& t,
+                                                        const models::GptPart& part) {
+  const std::int64_t wte = gpt2_backward_numels(a, t).back();
+  const std::vector<std::int64_t> units = runtime_part_units(a, t, part);
+  std::vector<std::int64_t> out;
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    const bool tied = (k == 0 && part.embedding) || (k + 1 == units.size() && part.head);
+    if (tied) out.push_back(wte);
+    out.push_back(units[k] - (tied ? wte : 0));
+  }
+  return out;
+}
+
 /// The segments `ShardedStrategy<zero_stage>` pads over the rank's chunks: every unit under
-/// ZeRO-3, else the buckets of `bucket_bytes = 0` (one).
+/// ZeRO-2/3 (the tied wte apart), else the buckets of `bucket_bytes = 0` (one).
 inline std::vector<std::int64_t> runtime_pipeline_segments(
     const Architecture& a, int zero_stage, Precision p, const TensorSplit& t,
     const std::vector<models::GptPart>& parts) {
   check_zero_stage(zero_stage);
   std::vector<std::int64_t> units;
   for (const auto& part : parts) {
-    for (std::int64_t u : runtime_part_units(a, t, part)) units.push_back(u);
+    const auto segs = zero_sharding(zero_stage).shards_grads ? runtime_chunk_segments(a, t, part)
+                                                             : runtime_part_units(a, t, part);
+    units.insert(units.end(), segs.begin(), segs.end());
   }
-  if (zero_sharding(zero_stage).shards_params) return units;
+  if (zero_sharding(zero_stage).shards_grads) return units;
   std::vector<std::int64_t> segments;
   for (const auto& bucket : plan_buckets(units, 0, working_bytes(p))) {
     std::int64_t s = 0;
@@ -107,12 +131,97 @@ inline std::vector<std::int64_t> runtime_pipeline_segments(
   return segments;
 }
 
+/// ZeRO-2/3 under a pipeline: the most bytes of gathered weights and full gradient buffers held
+/// at one moment of the step beside the shards, followed action by action through the rank's
+/// row of the schedule (`PipelineStrategy::unit_event`): F gathers each unit in turn (ZeRO-3);
+/// BW gathers a unit and binds its full gradients, freeing both before the next; B does the
+/// same but leaves the chunk's gradient buffers bound until the chunk's next W, which binds any
+/// it lacks and frees them all.
+struct PipelineUnitPeak {
+  std::int64_t weights = 0;  // bytes, at the moment the two together are largest
+  std::int64_t grads = 0;
+  std::int64_t most_weights = 0;  // each on its own: its largest over the step
+  std::int64_t most_grads = 0;
+};
+inline PipelineUnitPeak runtime_pipeline_unit_peak(const Architecture& a, Precision p,
+                                                   int zero_stage, int dp, const PipelineSplit& s,
+                                                   int rank, const TensorSplit& t = {}) {
+  const ZeroSharding z = zero_sharding(zero_stage);
+  PipelineUnitPeak best;
+  if (!z.shards_grads) return best;
+  const schedule::Table table = s.table();
+  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
+  const std::int64_t w = working_bytes(p);
+  // per chunk of this rank: its units' padded bytes (a unit's segments padded alone)
+  std::vector<std::vector<std::int64_t>> units(static_cast<std::size_t>(table.chunks()));
+  for (int c : table.chunks_of(rank)) {
+    const models::GptPart part = cut.part(c);
+    const std::vector<std::int64_t> segs = runtime_chunk_segments(a, t, part);
+    const std::vector<std::int64_t> whole = runtime_part_units(a, t, part);
+    std::size_t k = 0;
+    for (std::size_t u = 0; u < whole.size(); ++u) {
+      const bool tied = (u == 0 && part.embedding) || (u + 1 == whole.size() && part.head);
+      std::int64_t bytes = ceil_div(segs[k++], dp) * dp;
+      if (tied) bytes += ceil_div(segs[k++], dp) * dp;
+      units[static_cast<std::size_t>(c)].push_back(bytes * w);
+    }
+  }
+  std::vector<char> open(units.size(), 0);
+  const auto sum = [](const std::vector<std::int64_t>& v) {
+    std::int64_t n = 0;
+    for (std::int64_t x : v) n += x;
+    return n;
+  };
+  const auto open_bytes = [&] {
+    std::int64_t n = 0;
+    for (std::size_t c = 0; c < units.size(); ++c)
+      if (open[c]) n += sum(units[c]);
+    return n;
+  };
+  const auto note = [&](std::int64_t weights, std::int64_t grads) {
+    if (weights + grads > best.weights + best.grads) {
+      best.weights = weights;
+      best.grads = grads;
+    }
+    best.most_weights = std::max(best.most_weights, weights);
+    best.most_grads = std::max(best.most_grads, grads);
+  };
+  using schedule::Op;
+  for (const auto& act : table.actions[static_cast<std::size_t>(rank)]) {
+    if (!schedule::is_compute(act.op)) continue;
+    const auto c = static_cast<std::size_t>(act.chunk);
+    const auto& us = units[c];
+    if (act.op == Op::backward_weight) {
+      open[c] = 1;
+      note(0, open_bytes());
+      open[c] = 0;
+      continue;
+    }
+    std::int64_t opened = 0;  // B: the chunk's buffers bound so far (last unit first)
+    for (std::size_t k = us.size(); k-- > 0;) {
+      const std::int64_t gathered = z.shards_params ? us[k] : 0;
+      if (act.op == Op::forward) {
+        note(gathered, open_bytes());
+      } else if (act.op == Op::backward) {
+        note(gathered, open_bytes() + us[k]);
+      } else {  // B
+        opened += us[k];
+        note(gathered, open_bytes() + (open[c] ? 0 : opened));
+      }
+    }
+    if (act.op == Op::backward_input) open[c] = 1;
+  }
+  return best;
+}
+
 /// What one rank of a pipeline mesh holds: its blocks, its parameters, its model states.
 struct PipelineRankState {
   std::int64_t layers = 0;     // blocks of the rank's chunks
   std::int64_t params = 0;     // parameters the optimizer sees (placeholders not included)
   ModelStateBytes states;      // between steps, as the accountant counts them
-  ModelStateBytes in_step;     // during a step (ZeRO-2: full gradients, ZeRO-3: gathered units)
+  ModelStateBytes in_step;     // during a step, at its fullest (ZeRO-2/3: what the schedule
+                               // has open beside the shards, PipelineUnitPeak)
+  ModelStateBytes step_peaks;  // during a step, each tag at its own largest
   std::int64_t construct = 0;  // the peak while the strategy is built (bytes, every tag)
 };
 
@@ -135,15 +244,16 @@ inline PipelineRankState runtime_pipeline_rank_state(const Architecture& a, Prec
   r.states = model_state_bytes(r.params, p, zero_stage, dp, Padding::per_unit(segments), optimizer);
   r.states.weights += placeholders * working_bytes(p);
   r.states.grads += placeholders * working_bytes(p);
-  // The step holds full (padded) weights and gradients: one accumulation window (see
-  // pipeline_strategy.hpp's table); ZeRO-0 and 1 hold them between steps as well. Under ZeRO-2
-  // the full gradient buffer sits beside the gradient shard, under ZeRO-3 the gathered units
-  // beside the weight shard too (the shards stay allocated through the step).
+  // During the step ZeRO-0 and 1 hold what they hold between steps (full weights and
+  // gradients); ZeRO-2/3 add what the schedule has open beside the shards, at its fullest.
   r.in_step = r.states;
   const std::int64_t w = working_bytes(p);
-  const std::int64_t full = shard_elements(r.params, dp, Padding::per_unit(segments)) * dp;
-  if (zero_sharding(zero_stage).shards_grads) r.in_step.grads += full * w;
-  if (zero_sharding(zero_stage).shards_params) r.in_step.weights += full * w;
+  const PipelineUnitPeak open = runtime_pipeline_unit_peak(a, p, zero_stage, dp, s, rank, t);
+  r.in_step.weights += open.weights;
+  r.in_step.grads += open.grads;
+  r.step_peaks = r.states;
+  r.step_peaks.weights += open.most_weights;
+  r.step_peaks.grads += open.most_grads;
   // Construction: under ZeRO 1-3 the chunks are built with their own weights and gradients
   // (2·params·w), which the strategy copies into its flat buffers before they are freed.
   r.construct = r.states.total() + (zero_stage == 0 ? 0 : 2 * r.params * w);
@@ -332,10 +442,13 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
 ///         sequence parallelism; no header: the table knows every message's size); per step 16 B
 ///         of step scalars (loss and Σg², all-reduced over the stages)
 ///   tie   the ranks of the first and the last chunk all-reduce the tied wte's gradient slice
-///         (Vp/tp rows) — nothing when one rank holds both ends (ZB-V)
-///   dp    ZeRO 0: every gradient all-reduced once per step, and the loss's double; ZeRO 1-3:
-///         one reduce-scatter and one all-gather of the padded segments per step (ZeRO-3
-///         gathers every unit once, at the start of the step), and the loss and Σg² (16 B)
+///         (Vp/tp rows; under ZeRO-2/3 its reduced shard, 1/dp of it padded) — nothing when one
+///         rank holds both ends (ZB-V)
+///   dp    ZeRO 0: every gradient all-reduced once per step, and the loss's double; ZeRO 1:
+///         one reduce-scatter and one all-gather of the padded segments per step; ZeRO 2-3:
+///         every unit reduce-scattered after each of its M backwards, and the updated weights
+///         all-gathered once (ZeRO-2) or every unit gathered for each of its 2M forwards and
+///         backwards (ZeRO-3); and the loss and Σg² (16 B)
 struct PipelineRankTraffic {
   double tp = 0;
   double pp = 0;
@@ -379,8 +492,9 @@ inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
     r.pp = m * sends * act + ring_bytes_sent(Collective::all_reduce, 16.0, s.stages);
     const int first_rank = table.rank_of(0), last_rank = table.rank_of(last_chunk);
     if (first_rank != last_rank && (rank == first_rank || rank == last_rank)) {
-      const std::int64_t rows = t.tp > 1 ? runtime_vocab_rows(a, t) : a.vocab;
-      r.tie = ring_bytes_sent(Collective::all_reduce, static_cast<double>(rows * a.hidden) * w, 2);
+      std::int64_t tied = gpt2_backward_numels(a, t).back();  // wte, as the runtime holds it
+      if (zero_sharding(zero_stage).shards_grads) tied = ceil_div(tied, dp);
+      r.tie = ring_bytes_sent(Collective::all_reduce, static_cast<double>(tied) * w, 2);
     }
   }
   if (dp > 1) {
@@ -394,8 +508,10 @@ inline PipelineRankTraffic runtime_pipeline_traffic(const Architecture& a,
       const auto shard = static_cast<double>(shard_elements(
           state.params, dp,
           Padding::per_unit(runtime_pipeline_segments(a, zero_stage, g.precision, t, parts))));
-      r.dp.reduce_scatter = shard * (n - 1) * w;
-      r.dp.all_gather = shard * (n - 1) * w;
+      const double reduces = z.shards_grads ? m : 1.0;
+      const double gathers = z.shards_params ? 2.0 * m : 1.0;
+      r.dp.reduce_scatter = reduces * shard * (n - 1) * w;
+      r.dp.all_gather = gathers * shard * (n - 1) * w;
       r.dp.all_reduce = ring_bytes_sent(Collective::all_reduce, 16.0, dp);
     }
   }

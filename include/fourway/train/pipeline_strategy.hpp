@@ -41,17 +41,25 @@
 //! instead: the rank's chunks, seen as one model (`pp::ChunkSet`), are handed to
 //! `ShardedStrategy<Zero, ...>` over `dp` (train/sharded_strategy.hpp), which owns their weights,
 //! gradients and the optimizer state of its shard. The micro-batch policy (docs/pipeline.md,
-//! "Pipelines with ZeRO"): gradients accumulate over the M micro-batches in full Ψ_r buffers and
-//! are reduce-scattered once, at the end of the step (every stage); ZeRO-3 all-gathers every unit
-//! of the rank's chunks once, at the start of the step, and frees them after the last backward.
-//! Per step and rank, over dp (Ψ'_r = the rank's parameters padded for D, s = sizeof(T)):
+//! "Pipelines with ZeRO"): under ZeRO-1 gradients accumulate over the M micro-batches in full
+//! Ψ_r buffers and are reduce-scattered once, at the end of the step; under ZeRO-2/3 the
+//! schedule drives the units (`unit_event`, one segment per unit): ZeRO-3 gathers a unit's
+//! weights for each F, BW and B that runs it and frees them after, and every unit's gradients
+//! are bound to full buffers for its backward and reduce-scattered into the shard when the
+//! backward is complete (after the unit in BW, after the chunk's W under a split backward).
+//! Per step and rank, over dp (Ψ'_r = the rank's parameters padded for D, u = its largest
+//! padded unit, s = sizeof(T)):
 //! ```
-//!   Zero  held during the step         held between steps        dp bytes (ring model)
-//!   1     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ', Adam Ψ'/D    RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
-//!   2     W Ψ', G Ψ', Adam Ψ'/D        W Ψ', G Ψ'/D, Adam Ψ'/D  RS Ψ' + AG Ψ'  = 2(D-1)/D Ψ' s
-//!   3     W Ψ', G Ψ', Adam Ψ'/D        W, G, Adam Ψ'/D          AG Ψ' + RS Ψ'  = 2(D-1)/D Ψ' s
+//!   Zero  held during the step             held between steps        dp bytes (ring model)
+//!   1     W Ψ', G Ψ', Adam Ψ'/D            W Ψ', G Ψ', Adam Ψ'/D    RS Ψ' + AG Ψ' = 2(D-1)/D Ψ' s
+//!   2     W Ψ', G Ψ'/D + u, Adam Ψ'/D      W Ψ', G Ψ'/D, Adam Ψ'/D  M RS + 1 AG = (M+1)(D-1)/D Ψ'
+//!   s 3     W Ψ'/D + u, G Ψ'/D + u, Adam     W, G, Adam Ψ'/D          M RS + 2M AG = 3M(D-1)/D Ψ'
+//!   s
 //! ```
-//! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes.
+//! (a split backward holds a chunk's full gradients from its B to its next W instead of u),
+//! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes. The tied `wte`'s two copies
+//! are segments of their own under ZeRO-2/3, so their reduced shards are summed element for
+//! element over the tie group.
 #pragma once
 
 #include <algorithm>
@@ -180,7 +188,9 @@ class PipelineStrategy {
     std::vector<model_type*> mine;
     for (auto& c : chunks_)
       if (c) mine.push_back(c.get());
-    set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp);
+    set_ = std::make_unique<chunk_set_type>(std::move(mine), tied_copy(), pp, own_segments());
+    for (std::size_t c = 0, k = 0; c < chunks_.size(); ++c)
+      chunk_first_unit_.push_back(chunks_[c] ? set_->first_unit(k++) : -1);
     if constexpr (!dp_policy::shards_optimizer_state) {
       std::size_t i = 0;
       visit_parameters([&](Parameter<T, B>& p) { state_.init_master(ctx, i++, p.weight.data()); });
@@ -190,7 +200,8 @@ class PipelineStrategy {
                          "taking (pp, dp)");
       // collectives are issued where the step needs them (see begin_step / finish_step)
       sharded_ = std::make_unique<sharded_type>(
-          ctx, *set_, *dp_, optimizer, ShardedOptions{.bucket_bytes = 0, .overlap = false});
+          ctx, *set_, *dp_, optimizer,
+          ShardedOptions{.bucket_bytes = 0, .overlap = false, .unit_segments = Zero >= 2});
     }
   }
 
@@ -211,15 +222,17 @@ class PipelineStrategy {
     if constexpr (!dp_policy::shards_optimizer_state) {
       for (auto& c : chunks_)
         if (c) zero_grad(*ctx_, *c);
-    } else {
-      // the whole step is one accumulation window of the sharded strategy: pre_forward(0) opens
-      // it, pre_backward(u) of every unit binds zeroed full gradient buffers (ZeRO-2/3) and
-      // gathers the unit's weights (ZeRO-3), which stay until finish_step
+    } else if constexpr (!dp_policy::shards_grads) {
+      // ZeRO-1: the whole step is one accumulation window of the sharded strategy over full
+      // gradients, reduce-scattered once in finish_step
       sharded_->begin_step();
       sharded_->begin_micro_batch(0, 1);
       auto& h = sharded_->hooks();
       h.pre_forward(0);
       for (int u = 0; u < set_->units(); ++u) h.pre_backward(u);
+    } else {
+      // ZeRO-2/3: the schedule drives the units (unit_event)
+      sharded_->begin_step();
     }
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
@@ -240,6 +253,8 @@ class PipelineStrategy {
       for (auto& c : chunks_) ptrs.push_back(c.get());
       executor_ = std::make_unique<pp::Executor<T, B, Comm, Chunk>>(
           *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
+      if constexpr (dp_policy::shards_grads)
+        executor_->on_unit([this](const pp::UnitEvent& e) { unit_event(e); });
     }
     std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
     staged_.resize(2 * static_cast<std::size_t>(M));
@@ -259,10 +274,15 @@ class PipelineStrategy {
     phases_.clear();
     auto t = phase_start();
     if constexpr (dp_policy::shards_optimizer_state) {
-      tie_embedding_gradients();  // on the full, accumulated gradients
-      t = phase_end("tied embedding sum", t);
-      sharded_->end_micro_batch(0, 1);  // ZeRO-2/3: the reduce-scatter; ZeRO-3: weights freed
-      t = phase_end("dp gradient reduce-scatter", t);
+      if constexpr (dp_policy::shards_grads) {
+        tie_embedding_shards();  // every unit was reduce-scattered by the schedule
+        t = phase_end("tied embedding sum", t);
+      } else {
+        tie_embedding_gradients();  // on the full, accumulated gradients
+        t = phase_end("tied embedding sum", t);
+        sharded_->end_micro_batch(0, 1);
+        t = phase_end("dp gradient reduce-scatter", t);
+      }
       StepControl over_pp = c;  // the loss lives on the last stage; the sharded step sums over dp
       over_pp.loss_sum = scalars_.sum(*pp_, std::array<double, 1>{c.loss_sum})[0];
       t = phase_end("step scalars all-reduce", t);
@@ -502,6 +522,70 @@ class PipelineStrategy {
   void tie_embedding_gradients() {
     if constexpr (tied_head) tie_embedding_gradients_now();
   }
+  /// ZeRO-2/3: the same sum on the reduced shards. Both copies of `wte` are segments of their
+  /// own (own_segments), padded alike, so a rank's shards of the two hold the same elements.
+  void tie_embedding_shards() {
+    if constexpr (tied_head) {
+      if (table_.chunks() == 1) return;
+      model_type* first = chunks_.front().get();
+      model_type* last = last_chunk();
+      if (first != nullptr && last != nullptr) {
+        const auto g0 = sharded_->gradient_shard_of(first->wte());
+        const auto g1 = sharded_->gradient_shard_of(last->wte());
+        const auto n = static_cast<std::int64_t>(g0.size());
+        Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), n);
+        Ops<B>::copy(*ctx_, g1.data(), g0.data(), n);
+      } else if (first != nullptr || last != nullptr) {
+        const auto g = sharded_->gradient_shard_of((first != nullptr ? first : last)->wte());
+        tie_->all_reduce(g.data(), g.data(), static_cast<std::int64_t>(g.size()), ReduceOp::sum);
+      }
+    }
+  }
+  /// ZeRO-2/3: the copies of a tied `wte` (first and last chunk) are segments of their own.
+  std::vector<const Parameter<T, B>*> own_segments() const {
+    std::vector<const Parameter<T, B>*> out;
+    if constexpr (tied_head && Zero >= 2) {
+      if (table_.chunks() > 1) {
+        if (chunks_.front()) out.push_back(&chunks_.front()->wte());
+        if (last_chunk() != nullptr) out.push_back(&last_chunk()->wte());
+      }
+    }
+    return out;
+  }
+  /// ZeRO-2/3 across the replicas, unit by unit as the schedule runs them (pp::UnitEvent):
+  ///   F        gather the unit's weights (ZeRO-3), run, free them
+  ///   BW       gather, bind full gradient buffers (carrying the shard so far), run, free the
+  ///            weights, reduce-scatter the gradients the unit completes and free their buffers
+  ///   B        gather, bind, run, free the weights; the buffers stay for W
+  ///   W        bind every unit of the chunk (fresh buffers when an earlier W reduced them),
+  ///            run the queued dW GEMMs, reduce-scatter every unit (last first) and free them
+  /// A reduce-scatter may carry part of a later micro-batch (a B that ran before this W): the
+  /// sum is linear and each contribution sits in exactly one reduced buffer, so the shard is the
+  /// same. The replicas of a stage run the same table row, so they issue the same collectives
+  /// in the same order.
+  void unit_event(const pp::UnitEvent& e) {
+    using Op = schedule::Op;
+    const auto c = static_cast<std::size_t>(e.chunk);
+    const int base = chunk_first_unit_[c];
+    if (e.unit < 0) {
+      if (e.op != Op::backward_weight) return;
+      const int units = chunks_[c]->units();
+      if (e.before) {
+        for (int u = 0; u < units; ++u) sharded_->open_unit_gradients(base + u);
+      } else {
+        for (int u = units; u-- > 0;) sharded_->reduce_unit_gradients(base + u);
+      }
+      return;
+    }
+    const int u = base + e.unit;
+    if (e.before) {
+      sharded_->gather_unit(u);
+      if (e.op != Op::forward) sharded_->open_unit_gradients(u);
+      return;
+    }
+    sharded_->release_unit(u);
+    if (e.op == Op::backward) sharded_->reduce_unit_gradients(u);
+  }
   void tie_embedding_gradients_now() {
     if (table_.chunks() == 1) return;
     model_type* first = chunks_.front().get();
@@ -586,6 +670,7 @@ class PipelineStrategy {
   std::int64_t elements_ = -1;  // message size the executor's table was made for
   bool time_phases_ = false;
   std::vector<Phase> phases_;
+  std::vector<int> chunk_first_unit_;  // chunk c's first unit in the chunk set (-1: not here)
 };
 
 }  // namespace fourway

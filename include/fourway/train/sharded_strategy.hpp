@@ -73,6 +73,9 @@ struct ShardedOptions {
   /// Issue collectives during backward (and prefetch the next unit under stage 3). Off: every
   /// collective is issued and waited where its result is needed (for benchmarks).
   bool overlap = true;
+  /// Stages 1-2: one segment per unit instead of buckets (stage 3 always has them), for a caller
+  /// that drives the units itself (`gather_unit` ... `reduce_unit_gradients`: a pipeline).
+  bool unit_segments = false;
 };
 
 /// A model split over a model-parallel group as well (tp::Gpt, parallel/tp/gpt.hpp): it says
@@ -137,7 +140,7 @@ class ShardedStrategy {
         options_(options),
         rank_(comm.rank()),
         size_(comm.size()),
-        params_(model, Stage, size_, options.bucket_bytes),
+        params_(model, Stage, size_, options.bucket_bytes, options.unit_segments),
         model_grads_released_(release_model_grads()),
         owner_rank_(policy::shards_optimizer_state ? rank_ : 0),
         tiles_(shard_tiles()),
@@ -228,6 +231,42 @@ class ShardedStrategy {
       if (!r.skipped) gather_working_weights();
     }
     return r;
+  }
+
+  // ---- driven unit by unit (a pipeline's schedule, train/pipeline_strategy.hpp) -----------------
+  // Instead of the hooks, whose order is the model's forward and backward, a caller that runs the
+  // units in its own order (pp::Executor: micro-batches interleaved, backward split into B and W)
+  // brackets each unit with these; with `unit_segments` every segment is one unit's. Every rank
+  // of the group must make the same calls in the same order (the collectives are issued here).
+
+  /// Stage 3: unit u's weights all-gathered and bound (waits); a no-op under stages 0-2.
+  void gather_unit(int u) {
+    if constexpr (policy::shards_params) gatherer_.acquire(u);
+  }
+  /// Stage 3: unit u's gathered weights freed.
+  void release_unit(int u) {
+    if constexpr (policy::shards_params) gatherer_.release(u, -1);
+  }
+  /// Stages 2-3: unit u's gradients bound to full buffers that carry the step's shard so far.
+  void open_unit_gradients(int u) { reducer_.open_unit(u); }
+  /// Stages 2-3: the segments unit u completes reduce-scattered into the shard (waited), their
+  /// full buffers freed.
+  void reduce_unit_gradients(int u) { reducer_.reduce_unit(u); }
+  /// Stages 2-3: this rank's reduced gradient shard of parameter `p`, which must be a segment of
+  /// its own (the model's `own_segment`): elements [r·shard, (r+1)·shard) of it, padding
+  /// included, so that two such parameters of the same shape hold the same elements on a rank.
+  [[nodiscard]] std::span<T> gradient_shard_of(const Parameter<T, B>& p) {
+    static_assert(policy::shards_grads,
+                  "fourway: gradient_shard_of needs sharded gradients (ZeRO-2 or 3)");
+    const int i = params_.index_of(p);
+    check<ConfigError>(i >= 0, "fourway: gradient_shard_of: '", p.name,
+                       "' is not a parameter of the model");
+    const int s = params_.segment_of(i);
+    const auto& seg = layout().segment(s);
+    check<ConfigError>(layout().slots_of(s).size() == 1, "fourway: gradient_shard_of: '", p.name,
+                       "' shares its segment with other parameters; the model must mark it "
+                       "own_segment");
+    return {reducer_.shard() + seg.shard_offset, static_cast<std::size_t>(seg.shard)};
   }
 
   // ---- loading and saving: each rank touches only what it owns --------------------------------

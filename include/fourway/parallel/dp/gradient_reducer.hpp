@@ -12,10 +12,12 @@
 //! With `overlap`, segment s's collective is issued from the `post_backward` of
 //! `layout.ready_unit(s)` (stages 0-1: of the last micro-batch only; gradients accumulate locally
 //! before); without, all are issued at the end (`end_micro_batch` for stages 2-3, `before_step`
-//! for 0-1). Stages 2-3 accumulate micro-batches in the shard: the shard so far is copied into the
-//! rank's own slice of the fresh full segment before the next reduce-scatter, so the sum carries
-//! it. Gradients are SUMMED over ranks. Every collective goes into the strategy's `WorkQueue`,
-//! which must be waited on (`wait_all`) before the gradients are read.
+//! for 0-1). Stages 2-3 accumulate micro-batches in the shard: once a segment has been reduced in
+//! the step, the shard so far is copied into the rank's own slice of its fresh full buffer before
+//! the next reduce-scatter, so the sum carries it. A pipeline drives stages 2-3 unit by unit
+//! instead (`open_unit`, `reduce_unit`: its schedule, not the model, says when a unit's
+//! gradients are complete). Gradients are SUMMED over ranks. Every collective goes into the
+//! strategy's `WorkQueue`, which must be waited on (`wait_all`) before the gradients are read.
 #pragma once
 
 #include <algorithm>
@@ -56,6 +58,7 @@ class GradientReducer {
       ops::fill(ctx, shard_g_.data(), shard_g_.numel(), zero());
       bucket_g_.resize(static_cast<std::size_t>(segments));
       grad_pending_.assign(static_cast<std::size_t>(segments), 0);
+      carried_.assign(static_cast<std::size_t>(segments), 0);
     }
     for (int s = 0; s < segments; ++s) {
       layout.bind_grads(s,
@@ -76,11 +79,13 @@ class GradientReducer {
       ops::fill(*ctx_, full_g_.data(), full_g_.numel(), zero());
     } else {
       ops::fill(*ctx_, shard_g_.data(), shard_g_.numel(), zero());
+      std::fill(carried_.begin(), carried_.end(), 0);
     }
   }
   void begin_micro_batch(int i, int n) {
     micro_ = i;
     micro_count_ = n;
+    if (i == 0) std::fill(carried_.begin(), carried_.end(), 0);  // a new accumulation window
   }
   void end_micro_batch() {
     if constexpr (policy::shards_grads) {
@@ -98,6 +103,24 @@ class GradientReducer {
     if (overlap_ && (policy::shards_grads || micro_ == micro_count_ - 1)) {
       for (int s = 0; s < layout_->segment_count(); ++s) {
         if (layout_->ready_unit(s) == u) launch(s);
+      }
+    }
+  }
+  /// Stages 2-3, driven by a schedule: unit u's segments get full gradient buffers (each carrying
+  /// the shard reduced so far in the step), kept until `reduce_unit` of their ready unit.
+  void open_unit(int u) {
+    if constexpr (policy::shards_grads) {
+      for (int s : layout_->unit_segments(u)) bind_bucket_grad(s);
+    }
+  }
+  /// Stages 2-3, driven by a schedule: the segments unit u completes are reduce-scattered into
+  /// the shard now, and their full buffers freed once that is done (waited here).
+  void reduce_unit(int u) {
+    if constexpr (policy::shards_grads) {
+      for (int s = 0; s < layout_->segment_count(); ++s) {
+        if (layout_->ready_unit(s) != u) continue;
+        issue(s);
+        queue_->wait_for(s, WorkKind::gradient);
       }
     }
   }
@@ -121,6 +144,9 @@ class GradientReducer {
     auto& done = reduced_[static_cast<std::size_t>(s)];
     if (done) return;
     done = 1;
+    issue(s);
+  }
+  void issue(int s) {
     const FlatLayout& flat = layout_->flat();
     const auto& seg = flat.segment(s);
     if constexpr (!policy::shards_optimizer_state) {
@@ -136,6 +162,7 @@ class GradientReducer {
       auto& full = bucket_g_[static_cast<std::size_t>(s)];
       if (full.empty() && seg.padded > 0) bind_bucket_grad(s);
       grad_pending_[static_cast<std::size_t>(s)] = 1;
+      carried_[static_cast<std::size_t>(s)] = 1;
       queue_->push(comm_->reduce_scatter_async(full.data(), shard_g_.data() + seg.shard_offset,
                                                seg.shard, ReduceOp::sum),
                    s, WorkKind::gradient, [this, s] {
@@ -155,7 +182,7 @@ class GradientReducer {
     if (seg.padded == 0) return;
     full = Tensor<T, B>(Shape{seg.padded}, MemTag::grads, ctx_->memory());
     ops::fill(*ctx_, full.data(), seg.padded, zero());
-    if (micro_ > 0) {
+    if (carried_[static_cast<std::size_t>(s)]) {
       ops::copy(*ctx_, full.data() + static_cast<std::int64_t>(rank_) * seg.shard,
                 shard_g_.data() + seg.shard_offset, seg.shard);
     }
@@ -176,6 +203,7 @@ class GradientReducer {
   Tensor<T, B> shard_g_;                // stages 2-3
   std::vector<Tensor<T, B>> bucket_g_;  // stages 2-3: full gradient of a segment, transient
   std::vector<char> grad_pending_;
+  std::vector<char> carried_;  // stages 2-3: the segment was reduced earlier in the step
   std::vector<char> reduced_;
   int micro_ = 0;
   int micro_count_ = 1;

@@ -5,7 +5,11 @@
 //! parameter belongs to the segment of the *last* unit whose backward touches it (the tied `wte`
 //! of the GPT: unit 0), so a segment's gradients are final after that unit's `post_backward`.
 //! Segments are FSDP units under stage 3 (one per unit) and gradient buckets of `bucket_bytes`
-//! otherwise, packed in backward order (last unit first, parameters in reverse visit order).
+//! otherwise, packed in backward order (last unit first, parameters in reverse visit order);
+//! `per_unit` makes them units under stages 1-2 too (a pipeline's ZeRO-2, which reduces unit by
+//! unit). In the per-unit layout a parameter the model marks `own_segment(i)` (optional member:
+//! the pipeline's two copies of a tied embedding, whose reduced shards are summed element for
+//! element) is a segment of its own, placed before the rest of its unit.
 //! Stage 0 keeps one shard (everything on every rank); stages 1-3 split each segment over the
 //! group. The layout holds pointers to the model's parameters, which must outlive it.
 #pragma once
@@ -29,8 +33,9 @@ template <class T, class B>
 class ParameterLayout {
  public:
   template <class Model>
-  ParameterLayout(Model& model, int stage, int group_size, std::int64_t bucket_bytes)
-      : layout_(build(model, stage, group_size, bucket_bytes)) {}
+  ParameterLayout(Model& model, int stage, int group_size, std::int64_t bucket_bytes,
+                  bool per_unit = false)
+      : layout_(build(model, stage, group_size, bucket_bytes, per_unit)) {}
 
   [[nodiscard]] const FlatLayout& flat() const { return layout_; }
   [[nodiscard]] int segment_count() const { return layout_.segment_count(); }
@@ -46,6 +51,13 @@ class ParameterLayout {
   }
   /// The unit whose `post_backward` completes segment `s`'s gradients.
   [[nodiscard]] int ready_unit(int s) const { return ready_unit_[static_cast<std::size_t>(s)]; }
+  /// The segment parameter `i` lies in.
+  [[nodiscard]] int segment_of(int i) const { return segment_of_[static_cast<std::size_t>(i)]; }
+  /// The index of parameter `p` (`visit_parameters` order), or -1 when it is not the model's.
+  [[nodiscard]] int index_of(const Parameter<T, B>& p) const {
+    const auto it = std::find(params_.begin(), params_.end(), &p);
+    return it == params_.end() ? -1 : static_cast<int>(it - params_.begin());
+  }
 
   /// Points the weights of segment `s`'s parameters into `segment_base` (the segment's first
   /// element), or at nothing when it is null.
@@ -66,7 +78,7 @@ class ParameterLayout {
   }
 
   template <class Model>
-  FlatLayout build(Model& model, int stage, int size, std::int64_t bucket_bytes) {
+  FlatLayout build(Model& model, int stage, int size, std::int64_t bucket_bytes, bool per_unit) {
     check<ConfigError>(size >= 1, "fourway: data-parallel group of ", size, " ranks");
     std::unordered_map<const void*, int> index;
     model.visit_parameters([&](Parameter<T, B>& p) {
@@ -92,13 +104,28 @@ class ParameterLayout {
     }
     const ZeroSharding sharding = zero_sharding(stage);
     std::vector<std::vector<std::pair<int, std::int64_t>>> segs;
-    if (sharding.shards_params) {
-      segs.resize(static_cast<std::size_t>(U));
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        segs[static_cast<std::size_t>(last_unit[i])].emplace_back(static_cast<int>(i),
-                                                                  shapes_[i].numel());
+    if (sharding.shards_params || per_unit) {
+      for (int u = 0; u < U; ++u) {
+        std::vector<std::pair<int, std::int64_t>> rest;
+        bool alone_before = false;
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+          if (last_unit[i] != u) continue;
+          bool alone = false;
+          if constexpr (requires { model.own_segment(0); })
+            alone = model.own_segment(static_cast<int>(i));
+          if (alone) {
+            segs.push_back({{static_cast<int>(i), shapes_[i].numel()}});
+            ready_unit_.push_back(u);
+            alone_before = true;
+          } else {
+            rest.emplace_back(static_cast<int>(i), shapes_[i].numel());
+          }
+        }
+        if (!rest.empty() || !alone_before) {
+          segs.push_back(std::move(rest));
+          ready_unit_.push_back(u);
+        }
       }
-      for (int u = 0; u < U; ++u) ready_unit_.push_back(u);
     } else {
       std::vector<int> order;  // backward order: by last unit descending, then reverse visit
       for (int u = U - 1; u >= 0; --u) {
@@ -121,15 +148,15 @@ class ParameterLayout {
       }
     }
     FlatLayout layout(segs, sharding.shards_optimizer_state ? size : 1);
-    std::vector<int> segment_of(params_.size(), 0);
+    segment_of_.assign(params_.size(), 0);
     for (const auto& slot : layout.slots()) {
-      segment_of[static_cast<std::size_t>(slot.param)] = slot.segment;
+      segment_of_[static_cast<std::size_t>(slot.param)] = slot.segment;
     }
     touch_.assign(static_cast<std::size_t>(U), {});
     for (int u = 0; u < U; ++u) {
       auto& t = touch_[static_cast<std::size_t>(u)];
       for (int i : unit_params[static_cast<std::size_t>(u)]) {
-        t.push_back(segment_of[static_cast<std::size_t>(i)]);
+        t.push_back(segment_of_[static_cast<std::size_t>(i)]);
       }
       std::sort(t.begin(), t.end());
       t.erase(std::unique(t.begin(), t.end()), t.end());
@@ -140,6 +167,7 @@ class ParameterLayout {
   std::vector<Parameter<T, B>*> params_;
   std::vector<Shape> shapes_;
   std::vector<int> ready_unit_;
+  std::vector<int> segment_of_;
   std::vector<std::vector<int>> touch_;
   FlatLayout layout_;
 };

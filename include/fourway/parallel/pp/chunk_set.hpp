@@ -10,6 +10,9 @@
 //!                    has more than one chunk): Σg² counts the tied embedding once; for
 //!                    tensor-parallel chunks (tp::Gpt) also what the chunk says (a replicated
 //!                    parameter counts on tp rank 0 only)
+//!   own_segment      the parameters the pipeline names (the two copies of a tied `wte` under
+//!                    ZeRO-2/3, whose reduced shards it sums element for element): each is a
+//!                    segment of its own in the sharded layout (parallel/dp/parameter_layout.hpp)
 //!   state_view       the chunk's (checkpoints); the tied copy of `wte` is not written
 //!   sum_over_model_parallel   Σg² summed over the pipeline group (every stage's parameters),
 //!                    then over the chunks' tensor-parallel group when they have one
@@ -17,6 +20,7 @@
 //! Holds pointers to the chunks and the pipeline communicator, which must outlive it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -36,8 +40,10 @@ class ChunkSet {
   using chunk_type = Chunk;
 
   /// `chunks`: this rank's chunks in model order; `tied_copy`: the LM head's copy of `wte` on
-  /// this rank (null when the rank holds none or the model is one chunk).
-  ChunkSet(std::vector<chunk_type*> chunks, const Parameter<T, B>* tied_copy, Comm& pp)
+  /// this rank (null when the rank holds none or the model is one chunk); `alone`: parameters
+  /// that are segments of their own.
+  ChunkSet(std::vector<chunk_type*> chunks, const Parameter<T, B>* tied_copy, Comm& pp,
+           std::vector<const Parameter<T, B>*> alone = {})
       : chunks_(std::move(chunks)), pp_(&pp) {
     check<ConfigError>(!chunks_.empty(), "fourway: a pipeline rank with no chunk");
     for (std::size_t k = 0; k < chunks_.size(); ++k) {
@@ -47,6 +53,7 @@ class ChunkSet {
         bool counted = &p != tied_copy;
         if constexpr (requires { c->counts_in_norm(i); }) counted = counted && c->counts_in_norm(i);
         counted_.push_back(counted);
+        own_segment_.push_back(std::find(alone.begin(), alone.end(), &p) != alone.end());
         where_.push_back({k, i, &p});
         ++i;
       });
@@ -69,6 +76,12 @@ class ChunkSet {
     chunks_[c]->visit_unit_parameters(u - first_unit_[c], f);
   }
 
+  /// Whether parameter `param` is a segment of its own (ParameterLayout).
+  [[nodiscard]] bool own_segment(int param) const {
+    return own_segment_.at(static_cast<std::size_t>(param));
+  }
+  /// Chunk k's (this rank's k-th) first unit in the set's numbering.
+  [[nodiscard]] int first_unit(std::size_t k) const { return first_unit_.at(k); }
   [[nodiscard]] bool counts_in_norm(int param) const {
     return counted_.at(static_cast<std::size_t>(param));
   }
@@ -103,6 +116,7 @@ class ChunkSet {
     const Parameter<T, B>* param;
   };
   std::vector<bool> counted_;
+  std::vector<bool> own_segment_;
   std::vector<Where> where_;
   std::vector<int> first_unit_;
   int units_ = 0;

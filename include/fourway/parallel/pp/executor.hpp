@@ -40,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,17 @@ struct MicroBatch {
 };
 
 /// A timed piece of a step: a compute action, or a p2p group (op = its first action's).
+/// A unit of a compute action, or the action itself (`unit` -1), before or after it runs. `unit`
+/// is the chunk's own numbering: the embedding 0 when the chunk has it, its blocks, the head last
+/// (the `units()` / `visit_unit_parameters` numbering of the chunk). W (`Op::backward_weight`)
+/// has the action events only: it runs the dW GEMMs B queued, which read no weights.
+struct UnitEvent {
+  schedule::Op op = schedule::Op::forward;
+  int chunk = 0;
+  int unit = -1;
+  bool before = true;
+};
+
 struct ExecSpan {
   schedule::Op op = schedule::Op::forward;
   int micro_batch = 0;
@@ -152,6 +164,10 @@ class Executor {
   [[nodiscard]] const std::vector<ExecSpan>& spans() const { return spans_; }
   /// Called on this rank's thread after every compute action (tests observe B and W with it).
   void on_compute(std::function<void(const schedule::Action&)> f) { on_compute_ = std::move(f); }
+  /// Called before and after every unit a compute action runs, and at the action's start and end
+  /// (`UnitEvent::unit` -1): the owner of the chunks' units (ZeRO-2/3 across the replicas of a
+  /// stage, train/pipeline_strategy.hpp) gathers and reduces there.
+  void on_unit(std::function<void(const UnitEvent&)> f) { on_unit_ = std::move(f); }
   /// When the last `run` began: the origin of its spans (to line up the ranks' spans).
   [[nodiscard]] std::chrono::steady_clock::time_point spans_origin() const { return t0_; }
 
@@ -235,22 +251,54 @@ class Executor {
   [[nodiscard]] Shape shape() const { return boundary_; }
 
   double compute(const schedule::Action& a, std::span<const MicroBatch<B>> mbs, float grad_scale) {
+    unit_event(a.op, a.chunk, -1, true);
+    const double loss = run_action(a, mbs, grad_scale);
+    unit_event(a.op, a.chunk, -1, false);
+    return loss;
+  }
+  void unit_event(Op op, int c, int u, bool before) {
+    if (on_unit_) on_unit_(UnitEvent{op, c, u, before});
+  }
+  /// Runs `f()` as unit u of chunk c inside action `op` (an exception skips the after event:
+  /// the step is abandoned).
+  template <class F>
+  auto as_unit(Op op, int c, int u, F&& f) {
+    unit_event(op, c, u, true);
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      unit_event(op, c, u, false);
+    } else {
+      auto r = f();
+      unit_event(op, c, u, false);
+      return r;
+    }
+  }
+
+  double run_action(const schedule::Action& a, std::span<const MicroBatch<B>> mbs,
+                    float grad_scale) {
     const int mb = a.micro_batch;
     const int c = a.chunk;
     Model& g = *chunks_[idx(c)];
     Slot& s = slot(mb, c);
     const auto& part = g.part();
+    // the chunk's own unit numbers: the embedding 0 (when it has it), its blocks, the head last
+    const int first_block_unit = part.embedding ? 1 : 0;
+    const int head_unit = first_block_unit + (part.end_block - part.first_block);
+    const auto block_unit = [&](int i) { return first_block_unit + (i - part.first_block); };
     if (a.op == Op::forward) {
       Tensor<T, B> x;
       if (part.embedding) {
-        x = g.forward_embedding(*ctx_, mbs[idx(mb)].tokens, s.stash);
+        x = as_unit(a.op, c, 0,
+                    [&] { return g.forward_embedding(*ctx_, mbs[idx(mb)].tokens, s.stash); });
       } else {
         x = (local(c - 1) ? slot(mb, c - 1).output : s.input).view();
       }
       for (int i = part.first_block; i < part.end_block; ++i)
-        x = g.forward_block(*ctx_, i, x, s.stash);
+        x = as_unit(a.op, c, block_unit(i), [&] { return g.forward_block(*ctx_, i, x, s.stash); });
       if (part.head) {
-        const float loss = g.forward_head(*ctx_, x, mbs[idx(mb)].targets, s.stash);
+        const float loss = as_unit(a.op, c, head_unit, [&] {
+          return g.forward_head(*ctx_, x, mbs[idx(mb)].targets, s.stash);
+        });
         return static_cast<double>(loss) * static_cast<double>(dims_[0]);
       }
       s.output = std::move(x);
@@ -264,15 +312,15 @@ class Executor {
     if (a.op == Op::backward_input) defer.emplace(s.weight_grads);
     Tensor<T, B> dx;
     if (part.head) {
-      dx = g.backward_head(*ctx_, s.stash, grad_scale);
+      dx = as_unit(a.op, c, head_unit, [&] { return g.backward_head(*ctx_, s.stash, grad_scale); });
     } else {
       Slot& next = slot(mb, c + 1);
       dx = local(c + 1) ? std::move(next.grad_out) : std::move(s.grad_in);
     }
     for (int i = part.end_block; i-- > part.first_block;)
-      dx = g.backward_block(*ctx_, i, dx, s.stash);
+      dx = as_unit(a.op, c, block_unit(i), [&] { return g.backward_block(*ctx_, i, dx, s.stash); });
     if (part.embedding) {
-      g.backward_embedding(*ctx_, dx, s.stash);
+      as_unit(a.op, c, 0, [&] { g.backward_embedding(*ctx_, dx, s.stash); });
     } else {
       s.grad_out = std::move(dx);
     }
@@ -375,6 +423,7 @@ class Executor {
   std::vector<Pending> pending_;
   std::vector<ExecSpan> spans_;
   std::function<void(const schedule::Action&)> on_compute_;
+  std::function<void(const UnitEvent&)> on_unit_;
   std::array<std::int64_t, 3> dims_{};  // b, T, C
   Shape boundary_;                      // what passes between chunks
   std::chrono::steady_clock::time_point t0_{};
