@@ -41,7 +41,7 @@ struct Options {
   std::string precision = "fp32";  // run_program sets the target's default before parsing
   bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
   std::string attention = "blockwise";  // fourway-train-cuda, 16-bit: "fused" tensor-core kernels
-  bool checkpoint_activations = false;
+  std::string checkpoint_activations = "none";  // none, selective, full
   int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
   std::string save;
@@ -137,8 +137,11 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add("classifier-chunk", &o.classifier_chunk, "ROWS",
            "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
            "kept)")
-      .add_switch("checkpoint-activations", &o.checkpoint_activations,
-                  "recompute each block's activations in backward")
+      .add_choice_or_bare("checkpoint-activations", &o.checkpoint_activations,
+                          {"none", "selective", "full"}, "full",
+                          "recompute in backward: full = each block's whole stash from its "
+                          "input (alone: full); selective = the attention core and GELU only, "
+                          "the linear layers' outputs kept")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
       .add("save", &o.save, "FILE",
            "save the final weights (.safetensors, HF names) and config.json beside them")

@@ -286,8 +286,7 @@ void train_pipeline_ranks(const Options& o) {
     fw::TokenLoader loader(data, o.batch, o.seq, cfg.vocab);
     if (lead) {
       std::printf("data %s: %zu tokens; model: %d layers, %s, %s\n", data.source().c_str(),
-                  data.size(), cfg.layers, o.precision.c_str(),
-                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+                  data.size(), cfg.layers, o.precision.c_str(), recomputation_text(o));
       std::printf(
           "pipeline: %s over %d stages x %d replicas%s (%s), %d micro-batches of %d "
           "sequences per replica, chunks %s\n",

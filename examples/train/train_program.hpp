@@ -375,8 +375,7 @@ int train(const Options& o) {
               data.source().c_str(), data.size(),
               static_cast<long long>(loader.batches_per_epoch()), o.batch, o.seq);
   std::printf("model: %lld parameters, %s, %s\n", static_cast<long long>(model.num_parameters()),
-              o.precision.c_str(),
-              o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+              o.precision.c_str(), recomputation_text(o));
 
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
@@ -534,7 +533,7 @@ void train_ranks(const Options& o) {
     if (lead) {
       std::printf("data %s: %zu tokens; model: %lld parameters, %s, %s\n", data.source().c_str(),
                   data.size(), static_cast<long long>(psi), o.precision.c_str(),
-                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+                  recomputation_text(o));
       std::printf("%s on %d ranks (%s), bucket %.1f MiB\n",
                   Stage == 0 ? "DataParallel" : ("Sharded<" + std::to_string(Stage) + ">").c_str(),
                   n, o.backend.c_str(), static_cast<double>(o.bucket_mb));

@@ -72,8 +72,7 @@ void train_tp_ranks(const Options& o) {
     const std::string dp_name = groups.group_name(fw::Axis::dp);
     if (lead) {
       std::printf("data %s: %zu tokens; model: %s, %s\n", data.source().c_str(), data.size(),
-                  o.precision.c_str(),
-                  o.checkpoint_activations ? "activation checkpointing" : "no checkpointing");
+                  o.precision.c_str(), recomputation_text(o));
       std::printf(
           "TensorParallel tp=%d%s x %s dp=%d on %d ranks (%s); vocabulary %d padded to "
           "%lld; %d micro-batch%s\n",

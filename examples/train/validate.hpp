@@ -35,6 +35,13 @@
 
 namespace fourway_train {
 
+/// What --checkpoint-activations asked for, as the programs print it.
+inline const char* recomputation_text(const Options& o) {
+  if (o.checkpoint_activations == "full") return "activation checkpointing";
+  if (o.checkpoint_activations == "selective") return "selective recomputation";
+  return "no checkpointing";
+}
+
 inline void check_positive(const char* flag, long long v) {
   fw::check<fw::ConfigError>(v > 0, "fourway: --", flag, " must be positive, got ", v);
 }
@@ -157,7 +164,8 @@ inline fw::models::GptConfig model_config(const Options& o,
   fw::check<fw::ConfigError>(o.seq <= cfg.max_seq, "fourway: --seq ", o.seq,
                              " exceeds the model's context of ", cfg.max_seq,
                              " positions; use --seq <= ", cfg.max_seq);
-  cfg.checkpoint = o.checkpoint_activations;
+  cfg.checkpoint = o.checkpoint_activations == "full";
+  cfg.selective = o.checkpoint_activations == "selective";
   cfg.classifier_chunk = o.classifier_chunk;
   // the tensor-parallel model pads its vocabulary slices itself (tp::TpOptions)
   cfg.vocab_alignment = o.tp > 1 ? 1 : std::max(o.vocab_align, 1);
@@ -466,8 +474,8 @@ inline std::string describe(const Options& o, const TargetTraits& t,
              num(o.grad_clip), ", warmup ", o.warmup, ", min lr ",
              o.min_lr < 0.0f ? std::string("off") : num(o.min_lr), "\n");
   out += cat("precision: ", o.precision, o.tf32 ? ", tf32" : "", ", attention ", o.attention,
-             ", activation checkpointing ", o.checkpoint_activations ? "on" : "off",
-             ", classifier chunk ", o.classifier_chunk, "\n");
+             ", recomputation ", o.checkpoint_activations, ", classifier chunk ",
+             o.classifier_chunk, "\n");
   out +=
       cat("memory: ",
           o.memory_cap_gb > 0 ? cat("cap ", num(o.memory_cap_gb), " GB per rank")

@@ -60,6 +60,7 @@ struct Case {
   int virtual_stages = 1;
   bool sequence_parallel = false;
   bool checkpoint = false;  // every block recomputed in backward
+  bool selective = false;   // the attention core and GELU recomputed in backward
   int sequences = 2;        // per micro-batch and replica
   [[nodiscard]] int ranks() const { return tp * pp * dp; }
   [[nodiscard]] std::string name() const {
@@ -68,7 +69,8 @@ struct Case {
         pp > 1 ? fw::detail::cat(" ", fw::schedule::kind_name(schedule), " m=", micro_batches)
                : std::string(),
         virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "",
-        sequence_parallel ? " sequence-parallel" : "", checkpoint ? " checkpointed" : "");
+        sequence_parallel ? " sequence-parallel" : "", checkpoint ? " checkpointed" : "",
+        selective ? " selective" : "");
   }
 };
 
@@ -121,8 +123,9 @@ std::vector<RankMeasure> run(const Case& c) {
     mo.tensor.sequence_parallel = c.sequence_parallel;
     fw::TrainerOptions to;
     to.micro_batches = c.micro_batches;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(c.checkpoint), 11, mo,
-                     fw::AdamW{});
+    fw::models::GptConfig cfg = harness::mesh_gpt(c.checkpoint);
+    cfg.selective = c.selective;
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, cfg, 11, mo, fw::AdamW{});
     world.counters().reset();  // the step's traffic only
     const auto built = static_cast<std::int64_t>(w.memory().total_peak());
     const auto built_activations = static_cast<std::int64_t>(w.memory().peak(MemTag::activations));
@@ -184,7 +187,9 @@ fp::Plan plan_of(const Case& c, fp::Precision p) {
   st.schedule = c.schedule;
   st.virtual_stages = c.virtual_stages;
   st.sequence_parallel = c.sequence_parallel;
-  st.checkpointing = c.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
+  st.checkpointing = c.checkpoint  ? fp::Checkpointing::full
+                     : c.selective ? fp::Checkpointing::selective
+                                   : fp::Checkpointing::none;
   st.precision = p;
   fp::Options o;
   o.footprint = fp::Footprint::fourway;
@@ -372,6 +377,29 @@ TEST(PlanRuntimePipeline, SequenceParallelAndCheckpointed) {
   Case pp_only = mesh(1, 3, 1, 0, Kind::zb_h1, 3);
   pp_only.checkpoint = true;
   check<float>(pp_only);
+}
+
+// Selective recomputation (`--checkpoint-activations selective`): the activation peak of the
+// fullest tp rank equals the planner's with a fused backward (1f1b, interleaved) and a split one
+// (zb-h1, zb-v: GELU's recomputed output beside W's copies), with tensor and sequence
+// parallelism, and without a pipeline.
+TEST(PlanRuntimePipeline, SelectiveRecomputation) {
+  const auto sel = [](Case c, bool sequence_parallel = false) {
+    c.selective = true;
+    c.sequence_parallel = sequence_parallel;
+    return c;
+  };
+  check<float>(sel(mesh(1, 2, 2, 3, Kind::one_f_one_b, 2)));
+  check<float>(sel(mesh(1, 3, 1, 0, Kind::zb_h1, 3)));
+  check<float>(sel(mesh(2, 2, 2, 2, Kind::zb_v, 2), true));
+  check<float>(sel(mesh(2, 2, 1, 1, Kind::interleaved, 4, 2)));
+  check<float>(sel(mesh(2, 2, 1, 0, Kind::one_f_one_b, 2), true));
+  check<fw::bf16>(sel(mesh(2, 2, 2, 0, Kind::gpipe, 2)));
+  check_flat(sel(mesh(1, 1, 4, 3, Kind::gpipe, 1)));
+  check_flat(sel(mesh(2, 1, 2, 0, Kind::gpipe, 1)));
+  Case sp = sel(mesh(4, 1, 2, 1, Kind::gpipe, 1), true);
+  sp.sequences = 4;
+  check_flat(sp);
 }
 
 // Every pipeline mesh of the equivalence matrix (tests/parallel/mesh_matrix_test.cpp), schedule,

@@ -88,6 +88,12 @@ Measured one_rank_step(const fw::models::GptConfig& cfg, std::int64_t B, std::in
   return r;
 }
 
+fp::Checkpointing recompute_of(const fw::models::GptConfig& cfg) {
+  return cfg.checkpoint  ? fp::Checkpointing::full
+         : cfg.selective ? fp::Checkpointing::selective
+                         : fp::Checkpointing::none;
+}
+
 template <class T>
 void check_one_rank(fw::models::GptConfig cfg, std::int64_t B, std::int64_t Tn, int micro_batches) {
   const fp::Precision p = precision_of<T>();
@@ -103,8 +109,9 @@ void check_one_rank(fw::models::GptConfig cfg, std::int64_t B, std::int64_t Tn, 
   EXPECT_EQ(plan.total(), 16 * psi);
 
   // Activations: fourway's own model of its stash.
-  const fp::GptActivationShape x{B, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
-  const std::int64_t model = fp::runtime_activation_bytes(x, cfg.checkpoint);
+  const fp::GptActivationShape x{B,         Tn,         cfg.dim, cfg.heads,
+                                 cfg.vocab, cfg.layers, p,       cfg.classifier_chunk};
+  const std::int64_t model = fp::runtime_activation_bytes(x, recompute_of(cfg));
   const double rel =
       static_cast<double>(model - m.activation_peak) / static_cast<double>(m.activation_peak);
   EXPECT_LE(std::abs(rel), 0.10) << "planner " << model << " B, accountant peak "
@@ -136,6 +143,19 @@ TEST(PlanRuntimeValidation, OneRankBf16CheckpointedWithLargeVocabulary) {
   auto cfg = odd_config(true);
   cfg.vocab = 1031;  // the head outweighs one block: the other branch of the checkpointed peak
   check_one_rank<fw::bf16>(cfg, 2, 13, 1);
+}
+// Selective recomputation, each branch of its peak: the last block's whole stash (a small head),
+// the head beside the reduced stashes (a large vocabulary), GELU's recomputed output (the fused
+// classifier keeps no logits).
+TEST(PlanRuntimeValidation, OneRankSelective) {
+  auto cfg = odd_config(false);
+  cfg.selective = true;
+  check_one_rank<float>(cfg, 3, 19, 1);
+  cfg.vocab = 1031;
+  check_one_rank<fw::bf16>(cfg, 2, 13, 1);
+  cfg.vocab = 97;
+  cfg.classifier_chunk = 5;
+  check_one_rank<fw::bf16>(cfg, 2, 13, 2);
 }
 // The padded vocabulary at tp = 1 (GptConfig::vocab_alignment, 97 -> 128 rows): the runtime
 // model's element counts (wte's padded rows) and its activation formula with the logits as wide
@@ -237,7 +257,7 @@ void check_mesh(const MeshCase& mc) {
   const fp::ModelStateBytes plan =
       fp::runtime_model_state_bytes(arch, p, mc.stage, mc.ranks, mc.bucket_bytes);
   const fp::GptActivationShape x{per_rank, Tn, cfg.dim, cfg.heads, cfg.vocab, cfg.layers, p};
-  const std::int64_t act = fp::runtime_activation_bytes(x, cfg.checkpoint);
+  const std::int64_t act = fp::runtime_activation_bytes(x, recompute_of(cfg));
   const fp::DataParallelBytes traffic = fp::runtime_data_parallel_bytes(
       arch, p, mc.stage, mc.ranks, mc.micro_batches, mc.bucket_bytes);
   // The planner itself, asked for fourway's footprint of this mesh.
@@ -247,7 +267,7 @@ void check_mesh(const MeshCase& mc) {
   st.micro_batch = per_rank;
   st.micro_batches = mc.micro_batches;
   st.precision = p;
-  st.checkpointing = cfg.checkpoint ? fp::Checkpointing::full : fp::Checkpointing::none;
+  st.checkpointing = recompute_of(cfg);
   fp::Options opts;
   opts.footprint = fp::Footprint::fourway;
   opts.bucket_bytes = mc.bucket_bytes;

@@ -165,8 +165,10 @@ TEST(FourwayTrain, SaveThenInitFromRoundTripsBitwise) {
 TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
   for (const std::string extra :
        {"--precision bf16", "--precision fp16", "--checkpoint-activations", "--classifier-chunk 5",
-        "--classifier-chunk 5 --ranks 3 --zero 3",
-        "--classifier-chunk 7 --pp 2 --micro-batches 3"}) {
+        "--classifier-chunk 5 --ranks 3 --zero 3", "--classifier-chunk 7 --pp 2 --micro-batches 3",
+        "--checkpoint-activations selective",
+        "--checkpoint-activations selective --tp 2 --pp 2 --ranks 4 --micro-batches 3 "
+        "--schedule zb-h1 --sequence-parallel"}) {
     const auto log = scratch("lp.jsonl");
     const ProgramRun r = run(golden_flags() + " " + extra + " --log-json '" + log.string() + "'");
     ASSERT_EQ(r.status, 0) << extra << ": " << r.err;
@@ -175,9 +177,10 @@ TEST(FourwayTrain, LowPrecisionAndCheckpointingRunAndLearn) {
     const auto e = fw::SafetensorsFile::read(expected);
     const auto loss = e.read<float>(e.at("loss"));
     // bf16 keeps 8 mantissa bits: the first loss (same weights, rounded) within 2%; checkpointing
-    // recomputes the same arithmetic, and the fused classifier (5 or 7 token rows of logits at a
-    // time, on one rank, three ZeRO-3 ranks and a two-stage pipeline) sums wte's head gradient
-    // chunk by chunk: both as exact as fp32.
+    // (full, or selective on one rank and on a tp2·pp2 ZB-H1 mesh) recomputes the same arithmetic,
+    // and the fused classifier (5 or 7 token rows of logits at a time, on one rank, three ZeRO-3
+    // ranks and a two-stage pipeline) sums wte's head gradient chunk by chunk: both as exact as
+    // fp32.
     const bool fp32 = extra[2] == 'c';
     EXPECT_NEAR(json_field(lines[0], "loss"), loss[0], (fp32 ? 1e-5 : 2e-2) * loss[0]) << extra;
     EXPECT_NEAR(json_field(lines[7], "loss"), loss[7], (fp32 ? 1e-5 : 5e-2) * loss[7]) << extra;

@@ -52,7 +52,17 @@ class CausalSelfAttention {
     return c_proj_.forward(ctx, s.y, s.c_proj);
   }
 
+  /// Selective recomputation: frees the attention core's output and log-sum-exp after forward;
+  /// `recompute` (or backward, when it finds them missing) computes them again from the kept
+  /// q|k|v with the same kernel.
+  void drop_recomputable(Stash& s) const {
+    s.y.reset();
+    s.lse.reset();
+    s.c_proj.x.reset();
+  }
+
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    recompute(ctx, s);
     check<ShapeError>(s.lse.shape().rank() == 3 && dy.numel() == s.y.numel(),
                       "fourway: ", "attention backward without a matching forward: dy ",
                       dy.shape().str());
@@ -82,6 +92,17 @@ class CausalSelfAttention {
   [[nodiscard]] std::int64_t heads() const { return NH_; }
   Linear<T, B>& c_attn() { return c_attn_; }
   Linear<T, B>& c_proj() { return c_proj_; }
+
+  void recompute(const Context<B>& ctx, Stash& s) const {
+    if (!s.y.empty() || s.c_attn.y.shape().rank() != 3) return;
+    const std::int64_t Bn = s.c_attn.y.shape()[0];
+    const std::int64_t Tn = s.c_attn.y.shape()[1];
+    s.lse = detail::activation<float, B>(ctx, Shape{Bn, NH_, Tn});
+    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
+    Ops<B>::flash_attention_forward(ctx, s.y.data(), s.lse.data(), s.c_attn.y.data(), Bn, Tn, C_,
+                                    NH_);
+    s.c_proj.x = s.y.view();
+  }
 
  private:
   std::int64_t C_;

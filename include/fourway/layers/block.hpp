@@ -49,10 +49,21 @@ class TransformerBlock {
     return s.y.view();
   }
 
+  /// Selective recomputation (Korthikanti et al. 2022, Megatron-Core's core-attention recompute):
+  /// after forward, frees what is cheap to recompute — the attention core's output and
+  /// log-sum-exp, GELU's output — and keeps the linear layers' outputs; backward recomputes both
+  /// first, so the rest of it runs on the whole stash, as without recomputation.
+  void drop_recomputable(Stash& s) const {
+    attn_.drop_recomputable(s.attn);
+    mlp_.drop_recomputable(s.mlp);
+  }
+
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     check<ShapeError>(dy.numel() == s.y.numel() && !s.y.empty(), "fourway: TransformerBlock ",
                       "backward without a matching forward: dy ", dy.shape().str());
     const std::int64_t n = dy.numel();
+    attn_.recompute(ctx, s.attn);
+    mlp_.recompute(ctx, s.mlp);
     Tensor<T, B> dr = ln_2_.backward(ctx, mlp_.backward(ctx, dy, s.mlp), s.ln_2);
     Ops<B>::residual_forward(ctx, dr.data(), dr.data(), dy.data(), n);
     Tensor<T, B> dx = ln_1_.backward(ctx, attn_.backward(ctx, dr, s.attn), s.ln_1);

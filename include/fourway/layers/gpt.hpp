@@ -50,6 +50,10 @@ struct GptConfig {
   int vocab = 50257;
   int max_seq = 1024;
   bool checkpoint = false;  // activation checkpointing of every block
+  /// Selective recomputation (when not `checkpoint`): each block frees the attention core's
+  /// output and log-sum-exp and GELU's output after forward and recomputes them in backward,
+  /// keeping the linear layers' outputs (docs/layers.md, "Recomputation").
+  bool selective = false;
   /// Token rows of logits the LM head computes at a time (the fused classifier): 0 computes all
   /// B·T rows at once and keeps the (B, T, V) logits from forward to backward; N > 0 computes N
   /// rows at a time into a workspace of N·V values — logits, then the loss in forward; logits
@@ -165,6 +169,8 @@ class Gpt {
   [[nodiscard]] bool holds_wte() const { return part_.embedding || part_.head; }
   /// Switches activation checkpointing of the blocks (between steps, never inside one).
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
+  /// Switches selective recomputation of the blocks (GptConfig::selective), between steps.
+  void set_selective(bool on) { cfg_.selective = on; }
   /// Rows of logits the head computes at a time (GptConfig::classifier_chunk; between steps).
   void set_classifier_chunk(int rows) {
     check<ConfigError>(rows >= 0, "fourway: classifier_chunk=", rows, " must be >= 0");
@@ -254,7 +260,10 @@ class Gpt {
     if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
     auto& b = blocks_[local_block(i)];
     auto& bs = s.blocks[local_block(i)];
-    return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+    if (cfg_.checkpoint) return b.forward(ctx, x, bs);
+    Tensor<T, B> y = b.inner().forward(ctx, x, bs.inner);
+    if (cfg_.selective) b.inner().drop_recomputable(bs.inner);
+    return y;
   }
   /// Unit L+1: ln_f, tied LM head and the mean cross-entropy of `targets` (B, T). With a sink,
   /// the loss stays on the device (added to the sink; NaN returned), else it is read back.

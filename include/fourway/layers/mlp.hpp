@@ -33,7 +33,22 @@ class Mlp {
     return c_proj_.forward(ctx, g, s.c_proj);
   }
 
+  /// Selective recomputation: frees GELU's output after forward; `recompute` (or backward, when
+  /// it finds it missing) computes it again from c_fc's kept pre-activation.
+  void drop_recomputable(Stash& s) const {
+    s.gelu.y.reset();
+    s.c_proj.x.reset();
+  }
+  void recompute(const Context<B>& ctx, Stash& s) const {
+    if (!s.gelu.y.empty() || s.c_fc.y.empty()) return;
+    s.gelu.y = detail::activation<T, B>(ctx, s.c_fc.y.shape());
+    Ops<B>::gelu_forward(ctx, s.gelu.y.data(), s.c_fc.y.data(), s.c_fc.y.numel());
+    s.gelu.x = s.c_fc.y.view();
+    s.c_proj.x = s.gelu.y.view();
+  }
+
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    recompute(ctx, s);
     Tensor<T, B> dg = c_proj_.backward(ctx, dy, s.c_proj);
     Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);
     dg.reset();

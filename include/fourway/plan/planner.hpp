@@ -284,9 +284,6 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
                       "fourway's GPT-2; ", model.arch->name,
                       " is not one (use --footprint published)");
       if (s.pp > 1) check_pipeline_split(pipeline_split(s));
-      detail::require(s.checkpointing != Checkpointing::selective,
-                      "fourway: fourway checkpoints whole ",
-                      "blocks; use --checkpoint-activations full or none with --footprint fourway");
       detail::require(o.vocab_alignment >= 1, "fourway: vocabulary alignment ", o.vocab_alignment,
                       " must be >= 1 (--vocab-align A)");
       detail::require(o.bucket_bytes >= 0, "fourway: bucket size ", o.bucket_bytes,
@@ -394,8 +391,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         const std::int64_t block = runtime_block_activation_bytes(g);
         if (own_pp) {  // the rank's chunks, action by action through the schedule's table
           const PipelineActivation act = runtime_pipeline_activation(
-              a, g, split, s.sequence_parallel, s.checkpointing == Checkpointing::full,
-              pipeline_split(s), st);
+              a, g, split, s.sequence_parallel, s.checkpointing, pipeline_split(s), st);
           sp.in_flight = act.in_flight;
           sp.activations = static_cast<double>(act.kept);
           sp.recompute_working = static_cast<double>(act.peak - act.kept);
@@ -403,18 +399,27 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         } else if (s.tp >
                    1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
           const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
+          const std::int64_t out =
+              runtime_tp_embedding_activation_bytes(g, s.tp, s.sequence_parallel);
+          const std::int64_t tp_head =
+              runtime_tp_head_activation_bytes(g, s.tp, s.sequence_parallel, rows);
+          const std::int64_t tp_block =
+              runtime_tp_block_activation_bytes(g, s.tp, s.sequence_parallel);
           if (s.checkpointing == Checkpointing::full) {
             // kept: the embedding's output and every block's (the same shape), the head; the
             // recomputed block's stash replaces the head's at the peak when it is larger
-            const std::int64_t out =
-                runtime_tp_embedding_activation_bytes(g, s.tp, s.sequence_parallel);
-            const std::int64_t tp_head =
-                runtime_tp_head_activation_bytes(g, s.tp, s.sequence_parallel, rows);
-            const std::int64_t tp_block =
-                runtime_tp_block_activation_bytes(g, s.tp, s.sequence_parallel);
             sp.activations = static_cast<double>(out + a.layers * out + tp_head);
             sp.recompute_working =
                 static_cast<double>(runtime_block_peak_extra(g, out, tp_block, tp_head, true));
+          } else if (s.checkpointing == Checkpointing::selective) {
+            const std::int64_t kept =
+                out + a.layers * (tp_block - runtime_block_recomputable_bytes(g, s.tp)) + tp_head;
+            sp.activations = static_cast<double>(kept);
+            sp.recompute_working =
+                static_cast<double>(runtime_selective_activation_bytes(
+                                        g, s.tp, out, tp_block, tp_head,
+                                        runtime_block_peak_extra(g, out, tp_block, 0, false)) -
+                                    kept);
           } else {
             sp.activations = static_cast<double>(
                 runtime_tp_activation_bytes(g, s.tp, s.sequence_parallel, rows));
@@ -425,6 +430,12 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                     a.layers * a.seq * a.hidden * s.micro_batch * w + head;
           sp.activations = static_cast<double>(kept);
           sp.recompute_working = static_cast<double>(std::max<std::int64_t>(block - head, 0));
+        } else if (s.checkpointing == Checkpointing::selective) {
+          const std::int64_t kept = runtime_embedding_activation_bytes(g) +
+                                    a.layers * (block - runtime_block_recomputable_bytes(g)) + head;
+          sp.activations = static_cast<double>(kept);
+          sp.recompute_working =
+              static_cast<double>(runtime_activation_bytes(g, Checkpointing::selective) - kept);
         } else {
           sp.activations = static_cast<double>(runtime_activation_bytes(g, false));
           sp.recompute_working = 0;
@@ -609,7 +620,6 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
              {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
           if (space.checkpointing && *space.checkpointing != r) continue;
           if (!model.arch && r != Checkpointing::none) continue;
-          if (o.footprint == Footprint::fourway && r == Checkpointing::selective) continue;
           const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
           Strategy s{dp,
                      tp,

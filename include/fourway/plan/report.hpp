@@ -240,10 +240,8 @@ inline std::string train_command(const Plan& p) {
     os << " --virtual-stages " << s.virtual_stages;
   os << " --precision " << precision_name(s.precision);
   if (s.tp > 1 && s.sequence_parallel) os << " --sequence-parallel";
-  if (s.checkpointing != Checkpointing::none) os << " --checkpoint-activations";
-  if (s.checkpointing == Checkpointing::selective) {
-    os << "   (fourway-train recomputes whole blocks; the plan chose selective recomputation)";
-  }
+  if (s.checkpointing != Checkpointing::none)
+    os << " --checkpoint-activations " << checkpointing_name(s.checkpointing);
   return os.str();
 }
 

@@ -17,12 +17,15 @@
 //! Without checkpointing everything is alive at the end of forward, which is the peak (backward
 //! only frees). `Checkpointed` blocks keep their output only, but build each block's whole stash
 //! once more (forward, and again in backward): the peak is the embedding, L block outputs and the
-//! larger of one block's stash and the head.
+//! larger of one block's stash and the head. Selective recomputation (`GptConfig::selective`)
+//! keeps a block's stash less attn.y, lse and gelu.y (5·BTC·w + B·NH·T·4) and recomputes them in
+//! backward (`runtime_selective_activation_bytes`).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "fourway/plan/activation.hpp"
 #include "fourway/plan/model_state.hpp"
 
 namespace fourway::plan {
@@ -60,6 +63,30 @@ constexpr std::int64_t runtime_head_activation_bytes(const GptActivationShape& x
   return bt * x.dim * w + 2 * bt * 4 + logits + bt * 4;
 }
 
+/// Bytes selective recomputation (`GptConfig::selective`) frees of one block's stash on one
+/// tensor-parallel rank of `tp`: the attention core's output (B, T, C/tp), its log-sum-exp
+/// (B, NH/tp, T) fp32 and GELU's output (B, T, 4C/tp).
+constexpr std::int64_t runtime_block_recomputable_bytes(const GptActivationShape& x, int tp = 1) {
+  const std::int64_t w = working_bytes(x.precision);
+  const std::int64_t btc = x.batch * x.seq * x.dim;
+  return 5 * btc / tp * w + x.batch * x.heads / tp * x.seq * 4;
+}
+
+/// The activation peak of one micro-batch under selective recomputation, from the embedding's
+/// output `emb`, a block's whole stash `block`, the head's `head` and what a block's forward
+/// holds for a moment above its whole stash (`runtime_block_peak_extra` without checkpointing:
+/// under sequence parallelism the row split's partial sum, else 0): each block's forward holds
+/// its whole stash before it frees the recomputable part (the last one's on top of L-1 reduced
+/// stashes), then the head's stash joins them; each block's backward first recomputes what it
+/// freed (its whole stash again, the head already freed), so the backward adds nothing above.
+constexpr std::int64_t runtime_selective_activation_bytes(const GptActivationShape& x, int tp,
+                                                          std::int64_t emb, std::int64_t block,
+                                                          std::int64_t head,
+                                                          std::int64_t forward_extra = 0) {
+  const std::int64_t kept = block - runtime_block_recomputable_bytes(x, tp);
+  return emb + (x.layers - 1) * kept + std::max(block + forward_extra, kept + head);
+}
+
 /// Peak of `MemTag::activations` over one micro-batch's forward and backward of the GPT, with or
 /// without checkpointing of every block.
 constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, bool checkpoint) {
@@ -72,6 +99,15 @@ constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, boo
   if (!checkpoint) return emb + x.layers * block + head;
   const std::int64_t out = x.batch * x.seq * x.dim * working_bytes(x.precision);
   return emb + x.layers * out + std::max(block, head);
+}
+
+/// The same for any recomputation: none, selective (`GptConfig::selective`) or full.
+constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, Checkpointing r) {
+  if (r != Checkpointing::selective) return runtime_activation_bytes(x, r == Checkpointing::full);
+  (void)runtime_activation_bytes(x, false);  // the shape's checks
+  return runtime_selective_activation_bytes(x, 1, runtime_embedding_activation_bytes(x),
+                                            runtime_block_activation_bytes(x),
+                                            runtime_head_activation_bytes(x));
 }
 
 /// Bytes one rank of a tensor-parallel group of `tp` keeps per `tp::Block` (parallel/tp/block.hpp)

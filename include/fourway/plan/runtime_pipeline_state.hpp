@@ -312,8 +312,10 @@ struct PipelineActivation {
 inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                                                       const GptActivationShape& g,
                                                       const TensorSplit& t, bool sequence_parallel,
-                                                      bool checkpoint, const PipelineSplit& s,
-                                                      int rank) {
+                                                      Checkpointing recompute,
+                                                      const PipelineSplit& s, int rank) {
+  const bool checkpoint = recompute == Checkpointing::full;
+  const bool selective = recompute == Checkpointing::selective;
   const schedule::Table table = s.table();
   detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
   const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
@@ -333,7 +335,13 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
   // what crosses a chunk boundary, and what a checkpointed block keeps: its output, (b·T, C)
   // or this rank's b·T/tp rows under sequence parallelism
   const std::int64_t received = runtime_tp_embedding_activation_bytes(g, t.tp, sequence_parallel);
-  const std::int64_t kept_block = checkpoint ? received : block;
+  // selective: a block keeps its stash less the attention core and GELU's output, holds its
+  // whole stash for a moment at the end of its forward, and recomputes them first in its
+  // backward (BW or B), which then runs on the whole stash as without recomputation
+  const std::int64_t kept_block = checkpoint  ? received
+                                  : selective ? block - runtime_block_recomputable_bytes(g, t.tp)
+                                              : block;
+  const std::int64_t again = selective ? block - kept_block : 0;
   // the split backward: per block what W keeps, and the block's largest moment above its start
   const std::int64_t queue_block = 4 * u + 12 * un;
   const std::int64_t walk = sp ? 4 * u + 3 * un - 2 * (bt / t.tp) * 4 : u + 4 * un;
@@ -355,9 +363,14 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
     k.head = part.head;
     k.input = part.embedding || table.rank_of(c - 1) == rank ? 0 : received;
     k.stash = (part.embedding ? emb : 0) + k.blocks * kept_block + (part.head ? head : 0);
-    k.forward_extra = k.blocks > 0 ? runtime_block_peak_extra(g, received, block,
-                                                              part.head ? head : 0, checkpoint)
-                                   : 0;
+    k.forward_extra =
+        k.blocks == 0 ? 0
+        : selective
+            ? std::max<std::int64_t>(block - kept_block +
+                                         runtime_block_peak_extra(g, received, block, 0, false) -
+                                         (part.head ? head : 0),
+                                     0)
+            : runtime_block_peak_extra(g, received, block, part.head ? head : 0, checkpoint);
     k.queue = k.blocks * queue_block + (part.head && !tp ? logits + u : 0);
   }
   PipelineActivation r;
@@ -390,8 +403,9 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
                received);
           now -= k.head ? head : 0;
           for (std::int64_t i = 0; i < k.blocks; ++i) {  // last block first
-            at_ws(now + (checkpoint ? block - received : 0) + chain);
-            now -= checkpoint ? received : block;
+            at(now + again);
+            at_ws(now + (checkpoint ? block - received : again) + chain);
+            now -= kept_block;
           }
         } else {
           if (k.head && !tp) {  // the logits' gradient (a new buffer when fused) and ln_f's copy
@@ -405,10 +419,10 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
               at(now - received + block + walk);
               at_ws(now - received + block + chain_split);
               now += queue_block - received;
-            } else {
-              at(now + walk);
-              at_ws(now + chain_split);
-              now += queue_block - block;
+            } else {  // selective: the recomputable part back first
+              at(now + again + walk);
+              at_ws(now + again + chain_split);
+              now += queue_block - kept_block;
             }
           }
         }

@@ -33,7 +33,7 @@ class ArgParser {
   ArgParser& add(std::string name, V* target, std::string metavar, std::string help) {
     std::ostringstream def;
     def << *target;
-    Flag f{std::move(name), std::move(metavar), std::move(help), def.str(), false, {}, {}};
+    Flag f{std::move(name), std::move(metavar), std::move(help), def.str(), false, {}, {}, {}};
     const std::string flag_name = f.name;
     f.set = [target, flag_name](std::string_view v) { *target = parse_value<V>(flag_name, v); };
     flags_.push_back(std::move(f));
@@ -45,7 +45,7 @@ class ArgParser {
                         const std::vector<std::string>& choices, std::string help) {
     std::string meta;
     for (const auto& c : choices) meta += (meta.empty() ? "" : "|") + c;
-    Flag f{std::move(name), meta, std::move(help), *target, false, {}, choices};
+    Flag f{std::move(name), meta, std::move(help), *target, false, {}, choices, {}};
     const std::string flag_name = f.name;
     f.set = [target, flag_name, choices](std::string_view v) {
       const bool ok = std::find(choices.begin(), choices.end(), v) != choices.end();
@@ -58,9 +58,20 @@ class ArgParser {
     return *this;
   }
 
+  /// A string flag restricted to `choices` whose value may be left out: `--name` alone (followed
+  /// by another flag or nothing) means `bare`; a value is taken only when it is one of `choices`.
+  ArgParser& add_choice_or_bare(std::string name, std::string* target,
+                                const std::vector<std::string>& choices, std::string bare,
+                                std::string help) {
+    add_choice(std::move(name), target, choices, std::move(help));
+    flags_.back().metavar = "[" + flags_.back().metavar + "]";
+    flags_.back().bare = std::move(bare);
+    return *this;
+  }
+
   /// A switch without a value: present means true.
   ArgParser& add_switch(std::string name, bool* target, std::string help) {
-    Flag f{std::move(name), "", std::move(help), "", true, {}, {}};
+    Flag f{std::move(name), "", std::move(help), "", true, {}, {}, {}};
     f.set = [target](std::string_view) { *target = true; };
     flags_.push_back(std::move(f));
     return *this;
@@ -91,6 +102,11 @@ class ArgParser {
       check<ConfigError>(!seen_.contains(f->name), "fourway: --", f->name, " given twice");
       if (f->is_switch) {
         check<ConfigError>(!has_value, "fourway: --", f->name, " takes no value");
+      } else if (!has_value && !f->bare.empty()) {
+        const bool next =
+            i + 1 < argc && std::find(f->choices.begin(), f->choices.end(),
+                                      std::string_view(argv[i + 1])) != f->choices.end();
+        value = next ? std::string_view(argv[++i]) : std::string_view(f->bare);
       } else if (!has_value) {
         check<ConfigError>(i + 1 < argc && std::string_view(argv[i + 1]).substr(0, 2) != "--",
                            "fourway: --", f->name, " needs a value (", f->metavar, ")");
@@ -131,6 +147,7 @@ class ArgParser {
     bool is_switch = false;
     std::function<void(std::string_view)> set;
     std::vector<std::string> choices;
+    std::string bare;  // add_choice_or_bare: the value of the flag given alone
   };
 
   template <class V>

@@ -139,7 +139,31 @@ class Block {
     return s.y.view();
   }
 
+  /// Selective recomputation: frees the attention core's output and log-sum-exp and GELU's
+  /// output after forward (the rank's C/N and 4C/N columns); backward recomputes them from the
+  /// kept q|k|v and c_fc pre-activation, first, so the rest of it runs on the whole stash.
+  void drop_recomputable(Stash& s) const {
+    s.heads.reset();
+    s.lse.reset();
+    s.attn_proj.x.reset();
+    s.gelu.y.reset();
+    s.mlp_proj.x.reset();
+  }
+
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+    const bool again = s.heads.empty() && s.c_attn.y.shape().rank() == 3;
+    if (again) {
+      const std::int64_t Bq = s.c_attn.y.shape()[0];
+      s.lse = detail::activation<float, B>(ctx, Shape{Bq, NH_, T_});
+      s.heads = detail::activation<T, B>(ctx, Shape{Bq, T_, C_ / n_});
+      Ops<B>::flash_attention_forward(ctx, s.heads.data(), s.lse.data(), s.c_attn.y.data(), Bq, T_,
+                                      C_ / n_, NH_);
+      s.attn_proj.x = s.heads.view();
+      s.gelu.y = detail::activation<T, B>(ctx, s.c_fc.y.shape());
+      Ops<B>::gelu_forward(ctx, s.gelu.y.data(), s.c_fc.y.data(), s.c_fc.y.numel());
+      s.gelu.x = s.c_fc.y.view();
+      s.mlp_proj.x = s.gelu.y.view();
+    }
     check<ShapeError>(!s.y.empty() && dy.numel() == s.y.numel() && s.lse.shape().rank() == 3,
                       "fourway: tp::Block backward without a matching forward: dy ",
                       dy.shape().str());

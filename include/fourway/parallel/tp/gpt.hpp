@@ -191,6 +191,8 @@ class Gpt : public SlicedModel<Comm> {
   /// Holds this rank's vocabulary slice of wte: as the embedding, the tied head, or both.
   [[nodiscard]] bool holds_wte() const { return part_.embedding || part_.head; }
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
+  /// Switches selective recomputation of the blocks (GptConfig::selective), between steps.
+  void set_selective(bool on) { cfg_.selective = on; }
   [[nodiscard]] int units() const {
     return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
   }
@@ -287,7 +289,10 @@ class Gpt : public SlicedModel<Comm> {
     auto& b = blocks_[local_block(i)];
     if (s.blocks.size() != blocks_.size()) s.blocks.resize(blocks_.size());
     auto& bs = s.blocks[local_block(i)];
-    return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
+    if (cfg_.checkpoint) return b.forward(ctx, x, bs);
+    Tensor<T, B> y = b.inner().forward(ctx, x, bs.inner);
+    if (cfg_.selective) b.inner().drop_recomputable(bs.inner);
+    return y;
   }
   /// Unit L+1: ln_f, the vocabulary-parallel head and the mean cross-entropy of `targets` (B, T),
   /// read back; with `sink`, left on the device instead (see `forward_into`; NaN is returned).
@@ -478,7 +483,9 @@ class Gpt : public SlicedModel<Comm> {
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
     vocab_parallel_loss_backward(ctx, head_slice(), wte_.grad.data(), h, rows, C, s.targets.data(),
                                  s.logits, s.stats, grad_scale, dh.data());
-    s.h.reset();
+    s.h.reset();  // the head's stash is done with: freed before the blocks' backward
+    s.logits.reset();
+    s.stats.reset();
     if (!sp_) {
       all_reduce_sum(*tp_, dh);
       return ln_f_.backward(ctx, dh, s.ln_f);
