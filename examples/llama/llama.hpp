@@ -349,8 +349,8 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
     s.tokens = tokens.view();
     s.emb = fw::detail::activation<T, B>(
         ctx, fw::Shape{tokens.shape()[0], tokens.shape()[1], cfg_.dim});  // partial sum
-    fw::Ops<B>::vocab_embed_forward(ctx, s.emb.data(), tokens.data(), embed_.weight.data(), rows,
-                                    cfg_.dim, vocab_start(), vocab_valid());
+    fw::Ops<B>::vocab_embed_forward(ctx, s.emb.data(), tokens.data(), embed_.bound_weight().data(),
+                                    rows, cfg_.dim, vocab_start(), vocab_valid());
     fw::tp::all_reduce_sum(*tp_, s.emb);
     return s.emb.view();
   }
@@ -379,9 +379,9 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
                               "its forward");
     const std::int64_t rows = s.targets.numel();
     fw::Tensor<T, B> dh = fw::detail::workspace<T, B>(ctx, s.norm.y.shape());
-    fw::tp::vocab_parallel_loss_backward(ctx, head_slice(), output_.grad.data(), s.norm.y.data(),
-                                         rows, cfg_.dim, s.targets.data(), s.logits, s.stats,
-                                         grad_scale, dh.data());
+    fw::tp::vocab_parallel_loss_backward(ctx, head_slice(), output_.bound_grad().data(),
+                                         s.norm.y.data(), rows, cfg_.dim, s.targets.data(),
+                                         s.logits, s.stats, grad_scale, dh.data());
     fw::tp::all_reduce_sum(*tp_, dh);
     return norm_.backward(ctx, dh, s.norm);
   }
@@ -392,7 +392,7 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
     return cfg_.checkpoint ? b.backward(ctx, dy, bs) : b.inner().backward(ctx, dy, bs.inner);
   }
   void backward_embedding(const fw::Context<B>& ctx, const fw::Tensor<T, B>& dy, Stash& s) {
-    fw::Ops<B>::vocab_embed_backward(ctx, embed_.grad.data(), dy.data(), s.tokens.data(),
+    fw::Ops<B>::vocab_embed_backward(ctx, embed_.bound_grad().data(), dy.data(), s.tokens.data(),
                                      s.tokens.numel(), cfg_.dim, vocab_start(), vocab_valid());
   }
 
@@ -468,7 +468,7 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
     return std::clamp<std::int64_t>(cfg_.vocab - vocab_start(), 0, vocab_rows());
   }
   fw::tp::VocabSlice<T, B> head_slice() {
-    return {output_.weight.data(), vocab_start(), vocab_valid()};
+    return {output_.bound_weight().data(), vocab_start(), vocab_valid()};
   }
   void check_ids(const fw::Tensor<std::int32_t, B>& ids, const char* what) const {
     if constexpr (!B::on_device) {

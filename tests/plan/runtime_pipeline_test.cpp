@@ -131,10 +131,12 @@ std::vector<RankMeasure> run(const Case& c) {
     const auto built_activations = static_cast<std::int64_t>(w.memory().peak(MemTag::activations));
     w.memory().reset_peak();  // the step's own peaks below; the whole run's from both
     (void)t.step(batch.view());
-    RankMeasure r{groups.pp().rank(), states_of(w.memory()),
-                  std::max(built_activations,
-                           static_cast<std::int64_t>(w.memory().peak(MemTag::activations))),
-                  std::max(built, static_cast<std::int64_t>(w.memory().total_peak()))};
+    RankMeasure r;
+    r.pp_rank = groups.pp().rank();
+    r.states = states_of(w.memory());
+    r.activation_peak = std::max(built_activations,
+                                 static_cast<std::int64_t>(w.memory().peak(MemTag::activations)));
+    r.total_peak = std::max(built, static_cast<std::int64_t>(w.memory().total_peak()));
     r.step_peaks =
         fp::ModelStateBytes{static_cast<std::int64_t>(w.memory().peak(MemTag::weights)),
                             static_cast<std::int64_t>(w.memory().peak(MemTag::grads)),
@@ -214,8 +216,9 @@ void check(const Case& c) {
     ASSERT_GE(got[r].pp_rank, 0);
     EXPECT_EQ(got[r].states, want[static_cast<std::size_t>(got[r].pp_rank)].states);
     // during the step too, tag by tag (ZeRO-2/3: the gathered unit, the open gradient buffers)
-    if (c.pp > 1)
+    if (c.pp > 1) {
       EXPECT_EQ(got[r].step_peaks, want[static_cast<std::size_t>(got[r].pp_rank)].step_peaks);
+    }
     largest = std::max(largest, got[r].states.total());
   }
   // Communication: every rank's bytes per group, counted as they moved, equal the planner's

@@ -54,8 +54,10 @@ Tensor<T, B> layernorm_backward_rows(const Context<B>& ctx, Comm& comm, LayerNor
   ln.weight().grad = std::move(gain_grad);
   ln.bias().grad = std::move(bias_grad);
   all_reduce_sum(comm, part);
-  Ops<B>::residual_forward(ctx, ln.weight().grad.data(), ln.weight().grad.data(), part.data(), C);
-  Ops<B>::residual_forward(ctx, ln.bias().grad.data(), ln.bias().grad.data(), part.data() + C, C);
+  Ops<B>::residual_forward(ctx, ln.weight().bound_grad().data(), ln.weight().grad.data(),
+                           part.data(), C);
+  Ops<B>::residual_forward(ctx, ln.bias().bound_grad().data(), ln.bias().grad.data(),
+                           part.data() + C, C);
   return dx;
 }
 
@@ -124,7 +126,7 @@ class Block {
     // (B, T, C) = Σ over the group of (B, T, C/N)·(C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> a =
         row_output(ctx, attn_proj_.forward(ctx, s.heads, s.attn_proj), s.attn_proj.y, s.a);
-    Ops<B>::bias_add(ctx, a.data(), attn_bias_.weight.data(), rows_here, C_);
+    Ops<B>::bias_add(ctx, a.data(), attn_bias_.bound_weight().data(), rows_here, C_);
     s.r = detail::activation<T, B>(ctx, x.shape());
     Ops<B>::residual_forward(ctx, s.r.data(), x.data(), a.data(), x.numel());
 
@@ -133,7 +135,7 @@ class Block {
     Tensor<T, B> g = c_fc_.forward_gelu(ctx, h2, s.c_fc, s.gelu);
     // (B, T, C) = Σ over the group of (B, T, 4C/N)·(4C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> m = row_output(ctx, mlp_proj_.forward(ctx, g, s.mlp_proj), s.mlp_proj.y, s.m);
-    Ops<B>::bias_add(ctx, m.data(), mlp_bias_.weight.data(), rows_here, C_);
+    Ops<B>::bias_add(ctx, m.data(), mlp_bias_.bound_weight().data(), rows_here, C_);
     s.y = detail::activation<T, B>(ctx, x.shape());
     Ops<B>::residual_forward(ctx, s.y.data(), s.r.data(), m.data(), x.numel());
     return s.y.view();
@@ -173,7 +175,7 @@ class Block {
     const std::int64_t rows = Bn * T_;
 
     Tensor<T, B> dyf = row_output_grad(ctx, dy, full);  // (B, T, C)
-    Ops<B>::bias_backward(ctx, mlp_bias_.grad.data(), dyf.data(), rows, C_);
+    Ops<B>::bias_backward(ctx, mlp_bias_.bound_grad().data(), dyf.data(), rows, C_);
     Tensor<T, B> dg = mlp_proj_.backward(ctx, dyf, s.mlp_proj);  // (B, T, 4C/N)
     dyf.reset();
     Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);  // (B, T, 4C/N)
@@ -184,7 +186,7 @@ class Block {
     Ops<B>::residual_forward(ctx, dr.data(), dr.data(), dy.data(), n);
 
     Tensor<T, B> drf = row_output_grad(ctx, dr, full);  // (B, T, C)
-    Ops<B>::bias_backward(ctx, attn_bias_.grad.data(), drf.data(), rows, C_);
+    Ops<B>::bias_backward(ctx, attn_bias_.bound_grad().data(), drf.data(), rows, C_);
     Tensor<T, B> dheads = attn_proj_.backward(ctx, drf, s.attn_proj);  // (B, T, C/N)
     drf.reset();
     Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, T_, 3 * C_ / n_});

@@ -438,9 +438,9 @@ class Gpt : public SlicedModel<Comm> {
     check_ids(tokens, "token");
     s.tokens = tokens.view();
     Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});  // partial sum over the group
-    Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.weight.data(), Bn * Tn, C,
-                                vocab_start(), vocab_valid());
-    if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.weight.data(), Bn, Tn * C);
+    Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.bound_weight().data(), Bn * Tn,
+                                C, vocab_start(), vocab_valid());
+    if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.bound_weight().data(), Bn, Tn * C);
     if (sp_) {
       s.emb = reduce_scatter_rows(ctx, *tp_, e, MemTag::activations);
     } else {
@@ -456,13 +456,15 @@ class Gpt : public SlicedModel<Comm> {
     const std::int64_t C = cfg_.dim;
     Tensor<T, B> dyf =
         sp_ ? gather_rows(ctx, *tp_, dy, Shape{Bn, Tn, C}, MemTag::workspace) : dy.view();
-    Ops<B>::bias_backward(ctx, wpe_.grad.data(), dyf.data(), Bn, Tn * C);
-    Ops<B>::vocab_embed_backward(ctx, wte_.grad.data(), dyf.data(), s.tokens.data(), Bn * Tn, C,
-                                 vocab_start(), vocab_valid());
+    Ops<B>::bias_backward(ctx, wpe_.bound_grad().data(), dyf.data(), Bn, Tn * C);
+    Ops<B>::vocab_embed_backward(ctx, wte_.bound_grad().data(), dyf.data(), s.tokens.data(),
+                                 Bn * Tn, C, vocab_start(), vocab_valid());
   }
 
   /// This rank's rows of the tied head: its real vocabulary rows of wte.
-  VocabSlice<T, B> head_slice() { return {wte_.weight.data(), vocab_start(), vocab_valid()}; }
+  VocabSlice<T, B> head_slice() {
+    return {wte_.bound_weight().data(), vocab_start(), vocab_valid()};
+  }
 
   float head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s, const LossSink* sink) {
     const std::int64_t rows = s.targets.numel();
@@ -481,8 +483,8 @@ class Gpt : public SlicedModel<Comm> {
     const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
     // (B·T, C), a partial sum over the group until reduced
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, sp_ ? Shape{rows, C} : s.ln_f.y.shape());
-    vocab_parallel_loss_backward(ctx, head_slice(), wte_.grad.data(), h, rows, C, s.targets.data(),
-                                 s.logits, s.stats, grad_scale, dh.data());
+    vocab_parallel_loss_backward(ctx, head_slice(), wte_.bound_grad().data(), h, rows, C,
+                                 s.targets.data(), s.logits, s.stats, grad_scale, dh.data());
     s.h.reset();  // the head's stash is done with: freed before the blocks' backward
     s.logits.reset();
     s.stats.reset();
