@@ -15,6 +15,18 @@
 
 namespace fourway {
 
+/// The causal attention core of q|k|v (Bn, Tn, 3·width) over `heads` heads: its output `y`
+/// (Bn, Tn, width) and each query row's fp32 log-sum-exp `lse` (Bn, heads, Tn), allocated as
+/// activations — in forward, and again in backward under selective recomputation.
+template <floating_dtype T, backend B>
+void attention_core(const Context<B>& ctx, const Tensor<T, B>& qkv, std::int64_t Bn,
+                    std::int64_t Tn, std::int64_t width, std::int64_t heads, Tensor<float, B>& lse,
+                    Tensor<T, B>& y) {
+  lse = detail::activation<float, B>(ctx, Shape{Bn, heads, Tn});
+  y = detail::activation<T, B>(ctx, Shape{Bn, Tn, width});
+  Ops<B>::flash_attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
+}
+
 template <floating_dtype T, backend B>
 class CausalSelfAttention {
  public:
@@ -46,9 +58,7 @@ class CausalSelfAttention {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     Tensor<T, B> qkv = c_attn_.forward(ctx, x, s.c_attn);
-    s.lse = detail::activation<float, B>(ctx, Shape{Bn, NH_, Tn});
-    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
-    Ops<B>::flash_attention_forward(ctx, s.y.data(), s.lse.data(), qkv.data(), Bn, Tn, C_, NH_);
+    attention_core(ctx, qkv, Bn, Tn, C_, NH_, s.lse, s.y);
     return c_proj_.forward(ctx, s.y, s.c_proj);
   }
 
@@ -95,12 +105,8 @@ class CausalSelfAttention {
 
   void recompute(const Context<B>& ctx, Stash& s) const {
     if (!s.y.empty() || s.c_attn.y.shape().rank() != 3) return;
-    const std::int64_t Bn = s.c_attn.y.shape()[0];
-    const std::int64_t Tn = s.c_attn.y.shape()[1];
-    s.lse = detail::activation<float, B>(ctx, Shape{Bn, NH_, Tn});
-    s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
-    Ops<B>::flash_attention_forward(ctx, s.y.data(), s.lse.data(), s.c_attn.y.data(), Bn, Tn, C_,
-                                    NH_);
+    attention_core(ctx, s.c_attn.y, s.c_attn.y.shape()[0], s.c_attn.y.shape()[1], C_, NH_, s.lse,
+                   s.y);
     s.c_proj.x = s.y.view();
   }
 

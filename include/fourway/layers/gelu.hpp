@@ -38,4 +38,18 @@ class Gelu {
 
 static_assert(layer<Gelu<float, Host>>);
 
+/// Selective recomputation of a GELU whose output was freed after forward: `g.y` computed again
+/// from the kept pre-activation `pre` (the same kernel on the same input), `g.x` and the next
+/// layer's input view `next_input` pointed at them. Nothing when `g.y` is still held or there was
+/// no forward (`pre` empty).
+template <floating_dtype T, backend B>
+void recompute_gelu(const Context<B>& ctx, const Tensor<T, B>& pre, typename Gelu<T, B>::Stash& g,
+                    Tensor<T, B>& next_input) {
+  if (!g.y.empty() || pre.empty()) return;
+  g.y = detail::activation<T, B>(ctx, pre.shape());
+  Ops<B>::gelu_forward(ctx, g.y.data(), pre.data(), pre.numel());
+  g.x = pre.view();
+  next_input = g.y.view();
+}
+
 }  // namespace fourway

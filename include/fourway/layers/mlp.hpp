@@ -40,11 +40,7 @@ class Mlp {
     s.c_proj.x.reset();
   }
   void recompute(const Context<B>& ctx, Stash& s) const {
-    if (!s.gelu.y.empty() || s.c_fc.y.empty()) return;
-    s.gelu.y = detail::activation<T, B>(ctx, s.c_fc.y.shape());
-    Ops<B>::gelu_forward(ctx, s.gelu.y.data(), s.c_fc.y.data(), s.c_fc.y.numel());
-    s.gelu.x = s.c_fc.y.view();
-    s.c_proj.x = s.gelu.y.view();
+    recompute_gelu(ctx, s.c_fc.y, s.gelu, s.c_proj.x);
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {

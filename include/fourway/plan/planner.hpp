@@ -412,8 +412,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
             sp.recompute_working =
                 static_cast<double>(runtime_block_peak_extra(g, out, tp_block, tp_head, true));
           } else if (s.checkpointing == Checkpointing::selective) {
-            const std::int64_t kept =
-                out + a.layers * (tp_block - runtime_block_recomputable_bytes(g, s.tp)) + tp_head;
+            const std::int64_t kept = runtime_selective_kept_bytes(g, s.tp, out, tp_block, tp_head);
             sp.activations = static_cast<double>(kept);
             sp.recompute_working =
                 static_cast<double>(runtime_selective_activation_bytes(
@@ -431,8 +430,8 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.activations = static_cast<double>(kept);
           sp.recompute_working = static_cast<double>(std::max<std::int64_t>(block - head, 0));
         } else if (s.checkpointing == Checkpointing::selective) {
-          const std::int64_t kept = runtime_embedding_activation_bytes(g) +
-                                    a.layers * (block - runtime_block_recomputable_bytes(g)) + head;
+          const std::int64_t kept = runtime_selective_kept_bytes(
+              g, 1, runtime_embedding_activation_bytes(g), block, head);
           sp.activations = static_cast<double>(kept);
           sp.recompute_working =
               static_cast<double>(runtime_activation_bytes(g, Checkpointing::selective) - kept);

@@ -72,6 +72,14 @@ constexpr std::int64_t runtime_block_recomputable_bytes(const GptActivationShape
   return 5 * btc / tp * w + x.batch * x.heads / tp * x.seq * 4;
 }
 
+/// What one micro-batch keeps after its forward under selective recomputation: the embedding's
+/// output `emb`, every block's stash `block` less its recomputable part, the head's `head`.
+constexpr std::int64_t runtime_selective_kept_bytes(const GptActivationShape& x, int tp,
+                                                    std::int64_t emb, std::int64_t block,
+                                                    std::int64_t head) {
+  return emb + x.layers * (block - runtime_block_recomputable_bytes(x, tp)) + head;
+}
+
 /// The activation peak of one micro-batch under selective recomputation, from the embedding's
 /// output `emb`, a block's whole stash `block`, the head's `head` and what a block's forward
 /// holds for a moment above its whole stash (`runtime_block_peak_extra` without checkpointing:

@@ -94,17 +94,17 @@ inline std::int64_t runtime_placeholder_elements(const Architecture& a, const Te
   return (wte ? 0 : row) + (part.embedding ? 0 : row) + (part.head ? 0 : 2);
 }
 
-/// The segments `ShardedStrategy<zero_stage>` pads over one chunk: every unit under ZeRO-2/3
-/// (the tied wte apart), else nothing (the rank's one bucket, `runtime_pipeline_segments`).
-inline std::vector<std::int64_t> runtime_chunk_segments(const Architecture& a, const TensorSplit& t,
-                                                        const models::GptPart& part) {
+/// The segments `ShardedStrategy<zero_stage>` pads over one chunk under ZeRO-2/3, unit by unit:
+/// each unit's elements, the tied wte (in the embedding and in the head) a segment of its own.
+inline std::vector<std::vector<std::int64_t>> runtime_chunk_unit_segments(
+    const Architecture& a, const TensorSplit& t, const models::GptPart& part) {
   const std::int64_t wte = gpt2_backward_numels(a, t).back();
   const std::vector<std::int64_t> units = runtime_part_units(a, t, part);
-  std::vector<std::int64_t> out;
+  std::vector<std::vector<std::int64_t>> out;
   for (std::size_t k = 0; k < units.size(); ++k) {
     const bool tied = (k == 0 && part.embedding) || (k + 1 == units.size() && part.head);
-    if (tied) out.push_back(wte);
-    out.push_back(units[k] - (tied ? wte : 0));
+    out.push_back(tied ? std::vector<std::int64_t>{wte, units[k] - wte}
+                       : std::vector<std::int64_t>{units[k]});
   }
   return out;
 }
@@ -117,9 +117,13 @@ inline std::vector<std::int64_t> runtime_pipeline_segments(
   check_zero_stage(zero_stage);
   std::vector<std::int64_t> units;
   for (const auto& part : parts) {
-    const auto segs = zero_sharding(zero_stage).shards_grads ? runtime_chunk_segments(a, t, part)
-                                                             : runtime_part_units(a, t, part);
-    units.insert(units.end(), segs.begin(), segs.end());
+    if (zero_sharding(zero_stage).shards_grads) {
+      for (const auto& unit : runtime_chunk_unit_segments(a, t, part))
+        units.insert(units.end(), unit.begin(), unit.end());
+    } else {
+      const auto whole = runtime_part_units(a, t, part);
+      units.insert(units.end(), whole.begin(), whole.end());
+    }
   }
   if (zero_sharding(zero_stage).shards_grads) return units;
   std::vector<std::int64_t> segments;
@@ -155,15 +159,10 @@ inline PipelineUnitPeak runtime_pipeline_unit_peak(const Architecture& a, Precis
   // per chunk of this rank: its units' padded bytes (a unit's segments padded alone)
   std::vector<std::vector<std::int64_t>> units(static_cast<std::size_t>(table.chunks()));
   for (int c : table.chunks_of(rank)) {
-    const models::GptPart part = cut.part(c);
-    const std::vector<std::int64_t> segs = runtime_chunk_segments(a, t, part);
-    const std::vector<std::int64_t> whole = runtime_part_units(a, t, part);
-    std::size_t k = 0;
-    for (std::size_t u = 0; u < whole.size(); ++u) {
-      const bool tied = (u == 0 && part.embedding) || (u + 1 == whole.size() && part.head);
-      std::int64_t bytes = ceil_div(segs[k++], dp) * dp;
-      if (tied) bytes += ceil_div(segs[k++], dp) * dp;
-      units[static_cast<std::size_t>(c)].push_back(bytes * w);
+    for (const auto& unit : runtime_chunk_unit_segments(a, t, cut.part(c))) {
+      std::int64_t padded = 0;
+      for (std::int64_t seg : unit) padded += ceil_div(seg, dp) * dp;
+      units[static_cast<std::size_t>(c)].push_back(padded * w);
     }
   }
   std::vector<char> open(units.size(), 0);

@@ -48,13 +48,12 @@
 //! are bound to full buffers for its backward and reduce-scattered into the shard when the
 //! backward is complete (after the unit in BW, after the chunk's W under a split backward).
 //! Per step and rank, over dp (Ψ'_r = the rank's parameters padded for D, u = its largest
-//! padded unit, s = sizeof(T)):
+//! padded unit, s = sizeof(T), ring bytes in units of (D-1)/D·Ψ'·s):
 //! ```
-//!   Zero  held during the step             held between steps        dp bytes (ring model)
-//!   1     W Ψ', G Ψ', Adam Ψ'/D            W Ψ', G Ψ', Adam Ψ'/D    RS Ψ' + AG Ψ' = 2(D-1)/D Ψ' s
-//!   2     W Ψ', G Ψ'/D + u, Adam Ψ'/D      W Ψ', G Ψ'/D, Adam Ψ'/D  M RS + 1 AG = (M+1)(D-1)/D Ψ'
-//!   s 3     W Ψ'/D + u, G Ψ'/D + u, Adam     W, G, Adam Ψ'/D          M RS + 2M AG = 3M(D-1)/D Ψ'
-//!   s
+//!   Zero  held during the step          held between steps       dp bytes
+//!   1     W Ψ', G Ψ', Adam Ψ'/D         W Ψ', G Ψ', Adam Ψ'/D    RS + AG       = 2
+//!   2     W Ψ', G Ψ'/D + u, Adam Ψ'/D   W Ψ', G Ψ'/D, Adam Ψ'/D  M RS + 1 AG   = M + 1
+//!   3     W, G each Ψ'/D + u, Adam Ψ'/D W, G, Adam Ψ'/D          M RS + 2M AG  = 3M
 //! ```
 //! (a split backward holds a chunk's full gradients from its B to its next W instead of u),
 //! plus one packed all-reduce of (loss, Σg²): 2(D-1)/D · 16 bytes. The tied `wte`'s two copies
@@ -519,26 +518,38 @@ class PipelineStrategy {
     }
   }
 
+  /// The full, accumulated gradients of the tied `wte` (ZeRO 0-1).
   void tie_embedding_gradients() {
-    if constexpr (tied_head) tie_embedding_gradients_now();
+    if constexpr (tied_head) {
+      sum_tied_copies([](model_type& m) {
+        auto& g = m.wte().grad;
+        return std::span<T>(g.data(), static_cast<std::size_t>(g.numel()));
+      });
+    }
   }
   /// ZeRO-2/3: the same sum on the reduced shards. Both copies of `wte` are segments of their
   /// own (own_segments), padded alike, so a rank's shards of the two hold the same elements.
   void tie_embedding_shards() {
-    if constexpr (tied_head) {
-      if (table_.chunks() == 1) return;
-      model_type* first = chunks_.front().get();
-      model_type* last = last_chunk();
-      if (first != nullptr && last != nullptr) {
-        const auto g0 = sharded_->gradient_shard_of(first->wte());
-        const auto g1 = sharded_->gradient_shard_of(last->wte());
-        const auto n = static_cast<std::int64_t>(g0.size());
-        Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), n);
-        Ops<B>::copy(*ctx_, g1.data(), g0.data(), n);
-      } else if (first != nullptr || last != nullptr) {
-        const auto g = sharded_->gradient_shard_of((first != nullptr ? first : last)->wte());
-        tie_->all_reduce(g.data(), g.data(), static_cast<std::int64_t>(g.size()), ReduceOp::sum);
-      }
+    if constexpr (tied_head)
+      sum_tied_copies([this](model_type& m) { return sharded_->gradient_shard_of(m.wte()); });
+  }
+  /// The first chunk's `wte` (embedding) and the last chunk's copy (LM head) each get the sum of
+  /// both gradients `grad_of(chunk)`: an add when this rank holds both ends (ZB-V), an all-reduce
+  /// over the two ranks that hold them otherwise, as Megatron does.
+  template <class GradOf>
+  void sum_tied_copies(GradOf grad_of) {
+    if (table_.chunks() == 1) return;
+    model_type* first = chunks_.front().get();
+    model_type* last = last_chunk();
+    if (first != nullptr && last != nullptr) {
+      const std::span<T> g0 = grad_of(*first);
+      const std::span<T> g1 = grad_of(*last);
+      const auto n = static_cast<std::int64_t>(g0.size());
+      Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), n);
+      Ops<B>::copy(*ctx_, g1.data(), g0.data(), n);
+    } else if (first != nullptr || last != nullptr) {
+      const std::span<T> g = grad_of(first != nullptr ? *first : *last);
+      tie_->all_reduce(g.data(), g.data(), static_cast<std::int64_t>(g.size()), ReduceOp::sum);
     }
   }
   /// ZeRO-2/3: the copies of a tied `wte` (first and last chunk) are segments of their own.
@@ -586,21 +597,6 @@ class PipelineStrategy {
     sharded_->release_unit(u);
     if (e.op == Op::backward) sharded_->reduce_unit_gradients(u);
   }
-  void tie_embedding_gradients_now() {
-    if (table_.chunks() == 1) return;
-    model_type* first = chunks_.front().get();
-    model_type* last = last_chunk();
-    if (first != nullptr && last != nullptr) {  // one rank holds both ends
-      auto& g0 = first->wte().grad;
-      auto& g1 = last->wte().grad;
-      Ops<B>::residual_forward(*ctx_, g0.data(), g0.data(), g1.data(), g0.numel());
-      Ops<B>::copy(*ctx_, g1.data(), g0.data(), g0.numel());
-    } else if (first != nullptr || last != nullptr) {
-      auto& g = (first != nullptr ? first : last)->wte().grad;
-      tie_->all_reduce(g.data(), g.data(), g.numel(), ReduceOp::sum);
-    }
-  }
-
   /// Zero 0: every parameter of the rank's chunks as one run (segment = its index), or with
   /// `split` the replica's 1/D of it (the part it writes).
   std::vector<OwnedRun<T, B>> owned_runs(bool split) const {

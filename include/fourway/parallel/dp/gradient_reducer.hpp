@@ -117,7 +117,7 @@ class GradientReducer {
   /// the shard now, and their full buffers freed once that is done (waited here).
   void reduce_unit(int u) {
     if constexpr (policy::shards_grads) {
-      for (int s = 0; s < layout_->segment_count(); ++s) {
+      for (int s : layout_->unit_segments(u)) {  // a segment's ready unit touches it
         if (layout_->ready_unit(s) != u) continue;
         issue(s);
         queue_->wait_for(s, WorkKind::gradient);

@@ -85,7 +85,6 @@ struct MicroBatch {
   Tensor<std::int32_t, B> targets;
 };
 
-/// A timed piece of a step: a compute action, or a p2p group (op = its first action's).
 /// A unit of a compute action, or the action itself (`unit` -1), before or after it runs. `unit`
 /// is the chunk's own numbering: the embedding 0 when the chunk has it, its blocks, the head last
 /// (the `units()` / `visit_unit_parameters` numbering of the chunk). W (`Op::backward_weight`)
@@ -97,6 +96,7 @@ struct UnitEvent {
   bool before = true;
 };
 
+/// A timed piece of a step: a compute action, or a p2p group (op = its first action's).
 struct ExecSpan {
   schedule::Op op = schedule::Op::forward;
   int micro_batch = 0;

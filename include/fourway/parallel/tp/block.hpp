@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "fourway/comm/communicator.hpp"
+#include "fourway/layers/attention.hpp"
 #include "fourway/layers/gelu.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
@@ -119,10 +120,7 @@ class Block {
 
     Tensor<T, B> h1 = column_input(ctx, ln_1_.forward(ctx, x, s.ln_1), s.h1, full);  // (B, T, C)
     Tensor<T, B> qkv = c_attn_.forward(ctx, h1, s.c_attn);  // (B, T, 3C/N) = (B, T, C)·(C, 3C/N)
-    s.lse = detail::activation<float, B>(ctx, Shape{full[0], NH_, T_});
-    s.heads = detail::activation<T, B>(ctx, Shape{full[0], T_, C_ / n_});
-    Ops<B>::flash_attention_forward(ctx, s.heads.data(), s.lse.data(), qkv.data(), full[0], T_,
-                                    C_ / n_, NH_);
+    attention_core(ctx, qkv, full[0], T_, C_ / n_, NH_, s.lse, s.heads);
     // (B, T, C) = Σ over the group of (B, T, C/N)·(C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> a =
         row_output(ctx, attn_proj_.forward(ctx, s.heads, s.attn_proj), s.attn_proj.y, s.a);
@@ -153,19 +151,11 @@ class Block {
   }
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    const bool again = s.heads.empty() && s.c_attn.y.shape().rank() == 3;
-    if (again) {
-      const std::int64_t Bq = s.c_attn.y.shape()[0];
-      s.lse = detail::activation<float, B>(ctx, Shape{Bq, NH_, T_});
-      s.heads = detail::activation<T, B>(ctx, Shape{Bq, T_, C_ / n_});
-      Ops<B>::flash_attention_forward(ctx, s.heads.data(), s.lse.data(), s.c_attn.y.data(), Bq, T_,
-                                      C_ / n_, NH_);
+    if (s.heads.empty() && s.c_attn.y.shape().rank() == 3) {  // selective: recompute first
+      attention_core(ctx, s.c_attn.y, s.c_attn.y.shape()[0], T_, C_ / n_, NH_, s.lse, s.heads);
       s.attn_proj.x = s.heads.view();
-      s.gelu.y = detail::activation<T, B>(ctx, s.c_fc.y.shape());
-      Ops<B>::gelu_forward(ctx, s.gelu.y.data(), s.c_fc.y.data(), s.c_fc.y.numel());
-      s.gelu.x = s.c_fc.y.view();
-      s.mlp_proj.x = s.gelu.y.view();
     }
+    recompute_gelu(ctx, s.c_fc.y, s.gelu, s.mlp_proj.x);
     check<ShapeError>(!s.y.empty() && dy.numel() == s.y.numel() && s.lse.shape().rank() == 3,
                       "fourway: tp::Block backward without a matching forward: dy ",
                       dy.shape().str());
