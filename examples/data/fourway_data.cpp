@@ -11,6 +11,8 @@
 // token stream of all files, in order, is split on a token boundary: the last F of the tokens
 // (rounded to the nearest token; --val-tokens: the last N) go to PREFIX_val.bin, the rest to
 // PREFIX_train.bin, both in llm.c's format (include/fourway/train/token_data.hpp).
+// `--tokenizer bytes` encodes each byte as its own id (vocabulary 256, no `<|endoftext|>`, any
+// bytes accepted): the built-in corpus's encoding, for a character-level model.
 // Exit status: 0 written; 1 bad input (text that is not UTF-8, an empty or missing text, a
 // missing or malformed tokenizer, an output that cannot be written), one line on stderr; 2 bad
 // usage. See docs/train.md, "From text to a run".
@@ -22,6 +24,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -55,7 +58,8 @@ fw::tools::ArgParser make_parser(Options& o) {
       "order). Writes llm.c token files PREFIX_train.bin and PREFIX_val.bin, "
       "encoded with a GPT-2 byte-level BPE tokenizer (docs/train.md).");
   p.add("tokenizer", &o.tokenizer, "DIR",
-        "Hugging Face's tokenizer files: a folder with tokenizer.json or vocab.json + merges.txt")
+        "Hugging Face's tokenizer files: a folder with tokenizer.json or vocab.json + merges.txt "
+        "(the word bytes: byte ids 0-255, the built-in corpus's encoding)")
       .add("out", &o.out, "PREFIX", "write PREFIX_train.bin and PREFIX_val.bin")
       .add("val-fraction", &o.val_fraction, "F",
            "the last F of the tokens go to PREFIX_val.bin (0: no validation file)")
@@ -121,7 +125,7 @@ std::vector<fs::path> text_files(const std::vector<std::string>& texts) {
   return files;
 }
 
-std::string read_text(const fs::path& file) {
+std::string read_text(const fs::path& file, bool utf8) {
   std::ifstream in(file, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
@@ -129,7 +133,7 @@ std::string read_text(const fs::path& file) {
   std::string text = std::move(s).str();
   fw::check<fw::ConfigError>(!text.empty(), "fourway: ", file.string(),
                              " is empty: there is no text to encode; leave it out");
-  fw::validate_utf8(text, file.string());
+  if (utf8) fw::validate_utf8(text, file.string());
   return text;
 }
 
@@ -145,19 +149,29 @@ void write_tokens(const fs::path& path, std::span<const std::uint16_t> tokens) {
 }
 
 int encode(const Options& o) {
-  const auto tokenizer = fw::Tokenizer::load(o.tokenizer);
-  fw::check<fw::ConfigError>(tokenizer.vocab_size() <= 65536, "fourway: the tokenizer ",
-                             tokenizer.source(), " has ", tokenizer.vocab_size(),
-                             " ids; llm.c token files hold uint16 ids (at most 65536)");
-  const std::int32_t eot = o.no_eot ? -1 : tokenizer.special_id("<|endoftext|>");
+  const bool byte_ids = o.tokenizer == "bytes";
+  std::optional<fw::Tokenizer> tokenizer;
+  if (!byte_ids) tokenizer = fw::Tokenizer::load(o.tokenizer);
+  const int vocab = byte_ids ? 256 : tokenizer->vocab_size();
+  if (!byte_ids) {
+    fw::check<fw::ConfigError>(vocab <= 65536, "fourway: the tokenizer ", tokenizer->source(),
+                               " has ", vocab,
+                               " ids; llm.c token files hold uint16 ids (at most 65536)");
+  }
+  const std::int32_t eot = o.no_eot || byte_ids ? -1 : tokenizer->special_id("<|endoftext|>");
   const auto files = text_files(o.texts);
   std::vector<std::uint16_t> tokens;
   std::uint64_t bytes = 0;
   for (const auto& f : files) {
-    const std::string text = read_text(f);
+    const std::string text = read_text(f, !byte_ids);
     bytes += text.size();
     if (eot >= 0) tokens.push_back(static_cast<std::uint16_t>(eot));
-    for (const auto id : tokenizer.encode(text)) tokens.push_back(static_cast<std::uint16_t>(id));
+    if (byte_ids) {
+      for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
+    } else {
+      for (const auto id : tokenizer->encode(text))
+        tokens.push_back(static_cast<std::uint16_t>(id));
+    }
   }
   const auto n = static_cast<std::int64_t>(tokens.size());
   const std::int64_t n_val =
@@ -186,8 +200,12 @@ int encode(const Options& o) {
   write_tokens(train, std::span(tokens).first(split));
   if (n_val > 0) write_tokens(val, std::span(tokens).subspan(split));
 
-  std::printf("fourway-data: tokenizer %s: %d ids, %zu merges", tokenizer.source().c_str(),
-              tokenizer.vocab_size(), tokenizer.merge_count());
+  if (byte_ids) {
+    std::printf("fourway-data: byte ids: 256 ids, one per byte");
+  } else {
+    std::printf("fourway-data: tokenizer %s: %d ids, %zu merges", tokenizer->source().c_str(),
+                vocab, tokenizer->merge_count());
+  }
   if (eot >= 0) std::printf("; <|endoftext|> (%d) before each file", eot);
   std::printf("\nread %zu file%s, %llu bytes: %lld tokens\n", files.size(),
               files.size() == 1 ? "" : "s", static_cast<unsigned long long>(bytes),
@@ -200,8 +218,8 @@ int encode(const Options& o) {
   } else {
     std::printf("no validation file (--val-%s 0)\n", o.val_tokens == 0 ? "tokens" : "fraction");
   }
-  std::printf("next: fourway-train --data %s --vocab %d\n", train.string().c_str(),
-              tokenizer.vocab_size());
+  std::printf("next: fourway-train --data %s --vocab %d%s\n", train.string().c_str(), vocab,
+              n_val > 0 ? (" --val-data " + val.string()).c_str() : "");
   return 0;
 }
 

@@ -44,6 +44,18 @@ struct Options {
   std::string checkpoint_activations = "none";  // none, selective, full
   int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
+  // validation (docs/train.md)
+  std::string val_data;  // llm.c token file; empty: no validation
+  int eval_every = 0;    // steps between evaluations (0: only after the last step)
+  int eval_batches = 0;  // batches of --batch x --seq evaluated (0: up to 20 the file holds)
+  // samples (docs/train.md)
+  int sample_tokens = 0;  // new tokens per sample; 0: no samples
+  int sample_every = 0;   // steps between samples (0: after the last step only)
+  std::string prompt;
+  float temperature = 1.0f;  // 0: greedy
+  int top_k = 0;             // 0: the whole vocabulary
+  std::uint64_t sample_seed = 1337;
+  std::string tokenizer;  // folder of HF tokenizer files, or "bytes"; empty: beside --init-from
   std::string save;
   // checkpoints and resuming (docs/train.md)
   std::string save_dir;
@@ -143,6 +155,23 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                           "input (alone: full); selective = the attention core and GELU only, "
                           "the linear layers' outputs kept")
       .add("log-json", &o.log_json, "FILE", "write one JSON object per step to FILE")
+      .add("val-data", &o.val_data, "FILE",
+           "llm.c token file to evaluate the validation loss on (forward only, every mesh)")
+      .add("eval-every", &o.eval_every, "N",
+           "evaluate on --val-data every N steps (0: after the last step only)")
+      .add("eval-batches", &o.eval_batches, "K",
+           "the first K batches of --val-data, the same every time (0: up to 20 of them)")
+      .add("sample-tokens", &o.sample_tokens, "K",
+           "generate K tokens after the last step (KV cache), printed and logged as text")
+      .add("sample-every", &o.sample_every, "N", "also generate a sample every N steps")
+      .add("prompt", &o.prompt, "TEXT",
+           "the samples' prompt (default: <|endoftext|>, or a newline with byte ids)")
+      .add("temperature", &o.temperature, "T", "sampling temperature (0: greedy)")
+      .add("top-k", &o.top_k, "K", "sample among the K most likely tokens (0: all)")
+      .add("sample-seed", &o.sample_seed, "S", "seed of the samples' draws")
+      .add("tokenizer", &o.tokenizer, "DIR",
+           "Hugging Face tokenizer files for --prompt and the samples (default: beside "
+           "--init-from; bytes: byte ids, the built-in corpus's)")
       .add("save", &o.save, "FILE",
            "save the final weights (.safetensors, HF names) and config.json beside them")
       .add("save-dir", &o.save_dir, "DIR",

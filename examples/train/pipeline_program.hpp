@@ -332,6 +332,8 @@ void train_pipeline_ranks(const Options& o) {
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
     const StepMeter meter = step_meter<Target>(o, cfg, n);
+    Validation val(o, cfg.vocab, lead);
+    Sampler sampler(o, cfg, lead);
     double first_loss = 0.0, last_loss = 0.0;
     std::vector<TraceEvent> mine;
     const auto origin = std::chrono::steady_clock::now();
@@ -368,7 +370,9 @@ void train_pipeline_ranks(const Options& o) {
                           us(p.end) - us(p.start)});
         }
       }
-      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      val.after_step(trainer, step, o.steps, r);
+      sampler.after_step(trainer, step, o.steps, r, lead);
       save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;
@@ -407,6 +411,8 @@ void train_pipeline_ranks(const Options& o) {
       progress.finish();
       print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
+    val.finish(trainer, lead);
+    sampler.finish(trainer, lead);
     if (lead && o.steps > resumed) {  // a step ran: its idle fractions
       std::vector<RankTimes> times;
       for (int q = 0; q < o.pp; ++q)

@@ -52,6 +52,7 @@
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/token_data.hpp"
+#include "fourway/train/tokenizer.hpp"
 #include "fourway/train/trainer.hpp"
 #include "fourway/train/weights_save.hpp"
 #include "options.hpp"
@@ -297,6 +298,176 @@ inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& re
   return r;
 }
 
+/// --val-data: the first K batches of the validation file, read once so that every evaluation
+/// sees the same tokens, evaluated every --eval-every steps and after the last step on the mesh
+/// as it stands (`Trainer::evaluate`: forward only, the ranks' losses summed like the training
+/// loss's, so every mesh reports the one-rank figure). Every rank makes the same calls.
+class Validation {
+ public:
+  Validation(const Options& o, std::int64_t vocab, bool lead) : every_(o.eval_every) {
+    if (o.val_data.empty()) return;
+    const fw::TokenData data = fw::TokenData::read(o.val_data);
+    fw::TokenLoader loader(data, o.batch, o.seq, vocab);
+    const std::int64_t have = loader.batches_per_epoch();
+    const std::int64_t k = o.eval_batches > 0 ? o.eval_batches : std::min<std::int64_t>(20, have);
+    fw::check<fw::ConfigError>(k <= have, "fourway: --eval-batches ", k, " but --val-data ",
+                               o.val_data, " holds ", have, " batches of ", o.batch, " x ", o.seq,
+                               " tokens; lower --eval-batches or give a longer file");
+    for (std::int64_t i = 0; i < k; ++i) batches_.push_back(loader.next());
+    if (lead) {
+      std::printf("validation %s: %zu tokens, the first %lld batches of %d x %d, %s\n",
+                  data.source().c_str(), data.size(), static_cast<long long>(k), o.batch, o.seq,
+                  every_ > 0
+                      ? fw::detail::cat("every ", every_, " steps and after the last").c_str()
+                      : "after the last step");
+    }
+  }
+  [[nodiscard]] bool on() const { return !batches_.empty(); }
+  /// After step `step` of a run that ends at `last`, sets `r.val_loss` when an evaluation is due.
+  template <class TrainerT>
+  void after_step(TrainerT& trainer, int step, int last, fw::StepRecord& r) {
+    if (!on() || (step != last && (every_ == 0 || step % every_ != 0))) return;
+    r.val_loss = evaluate(trainer);
+  }
+  /// The run's line about validation (by `lead`), after evaluating the weights as they are when
+  /// no step ran (--steps 0, or a checkpoint already at --steps).
+  template <class TrainerT>
+  void finish(TrainerT& trainer, bool lead) {
+    if (!on()) return;
+    if (losses_.empty()) (void)evaluate(trainer);
+    if (!lead) return;
+    if (losses_.size() == 1) {
+      std::printf("val loss %.4f over %zu batches\n", losses_.front(), batches_.size());
+    } else {
+      std::printf("val loss %.4f -> %.4f over %zu evaluations of %zu batches\n", losses_.front(),
+                  losses_.back(), losses_.size(), batches_.size());
+    }
+  }
+
+ private:
+  template <class TrainerT>
+  double evaluate(TrainerT& trainer) {
+    double sum = 0.0;
+    for (const auto& b : batches_)
+      sum += trainer.evaluate(fw::Batch{b.inputs, b.targets, b.B, b.T});
+    losses_.push_back(sum / static_cast<double>(batches_.size()));
+    return losses_.back();
+  }
+
+  int every_ = 0;
+  std::vector<fw::SequenceBatch> batches_;
+  std::vector<double> losses_;
+};
+
+/// --sample-tokens: text generated from the model as the mesh holds it (`Trainer::generate`, a
+/// KV cache, one token per step) after the last step and every --sample-every steps, from
+/// --prompt, decoded by the tokenizer (--tokenizer; else Hugging Face's files beside
+/// --init-from; else byte ids when the vocabulary is at most 256). Every rank generates (ZeRO-3
+/// gathers unit by unit); the lead prints.
+class Sampler {
+ public:
+  Sampler(const Options& o, const fw::models::GptConfig& cfg, bool lead) : every_(o.sample_every) {
+    if (o.sample_tokens == 0) return;
+    opts_.tokens = o.sample_tokens;
+    opts_.temperature = o.temperature;
+    opts_.top_k = o.top_k;
+    opts_.seed = o.sample_seed;
+    std::filesystem::path dir = o.tokenizer;
+    if (o.tokenizer.empty() && !o.init_from.empty()) {
+      const auto beside = std::filesystem::absolute(o.init_from).parent_path();
+      std::error_code ec;
+      if (std::filesystem::exists(beside / "tokenizer.json", ec) ||
+          (std::filesystem::exists(beside / "vocab.json", ec) &&
+           std::filesystem::exists(beside / "merges.txt", ec)))
+        dir = beside;
+    }
+    if (o.tokenizer == "bytes" || (dir.empty() && cfg.vocab <= 256)) {
+      fw::check<fw::ConfigError>(cfg.vocab <= 256, "fourway: --tokenizer bytes decodes ids below ",
+                                 "256 and the model's vocabulary is ", cfg.vocab,
+                                 "; give the model's tokenizer (--tokenizer DIR)");
+      source_ = "byte ids";
+      prompt_.assign(o.prompt.begin(), o.prompt.end());
+      for (auto& id : prompt_) id = static_cast<unsigned char>(static_cast<char>(id));
+      if (prompt_.empty()) prompt_.push_back('\n');
+    } else {
+      fw::check<fw::ConfigError>(!dir.empty(), "fourway: --sample-tokens decodes the samples to ",
+                                 "text and no tokenizer was found for a vocabulary of ", cfg.vocab,
+                                 ": give --tokenizer DIR (Hugging Face's tokenizer.json, or "
+                                 "vocab.json + merges.txt)");
+      tokenizer_ = fw::Tokenizer::load(dir);
+      source_ = tokenizer_->source();
+      fw::check<fw::ConfigError>(tokenizer_->vocab_size() <= cfg.vocab, "fourway: the tokenizer ",
+                                 source_, " has ", tokenizer_->vocab_size(),
+                                 " ids and the model's vocabulary is ", cfg.vocab,
+                                 "; give the tokenizer the model was trained with");
+      prompt_ = tokenizer_->encode(o.prompt);
+      if (prompt_.empty()) {
+        const std::int32_t eot = tokenizer_->special_id("<|endoftext|>");
+        fw::check<fw::ConfigError>(eot >= 0, "fourway: an empty --prompt starts from ",
+                                   "<|endoftext|>, which ", source_,
+                                   " does not have; give --prompt");
+        prompt_.push_back(eot);
+      }
+    }
+    const auto n = static_cast<std::int64_t>(prompt_.size());
+    fw::check<fw::ConfigError>(n + o.sample_tokens <= cfg.max_seq, "fourway: the prompt is ", n,
+                               " tokens and --sample-tokens ", o.sample_tokens, ": ",
+                               n + o.sample_tokens, " exceed the model's context of ", cfg.max_seq,
+                               " tokens; shorten --prompt or lower --sample-tokens");
+    if (lead) {
+      std::printf(
+          "samples: %d tokens %s, %s, prompt of %lld tokens, decoded with %s\n", o.sample_tokens,
+          every_ > 0 ? fw::detail::cat("every ", every_, " steps and after the last").c_str()
+                     : "after the last step",
+          o.temperature == 0.0f ? "greedy"
+                                : fw::detail::cat("temperature ", o.temperature, ", top-k ",
+                                                  o.top_k, ", seed ", o.sample_seed)
+                                      .c_str(),
+          static_cast<long long>(n), source_.c_str());
+    }
+  }
+  /// After step `step` of a run that ends at `last`: a sample into `r.sample` when one is due.
+  template <class TrainerT>
+  void after_step(TrainerT& trainer, int step, int last, fw::StepRecord& r, bool lead) {
+    if (opts_.tokens == 0 || (step != last && (every_ == 0 || step % every_ != 0))) return;
+    r.sample = sample(trainer, step, lead);
+  }
+  /// When no step ran, one sample of the weights as loaded.
+  template <class TrainerT>
+  void finish(TrainerT& trainer, bool lead) {
+    if (opts_.tokens > 0 && !sampled_) (void)sample(trainer, 0, lead);
+  }
+
+ private:
+  template <class TrainerT>
+  std::string sample(TrainerT& trainer, int step, bool lead) {
+    std::vector<std::int32_t> ids;
+    if constexpr (requires { trainer.generate(prompt_, opts_); }) {
+      ids = trainer.generate(prompt_, opts_);
+    } else {
+      throw fw::ConfigError("fourway: this mesh does not generate samples (validate.hpp)");
+    }
+    sampled_ = true;
+    std::string text;
+    if (tokenizer_) {
+      text = tokenizer_->decode(ids);
+    } else {
+      for (const std::int32_t id : ids) text += static_cast<char>(id);
+    }
+    if (lead) {
+      std::printf("sample after step %d: %s\n", step, fw::detail::json_string(text).c_str());
+    }
+    return text;
+  }
+
+  int every_ = 0;
+  fw::SampleOptions opts_{.tokens = 0};
+  std::optional<fw::Tokenizer> tokenizer_;
+  std::string source_;
+  std::vector<std::int32_t> prompt_;
+  bool sampled_ = false;
+};
+
 /// The JSON log of --log-json, opened (truncated) by the rank that writes it.
 inline std::ofstream open_log(const std::string& path) {
   std::ofstream log(path, std::ios::trunc);
@@ -390,6 +561,8 @@ int train(const Options& o) {
   if (o.quiet) progress = fw::tools::Progress(o.steps, false, nullptr);
 
   const StepMeter meter = step_meter<Target>(o, cfg, 1);
+  Validation val(o, cfg.vocab, true);
+  Sampler sampler(o, cfg, true);
   double first_loss = 0.0, last_loss = 0.0;
 
   const auto loop_start = Clock::now();
@@ -403,7 +576,9 @@ int train(const Options& o) {
     const fw::StepReport& rep = trainer.last_report();
     const double ms = 1e3 * seconds_since(t0);
 
-    const fw::StepRecord r = step_record(step, loss, rep, ms, meter, lr);
+    fw::StepRecord r = step_record(step, loss, rep, ms, meter, lr);
+    val.after_step(trainer, step, o.steps, r);
+    sampler.after_step(trainer, step, o.steps, r, true);
     log.write(r, {&memory});
     if (!o.quiet) progress.update(r);
     if (step == resumed + 1) first_loss = loss;
@@ -415,6 +590,8 @@ int train(const Options& o) {
   print_loop_time(o, loop_start, o.steps - resumed);
   progress.finish();
   print_losses(o, first_loss, last_loss, o.steps - resumed);
+  val.finish(trainer, true);
+  sampler.finish(trainer, true);
   if (!o.save.empty()) {
     fw::save_gpt2(ctx, model, o.save);
     std::printf("saved %s\n", o.save.c_str());
@@ -559,6 +736,8 @@ void train_ranks(const Options& o) {
     if (lead && !o.log_json.empty()) log = open_log(o.log_json);
     fw::tools::Progress progress(o.steps);
     const StepMeter meter = step_meter<Target>(o, cfg, n);
+    Validation val(o, cfg.vocab, lead);
+    Sampler sampler(o, cfg, lead);
     double first_loss = 0.0, last_loss = 0.0;
     const auto loop_start = Clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
@@ -580,7 +759,9 @@ void train_ranks(const Options& o) {
         measured = static_cast<long long>(dp.inner().traffic().total());
       }
       const double ms = 1e3 * seconds_since(t0);
-      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      val.after_step(trainer, step, o.steps, r);
+      sampler.after_step(trainer, step, o.steps, r, lead);
       save_if_due(trainer, pending, w.rank(), n, flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       std::vector<fw::MemorySnapshot> mems;  // every rank's, peaks since the start of the run
@@ -629,6 +810,8 @@ void train_ranks(const Options& o) {
       progress.finish();
       print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
+    val.finish(trainer, lead);
+    sampler.finish(trainer, lead);
     save_weights<T>(trainer.strategy(), cfg, w.rank(), flags, o);
     if (o.memory_report) {  // every rank's table, peaks of the whole run (save included)
       std::vector<fw::MemorySnapshot> mems;

@@ -108,6 +108,8 @@ void train_tp_ranks(const Options& o) {
     }
     fw::tools::Progress progress(o.steps);
     const StepMeter meter = step_meter<Target>(o, cfg, w.size());
+    Validation val(o, cfg.vocab, lead);
+    Sampler sampler(o, cfg, lead);
     double first_loss = 0.0, last_loss = 0.0;
     const auto loop_start = std::chrono::steady_clock::now();
     for (int step = resumed + 1; step <= o.steps; ++step) {
@@ -122,7 +124,9 @@ void train_tp_ranks(const Options& o) {
       const double dp_bytes = world.counters().modelled_bytes_sent(dp_name);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      fw::StepRecord r = step_record(step, loss, trainer.last_report(), ms, meter, lr);
+      val.after_step(trainer, step, o.steps, r);
+      sampler.after_step(trainer, step, o.steps, r, lead);
       save_if_due(trainer, pending, w.rank(), w.size(), flags, o, loader, step, lead);
       finish_saves(pending, flags, o, false, lead);  // commits once every rank has written
       if (!lead) continue;
@@ -154,6 +158,8 @@ void train_tp_ranks(const Options& o) {
       progress.finish();
       print_losses(o, first_loss, last_loss, o.steps - resumed);
     }
+    val.finish(trainer, lead);
+    sampler.finish(trainer, lead);
     save_weights<T>(trainer.strategy(), cfg, w.rank(), flags, o);  // each rank its slices
     print_memory_report(o, w, ctx, lead);  // every rank's, whole-run peaks (save included)
     world.barrier();  // no rank tears down its communicators while others still use them

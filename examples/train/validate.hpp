@@ -13,7 +13,8 @@
 //!   - pipeline: the mesh with --pp, and --schedule, --virtual-stages, --trace; no buckets (the
 //!     replicas reduce once after the last micro-batch);
 //!   - every path but check: the outputs (--log-json, --save, --save-dir, --resume,
-//!     --memory-report, --quiet, --peak-tflops);
+//!     --memory-report, --quiet, --peak-tflops) and the validation (--val-data, --eval-every,
+//!     --eval-batches) and the samples (--sample-tokens and the flags that shape them);
 //!   - check: the mesh and the pipeline flags but not --trace, and no output (it compares).
 #pragma once
 
@@ -225,6 +226,47 @@ inline void check_backend(const Options& o, const TargetTraits& t) {
   }
 }
 
+/// --val-data, --eval-every, --eval-batches: the last two need the first.
+inline void check_validation_flags(const Options& o) {
+  fw::check<fw::ConfigError>(o.eval_every >= 0, "fourway: --eval-every must be >= 0 (0: after ",
+                             "the last step only), got ", o.eval_every);
+  fw::check<fw::ConfigError>(o.eval_batches >= 0, "fourway: --eval-batches must be >= 0 (0: up ",
+                             "to 20), got ", o.eval_batches);
+  for (const char* flag : {"eval-every", "eval-batches"}) {
+    fw::check<fw::ConfigError>(!o.was_given(flag) || !o.val_data.empty(), "fourway: --", flag,
+                               " evaluates on a validation file; give --val-data FILE (an llm.c "
+                               "token file, e.g. from fourway-data encode)");
+  }
+  std::error_code ec;
+  fw::check<fw::ConfigError>(o.val_data.empty() || std::filesystem::is_regular_file(o.val_data, ec),
+                             "fourway: --val-data ", o.val_data, ": no such regular file");
+}
+
+/// --sample-tokens and the flags that shape the samples (which need it).
+inline void check_sample_flags(const Options& o) {
+  fw::check<fw::ConfigError>(o.sample_tokens >= 0, "fourway: --sample-tokens must be >= 0 (0: no ",
+                             "samples), got ", o.sample_tokens);
+  fw::check<fw::ConfigError>(o.sample_every >= 0, "fourway: --sample-every must be >= 0, got ",
+                             o.sample_every);
+  fw::check<fw::ConfigError>(o.top_k >= 0, "fourway: --top-k must be >= 0 (0: all), got ", o.top_k);
+  fw::check<fw::ConfigError>(o.temperature >= 0.0f && std::isfinite(o.temperature),
+                             "fourway: --temperature must be >= 0 (0: greedy), got ",
+                             o.temperature);
+  for (const char* flag :
+       {"sample-every", "prompt", "temperature", "top-k", "sample-seed", "tokenizer"}) {
+    fw::check<fw::ConfigError>(!o.was_given(flag) || o.sample_tokens > 0, "fourway: --", flag,
+                               " shapes the samples; give --sample-tokens K (the tokens of each "
+                               "sample)");
+  }
+  if (o.sample_tokens == 0) return;
+  std::error_code ec;
+  fw::check<fw::ConfigError>(
+      o.tokenizer.empty() || o.tokenizer == "bytes" || std::filesystem::exists(o.tokenizer, ec),
+      "fourway: --tokenizer ", o.tokenizer,
+      ": no such file or folder (give Hugging Face's tokenizer files, or "
+      "bytes)");
+}
+
 /// Values one flag at a time.
 inline void check_values(Options& o, const TargetTraits& t) {
   fw::check<fw::ConfigError>(o.vocab_align >= 0, "fourway: --vocab-align must be >= 0 (0: 128 ",
@@ -283,6 +325,8 @@ inline void check_values(Options& o, const TargetTraits& t) {
   check_backend(o, t);
   check_output_dir("save", o.save);
   check_output_dir("log-json", o.log_json);
+  check_validation_flags(o);
+  check_sample_flags(o);
   check_output_dir("trace", o.trace);
   std::error_code ec;
   fw::check<fw::ConfigError>(o.data.empty() || std::filesystem::is_regular_file(o.data, ec),
@@ -357,8 +401,9 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
     fw::check<fw::ConfigError>(t.has_check,
                                "fourway: --check runs in the host build, fourway-train");
     fw::check<fw::ConfigError>(o.steps >= 1, "fourway: --check needs --steps >= 1");
-    for (const char* flag : {"log-json", "save", "save-dir", "resume", "memory-report", "quiet",
-                             "trace", "peak-tflops"}) {
+    for (const char* flag :
+         {"log-json", "save", "save-dir", "resume", "memory-report", "quiet", "trace",
+          "peak-tflops", "val-data", "eval-every", "eval-batches", "sample-tokens"}) {
       refuse_unless(false, o, flag,
                     "is not part of --check, which compares the mesh with the one-rank run and "
                     "prints the comparison (run without --check to train)");
@@ -486,12 +531,30 @@ inline std::string describe(const Options& o, const TargetTraits& t,
     std::string outputs;
     const auto add = [&](const std::string& s) { outputs += (outputs.empty() ? "" : "; ") + s; };
     if (!o.log_json.empty()) add(cat("log ", o.log_json));
+    if (!o.val_data.empty()) {
+      add(cat("validation on ", o.val_data,
+              o.eval_every > 0 ? cat(", evaluated every ", o.eval_every, " steps and") : "",
+              " after the last step, ",
+              o.eval_batches > 0 ? cat(o.eval_batches, " validation batches")
+                                 : std::string("up to 20 validation batches")));
+    }
     if (!o.save.empty()) add(cat("save ", o.save, " and config.json beside it"));
     if (!o.save_dir.empty()) {
       add(cat("checkpoints under ", o.save_dir,
               o.save_every > 0 ? cat(" every ", o.save_every, " steps and") : "",
               " after the last step", o.keep > 0 ? cat(", keep ", o.keep) : "",
               o.save_async ? ", written in the background" : ""));
+    }
+    if (o.sample_tokens > 0) {
+      add(cat("samples of ", o.sample_tokens, " tokens",
+              o.sample_every > 0 ? cat(" every ", o.sample_every, " steps and") : "",
+              " after the last step, ",
+              o.temperature == 0.0f
+                  ? std::string("greedy")
+                  : cat("temperature ", num(o.temperature),
+                        o.top_k > 0 ? cat(", top-k ", o.top_k) : "", ", seed ", o.sample_seed),
+              ", prompt \"", o.prompt, "\"",
+              o.tokenizer.empty() ? "" : cat(", tokenizer ", o.tokenizer)));
     }
     if (!o.resume.empty()) add(cat("resume from ", o.resume));
     if (o.quiet) add("quiet");

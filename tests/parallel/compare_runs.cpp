@@ -2,7 +2,8 @@
 //
 // Compares a fourway-train run (MPI processes) with the reference run (LocalWorld threads) of the
 // same flags, on everything the two must share, and exits 1 naming each part that differs:
-//   losses      every step within TOL relative;
+//   losses      every step within TOL relative, and its validation loss (--val-data) where
+//               either run evaluated;
 //   comm        the modelled ring bytes and the payload of every step, exactly (same calls);
 //   memory      the model-state bytes by tag (weights, grads, master_weights, optimizer_state)
 //               of every rank the run's log holds, exactly, against the same rank of the reference;
@@ -90,6 +91,12 @@ int main(int argc, char** argv) {
     const double rel = std::abs(a - b) / std::abs(b);
     std::printf("step %zu: loss %.9g vs %.9g (relative %.3g)\n", i + 1, a, b, rel);
     worst_loss = std::max(worst_loss, std::isnan(rel) ? INFINITY : rel);
+    const double va = field(run[i], "val_loss"), vb = field(ref[i], "val_loss");
+    if (!std::isnan(va) || !std::isnan(vb)) {  // --val-data: evaluated at this step
+      const double vrel = std::abs(va - vb) / std::abs(vb);
+      std::printf("step %zu: val_loss %.9g vs %.9g (relative %.3g)\n", i + 1, va, vb, vrel);
+      worst_loss = std::max(worst_loss, std::isnan(vrel) ? INFINITY : vrel);
+    }
     for (const char* k : {"comm_modelled_bytes_per_rank", "comm_payload_bytes_per_rank"}) {
       const double x = field(run[i], k), y = field(ref[i], k);
       if (!(x == y)) {

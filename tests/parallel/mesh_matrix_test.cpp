@@ -1,6 +1,8 @@
 // The equivalence matrix: `MeshStrategy<Mesh<...>>` (train/mesh_strategy.hpp) on LocalWorlds of
 // 3 to 8 ranks against the one-rank run of the same GPT on the same data, 20 steps in fp32:
-// every loss and every unsplit parameter (gathered from the mesh) within 1e-5 relative. Data
+// every loss, the validation loss of a held-out batch after every step (`Trainer::evaluate`,
+// forward only: a pipeline runs its forward-only table) and every unsplit parameter (gathered
+// from the mesh) within 1e-5 relative. Data
 // parallel, ZeRO 1-3, tensor parallel, pipelines (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) and
 // their compositions up to tp2·pp2·dp2 at every ZeRO stage, odd worlds, checkpointing, sequence
 // parallelism, and bf16 within its documented bound.
@@ -90,8 +92,12 @@ fw::TokenBatch batch_of(int step, bool realistic) {
   return realistic ? realistic_batch(step) : harness::batch(step);
 }
 
+/// The held-out batch every run evaluates after each step (`Trainer::evaluate`, forward only).
+fw::TokenBatch validation_batch(bool realistic) { return batch_of(997, realistic); }
+
 struct Result {
   std::vector<float> losses;                         // rank 0's
+  std::vector<float> evals;                          // rank 0's validation loss after each step
   std::map<std::string, std::vector<float>> params;  // the unsplit model
 };
 
@@ -105,7 +111,11 @@ Result run_one_rank(bool checkpoint, int micro_batches, int steps, bool realisti
   fw::Trainer<fw::SingleRank<fw::models::Gpt<T, fw::Host>, fw::Precision<T>, fw::Host>> t(
       opts, ctx, model, harness::adamw(kLr));
   Result r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(t.step(batch_of(s, realistic).view()));
+  const fw::TokenBatch val = validation_batch(realistic);
+  for (int s = 0; s < steps; ++s) {
+    r.losses.push_back(t.step(batch_of(s, realistic).view()));
+    r.evals.push_back(t.evaluate(val.view()));
+  }
   model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
     auto& v = r.params[p.name];
     for (std::int64_t i = 0; i < p.numel(); ++i) v.push_back(fw::convert<float>(p.weight[i]));
@@ -137,16 +147,23 @@ Result run_mesh(const Case& c, int steps) {
         to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
         fw::Trainer<S> t(to, w.ctx(), mesh, groups, config_of(c.checkpoint, c.realistic),
                          harness::kSeed, mo, harness::adamw(kLr));
-        std::vector<float> losses;
-        for (int s = 0; s < steps; ++s) losses.push_back(t.step(batch_of(s, c.realistic).view()));
+        std::vector<float> losses, evals;
+        const fw::TokenBatch val = validation_batch(c.realistic);
+        for (int s = 0; s < steps; ++s) {
+          losses.push_back(t.step(batch_of(s, c.realistic).view()));
+          evals.push_back(t.evaluate(val.view()));
+        }
         const auto full = t.strategy().full_parameters();
         std::lock_guard lock(mu);
         if (w.rank() == 0) {
           r.losses = losses;
+          r.evals = evals;
           for (const auto& nt : full) r.params[nt.name] = nt.values;
         }
         EXPECT_EQ(losses, r.losses.empty() ? losses : r.losses)
             << c.name() << ": rank " << w.rank() << " reports another loss";
+        EXPECT_EQ(evals, r.evals.empty() ? evals : r.evals)
+            << c.name() << ": rank " << w.rank() << " reports another validation loss";
       },
       strict);
   return r;
@@ -181,6 +198,10 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
   for (std::size_t s = 0; s < ref.losses.size(); ++s)
     EXPECT_NEAR(got.losses[s], ref.losses[s], tol * std::abs(ref.losses[s]))
         << what << " step " << s;
+  ASSERT_EQ(got.evals.size(), ref.evals.size()) << what;
+  for (std::size_t s = 0; s < ref.evals.size(); ++s)
+    EXPECT_NEAR(got.evals[s], ref.evals[s], tol * std::abs(ref.evals[s]))
+        << what << " validation after step " << s;
   if (param_tol == 0) param_tol = tol;
   ASSERT_EQ(got.params.size(), ref.params.size()) << what;
   double worst = 0;
@@ -194,8 +215,9 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
     worst = std::max(worst, e);
     EXPECT_LE(e, param_tol) << what << " " << name;
   }
-  std::printf("%-40s max relative difference: loss %.2e, parameters %.2e\n", what.c_str(),
-              harness::max_relative_difference(got.losses, ref.losses), worst);
+  std::printf("%-40s max relative difference: loss %.2e, validation %.2e, parameters %.2e\n",
+              what.c_str(), harness::max_relative_difference(got.losses, ref.losses),
+              harness::max_relative_difference(got.evals, ref.evals), worst);
 }
 
 /// The one-rank reference for a case: the same micro-batching of the global batch (dp x m pieces),
@@ -334,10 +356,13 @@ TEST(MeshMatrix, Bf16ThreeAxesWithinTolerance) {
   for (int zero : {0, 3}) {
     Case c = with(mesh(2, 2, 2, zero), Kind::one_f_one_b, 2);
     const Result ref = run_one_rank<fw::bf16>(false, c.dp * c.micro_batches, steps);
-    const double d =
-        harness::max_relative_difference(run_case<fw::bf16>(c, steps).losses, ref.losses);
-    std::printf("bf16 %s: max relative loss difference to one rank %.3g\n", c.name().c_str(), d);
+    const Result got = run_case<fw::bf16>(c, steps);
+    const double d = harness::max_relative_difference(got.losses, ref.losses);
+    const double v = harness::max_relative_difference(got.evals, ref.evals);
+    std::printf("bf16 %s: max relative loss difference to one rank %.3g, validation %.3g\n",
+                c.name().c_str(), d, v);
     EXPECT_LE(d, kBf16LossTol) << c.name();
+    EXPECT_LE(v, kBf16LossTol) << c.name();
   }
 }
 

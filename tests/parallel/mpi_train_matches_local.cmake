@@ -1,7 +1,7 @@
 # fourway-train --backend mpi under MPIRUN (NP processes) against --backend local --ranks NP, for
-# every --zero stage: compare_runs checks losses, communication, per-rank memory and the saved
-# parameters. Arguments: TRAIN, FAULTY, COMPARE, MPIRUN (the mpirun command line), NP, NEGATIVE,
-# WORK.
+# every --zero stage: compare_runs checks losses (validation losses with DATA), communication,
+# per-rank memory and the saved parameters. Arguments: TRAIN, FAULTY, COMPARE, MPIRUN (the mpirun
+# command line), NP, NEGATIVE, WORK, [DATA].
 #
 # NEGATIVE=ON is the control: the MPI ranks run FAULTY (train_skip_collectives.cpp, a test build
 # of the program whose ranks skip their collectives, each alone on its share of the batch), and
@@ -10,6 +10,8 @@
 file(MAKE_DIRECTORY ${WORK})
 set(common --layers 2 --dim 48 --heads 4 --seq 16 --batch 8 --steps 5 --grad-clip 1.0
            --weight-decay 0.1 --bucket-mb 0.02 --quiet)
+include(${CMAKE_CURRENT_LIST_DIR}/val_data.cmake)
+fourway_append_val_data(common)  # with DATA: the validation loss too
 set(stages 0 1 2 3)
 set(mpi_train ${TRAIN})
 if(NEGATIVE)

@@ -8,8 +8,10 @@
 # --steps 0.
 # With MPIEXEC and NP, mpirun starts NP processes (default PP) and EXTRA goes to both runs: the
 # mesh under MPI against the same mesh on LocalWorld (e.g. --tp;2;--dp;2 with NP 8).
+# With DATA (fourway-data), every run also evaluates a validation file (byte ids) every 2 steps,
+# and compare_losses holds the validation losses to the same tolerance.
 # Arguments: TRAIN, COMPARE, WEIGHTS, PP, M, SCHEDULES, WORK,
-#            [MPIEXEC, NPFLAG, NP, EXTRA, REF_M, INIT].
+#            [MPIEXEC, NPFLAG, NP, EXTRA, REF_M, INIT, DATA].
 file(MAKE_DIRECTORY ${WORK})
 if(NOT REF_M)
   set(REF_M ${M})
@@ -18,6 +20,8 @@ if(NOT NP)
   set(NP ${PP})
 endif()
 set(common --heads 4 --seq 16 --batch 8 --grad-clip 1.0 --weight-decay 0.1 --quiet)
+include(${CMAKE_CURRENT_LIST_DIR}/val_data.cmake)
+fourway_append_val_data(common)  # with DATA: the validation loss too
 if(INIT)
   set(init ${WORK}/init.safetensors)
   execute_process(COMMAND ${TRAIN} --layers 5 --dim 32 ${common} --seed 7 --steps 0 --save ${init}

@@ -178,3 +178,29 @@ TEST(ScheduleCheck, BlockingSendsDeadlockWhereEagerOnesDoNot) {
   EXPECT_TRUE(s::check(t, s::Blocking::eager).ok());
   EXPECT_EQ(problem(t, s::Blocking::rendezvous), s::Problem::deadlock);
 }
+
+// A forward-only (evaluation) table needs no backward and may hold none: a BW, B or W, or a
+// gradient message, is refused by name.
+TEST(ScheduleCheck, AForwardOnlyTableRefusesABackward) {
+  s::Table t = s::forward_only(s::one_f_one_b(2, 2), 4);
+  ASSERT_TRUE(s::check(t).ok());
+  s::Table bw = t;
+  bw.actions[1].push_back(s::backward(0, 1));
+  EXPECT_EQ(problem(bw), s::Problem::backward_in_forward_only);
+  EXPECT_NE(s::describe(s::check(bw), bw).find("a backward in a forward-only (evaluation) table"),
+            std::string::npos);
+  s::Table grad = t;
+  grad.actions[1].push_back({s::Op::send_gradient, 0, 1, 0, 4});
+  grad.actions[0].push_back({s::Op::recv_gradient, 0, 1, 1, 4});
+  EXPECT_EQ(problem(grad), s::Problem::backward_in_forward_only);
+  s::Table missing = t;  // a forward that never runs is still missing
+  missing.actions[1].pop_back();
+  EXPECT_EQ(problem(missing), s::Problem::missing_compute);
+  // a training table is still held to its backwards
+  s::Table training = s::one_f_one_b(2, 2, 4);
+  training.forward_only = false;
+  ASSERT_TRUE(s::check(training).ok());
+  for (auto& row : training.actions)
+    std::erase_if(row, [](const s::Action& a) { return a.op == s::Op::backward; });
+  EXPECT_EQ(problem(training), s::Problem::missing_compute);
+}

@@ -134,3 +134,48 @@ TEST(ScheduleGenerators, InvalidRequestsSayWhatWouldWork) {
   EXPECT_NE(message({s::Kind::one_f_one_b, 2, 4, 2}).find("use interleaved"), std::string::npos);
   EXPECT_EQ(message({s::Kind::gpipe, 4, 1}), "no error");  // GPipe takes any m
 }
+
+// The evaluation table of every schedule: forwards only, each rank's chunks in model order and
+// their micro-batches in order, with the activations' messages; valid wherever the training
+// table is (under eager sends, what the executor runs, always).
+TEST(ScheduleGenerators, ForwardOnlyTablesRunEveryForwardAndNothingElse) {
+  EXPECT_EQ(computes(s::forward_only(s::one_f_one_b(2, 3)), 0), "F0 F1 F2");
+  EXPECT_EQ(computes(s::forward_only(s::zb_v(2, 2)), 0), "F0c0 F1c0 F0c3 F1c3");
+  EXPECT_EQ(computes(s::forward_only(s::zb_v(2, 2)), 1), "F0c1 F1c1 F0c2 F1c2");
+  EXPECT_EQ(computes(s::forward_only(s::interleaved(2, 2, 2)), 1), "F0c1 F1c1 F0c3 F1c3");
+  const s::Table fo = s::forward_only(s::one_f_one_b(2, 2), 96);
+  EXPECT_TRUE(fo.forward_only);
+  EXPECT_EQ(s::to_string(fo),
+            "forward-only: 2 ranks x 1 chunks, 2 micro-batches\n"
+            "  rank 0: F0.0 send_F0.0>1 F1.0 send_F1.0>1\n"
+            "  rank 1: recv_F0.0<0 F0.1 recv_F1.0<0 F1.1\n");
+  for (int p : {1, 2, 3, 4}) {
+    for (int m : {p, 2 * p, 2 * p + 1}) {
+      std::vector<s::Table> tables = {s::gpipe(p, m, 8), s::one_f_one_b(p, m, 8), s::zb_h1(p, m, 8),
+                                      s::zb_v(p, m, 8)};
+      if (p >= 2 && m % p == 0) tables.push_back(s::interleaved(p, m, 2, 8));
+      for (const s::Table& t : tables) {
+        const s::Table e = s::forward_only(t, 8);
+        for (const auto blocking : {s::Blocking::eager, s::Blocking::rendezvous}) {
+          // safe where its training table is: under eager sends always (what the executor
+          // runs), where sends block when the training table is
+          if (!s::check(t, blocking).ok()) continue;
+          const s::CheckResult r = s::check(e, blocking);
+          EXPECT_TRUE(r.ok()) << t.name << " p=" << p << " m=" << m << ": " << s::describe(r, e)
+                              << "\n"
+                              << s::to_string(e);
+        }
+        int forwards = 0;
+        for (const auto& row : e.actions) {
+          for (const s::Action& a : row) {
+            EXPECT_TRUE(a.op == s::Op::forward || a.op == s::Op::send_activation ||
+                        a.op == s::Op::recv_activation)
+                << s::to_string(a);
+            forwards += a.op == s::Op::forward;
+          }
+        }
+        EXPECT_EQ(forwards, m * t.chunks()) << t.name;
+      }
+    }
+  }
+}

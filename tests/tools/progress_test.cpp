@@ -19,6 +19,7 @@ std::string captured(bool interactive) {
     r.tokens_per_s = 25000;
     r.step_ms = 100;
     r.lr = 3e-4;
+    if (s % 2 == 0) r.val_loss = 4.5 - s;  // evaluated every 2 steps
     p.update(r);
     if (s == 2) p.note("checkpoint saved");
   }
@@ -39,6 +40,11 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
       std::string::npos)
       << out;
   EXPECT_NE(out.find("step 2/4 | loss 3.000000"), std::string::npos);
+  EXPECT_NE(out.find("100.0 ms | val 2.500000\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 3/4 | loss 2.000000 | grad_norm 0.5000 | lr 0.0003 | 25000 tokens/s | "
+                     "100.0 ms\n"),
+            out.find("step 3/4"))
+      << "no val on a step that did not evaluate";
   EXPECT_NE(out.find("\ncheckpoint saved\nstep 3/4"), std::string::npos);
   EXPECT_EQ(out.find('\r'), std::string::npos) << "no carriage returns in a log file";
 }
@@ -47,7 +53,7 @@ TEST(Progress, RedrawnBarOnATerminal) {
   const auto out = captured(true);
   EXPECT_NE(out.find("\r\033[K[############............] 2/4 loss 3.0000"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("25.0k tok/s"), std::string::npos);
+  EXPECT_NE(out.find("25.0k tok/s | val 0.500000 | eta"), std::string::npos) << out;
   EXPECT_NE(out.find("eta 0s"), std::string::npos);
   EXPECT_NE(out.find("\ncheckpoint saved\n"), std::string::npos)
       << "a note ends the bar line first";

@@ -174,6 +174,27 @@ TEST(FourwayData, NoEotConcatenatesTheDocuments) {
   EXPECT_EQ(r.out.find("before each file"), std::string::npos) << r.out;
 }
 
+// --tokenizer bytes: every byte its own id (the built-in corpus's encoding), any bytes, no
+// <|endoftext|>; the next line names the validation file for fourway-train.
+TEST(FourwayData, ByteIdsAreTheBytes) {
+  const auto a = scratch("bytes_a.bin"), b = scratch("bytes_b.bin");
+  std::string raw = "caf\xc3\xa9 ";
+  raw += std::string("\xff\x00\x80 not UTF-8", 13);
+  write_file(a, raw);
+  write_file(b, "fourway");
+  const auto out = scratch("bytes");
+  const auto r =
+      run("encode --tokenizer bytes --out " + q(out) + " --val-tokens 3 " + q(a) + " " + q(b));
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::uint16_t> want;
+  for (const char ch : raw + "fourway") want.push_back(static_cast<unsigned char>(ch));
+  EXPECT_EQ(tokens_of(out.string() + "_train.bin"), head(want, want.size() - 3));
+  EXPECT_EQ(tokens_of(out.string() + "_val.bin"), tail(want, 3));
+  EXPECT_NE(r.out.find("byte ids: 256 ids"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--vocab 256 --val-data " + out.string() + "_val.bin"), std::string::npos)
+      << r.out;
+}
+
 TEST(FourwayData, HelpAndUsage) {
   auto r = run("--help");
   EXPECT_EQ(r.status, 0);

@@ -551,6 +551,186 @@ TEST(FourwayTrain, EveryPathLogsModelFlopsAndTheMfuAgainstThePeak) {
   EXPECT_NE(bad.err.find("--peak-tflops must be >= 0"), std::string::npos) << bad.err;
 }
 
+// --val-data: the validation loss of the same batches, evaluated every --eval-every steps and
+// after the last, forward only, is the one-rank figure on every mesh (data parallel under ZeRO-3,
+// tensor parallel with sequence parallelism, a V-shaped and an interleaved pipeline, the latter
+// held to NCCL's contract by the strict world, and the 3-D mesh); --steps 0 evaluates the
+// weights as loaded; bad flags are refused by name.
+TEST(FourwayTrain, ValidationLossIsTheOneRankFigureOnEveryMesh) {
+  const auto val = scratch("val.bin");
+  std::vector<std::uint16_t> toks(2000);
+  std::uint32_t x = 12345;
+  for (auto& t : toks) {
+    x = x * 1664525u + 1013904223u;
+    t = static_cast<std::uint16_t>(x >> 24);  // byte ids, as the built-in corpus's
+  }
+  fw::TokenData::write(val, toks);
+  const auto log = scratch("val.jsonl");
+  const std::string model = "--layers 4 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 8 " +
+                            std::string("--val-data '") + val.string() + "' --eval-batches 3 ";
+  const std::string logged = model + "--steps 4 --eval-every 2 --log-json '" + log.string() + "' ";
+  const ProgramRun ref = run(logged);
+  ASSERT_EQ(ref.status, 0) << ref.err << ref.out;
+  std::vector<double> want;
+  for (const auto& l : lines_of(slurp(log))) {
+    const double v = json_field(l, "val_loss");
+    const double step = json_field(l, "step");
+    EXPECT_EQ(std::isnan(v), step == 1 || step == 3) << l;  // every 2 steps and the last
+    if (!std::isnan(v)) want.push_back(v);
+  }
+  ASSERT_EQ(want.size(), 2u);
+  EXPECT_GT(want[0], 4.0);  // near ln 256 = 5.5 for random bytes, and not zero
+  EXPECT_NE(ref.out.find("validation " + val.string() + ": 2000 tokens, the first 3 batches"),
+            std::string::npos)
+      << ref.out;
+  EXPECT_NE(ref.out.find("over 2 evaluations of 3 batches"), std::string::npos) << ref.out;
+  EXPECT_NE(ref.out.find(" | val "), std::string::npos) << ref.out;
+  for (const std::string mesh :
+       {"--ranks 2 --zero 3", "--tp 2 --ranks 2 --sequence-parallel",
+        "--pp 2 --ranks 2 --micro-batches 2 --schedule zb-v",
+        "--pp 2 --ranks 2 --micro-batches 2 --schedule interleaved --backend strict",
+        "--tp 2 --pp 2 --dp 2 --ranks 8 --zero 3 --micro-batches 2"}) {
+    SCOPED_TRACE(mesh);
+    const ProgramRun r = run(logged + mesh);
+    ASSERT_EQ(r.status, 0) << r.err << r.out;
+    std::vector<double> got;
+    for (const auto& l : lines_of(slurp(log))) {
+      const double v = json_field(l, "val_loss");
+      if (!std::isnan(v)) got.push_back(v);
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
+  }
+  // --steps 0: the loaded (here: initial) weights, evaluated once, on one rank and a pipeline
+  const ProgramRun zero = run(model + "--steps 0");
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  const auto at = zero.out.find("val loss ");
+  ASSERT_NE(at, std::string::npos) << zero.out;
+  const std::string line = zero.out.substr(at, zero.out.find('\n', at) - at);
+  EXPECT_NE(line.find("over 3 batches"), std::string::npos) << line;
+  const ProgramRun zero_pp = run(model + "--steps 0 --pp 2 --ranks 2");
+  ASSERT_EQ(zero_pp.status, 0) << zero_pp.err;
+  EXPECT_NE(zero_pp.out.find(line), std::string::npos) << zero_pp.out;
+  // refused by name
+  ProgramRun bad =
+      run("--layers 2 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 8 --steps 1 "
+          "--val-data '" +
+          val.string() + "' --eval-batches 30");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--eval-batches 30 but --val-data " + val.string() + " holds 15 batches"),
+            std::string::npos)
+      << bad.err;
+  bad = run("--steps 1 --eval-every 2");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--eval-every evaluates on a validation file; give --val-data"),
+            std::string::npos)
+      << bad.err;
+  bad = run("--steps 1 --val-data /nonexistent/val.bin");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--val-data /nonexistent/val.bin: no such regular file"),
+            std::string::npos)
+      << bad.err;
+}
+
+// --sample-tokens: greedy samples from the golden run's final weights are the tokens
+// transformers' generate gives (tests/golden/sample_greedy_v1.txt, prompt 49 50 51 = "123" in
+// byte ids) on every mesh: one rank, data parallel, ZeRO-3 (gathered unit by unit), tensor
+// parallel, a pipeline, the 3-D mesh; seeded samples during training are the same on every mesh
+// (a ZB-V pipeline under the strict world among them); a tokenizer beside --init-from is found;
+// bad flags are refused by name.
+TEST(FourwayTrain, SamplesAreTransformersGreedyTokensOnEveryMesh) {
+  const auto dir = scratch("sample_init");
+  std::filesystem::create_directories(dir);
+  const auto init = dir / "model.safetensors";
+  {
+    const auto e = fw::SafetensorsFile::read(expected);
+    fw::SafetensorsWriter w;
+    for (const auto& t : e.entries()) {
+      if (t.name.rfind("final.", 0) == 0) w.add<float>(t.name.substr(6), t.shape, e.read<float>(t));
+    }
+    w.write(init);
+    fw::models::GptConfig c{.layers = 2, .heads = 4, .dim = 32, .vocab = 64, .max_seq = 16};
+    fw::write_gpt2_config(init, c, "float32");
+  }
+  // 21, then 51 ("3") twelve times: transformers' greedy tokens after "123"
+  const std::string want = "sample after step 0: \"\\u0015" + std::string(12, '3') + "\"";
+  const std::string greedy = "--init-from '" + init.string() + "' --data '" + tokens.string() +
+                             "' --seq 8 --batch 4 --steps 0 --sample-tokens 13 --temperature 0 "
+                             "--prompt 123 --tokenizer bytes ";
+  for (const std::string mesh :
+       {"", "--ranks 2", "--ranks 2 --zero 3", "--tp 2 --ranks 2", "--pp 2 --ranks 2",
+        "--tp 2 --pp 2 --dp 2 --ranks 8 --zero 3 --micro-batches 2"}) {
+    SCOPED_TRACE(mesh);
+    const ProgramRun r = run(greedy + mesh);
+    ASSERT_EQ(r.status, 0) << r.err << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("samples: 13 tokens after the last step, greedy, prompt of 3 tokens, "
+                         "decoded with byte ids"),
+              std::string::npos)
+        << r.out;
+  }
+  // sampled every 2 steps while training: the same text on every data-parallel mesh
+  const auto log = scratch("samples.jsonl");
+  const std::string train =
+      "--layers 4 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 4 "
+      "--steps 4 --sample-every 2 --sample-tokens 10 --top-k 20 "
+      "--sample-seed 5 --prompt 'The ' --log-json '" +
+      log.string() + "' ";
+  std::vector<std::string> ref;
+  for (const std::string mesh :
+       {"", "--ranks 2 --zero 3", "--tp 2 --ranks 2 --sequence-parallel",
+        "--pp 2 --ranks 2 --micro-batches 2 --schedule zb-v --backend strict",
+        "--tp 2 --pp 2 --ranks 4 --micro-batches 2 --schedule interleaved"}) {
+    SCOPED_TRACE(mesh);
+    const ProgramRun r = run(train + mesh);
+    ASSERT_EQ(r.status, 0) << r.err << r.out;
+    std::vector<std::string> got;
+    for (const auto& l : lines_of(slurp(log))) {
+      const auto at = l.find("\"sample\":");
+      if (at != std::string::npos) got.push_back(l.substr(at, l.find("\",\"", at + 10) - at));
+    }
+    ASSERT_EQ(got.size(), 2u) << "steps 2 and 4";
+    if (ref.empty()) ref = got;
+    EXPECT_EQ(got, ref);
+  }
+  // Hugging Face's tokenizer files beside --init-from are the default tokenizer
+  const auto bpe = std::filesystem::path(FOURWAY_GOLDEN_DIR) / "bpe_tiny_v1";
+  const auto big = scratch("sample_bpe");
+  std::filesystem::create_directories(big);
+  ProgramRun r =
+      run("--layers 1 --dim 32 --heads 2 --vocab 1281 --seq 16 --steps 0 --data '" +
+          tokens.string() + "' --batch 2 --save '" + (big / "m.safetensors").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::filesystem::copy_file(bpe / "tokenizer.json", big / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  r = run("--init-from '" + (big / "m.safetensors").string() + "' --data '" + tokens.string() +
+          "' --batch 2 --seq 8 --steps 0 --sample-tokens 6 --prompt 'hello world'");
+  ASSERT_EQ(r.status, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("decoded with " + (big / "tokenizer.json").string()), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("sample after step 0: \""), std::string::npos) << r.out;
+  // refused by name
+  const std::string rnd = "--layers 1 --dim 32 --heads 2 --vocab 256 --seq 16 --steps 1 ";
+  r = run(rnd + "--prompt hi");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--prompt shapes the samples; give --sample-tokens K"), std::string::npos)
+      << r.err;
+  r = run(rnd + "--sample-tokens 4 --tokenizer /nonexistent/tok");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--tokenizer /nonexistent/tok: no such file or folder"), std::string::npos)
+      << r.err;
+  r = run(rnd + "--sample-tokens 14 --prompt abc");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("the prompt is 3 tokens and --sample-tokens 14: 17 exceed the model's "
+                       "context of 16 tokens"),
+            std::string::npos)
+      << r.err;
+  r = run("--layers 1 --dim 32 --heads 2 --vocab 300 --seq 16 --steps 1 --sample-tokens 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no tokenizer was found for a vocabulary of 300"), std::string::npos)
+      << r.err;
+}
+
 TEST(FourwayTrain, SaveDirEveryNStepsThenResumeOnAnotherMeshContinuesTheRun) {
   // Uninterrupted on 2 ranks ZeRO-3; interrupted: 4 steps on 2 ranks ZeRO-3 saving every 2
   // (keeping 1), resumed on the same mesh (bitwise) and on 3 ranks ZeRO-1 (within 1e-5).

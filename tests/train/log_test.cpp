@@ -28,6 +28,7 @@ TEST(JsonLog, OneObjectPerStepWithMemoryOfEveryRank) {
     log.write(r, {&r0, &r1});
     r.step = 4;
     r.skipped = true;
+    r.val_loss = 3.25;  // this step evaluated --val-data
     log.write(r, {&r0});
   }
   std::ifstream in(path);
@@ -49,6 +50,8 @@ TEST(JsonLog, OneObjectPerStepWithMemoryOfEveryRank) {
   EXPECT_EQ(l1.back(), '}');
   EXPECT_NE(l2.find("\"step\":4"), std::string::npos);
   EXPECT_NE(l2.find("\"skipped\":true"), std::string::npos);
+  EXPECT_EQ(l1.find("val_loss"), std::string::npos) << "step 3 did not evaluate";
+  EXPECT_NE(l2.find(",\"val_loss\":3.25,\"memory\":["), std::string::npos) << l2;
   EXPECT_EQ(l2.find("\"rank\":1"), std::string::npos);
   std::filesystem::remove(path);
   EXPECT_THROW(fw::JsonLog("/nonexistent/dir/x.jsonl"), fw::ConfigError);

@@ -116,6 +116,37 @@ Run run_golden(int micro_batches = 1, fw::LossScalerConfig scaler = {}, bool sam
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+/// The golden steps with `Trainer::evaluate` of each step's batch just before the step: the
+/// evaluations, and the run itself (which must not notice them).
+struct EvaluatedRun {
+  std::vector<float> evals;
+  Run run;
+  std::size_t activations_after_evaluate = 0;
+};
+
+EvaluatedRun run_golden_evaluated(int micro_batches) {
+  const auto s = golden_setup();
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  fw::models::Gpt<float, fw::Host> gpt(ctx, s.cfg);
+  load_golden_weights(ctx, gpt);
+  GptTrainer<float> trainer({.micro_batches = micro_batches}, ctx, gpt, fw::AdamW(s.adamw));
+  EvaluatedRun e;
+  for (int i = 0; i < s.steps; ++i) {
+    const auto batch = golden_batch(i);
+    e.evals.push_back(trainer.evaluate(batch.view()));
+    e.activations_after_evaluate =
+        std::max(e.activations_after_evaluate, mem.current(fw::MemTag::activations));
+    e.run.losses.push_back(trainer.step(batch.view()));
+    e.run.norms.push_back(trainer.last_report().grad_norm);
+  }
+  gpt.visit_parameters([&](fw::Parameter<float, fw::Host>& p) {
+    for (std::int64_t i = 0; i < p.numel(); ++i) e.run.weights.push_back(p.weight[i]);
+  });
+  EXPECT_EQ(trainer.iteration(), s.steps) << "evaluate is not a step";
+  return e;
+}
+
 // The law the other meshes are measured against: one rank, fp32, equals PyTorch.
 TEST(Trainer, OneRankFp32MatchesPyTorchPerStep) {
   const auto r = run_golden<float>();
@@ -215,6 +246,32 @@ TEST(Trainer, MicroBatchesGiveTheSameSteps) {
     EXPECT_LE(rel(two.norms[i], one.norms[i]), 1e-5) << "step " << i;
   }
   std::printf("largest relative difference, 2 micro-batches vs 1: %.3g\n", worst);
+}
+
+// Trainer::evaluate is the step's forward alone: before step i it gives PyTorch's loss of step i
+// (the loss of the weights before it, golden file) to the one-rank tolerance, and the step's own
+// loss to its last rounding; the run around it is bitwise the run without it (no gradient, moment,
+// scale or counter touched) and no activation outlives it.
+TEST(Trainer, EvaluateIsTheStepsForwardAndChangesNothing) {
+  const auto& loss = golden().f32("loss");
+  for (int m : {1, 2}) {
+    const EvaluatedRun e = run_golden_evaluated(m);
+    const auto plain = run_golden<float>(m);
+    ASSERT_EQ(e.evals.size(), loss.size());
+    for (std::size_t i = 0; i < loss.size(); ++i) {
+      EXPECT_LE(rel(e.evals[i], loss[i]), 1e-5) << "m=" << m << " step " << i;
+      // the step adds its per-token losses into the strategy's scalars (forward_into), the
+      // evaluation takes each micro-batch's mean: the same loss up to the last float rounding
+      EXPECT_LE(rel(e.evals[i], plain.losses[i]), 2e-7) << "m=" << m << " step " << i;
+    }
+    EXPECT_EQ(0, std::memcmp(e.run.losses.data(), plain.losses.data(),
+                             plain.losses.size() * sizeof(float)));
+    EXPECT_EQ(e.run.norms, plain.norms);
+    ASSERT_EQ(e.run.weights.size(), plain.weights.size());
+    EXPECT_EQ(0, std::memcmp(e.run.weights.data(), plain.weights.data(),
+                             plain.weights.size() * sizeof(float)));
+    EXPECT_EQ(e.activations_after_evaluate, 0u) << "m=" << m;
+  }
 }
 
 TEST(Trainer, BitwiseDeterministicRunToRun) {

@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
+#include "fourway/layers/kv_cache.hpp"
 #include "fourway/layers/linear.hpp"
 
 namespace fourway {
@@ -60,6 +62,18 @@ class CausalSelfAttention {
     Tensor<T, B> qkv = c_attn_.forward(ctx, x, s.c_attn);
     attention_core(ctx, qkv, Bn, Tn, C_, NH_, s.lse, s.y);
     return c_proj_.forward(ctx, s.y, s.c_proj);
+  }
+
+  /// One new token of one sequence, x (1, 1, C) at position `pos`: its key and value go to row
+  /// `pos` of `cache` and it attends over rows [0, pos] (layers/kv_cache.hpp). Returns the
+  /// layer's output (1, 1, C); nothing is kept for a backward.
+  Tensor<T, B> decode(const Context<B>& ctx, const Tensor<T, B>& x, KvCache<T, B>& cache,
+                      std::int64_t pos) const {
+    typename Linear<T, B>::Stash in, out;
+    const Tensor<T, B> qkv = c_attn_.forward(ctx, x, in);
+    const Tensor<T, B> y = decode_attention(ctx, qkv, cache, pos, C_, NH_);
+    (void)c_proj_.forward(ctx, y, out);
+    return std::move(out.y);
   }
 
   /// Selective recomputation: frees the attention core's output and log-sum-exp after forward;

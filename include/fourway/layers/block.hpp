@@ -49,6 +49,20 @@ class TransformerBlock {
     return s.y.view();
   }
 
+  /// One new token of one sequence (layers/kv_cache.hpp): x (1, 1, C) at position `pos`, its
+  /// attention over `cache`, then the MLP, the residuals as in forward. Returns (1, 1, C).
+  Tensor<T, B> decode(const Context<B>& ctx, const Tensor<T, B>& x, KvCache<T, B>& cache,
+                      std::int64_t pos) const {
+    typename LayerNorm<T, B>::Stash l1, l2;
+    typename Mlp<T, B>::Stash ms;
+    const Tensor<T, B> a = attn_.decode(ctx, ln_1_.forward(ctx, x, l1), cache, pos);
+    Tensor<T, B> r = detail::activation<T, B>(ctx, x.shape());
+    const Tensor<T, B> m = mlp_.forward(ctx, ln_2_.forward_residual(ctx, x, a, r, l2), ms);
+    Tensor<T, B> y = detail::activation<T, B>(ctx, x.shape());
+    Ops<B>::residual_forward(ctx, y.data(), r.data(), m.data(), x.numel());
+    return y;
+  }
+
   /// Selective recomputation (Korthikanti et al. 2022, Megatron-Core's core-attention recompute):
   /// after forward, frees what is cheap to recompute — the attention core's output and
   /// log-sum-exp, GELU's output — and keeps the linear layers' outputs; backward recomputes both

@@ -37,6 +37,7 @@
 #include "fourway/layers/block.hpp"
 #include "fourway/layers/checkpoint.hpp"
 #include "fourway/layers/embedding.hpp"
+#include "fourway/layers/kv_cache.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
@@ -294,6 +295,44 @@ class Gpt {
   /// Unit 0 backward: adds to wte's and wpe's grads.
   void backward_embedding(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     (void)embedding_.backward(ctx, dy, s.embedding);
+  }
+
+  // ---- incremental decoding (layers/generate.hpp): one token at a time over KV caches, unit by
+  // unit as forward runs them (`fw::decode_token` brackets each with the hooks) -----------------
+
+  /// One `KvCache` per block this object holds, for one sequence of up to `capacity` tokens
+  /// (backend memory, activations: 2 · capacity · C elements per block).
+  [[nodiscard]] std::vector<KvCache<T, B>> kv_caches(const Context<B>& ctx,
+                                                     std::int64_t capacity) const {
+    return make_kv_caches<T, B>(ctx, blocks_.size(), cfg_.heads, cfg_.dim / cfg_.heads, capacity,
+                                cfg_.max_seq);
+  }
+  /// Unit 0 of one token: wte[token] + wpe[pos], (1, 1, C).
+  Tensor<T, B> decode_embedding(const Context<B>& ctx, std::int32_t token, std::int64_t pos) {
+    detail::check_decode_position(token, pos, cfg_.vocab, cfg_.max_seq);
+    const std::int64_t C = cfg_.dim;
+    Tensor<T, B> x = detail::activation<T, B>(ctx, Shape{1, 1, C});
+    Ops<B>::residual_forward(ctx, x.data(), embedding_.wte().bound_weight().data() + token * C,
+                             embedding_.wpe().bound_weight().data() + pos * C, C);
+    return x;
+  }
+  /// Unit i+1 of one token: block i over its cache `cache` (this object's cache of that block).
+  Tensor<T, B> decode_block(const Context<B>& ctx, int i, const Tensor<T, B>& x,
+                            KvCache<T, B>& cache, std::int64_t pos) {
+    check_block(i);
+    return blocks_[local_block(i)].inner().decode(ctx, x, cache, pos);
+  }
+  /// Unit L+1 of one token: ln_f and the tied head; the next token's `vocab` logits (the padding
+  /// rows left out) on the host.
+  std::vector<float> decode_head(const Context<B>& ctx, const Tensor<T, B>& x) {
+    const std::int64_t C = cfg_.dim;
+    const std::int64_t Vp = cfg_.padded_vocab();
+    typename LayerNorm<T, B>::Stash ls;
+    const Tensor<T, B> h = ln_f_.forward(ctx, x, ls);
+    Tensor<T, B> logits = detail::workspace<T, B>(ctx, Shape{1, Vp});
+    matmul(ctx, matrix(logits.data(), 1, Vp), matrix(h.data(), 1, C),
+           matrix(embedding_.wte().bound_weight()).t());
+    return detail::logits_to_host(ctx, logits, cfg_.vocab);
   }
 
   /// Every parameter once, in Hugging Face order: wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.

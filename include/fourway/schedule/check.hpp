@@ -5,7 +5,8 @@
 //! What a table must satisfy:
 //!   1. every action names a micro-batch and chunk that exist; compute runs on the rank that holds
 //!      its chunk; a message goes between the ranks of the neighbouring chunks it joins;
-//!   2. every (micro-batch, chunk) has exactly one F and either one BW or one B and one W;
+//!   2. every (micro-batch, chunk) has exactly one F and either one BW or one B and one W (a
+//!      `forward_only` table: exactly one F and no backward at all);
 //!   3. per micro-batch and chunk: F before B (or BW) before W;
 //!   4. an F has its input before it (the previous chunk's F earlier on this rank, or a recv of
 //!      it), a B likewise its output gradient; a send comes after the compute that produced it;
@@ -17,6 +18,7 @@
 //!      runs every rank until all finish or none can move.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +45,7 @@ enum class Problem : std::uint8_t {
   size_mismatch,    // send and recv disagree on the message size
   stream_order,     // a stream's messages received in another order than sent (NCCL: by order)
   deadlock,         // no rank can progress
+  backward_in_forward_only,  // a BW, B or W in a table marked forward_only
 };
 
 /// How point-to-point calls block, for the deadlock rule. Either way a group of consecutive p2p
@@ -272,6 +275,19 @@ constexpr CheckResult check(const Table& t, Blocking blocking = Blocking::eager)
       const std::size_t k = pos.at(mb, c);
       const Action F = forward(mb, c);
       if (pos.f[k] < 0) return fail(Problem::missing_compute, r, -1, F);
+      if (t.forward_only) {
+        const int bad = std::max(pos.bw[k], std::max(pos.b[k], pos.w[k]));
+        if (bad >= 0)
+          return fail(Problem::backward_in_forward_only, r, bad,
+                      t.actions[static_cast<std::size_t>(r)][static_cast<std::size_t>(bad)]);
+        if (c > 0) {
+          const bool local = t.rank_of(c - 1) == r;
+          const int in =
+              local ? pos.f[pos.at(mb, c - 1)] : detail::find(t, r, Op::recv_activation, mb, c - 1);
+          if (in < 0 || in > pos.f[k]) return fail(Problem::missing_input, r, pos.f[k], F);
+        }
+        continue;
+      }
       const bool split = pos.b[k] >= 0 || pos.w[k] >= 0;
       if (pos.bw[k] >= 0 && split)
         return fail(Problem::mixed_backward, r, pos.bw[k], backward(mb, c));
@@ -304,6 +320,8 @@ constexpr CheckResult check(const Table& t, Blocking blocking = Blocking::eager)
       const Action& a = row[i];
       const int ii = static_cast<int>(i);
       if (!is_p2p(a.op)) continue;
+      if (t.forward_only && (a.op == Op::send_gradient || a.op == Op::recv_gradient))
+        return fail(Problem::backward_in_forward_only, r, ii, a);
       if (is_send(a.op)) {
         const int made = a.op == Op::send_activation ? pos.f[pos.at(a.micro_batch, a.chunk)]
                                                      : pos.grad(a.micro_batch, a.chunk);
@@ -396,6 +414,10 @@ inline std::string describe(const CheckResult& res, const Table& t) {
       return cat(where,
                  ": deadlock: no rank can progress; reorder the sends and recvs so that "
                  "each rank sends what its peer waits for before it waits itself");
+    case Problem::backward_in_forward_only:
+      return cat(where,
+                 ": a backward in a forward-only (evaluation) table; an evaluation runs F "
+                 "actions and their messages only");
   }
   return where;
 }

@@ -277,6 +277,28 @@ constexpr Table with_p2p(Table t, std::int64_t elements) {
   return t;
 }
 
+/// The forward-only (evaluation) table of a training table `t`: the same ranks, chunks,
+/// placement and micro-batches, each rank running its chunks in model order and each chunk's
+/// micro-batches in order (GPipe's forward half, so the stages overlap), with their messages.
+/// Nothing waits for a backward, so every schedule's evaluation is this table.
+constexpr Table forward_only(const Table& t, std::int64_t elements = 1) {
+  Table e;
+  e.name = "forward-only";
+  e.ranks = t.ranks;
+  e.chunks_per_rank = t.chunks_per_rank;
+  e.micro_batches = t.micro_batches;
+  e.placement = t.placement;
+  e.forward_only = true;
+  e.actions.resize(static_cast<std::size_t>(t.ranks));
+  for (int r = 0; r < t.ranks; ++r) {
+    for (const int c : t.chunks_of(r)) {
+      for (int mb = 0; mb < t.micro_batches; ++mb)
+        e.actions[static_cast<std::size_t>(r)].push_back(forward(mb, c));
+    }
+  }
+  return with_p2p(e, elements);
+}
+
 /// GPipe: every forward, then every backward (micro-batches in order both ways).
 constexpr Table gpipe(int ranks, int micro_batches, std::int64_t elements = 1) {
   const Request q{Kind::gpipe, ranks, micro_batches, 1, elements};

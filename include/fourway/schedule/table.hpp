@@ -33,6 +33,9 @@ struct Table {
   int chunks_per_rank = 1;
   int micro_batches = 1;
   Placement placement = Placement::loop;
+  /// Forwards only (evaluation, `schedule::forward_only`): no backward may appear, none is
+  /// required.
+  bool forward_only = false;
   std::vector<std::vector<Action>> actions;  // [rank] -> program order
 
   [[nodiscard]] constexpr int chunks() const { return ranks * chunks_per_rank; }

@@ -79,10 +79,14 @@ class Progress {
   }
 
  private:
-  /// " | MFU 41.2% | GPU 12.3 GiB": what the step adds when it knows it.
+  /// " | val 3.141593 | MFU 41.2% | GPU 12.3 GiB": what the step adds when it knows it.
   static std::string extras(const StepRecord& r) {
     std::string s;
     char b[48];
+    if (r.val_loss >= 0) {
+      std::snprintf(b, sizeof b, " | val %.6f", r.val_loss);
+      s += b;
+    }
     if (r.mfu >= 0) {
       std::snprintf(b, sizeof b, " | MFU %.1f%%", 100.0 * r.mfu);
       s += b;

@@ -2,6 +2,8 @@
 //!
 //! `{"step":1,"loss":..,"grad_norm":..,"tokens_per_s":..,"step_ms":..,"lr":..,"skipped":false,
 //!   "memory":[<MemoryAccountant::json() of rank 0>, <rank 1>, ...]}`
+//! with `model_flops`, `mfu`, `val_loss`, `sample` and `device_memory_bytes` before `memory` when
+//! known.
 //! Each memory object carries the rank and its current and peak bytes per tag. Floating point
 //! values are written with 9 significant digits (round-trips a float), so the log is exact
 //! enough to compare runs at 1e-7; non-finite values are written as `null` (JSON has no inf).
@@ -32,6 +34,8 @@ struct StepRecord {
   double model_flops = 0.0;           // of the step, by the caller's formula (0: not given)
   double mfu = -1.0;                  // model FLOPs / (step time x peak FLOP/s); < 0: no peak known
   double device_memory_bytes = -1.0;  // in use on the rank's GPU; < 0: not on a GPU
+  double val_loss = -1.0;             // mean loss of the validation batches; < 0: not evaluated
+  std::string sample;                 // text generated after the step (--sample-tokens); "": none
 };
 
 namespace detail {
@@ -40,6 +44,35 @@ inline std::string json_number(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
+}
+/// `text` as a JSON string, quotes included: `"` and `\` escaped, control characters and
+/// bytes of ill-formed UTF-8 as \uXXXX (a byte 0x80-0xFF that is not part of a well-formed
+/// character as its code point, so any bytes give valid JSON).
+inline std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    std::size_t len = c < 0x80         ? 1
+                      : (c >> 5) == 6  ? 2
+                      : (c >> 4) == 14 ? 3
+                      : (c >> 3) == 30 ? 4
+                                       : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+    if (!ok || c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
+      out += c == '\n' ? "\\n" : c == '\t' ? "\\t" : b;
+      ++i;
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out.append(text, i, len);
+    i += len;
+  }
+  return out + "\"";
 }
 }  // namespace detail
 
@@ -54,6 +87,8 @@ inline std::string step_json(const StepRecord& r,
       ",\"skipped\":" + (r.skipped ? "true" : "false");
   if (r.model_flops > 0) s += ",\"model_flops\":" + detail::json_number(r.model_flops);
   if (r.mfu >= 0) s += ",\"mfu\":" + detail::json_number(r.mfu);
+  if (r.val_loss >= 0) s += ",\"val_loss\":" + detail::json_number(r.val_loss);
+  if (!r.sample.empty()) s += ",\"sample\":" + detail::json_string(r.sample);
   if (r.device_memory_bytes >= 0) {
     s += ",\"device_memory_bytes\":" + detail::json_number(r.device_memory_bytes);
   }

@@ -68,6 +68,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -78,6 +79,7 @@
 #include "fourway/comm/communicator.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/generate.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
@@ -241,32 +243,62 @@ class PipelineStrategy {
   /// rank only).
   double run_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M,
                            float grad_scale) {
-    check<ConfigError>(M == options_.micro_batches, "fourway: the pipeline schedule was built for ",
-                       options_.micro_batches, " micro-batches but the Trainer runs ", M,
-                       "; give both the same --micro-batches");
-    const std::int64_t Tn = batch.T;
-    const std::int64_t elements = first_chunk()->boundary_shape(b, Tn).numel();
+    check_micro_batches(M);
+    const std::int64_t elements = first_chunk()->boundary_shape(b, batch.T).numel();
     if (!executor_ || elements != elements_) {
       elements_ = elements;
-      std::vector<model_type*> ptrs;
-      for (auto& c : chunks_) ptrs.push_back(c.get());
-      executor_ = std::make_unique<pp::Executor<T, B, Comm, Chunk>>(
-          *ctx_, *pp_, make_table(pp_->size(), elements), std::move(ptrs));
-      if constexpr (dp_policy::shards_grads)
-        executor_->on_unit([this](const pp::UnitEvent& e) { unit_event(e); });
+      executor_ = make_executor(make_table(pp_->size(), elements));
     }
-    std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
-    staged_.resize(2 * static_cast<std::size_t>(M));
-    for (int i = 0; i < M; ++i) {
-      const auto off = static_cast<std::size_t>((first + i * b) * Tn);
-      const auto n = static_cast<std::size_t>(b * Tn);
-      auto& mb = mbs[static_cast<std::size_t>(i)];
-      mb.tokens =
-          stage(staged_[static_cast<std::size_t>(2 * i)], batch.inputs.subspan(off, n), b, Tn);
-      mb.targets =
-          stage(staged_[static_cast<std::size_t>(2 * i + 1)], batch.targets.subspan(off, n), b, Tn);
+    return executor_->run(micro_batches(batch, first, b, M), grad_scale);
+  }
+
+  /// The evaluation of the rank's rows (`Trainer::evaluate`): the same micro-batches on the
+  /// forward-only table of the schedule (`schedule::forward_only`; under ZeRO-3 each unit is
+  /// gathered for its forward and freed after). Returns Σ over the global batch of mean loss ·
+  /// rows, summed over the pipeline (the last stage's) and the replicas: a collective of the mesh.
+  double evaluate_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M) {
+    check_micro_batches(M);
+    const std::int64_t elements = first_chunk()->boundary_shape(b, batch.T).numel();
+    if (!eval_executor_ || elements != eval_elements_) {
+      eval_elements_ = elements;
+      eval_executor_ = make_executor(schedule::forward_only(make_table(pp_->size(), 1), elements));
     }
-    return executor_->run(mbs, grad_scale);
+    const double mine = eval_executor_->run(micro_batches(batch, first, b, M), 1.0f);
+    double sum = scalars_.sum(*pp_, std::array<double, 1>{mine})[0];
+    if (dp_ != nullptr && dp_->size() > 1) sum = scalars_.sum(*dp_, std::array<double, 1>{sum})[0];
+    return sum;
+  }
+
+  /// `o.tokens` new tokens after `prompt` from the pipeline as it stands (`Trainer::generate`,
+  /// layers/generate.hpp), one token per step: each token runs through the chunks in model
+  /// order, each rank's chunks over their own KV caches (ZeRO-3: a unit gathered for its decode
+  /// and freed after), the (1, 1, C) boundary sent to the next chunk's rank on the pipeline
+  /// group (p2p, in the order both sides make the calls), and the last chunk's rank picks the
+  /// next token, which a sum over the pipeline group gives every rank. Every rank of the mesh
+  /// calls it with the same prompt and options; the replicas generate the same tokens.
+  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt,
+                                     const SampleOptions& o) requires generative_model<Chunk> {
+    check<ConfigError>(!prompt.empty() && o.tokens >= 1, "fourway: generate needs a prompt and at ",
+                       "least one new token, got ", prompt.size(), " and ", o.tokens);
+    const auto n = static_cast<std::int64_t>(prompt.size());
+    std::vector<std::vector<KvCache<T, B>>> caches(chunks_.size());
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      if (chunks_[c]) caches[c] = chunks_[c]->kv_caches(*ctx_, n + o.tokens);
+    std::mt19937_64 rng(o.seed);
+    const bool picks = last_chunk() != nullptr;  // this rank holds the head
+    std::vector<std::int32_t> out;
+    std::int32_t token = prompt[0];
+    for (std::int64_t pos = 0; pos < n + o.tokens - 1; ++pos) {
+      const std::vector<float> logits = decode_through_chunks(token, pos, caches);
+      if (pos + 1 < n) {
+        token = prompt[static_cast<std::size_t>(pos + 1)];
+        continue;
+      }
+      const double mine = picks ? static_cast<double>(pick_token(logits, o, rng)) : 0.0;
+      token = static_cast<std::int32_t>(scalars_.sum(*pp_, std::array<double, 1>{mine})[0]);
+      out.push_back(token);
+    }
+    return out;
   }
 
   StepReport finish_step(const StepControl& c) {
@@ -634,6 +666,84 @@ class PipelineStrategy {
 
   /// A micro-batch's token ids as a (b, T) tensor: a view of the host batch on Host, a copy
   /// into a reused buffer on a device.
+  /// One token of `generate` through this rank's chunks in model order; the next token's logits
+  /// on the rank of the last chunk (empty elsewhere).
+  std::vector<float> decode_through_chunks(std::int32_t token, std::int64_t pos,
+                                           std::vector<std::vector<KvCache<T, B>>>& caches) requires
+      generative_model<Chunk> {
+    constexpr int tag = 1 << 20;  // one stream of boundaries, received in the order sent
+    const int me = pp_->rank();
+    const int C = table_.chunks();
+    const std::int64_t width = first_chunk()->config().dim;
+    Tensor<T, B> x;
+    std::vector<float> logits;
+    for (int c = 0; c < C; ++c) {
+      if (table_.rank_of(c) != me) continue;
+      Chunk& g = *chunks_[static_cast<std::size_t>(c)];
+      const models::GptPart& part = g.part();
+      const int base = chunk_first_unit_[static_cast<std::size_t>(c)];
+      const int first_block_unit = part.embedding ? 1 : 0;
+      const auto unit = [&](int u, auto&& f) {
+        if constexpr (dp_policy::shards_params) sharded_->gather_unit(base + u);
+        auto r = f();
+        if constexpr (dp_policy::shards_params) sharded_->release_unit(base + u);
+        return r;
+      };
+      if (part.embedding) {
+        x = unit(0, [&] { return g.decode_embedding(*ctx_, token, pos); });
+      } else if (table_.rank_of(c - 1) != me) {
+        x = Tensor<T, B>(Shape{1, 1, width}, MemTag::activations, ctx_->memory());
+        pp_->recv_async(x.data(), width, table_.rank_of(c - 1), tag).wait();
+      }
+      for (int i = part.first_block; i < part.end_block; ++i) {
+        auto& cache =
+            caches[static_cast<std::size_t>(c)][static_cast<std::size_t>(i - part.first_block)];
+        x = unit(first_block_unit + (i - part.first_block),
+                 [&] { return g.decode_block(*ctx_, i, x, cache, pos); });
+      }
+      if (part.head) {
+        logits = unit(first_block_unit + (part.end_block - part.first_block),
+                      [&] { return g.decode_head(*ctx_, x); });
+      } else if (table_.rank_of(c + 1) != me) {
+        pp_->send_async(x.data(), width, table_.rank_of(c + 1), tag).wait();
+      }
+    }
+    return logits;
+  }
+
+  void check_micro_batches(int M) const {
+    check<ConfigError>(M == options_.micro_batches, "fourway: the pipeline schedule was built for ",
+                       options_.micro_batches, " micro-batches but the Trainer runs ", M,
+                       "; give both the same --micro-batches");
+  }
+  /// An executor of `table` over the rank's chunks; under ZeRO-2/3 the units report to
+  /// `unit_event`.
+  std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> make_executor(const schedule::Table& table) {
+    std::vector<model_type*> ptrs;
+    for (auto& c : chunks_) ptrs.push_back(c.get());
+    auto e = std::make_unique<pp::Executor<T, B, Comm, Chunk>>(*ctx_, *pp_, table, std::move(ptrs));
+    if constexpr (dp_policy::shards_grads)
+      e->on_unit([this](const pp::UnitEvent& u) { unit_event(u); });
+    return e;
+  }
+  /// The rank's M micro-batches of b rows from row `first` of `batch`, staged on the backend.
+  std::vector<pp::MicroBatch<B>> micro_batches(const Batch& batch, std::int64_t first,
+                                               std::int64_t b, int M) {
+    const std::int64_t Tn = batch.T;
+    std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
+    staged_.resize(2 * static_cast<std::size_t>(M));
+    for (int i = 0; i < M; ++i) {
+      const auto off = static_cast<std::size_t>((first + i * b) * Tn);
+      const auto n = static_cast<std::size_t>(b * Tn);
+      auto& mb = mbs[static_cast<std::size_t>(i)];
+      mb.tokens =
+          stage(staged_[static_cast<std::size_t>(2 * i)], batch.inputs.subspan(off, n), b, Tn);
+      mb.targets =
+          stage(staged_[static_cast<std::size_t>(2 * i + 1)], batch.targets.subspan(off, n), b, Tn);
+    }
+    return mbs;
+  }
+
   Tensor<std::int32_t, B> stage(Tensor<std::int32_t, B>& buffer, std::span<const std::int32_t> src,
                                 std::int64_t b, std::int64_t Tn) const {
     if constexpr (!B::on_device) {
@@ -663,6 +773,8 @@ class PipelineStrategy {
   NoHooks hooks_;
   std::vector<Tensor<std::int32_t, B>> staged_;
   std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> executor_;
+  std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> eval_executor_;  // forward-only (evaluate)
+  std::int64_t eval_elements_ = 0;
   std::int64_t elements_ = -1;  // message size the executor's table was made for
   bool time_phases_ = false;
   std::vector<Phase> phases_;

@@ -179,6 +179,14 @@ class ShardedStrategy {
     reducer_.end_micro_batch();
     if constexpr (policy::shards_params) gatherer_.release_all();
   }
+  /// After a forward that no backward follows (`Trainer::evaluate`): stage 3 frees the units the
+  /// hooks kept gathered for the backward.
+  void end_forward_only() {
+    if constexpr (policy::shards_params) gatherer_.release_all();
+  }
+  /// `local`, this rank's Σ loss·rows of an evaluation, summed over the data-parallel group (a
+  /// collective; a model-parallel model's loss is already whole on each of its ranks).
+  double sum_loss(double local) { return scalars_.sum(*comm_, std::array<double, 1>{local})[0]; }
   /// Without a model-parallel model, Σg² of what this rank holds (the reduced replica, or its
   /// shards) goes by one multi-tensor reduction into the device scalars beside the loss sum; one
   /// all-reduce sums them over the group (Σg² only where the ranks hold different shards) and one

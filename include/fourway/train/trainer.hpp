@@ -18,6 +18,10 @@
 //!   void  backward(ctx, stash, grad_scale, hooks)       grads += d(grad_scale · mean loss)/dθ
 //! as `fw::models::Gpt` does.
 //!
+//! `evaluate(batch)` is the forward half of a step (a validation loss): the same split, no
+//! backward, nothing updated; a strategy sums its ranks' losses with `sum_loss` and frees what
+//! its hooks gathered with `end_forward_only` (a pipeline: `evaluate_micro_batches`).
+//!
 //! Synchronisation (core/sync_counter.hpp): a step uploads this rank's token ids once (checked
 //! against the vocabulary on the host first); when the model has `forward_into` (a `LossSink`)
 //! and the strategy `device_loss_sum()`, every micro-batch's loss is added to the strategy's
@@ -36,6 +40,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/generate.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/train/strategy.hpp"
@@ -88,6 +93,13 @@ struct TokenBatch {
   [[nodiscard]] Batch view() const { return Batch{inputs, targets, B, T}; }
 };
 
+/// A strategy that generates itself (a pipeline's, over its chunks' ranks).
+template <class S>
+concept generating_strategy = requires(S& s, std::span<const std::int32_t> prompt,
+                                       const SampleOptions& o) {
+  { s.generate(prompt, o) } -> std::same_as<std::vector<std::int32_t>>;
+};
+
 struct TrainerOptions {
   int micro_batches = 1;           // per data-parallel rank and step (gradient accumulation)
   LossScalerConfig loss_scaler{};  // used when the precision is fp16
@@ -129,20 +141,8 @@ class Trainer {
 
   /// One optimizer step on the global batch; returns its mean loss (the same on every rank).
   float step(const Batch& batch) {
-    const int dp = strategy_.dp_size();
     const int M = opts_.micro_batches;
-    check<ConfigError>(batch.B >= 1 && batch.T >= 1 &&
-                           static_cast<std::int64_t>(batch.inputs.size()) == batch.B * batch.T &&
-                           static_cast<std::int64_t>(batch.targets.size()) == batch.B * batch.T,
-                       "fourway: a batch of B=", batch.B, " x T=", batch.T, " needs ",
-                       batch.B * batch.T, " inputs and targets, got ", batch.inputs.size(), " and ",
-                       batch.targets.size());
-    check<ConfigError>(batch.B % (static_cast<std::int64_t>(dp) * M) == 0,
-                       "fourway: the global batch of B=", batch.B,
-                       " sequences does not split into ", dp, " data-parallel ranks x ", M,
-                       " micro-batches; use a B that is a multiple of ",
-                       static_cast<std::int64_t>(dp) * M);
-    const std::int64_t b = batch.B / (static_cast<std::int64_t>(dp) * M);
+    const std::int64_t b = micro_batch_rows(batch);
     const std::int64_t T = batch.T;
     const float loss_scale = scaler_.scale();
     const auto grad_scale = static_cast<float>(
@@ -190,6 +190,64 @@ class Trainer {
     return static_cast<float>(report_.loss_sum / static_cast<double>(batch.B));
   }
 
+  /// The mean loss of the global batch under the current weights, forward only (a validation
+  /// loss): each rank runs its data-parallel share in the step's micro-batches (a pipeline runs
+  /// them on its forward-only table, `schedule::forward_only`), and the losses are summed over
+  /// the mesh like a step's. No gradient, optimizer state, loss scale or step count changes, and
+  /// every activation is freed before it returns. A collective of the whole mesh: every rank
+  /// calls it with the same batch and gets the same value.
+  float evaluate(const Batch& batch) {
+    const int M = opts_.micro_batches;
+    const std::int64_t b = micro_batch_rows(batch);
+    const std::int64_t T = batch.T;
+    const std::int64_t first = strategy_.dp_rank() * static_cast<std::int64_t>(M) * b;
+    double sum = 0.0;
+    if constexpr (pipelined) {
+      sum = strategy_.evaluate_micro_batches(batch, first, b, M);
+    } else {
+      const auto& ctx = strategy_.context();
+      model_type& model = strategy_.model();
+      const std::int64_t n = M * b * T;
+      stage_tokens(ctx, model, batch.inputs.subspan(static_cast<std::size_t>(first * T), n),
+                   batch.targets.subspan(static_cast<std::size_t>(first * T), n));
+      for (int i = 0; i < M; ++i) {
+        const auto tokens = staged(false, i * b * T, Shape{b, T});
+        const auto targets = staged(true, i * b * T, Shape{b, T});
+        const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
+        sum += static_cast<double>(loss) * static_cast<double>(b);
+        stash_ = typename model_type::Stash{};
+        if constexpr (requires { strategy_.end_forward_only(); }) strategy_.end_forward_only();
+      }
+      if constexpr (requires { strategy_.sum_loss(sum); }) sum = strategy_.sum_loss(sum);
+    }
+    return static_cast<float>(sum / static_cast<double>(batch.B));
+  }
+
+  /// `o.tokens` new tokens after `prompt` from the model as the mesh holds it now
+  /// (layers/generate.hpp: one token per step over KV caches): the strategy's hooks gather what
+  /// ZeRO-3 shards one unit at a time, as in a forward, and free it after. A collective of the
+  /// data-parallel group: every rank calls it with the same prompt and options and gets the
+  /// same tokens. Nothing a step uses changes.
+  std::vector<std::int32_t> generate(
+      std::span<const std::int32_t> prompt,
+      const SampleOptions& o) requires((pipelined && generating_strategy<S>) ||
+                                       (!pipelined && generative_model<model_type>)) {
+    if constexpr (pipelined) {
+      return strategy_.generate(prompt, o);  // the chunks' ranks in turn
+    } else {
+      std::vector<std::int32_t> out;
+      try {
+        out =
+            fourway::generate(strategy_.context(), strategy_.model(), prompt, o, strategy_.hooks());
+      } catch (...) {
+        if constexpr (requires { strategy_.end_forward_only(); }) strategy_.end_forward_only();
+        throw;
+      }
+      if constexpr (requires { strategy_.end_forward_only(); }) strategy_.end_forward_only();
+      return out;
+    }
+  }
+
   [[nodiscard]] S& strategy() { return strategy_; }
   [[nodiscard]] model_type& model() { return strategy_.model(); }
   /// This rank's accountant (bytes per tag: weights, grads, master_weights, optimizer_state...).
@@ -216,6 +274,25 @@ class Trainer {
     { s.device_loss_sum() } -> std::same_as<double*>;
     m.forward_into(ctx, tok, tok, st, sink, s.hooks());
   };
+
+  /// The rows of one micro-batch of `batch` on one rank, after checking that the batch is whole
+  /// and splits into the data-parallel ranks x micro-batches.
+  std::int64_t micro_batch_rows(const Batch& batch) const {
+    const int dp = strategy_.dp_size();
+    const int M = opts_.micro_batches;
+    check<ConfigError>(batch.B >= 1 && batch.T >= 1 &&
+                           static_cast<std::int64_t>(batch.inputs.size()) == batch.B * batch.T &&
+                           static_cast<std::int64_t>(batch.targets.size()) == batch.B * batch.T,
+                       "fourway: a batch of B=", batch.B, " x T=", batch.T, " needs ",
+                       batch.B * batch.T, " inputs and targets, got ", batch.inputs.size(), " and ",
+                       batch.targets.size());
+    check<ConfigError>(batch.B % (static_cast<std::int64_t>(dp) * M) == 0,
+                       "fourway: the global batch of B=", batch.B,
+                       " sequences does not split into ", dp, " data-parallel ranks x ", M,
+                       " micro-batches; use a B that is a multiple of ",
+                       static_cast<std::int64_t>(dp) * M);
+    return batch.B / (static_cast<std::int64_t>(dp) * M);
+  }
 
   /// The model names its vocabulary, so `stage_tokens` checks the ids on the host (and a device
   /// embedding's bounds flag need not be read back); otherwise the model checks them itself.

@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "fourway/backend/ops.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
@@ -173,7 +174,9 @@ class Executor {
 
   /// Runs the table once: forwards and backwards of every micro-batch on this rank's chunks.
   /// Returns Σ over micro-batches of (mean loss · rows) on the rank holding the last chunk, 0
-  /// elsewhere. Gradients are added to the chunks' parameters.
+  /// elsewhere. Gradients are added to the chunks' parameters. A `forward_only` table
+  /// (`schedule::forward_only`, an evaluation) runs the forwards alone: each F frees its stash
+  /// at once, keeping only the boundary it hands on, and `grad_scale` is unused.
   double run(std::span<const MicroBatch<B>> mbs, float grad_scale) {
     check<ConfigError>(static_cast<int>(mbs.size()) == table_.micro_batches, "fourway: the ",
                        "schedule runs ", table_.micro_batches, " micro-batches, got ", mbs.size());
@@ -299,7 +302,16 @@ class Executor {
         const float loss = as_unit(a.op, c, head_unit, [&] {
           return g.forward_head(*ctx_, x, mbs[idx(mb)].targets, s.stash);
         });
+        if (table_.forward_only) forget_inputs(mb, c);
         return static_cast<double>(loss) * static_cast<double>(dims_[0]);
+      }
+      if (table_.forward_only) {
+        // evaluation: the boundary is all that lives on (until sent or read by the next chunk)
+        Tensor<T, B> kept(x.shape(), MemTag::activations, ctx_->memory());
+        Ops<B>::copy(*ctx_, kept.data(), x.data(), x.numel());
+        forget_inputs(mb, c);
+        s.output = std::move(kept);
+        return 0.0;
       }
       s.output = std::move(x);
       return 0.0;
@@ -330,6 +342,15 @@ class Executor {
     s.input.reset();
     s.grad_in.reset();
     return 0.0;
+  }
+
+  /// Forward-only tables: after F(mb, c), its stash and its input (the received activation, or
+  /// the previous local chunk's kept output) are freed; nothing runs backward through them.
+  void forget_inputs(int mb, int c) {
+    Slot& s = slot(mb, c);
+    s.stash = typename Model::Stash{};
+    s.input.reset();
+    if (c > 0 && local(c - 1)) slot(mb, c - 1).output.reset();
   }
 
   void finish_sends(int mb, int c, bool gradient) {
@@ -376,6 +397,7 @@ class Executor {
         p.work = stream(links_.to(a.peer, p.gradient))
                      .send_async(data.data(), data.numel(), 1, schedule::message_tag(a, C));
         if (p.gradient) p.keep = std::move(s.grad_out);
+        if (table_.forward_only) p.keep = std::move(s.output);  // freed when the send is done
         pending_.push_back(std::move(p));
       }
       for (std::size_t i = lo; i < hi; ++i) {
@@ -404,9 +426,10 @@ class Executor {
       }
     }
     if (first) std::rethrow_exception(first);
-    // drop finished gradient sends early: their buffers are workspace
+    // drop finished gradient sends early: their buffers are workspace (and, forward-only, the
+    // activations sent)
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->gradient && it->work.test()) {
+      if ((it->gradient || table_.forward_only) && it->work.test()) {
         it->wait();
         it = pending_.erase(it);
       } else {

@@ -139,6 +139,29 @@ class Block {
     return s.y.view();
   }
 
+  /// One new token of one sequence (layers/kv_cache.hpp): x (1, 1, C) on every rank (one row is
+  /// not split, sequence parallel or not), this rank's NH/N heads attending over `cache` (their
+  /// keys and values), the row splits' partial sums all-reduced over the group. Returns
+  /// (1, 1, C); nothing is kept for a backward.
+  Tensor<T, B> decode(const Context<B>& ctx, const Tensor<T, B>& x, KvCache<T, B>& cache,
+                      std::int64_t pos) {
+    typename LayerNorm<T, B>::Stash l1, l2;
+    typename Linear<T, B>::Stash qkv_s, attn_s, fc_s, mlp_s;
+    typename Gelu<T, B>::Stash gelu_s;
+    const Tensor<T, B> qkv = c_attn_.forward(ctx, ln_1_.forward(ctx, x, l1), qkv_s);
+    const Tensor<T, B> heads = decode_attention(ctx, qkv, cache, pos, C_ / n_, NH_);
+    (void)attn_proj_.forward(ctx, heads, attn_s);
+    const Tensor<T, B> a = row_sum(ctx, attn_s, attn_bias_);
+    Tensor<T, B> r = detail::activation<T, B>(ctx, x.shape());
+    Ops<B>::residual_forward(ctx, r.data(), x.data(), a.data(), x.numel());
+    const Tensor<T, B> g = c_fc_.forward_gelu(ctx, ln_2_.forward(ctx, r, l2), fc_s, gelu_s);
+    (void)mlp_proj_.forward(ctx, g, mlp_s);
+    const Tensor<T, B> m = row_sum(ctx, mlp_s, mlp_bias_);
+    Tensor<T, B> y = detail::activation<T, B>(ctx, x.shape());
+    Ops<B>::residual_forward(ctx, y.data(), r.data(), m.data(), x.numel());
+    return y;
+  }
+
   /// Selective recomputation: frees the attention core's output and log-sum-exp and GELU's
   /// output after forward (the rank's C/N and 4C/N columns); backward recomputes them from the
   /// kept q|k|v and c_fc pre-activation, first, so the rest of it runs on the whole stash.
@@ -210,6 +233,15 @@ class Block {
   [[nodiscard]] bool sequence_parallel() const { return sp_; }
 
  private:
+  /// A row split's partial sum of one token (the y of its stash `s`) summed over the group in
+  /// place, plus the replicated bias: the decode's g.
+  Tensor<T, B> row_sum(const Context<B>& ctx, typename Linear<T, B>::Stash& s,
+                       const Parameter<T, B>& bias) {
+    all_reduce_sum(*tp_, s.y);
+    Ops<B>::bias_add(ctx, s.y.data(), bias.bound_weight().data(), 1, C_);
+    return s.y.view();
+  }
+
   /// f (or ḡ under sequence parallelism) forward: the column split's input, (B, T, C).
   Tensor<T, B> column_input(const Context<B>& ctx, const Tensor<T, B>& l, Tensor<T, B>& kept,
                             const Shape& full) {

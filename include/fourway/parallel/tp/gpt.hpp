@@ -326,6 +326,51 @@ class Gpt : public SlicedModel<Comm> {
     embedding_backward(ctx, dy, s);
   }
 
+  // ---- incremental decoding (layers/generate.hpp), as fw::models::Gpt's: one token of one
+  // sequence, every rank of the group the same row -------------------------------------------
+
+  /// One `KvCache` per block this object holds, of its NH/N heads.
+  [[nodiscard]] std::vector<KvCache<T, B>> kv_caches(const Context<B>& ctx,
+                                                     std::int64_t capacity) const {
+    return make_kv_caches<T, B>(ctx, blocks_.size(), cfg_.heads / n_, cfg_.dim / cfg_.heads,
+                                capacity, cfg_.max_seq);
+  }
+  /// Unit 0 of one token: the vocabulary-parallel lookup (a masked row, summed over the group)
+  /// plus wpe[pos], (1, 1, C) on every rank.
+  Tensor<T, B> decode_embedding(const Context<B>& ctx, std::int32_t token, std::int64_t pos) {
+    detail::check_decode_position(token, pos, cfg_.vocab, cfg_.max_seq);
+    const std::int64_t C = cfg_.dim;
+    Tensor<std::int32_t, B> id(Shape{1}, MemTag::workspace, ctx.memory());
+    Ops<B>::from_host(ctx, id.data(), &token, 1);
+    Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{1, 1, C});
+    Ops<B>::vocab_embed_forward(ctx, e.data(), id.data(), wte_.bound_weight().data(), 1, C,
+                                vocab_start(), vocab_valid());
+    if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.bound_weight().data() + pos * C, 1, C);
+    all_reduce_sum(*tp_, e);
+    return e;
+  }
+  /// Unit i+1 of one token: block i over this rank's heads' cache.
+  Tensor<T, B> decode_block(const Context<B>& ctx, int i, const Tensor<T, B>& x,
+                            KvCache<T, B>& cache, std::int64_t pos) {
+    return blocks_[local_block(i)].inner().decode(ctx, x, cache, pos);
+  }
+  /// Unit L+1 of one token: ln_f, each rank's logits of its vocabulary rows placed in a row of
+  /// Vp and summed over the group; the `vocab` logits on the host of every rank.
+  std::vector<float> decode_head(const Context<B>& ctx, const Tensor<T, B>& x) {
+    const std::int64_t C = cfg_.dim;
+    typename LayerNorm<T, B>::Stash ls;
+    const Tensor<T, B> h = ln_f_.forward(ctx, x, ls);
+    Tensor<T, B> logits = detail::workspace<T, B>(ctx, Shape{1, padded_vocab()});
+    Ops<B>::fill(ctx, logits.data(), logits.numel(), convert<T>(0.0f));
+    const VocabSlice<T, B> w = head_slice();
+    if (w.valid > 0) {
+      matmul(ctx, matrix(logits.data() + w.start, 1, w.valid), matrix(h.data(), 1, C),
+             matrix(w.weight, w.valid, C).t());
+    }
+    all_reduce_sum(*tp_, logits);
+    return detail::logits_to_host(ctx, logits, cfg_.vocab);
+  }
+
   /// Hugging Face order (as fw::models::Gpt): wte, wpe, h.0.* .. h.{L-1}.*, ln_f.*.
   template <class F>
   void visit_parameters(F&& f) {
