@@ -298,6 +298,17 @@ inline fw::StepRecord step_record(int step, float loss, const fw::StepReport& re
   return r;
 }
 
+/// Whether step `step` of a run ending at `last` is one of every `every` steps (0: none) or the
+/// last: when --eval-every and --sample-every act.
+inline bool due_after(int step, int last, int every) {
+  return step == last || (every > 0 && step % every == 0);
+}
+/// "every N steps and after the last" or "after the last step", as the start-up lines say it.
+inline std::string cadence_text(int every) {
+  return every > 0 ? fw::detail::cat("every ", every, " steps and after the last")
+                   : std::string("after the last step");
+}
+
 /// --val-data: the first K batches of the validation file, read once so that every evaluation
 /// sees the same tokens, evaluated every --eval-every steps and after the last step on the mesh
 /// as it stands (`Trainer::evaluate`: forward only, the ranks' losses summed like the training
@@ -317,16 +328,14 @@ class Validation {
     if (lead) {
       std::printf("validation %s: %zu tokens, the first %lld batches of %d x %d, %s\n",
                   data.source().c_str(), data.size(), static_cast<long long>(k), o.batch, o.seq,
-                  every_ > 0
-                      ? fw::detail::cat("every ", every_, " steps and after the last").c_str()
-                      : "after the last step");
+                  cadence_text(every_).c_str());
     }
   }
   [[nodiscard]] bool on() const { return !batches_.empty(); }
   /// After step `step` of a run that ends at `last`, sets `r.val_loss` when an evaluation is due.
   template <class TrainerT>
   void after_step(TrainerT& trainer, int step, int last, fw::StepRecord& r) {
-    if (!on() || (step != last && (every_ == 0 || step % every_ != 0))) return;
+    if (!on() || !due_after(step, last, every_)) return;
     r.val_loss = evaluate(trainer);
   }
   /// The run's line about validation (by `lead`), after evaluating the weights as they are when
@@ -386,8 +395,7 @@ class Sampler {
                                  "256 and the model's vocabulary is ", cfg.vocab,
                                  "; give the model's tokenizer (--tokenizer DIR)");
       source_ = "byte ids";
-      prompt_.assign(o.prompt.begin(), o.prompt.end());
-      for (auto& id : prompt_) id = static_cast<unsigned char>(static_cast<char>(id));
+      for (const unsigned char c : o.prompt) prompt_.push_back(c);
       if (prompt_.empty()) prompt_.push_back('\n');
     } else {
       fw::check<fw::ConfigError>(!dir.empty(), "fourway: --sample-tokens decodes the samples to ",
@@ -415,21 +423,19 @@ class Sampler {
                                n + o.sample_tokens, " exceed the model's context of ", cfg.max_seq,
                                " tokens; shorten --prompt or lower --sample-tokens");
     if (lead) {
-      std::printf(
-          "samples: %d tokens %s, %s, prompt of %lld tokens, decoded with %s\n", o.sample_tokens,
-          every_ > 0 ? fw::detail::cat("every ", every_, " steps and after the last").c_str()
-                     : "after the last step",
-          o.temperature == 0.0f ? "greedy"
-                                : fw::detail::cat("temperature ", o.temperature, ", top-k ",
-                                                  o.top_k, ", seed ", o.sample_seed)
-                                      .c_str(),
-          static_cast<long long>(n), source_.c_str());
+      std::printf("samples: %d tokens %s, %s, prompt of %lld tokens, decoded with %s\n",
+                  o.sample_tokens, cadence_text(every_).c_str(),
+                  o.temperature == 0.0f ? "greedy"
+                                        : fw::detail::cat("temperature ", o.temperature, ", top-k ",
+                                                          o.top_k, ", seed ", o.sample_seed)
+                                              .c_str(),
+                  static_cast<long long>(n), source_.c_str());
     }
   }
   /// After step `step` of a run that ends at `last`: a sample into `r.sample` when one is due.
   template <class TrainerT>
   void after_step(TrainerT& trainer, int step, int last, fw::StepRecord& r, bool lead) {
-    if (opts_.tokens == 0 || (step != last && (every_ == 0 || step % every_ != 0))) return;
+    if (opts_.tokens == 0 || !due_after(step, last, every_)) return;
     r.sample = sample(trainer, step, lead);
   }
   /// When no step ran, one sample of the weights as loaded.
