@@ -35,11 +35,15 @@ hardware:
   --gpus-per-node N  --gpu-mem GB (1e9 B)
   --nvlink-gbs X --ib-gbs X  link bandwidth per GPU per direction, GB/s
   --nvlink-latency-us X --ib-latency-us X
+  --hbm-tbs X                GPU memory bandwidth, TB/s (times an unfused attention)
   --tflops X                 achievable TFLOP/s per GPU (default: --mfu x datasheet peak)
   --mfu F                    achievable fraction of peak (default 0.236: fourway's measured
                              MFU, fourway-train-cuda GPT-2 124M bf16 on one H200; give yours)
+  --attention-mfu F          the attention core's fraction of peak (default: as --mfu)
 strategy:
-  --dp N --tp N --pp N       degrees (dp defaults to GPUs / (tp x pp))
+  --dp N --tp N --pp N       degrees (dp defaults to GPUs / (tp x pp x cp))
+  --cp N                     context parallelism: each rank holds seq/N tokens of a sequence
+  --cp-kind ring|ulysses     ring attention (default) or all-to-all over heads
   --zero 0|1|2|3             ZeRO stage (3 = FSDP)
   --precision fp32|bf16|fp16 (default bf16: mixed precision)
   --micro-batch B            sequences per micro-batch (default 1)
@@ -57,6 +61,11 @@ strategy:
   --vocab-align A            fourway's vocabulary padding (tp: per rank; default 1; CUDA runs 128)
   --headroom F               fraction of GPU memory kept free (default 0.05)
   --overlap F                fraction of compute a data-parallel collective can hide behind (default 1)
+  --tp-overlap F             fraction of tensor-parallel collectives hidden behind GEMMs (default 0)
+  --pp-scatter-gather        pipeline sends 1/tp each, all-gathered in the node (Megatron)
+  --attention published|fused|unfused   published (default): Korthikanti's model, the scores
+                             stored; fused: FlashAttention, no scores stored; unfused: stored
+                             and streamed through memory, timed at --hbm-tbs
 output:
   --recommend                search every mesh that fits, rank by step time, pick one
   --top N                    rows of the ranking (default 10)
@@ -131,7 +140,8 @@ struct Args {
 
 // Flags that take no value; --checkpoint-activations takes one optionally.
 bool is_switch(std::string_view k) {
-  return k == "recommend" || k == "json" || k == "sequence-parallel" || k == "help";
+  return k == "recommend" || k == "json" || k == "sequence-parallel" || k == "help" ||
+         k == "pp-scatter-gather";
 }
 
 Args parse(int argc, char** argv) {
@@ -154,11 +164,15 @@ Args parse(int argc, char** argv) {
                                                  "ib-gbs",
                                                  "nvlink-latency-us",
                                                  "ib-latency-us",
+                                                 "hbm-tbs",
                                                  "tflops",
                                                  "mfu",
+                                                 "attention-mfu",
                                                  "dp",
                                                  "tp",
                                                  "pp",
+                                                 "cp",
+                                                 "cp-kind",
                                                  "zero",
                                                  "precision",
                                                  "micro-batch",
@@ -171,6 +185,9 @@ Args parse(int argc, char** argv) {
                                                  "optimizer-state-bytes",
                                                  "headroom",
                                                  "overlap",
+                                                 "tp-overlap",
+                                                 "pp-scatter-gather",
+                                                 "attention",
                                                  "footprint",
                                                  "bucket-mb",
                                                  "vocab-align",
@@ -292,6 +309,10 @@ fp::Cluster cluster_of(const Args& a) {
   }
   if (a.has("ib-latency-us"))
     c.hw.infiniband.latency_us = parse_double("--ib-latency-us", a.at("ib-latency-us"));
+  if (a.has("hbm-tbs")) {
+    c.hw.memory_tbs = parse_double("--hbm-tbs", a.at("hbm-tbs"));
+    if (!(c.hw.memory_tbs > 0)) bad("--hbm-tbs must be > 0 TB/s");
+  }
   if (c.hw.gpus_per_node < 1)
     bad("--gpus-per-node must be >= 1, got " + std::to_string(c.hw.gpus_per_node));
   if (!(c.hw.memory_gb > 0)) bad("--gpu-mem must be > 0 GB");
@@ -309,11 +330,28 @@ fp::Cluster cluster_of(const Args& a) {
 fp::Options options_of(const Args& a) {
   fp::Options o;
   if (a.has("mfu")) o.mfu = parse_double("--mfu", a.at("mfu"));
+  if (a.has("attention-mfu")) {
+    o.attention_mfu = parse_double("--attention-mfu", a.at("attention-mfu"));
+    if (!(o.attention_mfu > 0)) bad("--attention-mfu must be > 0");
+  }
   if (a.has("tflops")) {
     o.achievable_tflops = parse_double("--tflops", a.at("tflops"));
     if (!(o.achievable_tflops > 0)) bad("--tflops must be > 0");
   }
   if (a.has("overlap")) o.overlap = parse_double("--overlap", a.at("overlap"));
+  if (a.has("tp-overlap")) o.tp_overlap = parse_double("--tp-overlap", a.at("tp-overlap"));
+  o.pp_scatter_gather = a.has("pp-scatter-gather");
+  if (a.has("attention")) {
+    const std::string& k = a.at("attention");
+    if (k == "published")
+      o.attention = fp::AttentionKernel::published;
+    else if (k == "fused")
+      o.attention = fp::AttentionKernel::fused;
+    else if (k == "unfused")
+      o.attention = fp::AttentionKernel::unfused;
+    else
+      bad("--attention must be published, fused or unfused, got '" + k + "'");
+  }
   if (a.has("headroom")) o.headroom = parse_double("--headroom", a.at("headroom"));
   if (a.has("footprint")) {
     const std::string& f = a.at("footprint");
@@ -339,6 +377,14 @@ fp::Options options_of(const Args& a) {
     if (o.optimizer.state_bytes_per_param < 0) bad("--optimizer-state-bytes must be >= 0");
   }
   return o;
+}
+
+fp::ContextKind context_kind_of(const Args& a) {
+  if (!a.has("cp-kind")) return fp::ContextKind::ring;
+  const std::string& k = a.at("cp-kind");
+  if (k == "ring") return fp::ContextKind::ring;
+  if (k == "ulysses") return fp::ContextKind::ulysses;
+  bad("--cp-kind must be ring or ulysses, got '" + k + "'");
 }
 
 fp::Precision precision_of(const Args& a) {
@@ -402,6 +448,8 @@ int run(const Args& a) {
     if (a.has("dp")) sp.dp = parse_int("--dp", a.at("dp"));
     if (a.has("tp")) sp.tp = parse_int("--tp", a.at("tp"));
     if (a.has("pp")) sp.pp = parse_int("--pp", a.at("pp"));
+    if (a.has("cp")) sp.cp = parse_int("--cp", a.at("cp"));
+    sp.cp_kind = context_kind_of(a);
     if (a.has("zero")) {
       sp.zero = parse_int("--zero", a.at("zero"));
       fp::check_zero_stage(*sp.zero);
@@ -433,16 +481,20 @@ int run(const Args& a) {
   fp::Strategy s;
   s.tp = a.has("tp") ? parse_int("--tp", a.at("tp")) : 1;
   s.pp = a.has("pp") ? parse_int("--pp", a.at("pp")) : 1;
-  if (s.tp < 1 || s.pp < 1) bad("--tp and --pp must be >= 1");
+  s.cp = a.has("cp") ? parse_int("--cp", a.at("cp")) : 1;
+  s.cp_kind = context_kind_of(a);
+  if (s.tp < 1 || s.pp < 1 || s.cp < 1) bad("--tp, --pp and --cp must be >= 1");
   if (a.has("dp")) {
     s.dp = parse_int("--dp", a.at("dp"));
   } else {
-    if (cluster.gpus % (s.tp * s.pp) != 0) {
-      bad("tp x pp = " + std::to_string(s.tp) + " x " + std::to_string(s.pp) + " = " +
-          std::to_string(s.tp * s.pp) + " does not divide the " + std::to_string(cluster.gpus) +
+    const int model_parallel = s.tp * s.pp * s.cp;
+    if (cluster.gpus % model_parallel != 0) {
+      bad("tp x pp" + std::string(s.cp > 1 ? " x cp" : "") + " = " + std::to_string(s.tp) + " x " +
+          std::to_string(s.pp) + (s.cp > 1 ? " x " + std::to_string(s.cp) : "") + " = " +
+          std::to_string(model_parallel) + " does not divide the " + std::to_string(cluster.gpus) +
           " GPUs; choose degrees whose product divides --gpus");
     }
-    s.dp = cluster.gpus / (s.tp * s.pp);
+    s.dp = cluster.gpus / model_parallel;
   }
   s.zero = a.has("zero") ? parse_int("--zero", a.at("zero")) : 0;
   s.micro_batch = mb;

@@ -118,3 +118,100 @@ TEST(PlanCommunication, AxisLinksFollowTheRankLayout) {
   const auto d = fp::axis_links(3, 1, 1, 8);  // 3 does not tile an 8-GPU node
   EXPECT_FALSE(d.tp_in_node);
 }
+
+// tp 2 × cp 4 fills an 8-GPU node; pp outside them leaves it.
+TEST(PlanCommunication, ContextParallelSitsBetweenTensorAndPipeline) {
+  const auto a = fp::axis_links(2, 2, 1, 8, 4);
+  EXPECT_TRUE(a.tp_in_node);
+  EXPECT_TRUE(a.cp_in_node);
+  EXPECT_FALSE(a.pp_in_node);
+  EXPECT_FALSE(a.dp_in_node);
+  const auto b = fp::axis_links(8, 1, 1, 8, 2);
+  EXPECT_TRUE(b.tp_in_node);
+  EXPECT_FALSE(b.cp_in_node);
+}
+
+namespace {
+// An explicit ring attention: c ranks each start with their own K/V block; at every step each
+// rank sends the block it holds to its right neighbour and receives its left one, c − 1 steps
+// per pass, until every rank has seen every block. Returns the bytes rank 0 sent in one pass.
+double simulate_kv_ring(int c, double block_bytes) {
+  std::vector<int> holds(static_cast<std::size_t>(c));
+  for (int r = 0; r < c; ++r) holds[static_cast<std::size_t>(r)] = r;
+  std::vector<std::vector<bool>> seen(static_cast<std::size_t>(c),
+                                      std::vector<bool>(static_cast<std::size_t>(c), false));
+  for (int r = 0; r < c; ++r) seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(r)] = true;
+  double sent = 0;
+  for (int step = 0; step < c - 1; ++step) {
+    std::vector<int> next(holds.size());
+    for (int r = 0; r < c; ++r) {
+      next[static_cast<std::size_t>((r + 1) % c)] = holds[static_cast<std::size_t>(r)];
+      if (r == 0) sent += block_bytes;
+    }
+    holds = next;
+    for (int r = 0; r < c; ++r) {
+      seen[static_cast<std::size_t>(r)]
+          [static_cast<std::size_t>(holds[static_cast<std::size_t>(r)])] = true;
+    }
+  }
+  for (const auto& row : seen) {
+    for (bool b : row) EXPECT_TRUE(b);  // every query block met every key block
+  }
+  return sent;
+}
+
+// An explicit all-to-all: rank 0 holds `bytes` split into c equal parts and sends all but its own.
+double simulate_all_to_all(int c, double bytes) {
+  double sent = 0;
+  for (int dst = 1; dst < c; ++dst) sent += bytes / c;
+  return sent;
+}
+}  // namespace
+
+// Ring: per layer one pass of K and V forward, K, V, dK, dV backward, one more forward pass
+// when the attention is recomputed. Ulysses: Q, K, V and the output per forward, their gradients
+// backward, each an all-to-all.
+TEST(PlanCommunication, ContextParallelBytesMatchAnExplicitRingAndAllToAll) {
+  const fp::Link l{100.0, 1.0};
+  const double s = 32768, b = 2, q = 4096, kv = 1024;  // widths per tp rank
+  const fp::ContextShape x{s, b, q, kv, 3};
+  for (int c : {2, 4, 8}) {
+    const double local = b * s / c * 2;  // bf16 bytes per unit of width
+    const double kv_block = 2 * kv * local;
+    for (bool recompute : {false, true}) {
+      const double passes = recompute ? 4 : 3;
+      const fp::Traffic ring = fp::context_parallel_traffic_per_micro_batch(
+          x, c, fp::ContextKind::ring, fp::Precision::bf16, recompute, l);
+      EXPECT_DOUBLE_EQ(ring.bytes, 3 * passes * simulate_kv_ring(c, kv_block)) << c;
+      EXPECT_DOUBLE_EQ(ring.seconds, 3 * passes * (c - 1) * fp::p2p_seconds(kv_block, l)) << c;
+      const fp::Traffic ulysses = fp::context_parallel_traffic_per_micro_batch(
+          x, c, fp::ContextKind::ulysses, fp::Precision::bf16, recompute, l);
+      const double per_pass = simulate_all_to_all(c, q * local) * 2 +  // Q and the output
+                              simulate_all_to_all(c, kv * local) * 2;  // K and V
+      EXPECT_DOUBLE_EQ(ulysses.bytes, 3 * (passes - 1) * per_pass) << c;
+    }
+  }
+  EXPECT_EQ(fp::context_parallel_traffic_per_micro_batch(x, 1, fp::ContextKind::ring,
+                                                         fp::Precision::bf16, false, l)
+                .bytes,
+            0.0);
+}
+
+// Narayanan et al. 2021 §4.1: without sequence parallelism each tp rank sends 1/t of the
+// (replicated) activation across the pipeline link, and the next stage all-gathers it inside
+// the node.
+TEST(PlanCommunication, ScatterGatherSendsATensorParallelShareAndGathersIt) {
+  const fp::Link ib{25.0, 5.0}, nvl{300.0, 1.0};
+  const fp::ActivationShape x{2048, 1, 12288, 10};
+  const double act = 2048.0 * 12288 * 2;
+  const fp::Traffic t =
+      fp::pipeline_traffic_per_micro_batch(x, 8, false, fp::Precision::bf16, 4, 1, ib, true, nvl);
+  EXPECT_DOUBLE_EQ(t.bytes, 2 * (act / 8 + act * 7 / 8));
+  EXPECT_DOUBLE_EQ(t.seconds, 2 * (fp::p2p_seconds(act / 8, ib) +
+                                   fp::ring_seconds(fp::Collective::all_gather, act, 8, nvl)));
+  // under sequence parallelism the share is already the rank's: nothing to gather
+  EXPECT_DOUBLE_EQ(
+      fp::pipeline_traffic_per_micro_batch(x, 8, true, fp::Precision::bf16, 4, 1, ib, true, nvl)
+          .bytes,
+      2 * act / 8);
+}

@@ -166,7 +166,7 @@ TEST(PlanPlanner, RecommendRanksByStepTimeAndPrefersNoTensorOrPipelineParallelis
   if (simple_within) {
     EXPECT_EQ(c.strategy.tp, 1);
     EXPECT_EQ(c.strategy.pp, 1);
-    EXPECT_TRUE(contains(r.why, "no tensor or pipeline parallelism")) << r.why;
+    EXPECT_TRUE(contains(r.why, "no tensor, pipeline or context parallelism")) << r.why;
   }
   EXPECT_TRUE(contains(r.why, "recommended dp=")) << r.why;
 
@@ -198,7 +198,7 @@ TEST(PlanPlanner, RecommendTakesTheSimpleMeshWhenItIsCloseEnough) {
   EXPECT_EQ(c.strategy.pp, 1);
   EXPECT_EQ(c.strategy.dp, 8);
   EXPECT_LE(c.time->total_s, r.fitting.front().time->total_s * 1.10);
-  EXPECT_TRUE(contains(r.why, "no tensor or pipeline parallelism")) << r.why;
+  EXPECT_TRUE(contains(r.why, "no tensor, pipeline or context parallelism")) << r.why;
 }
 
 TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
@@ -341,4 +341,141 @@ TEST(PlanStrategyOf, PlansOfTheMeshAndOfTheSameHandWrittenStrategyAgree) {
   ASSERT_EQ(a.stages.size(), 2u);
   EXPECT_EQ(a.worst().total(), b.worst().total());
   EXPECT_EQ(a.time->total_s, b.time->total_s);
+}
+
+// ---- context parallelism --------------------------------------------------------------------
+
+namespace {
+fp::Options fused() {
+  fp::Options o;
+  o.attention = fp::AttentionKernel::fused;
+  return o;
+}
+}  // namespace
+
+// A context-parallel rank holds S/c tokens of each sequence: Korthikanti's terms for the local
+// tokens (fused attention: no score matrix), on every rank.
+TEST(PlanContextParallel, ActivationsAreTheLocalTokensOfEachSequence) {
+  fp::Architecture a = fp::llama2_7b;
+  a.seq = 32768;
+  for (int c : {1, 2, 4}) {
+    fp::Strategy s{.dp = 8 / (2 * c), .tp = 2, .micro_batch = 1, .sequence_parallel = true};
+    s.cp = c;
+    const auto p = fp::make_plan(fp::Model{a, 0}, cluster(8), s, fused());
+    const double sbh = 32768.0 / c * 1 * 4096;  // local tokens × hidden
+    const double t = 2;
+    const double expected = 32 * sbh * 34 / t  // every layer, tensor + sequence parallel
+                            + sbh / t          // the embedding's dropout mask (§4.3)
+                            + 4 * sbh / t * (1 + 32000.0 / 4096);  // the output layer
+    EXPECT_DOUBLE_EQ(p.stages[0].activations, expected) << c;
+  }
+}
+
+// The score term, where it is stored, grows with the local queries times every key: 1/c of the
+// unsplit one, not 1/c².
+TEST(PlanContextParallel, StoredScoresAreLocalQueriesAgainstEveryKey) {
+  const auto a = fp::gpt2_350m;
+  const fp::LayerShape whole{1024, 2, 1024, 16, 1};
+  const fp::LayerShape half{512, 2, 1024, 16, 1, 1024};
+  const double scores = [](const fp::LayerShape& x) {
+    return fp::korthikanti_layer_bytes(x, false, fp::Checkpointing::none) -
+           fp::korthikanti_layer_bytes(x, false, fp::Checkpointing::selective);
+  }(whole);
+  EXPECT_DOUBLE_EQ(fp::korthikanti_layer_bytes(half, false, fp::Checkpointing::none) -
+                       fp::korthikanti_layer_bytes(half, false, fp::Checkpointing::selective),
+                   scores / 2);
+  EXPECT_DOUBLE_EQ(scores, 5.0 * 16 * 1024 * 1024 * 2);  // 5as²b
+  (void)a;
+}
+
+// Each rank computes its tokens' share; the ring's blocks hide behind the attention when the
+// link keeps up, and the states shard over data × context ranks.
+TEST(PlanContextParallel, ComputeSplitsAndStatesShardOverDataAndContext) {
+  fp::Architecture a = fp::llama2_7b;
+  a.seq = 16384;
+  fp::Strategy one{.dp = 1, .zero = 1, .micro_batch = 1};
+  fp::Strategy four = one;
+  four.cp = 4;
+  fp::Options o = fused();
+  o.achievable_tflops = 400;
+  const auto p1 = fp::make_plan(fp::Model{a, 0}, cluster(1), one, o);
+  const auto p4 = fp::make_plan(fp::Model{a, 0}, cluster(4), four, o);
+  EXPECT_DOUBLE_EQ(p4.stages[0].compute_per_micro_batch, p1.stages[0].compute_per_micro_batch / 4);
+  EXPECT_EQ(p4.stages[0].states,
+            fp::model_state_bytes(p4.stages[0].params, fp::Precision::bf16, 1, 4));
+  EXPECT_GT(p4.stages[0].context_parallel.bytes, 0.0);
+  EXPECT_EQ(p4.stages[0].context_per_micro_batch, 0.0);  // NVLink outruns the attention
+  // over a slow link the ring shows
+  fp::Hardware slow = fp::h100;
+  slow.nvlink = fp::Link{1.0, 1.0};
+  const auto ps = fp::make_plan(fp::Model{a, 0}, fp::Cluster{slow, 4}, four, o);
+  EXPECT_GT(ps.stages[0].context_per_micro_batch, 0.0);
+  EXPECT_GT(ps.time->context_s, 0.0);
+  // Ulysses' all-to-alls are never hidden
+  four.cp_kind = fp::ContextKind::ulysses;
+  const auto pu = fp::make_plan(fp::Model{a, 0}, cluster(4), four, o);
+  EXPECT_GT(pu.stages[0].context_per_micro_batch, 0.0);
+  EXPECT_DOUBLE_EQ(pu.stages[0].context_per_micro_batch * 1.0,
+                   pu.stages[0].context_parallel.seconds);
+}
+
+TEST(PlanContextParallel, MeshesThatCannotSplitTheSequenceAreConfigErrors) {
+  fp::Architecture a = fp::llama2_7b;
+  a.seq = 4096;
+  const fp::Model m{a, 0};
+  fp::Strategy s{.dp = 1};
+  s.cp = 8;
+  EXPECT_TRUE(contains(error_of(m, cluster(4), s),
+                       "dp × tp × pp × cp = 1 × 1 × 1 × 8 = 8 but the cluster has 4 GPUs"));
+  a.seq = 4088;  // 8 divides it, 16 does not
+  EXPECT_TRUE(contains(error_of(fp::Model{a, 0}, cluster(8), s),
+                       "cuts each sequence into 2 × 8 = 16 chunks"));
+  s.cp_kind = fp::ContextKind::ulysses;
+  s.cp = 4;
+  s.tp = 2;
+  s.dp = 1;  // 32 heads / 2 = 16 query heads, 32 / 2 = 16 kv heads per rank: 4 divides both
+  EXPECT_EQ(error_of(m, cluster(8), s), "no error");
+  fp::Architecture gqa = fp::llama2_70b;  // 8 key/value heads
+  s.tp = 4;
+  s.cp = 4;
+  s.dp = 1;
+  EXPECT_TRUE(contains(error_of(fp::Model{gqa, 0}, cluster(16), s),
+                       "leaves 16 query and 2 key/value heads per rank, which 4 does not divide"));
+  s = fp::Strategy{.dp = 1};
+  s.cp = 2;
+  EXPECT_TRUE(contains(error_of(fp::Model{std::nullopt, 7'000'000'000}, cluster(2), s),
+                       "context parallelism 2 splits sequences"));
+  fp::Options own;
+  own.footprint = fp::Footprint::fourway;
+  EXPECT_TRUE(contains(error_of_with(fp::Model{fp::gpt2_124m, 0}, cluster(2), s, own),
+                       "has no context parallelism yet"));
+}
+
+// Where the sequence is what does not fit, context parallelism wins over recomputation, and the
+// reason says so: Llama 2 7B at 32K tokens on 8 H100s, FlashAttention.
+TEST(PlanContextParallel, RecommendPrefersContextParallelismOverRecomputation) {
+  fp::Architecture a = fp::llama2_7b;
+  a.seq = 32768;
+  const auto r = fp::recommend(fp::Model{a, 0}, cluster(8), fp::SearchSpace{}, fused());
+  ASSERT_TRUE(r.chosen);
+  const auto& c = r.fitting[*r.chosen];
+  EXPECT_GT(c.strategy.cp, 1);
+  EXPECT_EQ(c.strategy.checkpointing, fp::Checkpointing::none);
+  EXPECT_TRUE(contains(r.why, "context parallelism " + std::to_string(c.strategy.cp) + " holds"))
+      << r.why;
+  EXPECT_TRUE(contains(r.why, "recomputes activations (full)")) << r.why;
+  // every mesh without it that fits recomputes: the sequence, not the states, is what overflows
+  for (const auto& p : r.fitting) {
+    if (p.strategy.cp == 1 && p.strategy.tp == 1 && p.strategy.pp == 1) {
+      EXPECT_NE(p.strategy.checkpointing, fp::Checkpointing::none)
+          << fp::detail::describe(p.strategy);
+    }
+  }
+  // fixing cp = 1 falls back to recomputation (or tensor parallelism)
+  fp::SearchSpace no_cp;
+  no_cp.cp = 1;
+  const auto n = fp::recommend(fp::Model{a, 0}, cluster(8), no_cp, fused());
+  ASSERT_TRUE(n.chosen);
+  EXPECT_EQ(n.fitting[*n.chosen].strategy.cp, 1);
+  EXPECT_GT(n.fitting[*n.chosen].time->total_s, c.time->total_s);
 }

@@ -74,3 +74,30 @@ TEST(PlanStepTime, ScheduleBubbleOfEverySchedule) {
               fp::schedule_bubble(fp::Schedule::zb_h1, p, m));
   }
 }
+
+// The unfused attention's passes over its score matrix, kernel by kernel (plan/step_time.hpp):
+// forward 2 + (2 + 2) + (2 + 2 + 1) + 2 bytes per element, backward 2 + (2 + 1 + 2) +
+// (2 + 2 + 2) + (2 + 2) + 2, a recomputed forward once more; heads/tp · b · queries · keys
+// elements per layer.
+TEST(PlanStepTime, UnfusedAttentionStreamsItsScoresKernelByKernel) {
+  const double forward = 2 + (2 + 2) + (2 + 2 + 1) + 2;
+  const double backward = 2 + (2 + 1 + 2) + (2 + 2 + 2) + (2 + 2) + 2;
+  EXPECT_DOUBLE_EQ(fp::unfused_attention_forward_bytes, forward);
+  EXPECT_DOUBLE_EQ(fp::unfused_attention_backward_bytes, backward);
+  const auto a = fp::gpt2_350m;  // 16 heads
+  const double elements = 3.0 * (16 / 4) * 2 * 512 * 1024;
+  EXPECT_DOUBLE_EQ(fp::unfused_attention_bytes(a, 3, 4, 2, 512, 1024, false),
+                   elements * (forward + backward));
+  EXPECT_DOUBLE_EQ(fp::unfused_attention_bytes(a, 3, 4, 2, 512, 1024, true),
+                   elements * (2 * forward + backward));
+}
+
+TEST(PlanStepTime, AttentionFlopsAreTheScoresShareOfTheStage) {
+  const auto a = fp::gpt2_124m;
+  for (auto r : {fp::Checkpointing::none, fp::Checkpointing::selective, fp::Checkpointing::full}) {
+    double sum = 0;
+    for (int i = 0; i < 3; ++i) sum += fp::stage_attention_flops_per_token(a, 2, 3, i, r);
+    const double k = r == fp::Checkpointing::none ? 12.0 : 16.0;
+    EXPECT_DOUBLE_EQ(sum, k * 12 * 1024 * 768 / 2.0);
+  }
+}

@@ -15,6 +15,8 @@
 //!
 //! and §4.3: the first stage also keeps the embedding's dropout mask, sbh/t per micro-batch, and
 //! the last stage the output layer, 4sbh/t·(1 + v/h) (final norm, projection input, fp32 logits).
+//! Under context parallelism of degree c a rank holds s = S/c tokens of every sequence: every
+//! term scales with them, the score terms with the local queries times all S keys.
 //! The 34 counts GPT-3-style blocks with dropout; GPT-2 in fourway has no dropout, and fourway's
 //! own footprint is modelled exactly, tensor by tensor, in `runtime_activation.hpp`.
 //!
@@ -59,13 +61,23 @@ struct LayerShape {
   double h = 0;  // hidden size
   double a = 0;  // attention heads
   double t = 1;  // tensor-parallel degree
+  // Keys each query scores: s, or the whole sequence when context parallelism of degree c leaves
+  // s = S/c local queries (0: s). The score terms grow with queries × keys.
+  double keys = 0;
+  // The attention keeps its score matrix (Korthikanti's 5as/h: the softmax, its dropout mask and
+  // output); a fused kernel (FlashAttention) keeps none: its output and log-sum-exp only, which
+  // the other terms already count.
+  bool stores_scores = true;
+
+  [[nodiscard]] constexpr double key_count() const { return keys > 0 ? keys : s; }
 };
 
 /// Korthikanti et al. 2022, Table 2: stored activation bytes of one layer for one micro-batch.
 constexpr double korthikanti_layer_bytes(LayerShape x, bool sequence_parallel, Checkpointing r) {
   detail::require(x.t >= 1, "fourway: tensor-parallel degree ", x.t, " must be >= 1");
   const double sbh = x.s * x.b * x.h;
-  const double attention = 5.0 * x.a * x.s / (x.h * x.t);  // softmax, its dropout mask, scores
+  // softmax, its dropout mask, scores
+  const double attention = x.stores_scores ? 5.0 * x.a * x.key_count() / (x.h * x.t) : 0.0;
   switch (r) {
     case Checkpointing::full: return sbh * 2.0;
     case Checkpointing::selective:
@@ -83,7 +95,8 @@ constexpr double korthikanti_recompute_working_bytes(LayerShape x, bool sequence
                                                      Checkpointing r) {
   switch (r) {
     case Checkpointing::none: return 0;
-    case Checkpointing::selective: return x.s * x.b * x.h * 5.0 * x.a * x.s / (x.h * x.t);
+    case Checkpointing::selective:
+      return x.stores_scores ? x.s * x.b * x.h * 5.0 * x.a * x.key_count() / (x.h * x.t) : 0.0;
     case Checkpointing::full:
       return korthikanti_layer_bytes(x, sequence_parallel, Checkpointing::none);
   }

@@ -6,7 +6,8 @@
 //! steps; reduce-scatter and all-gather send n(N−1)/N in N−1 steps; time = steps·α + sent/β.
 //! A group whose ranks share a node runs at NVLink speed, any other at InfiniBand speed (its ring
 //! crosses a node boundary, and that link is the bottleneck). Ranks are laid out as Megatron does
-//! (docs/design.md): tensor-parallel innermost, then pipeline, data-parallel outermost.
+//! (docs/design.md): tensor-parallel innermost, then context-parallel, pipeline, data-parallel
+//! outermost — Llama 3's order [TP, CP, PP, DP] (Dubey et al. 2024, §3.3.2).
 //!
 //! Per-step volumes (Rajbhandari et al. 2020 §7 for ZeRO; Shoeybi et al. 2019 and Korthikanti et
 //! al. 2022 §4.2.2 for tensor and sequence parallelism; Narayanan et al. 2021 for pipelines):
@@ -22,10 +23,21 @@
 //!                 gradient of its input, backward), the loss three of b·s floats.
 //!   PP            per micro-batch and boundary one activation b·s·h forward, one gradient back
 //!                 (/t under sequence parallelism).
+//!   CP (ring)     per layer and micro-batch, each rank passes its K and V block (b·s/c tokens of
+//!                 the key/value width / t) c − 1 times around the ring forward, and K, V and
+//!                 their gradients backward (3 passes; 4 when the attention is recomputed) —
+//!                 Liu et al. 2023, "Ring Attention with Blockwise Transformers"; Megatron-Core's
+//!                 context parallelism. Each block's transfer overlaps the previous block's
+//!                 attention, so only what the layer's attention compute cannot cover is exposed.
+//!   CP (Ulysses)  per layer and micro-batch four all-to-alls forward — Q, K, V from sequence- to
+//!                 head-sharded, the output back — and their four gradients backward (Jacobs et
+//!                 al. 2023, DeepSpeed-Ulysses §3); an all-to-all over c ranks sends (c − 1)/c of
+//!                 the local tensor in c − 1 steps, and nothing overlaps it.
 //! Ψ here is the padded element count of the rank's flat buffer, times the working-precision size.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "fourway/mesh/policies.hpp"
 #include "fourway/plan/hardware.hpp"
@@ -59,16 +71,17 @@ constexpr double p2p_seconds(double bytes, Link link) {
   return link.latency_us * 1e-6 + bytes / (link.bandwidth_gbs * 1e9);
 }
 
-/// Which link class each axis of a dp × pp × tp mesh (tp innermost) runs over.
+/// Which link class each axis of a dp × pp × cp × tp mesh (tp innermost) runs over.
 struct AxisLinks {
   bool tp_in_node = true;
   bool pp_in_node = true;
   bool dp_in_node = true;
+  bool cp_in_node = true;
 };
 
-constexpr AxisLinks axis_links(int tp, int pp, int dp, int gpus_per_node) {
+constexpr AxisLinks axis_links(int tp, int pp, int dp, int gpus_per_node, int cp = 1) {
   auto inside = [&](int span) { return span <= gpus_per_node && gpus_per_node % span == 0; };
-  return AxisLinks{inside(tp), inside(tp * pp), inside(tp * pp * dp)};
+  return AxisLinks{inside(tp), inside(tp * cp * pp), inside(tp * cp * pp * dp), inside(tp * cp)};
 }
 
 /// Data-parallel collectives of one step of one rank holding `padded_params` elements (its flat
@@ -152,17 +165,75 @@ constexpr Traffic tensor_parallel_traffic_per_micro_batch(ActivationShape x, int
 }
 
 /// Point-to-point traffic of stage `stage` of `stages` for one micro-batch: the activation it
-/// sends forward (unless last) and the gradient it sends back (unless first).
+/// sends forward (unless last) and the gradient it sends back (unless first). Under sequence
+/// parallelism each tp rank holds and sends 1/t of it. `scatter_gather`: Megatron's
+/// scatter/gather optimisation without sequence parallelism (Narayanan et al. 2021, §4.1) — each
+/// tp rank sends 1/t of the replicated activation over `link` and the receiving stage
+/// all-gathers it over `tp_link`.
 constexpr Traffic pipeline_traffic_per_micro_batch(ActivationShape x, int tp,
                                                    bool sequence_parallel, Precision p, int stages,
-                                                   int stage, Link link) {
+                                                   int stage, Link link,
+                                                   bool scatter_gather = false, Link tp_link = {}) {
   Traffic t;
   if (stages <= 1) return t;
-  const double act = x.s * x.b * x.h * static_cast<double>(working_bytes(p)) /
-                     (sequence_parallel ? static_cast<double>(tp) : 1.0);
+  const double full = x.s * x.b * x.h * static_cast<double>(working_bytes(p));
+  const bool split = sequence_parallel || (scatter_gather && tp > 1);
+  const double act = split ? full / static_cast<double>(tp) : full;
   const int sends = (stage < stages - 1 ? 1 : 0) + (stage > 0 ? 1 : 0);
   t.bytes = sends * act;
   t.seconds = sends * p2p_seconds(act, link);
+  if (scatter_gather && tp > 1 && !sequence_parallel) {
+    t.bytes += sends * ring_bytes_sent(Collective::all_gather, full, tp);
+    t.seconds += sends * ring_seconds(Collective::all_gather, full, tp, tp_link);
+  }
+  return t;
+}
+
+/// How a context-parallel group shares attention (the other layers are local to the tokens).
+enum class ContextKind : std::uint8_t { ring, ulysses };
+
+constexpr std::string_view context_kind_name(ContextKind k) {
+  return k == ContextKind::ring ? "ring" : "ulysses";
+}
+
+/// One micro-batch's attention on one rank of a context-parallel group: b sequences of s tokens
+/// in all (s/c of them local), query width q = heads·head_dim/t and key/value width
+/// kv = kv_heads·head_dim/t per tensor-parallel rank, on a stage of `layers` blocks.
+struct ContextShape {
+  double s = 0;
+  double b = 0;
+  double q = 0;
+  double kv = 0;
+  std::int64_t layers = 0;
+};
+
+/// Context-parallel traffic of one micro-batch on one stage over a group of `cp`: bytes sent, and
+/// the seconds of the transfers before any overlap (the planner hides a ring's behind the
+/// attention compute). `recompute`: the attention runs forward again in backward (full or
+/// selective recomputation).
+constexpr Traffic context_parallel_traffic_per_micro_batch(ContextShape x, int cp, ContextKind k,
+                                                           Precision p, bool recompute, Link link) {
+  Traffic t;
+  if (cp <= 1) return t;
+  const double local = x.b * x.s / static_cast<double>(cp) *
+                       static_cast<double>(working_bytes(p));  // bytes per unit of width
+  const double steps = static_cast<double>(cp - 1);
+  const double forwards = recompute ? 2.0 : 1.0;
+  const auto layers = static_cast<double>(x.layers);
+  if (k == ContextKind::ring) {
+    // K and V once per forward; K, V, dK and dV backward: c − 1 point-to-point sends of each
+    const double kv_block = 2.0 * x.kv * local;
+    const double passes = forwards + 2.0;
+    t.bytes = layers * passes * steps * kv_block;
+    t.seconds = layers * passes * steps * p2p_seconds(kv_block, link);
+  } else {
+    // Q, K, V and the output per forward, their gradients backward: all-to-alls of (c − 1)/c
+    const double sent = (2.0 * x.q + 2.0 * x.kv) * local * steps / static_cast<double>(cp);
+    const double passes = forwards + 1.0;
+    t.bytes = layers * passes * sent;
+    t.seconds =
+        layers * passes * (steps * link.latency_us * 1e-6 + sent / (link.bandwidth_gbs * 1e9));
+  }
   return t;
 }
 

@@ -77,8 +77,13 @@ struct Strategy {
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
   int virtual_stages = 1;  // chunks per pipeline rank of the interleaved schedule
+  int cp = 1;              // context parallelism: each rank holds seq/cp tokens of a sequence
+  ContextKind cp_kind = ContextKind::ring;
 
-  [[nodiscard]] int gpus() const { return dp * tp * pp; }
+  [[nodiscard]] int gpus() const { return dp * tp * pp * cp; }
+  /// The ranks that hold the same parameters and reduce their gradients together: data and
+  /// context parallelism (ZeRO shards over both, as Megatron's distributed optimizer does).
+  [[nodiscard]] int replicas() const { return dp * cp; }
   [[nodiscard]] std::int64_t global_batch() const { return micro_batch * micro_batches * dp; }
 };
 
@@ -168,8 +173,19 @@ struct Options {
   Optimizer optimizer = Optimizer::adam();
   double mfu = measured_mfu;       // achievable fraction of the dense peak
   double achievable_tflops = 0.0;  // > 0 overrides mfu · peak
-  double overlap = 1.0;            // fraction of the compute window a collective can hide behind
-  double headroom = 0.05;          // of GPU memory kept free: CUDA context, fragmentation, buffers
+  // the attention core's achievable fraction of the peak when it differs from the GEMMs' (an
+  // attention kernel rarely runs as fast as a large GEMM); 0: the same rate as the rest
+  double attention_mfu = 0.0;
+  // fraction of the compute window a data-parallel collective can hide behind
+  double overlap = 1.0;
+  double tp_overlap = 0.0;  // fraction of tensor-parallel collective time hidden behind the GEMMs
+                            // (Megatron-Core's --tp-comm-overlap; fourway does not: 0)
+  // what the attention stores and streams (plan/step_time.hpp); the default is Korthikanti's model
+  AttentionKernel attention = AttentionKernel::published;
+  // Megatron's scatter/gather of pipeline sends without sequence parallelism: 1/t over the
+  // pipeline's link, an all-gather inside the tensor-parallel group
+  bool pp_scatter_gather = false;
+  double headroom = 0.05;  // of GPU memory kept free: CUDA context, fragmentation, buffers
 };
 
 /// One rank of one pipeline stage.
@@ -191,9 +207,16 @@ struct StagePlan {
   double construct_peak = 0;
   double load_peak = 0;
   double save_peak = 0;
-  double seconds_per_micro_batch = 0;
-  Traffic tensor_parallel;  // per step
-  Traffic pipeline;         // per step
+  // One micro-batch on this rank, as it lies on the step's critical path:
+  double compute_per_micro_batch = 0;   // the arithmetic at the achievable rate
+  double memory_per_micro_batch = 0;    // an unfused attention's score traffic
+  double tensor_per_micro_batch = 0;    // tensor-parallel collectives not hidden (tp_overlap)
+  double pipeline_per_micro_batch = 0;  // point-to-point sends
+  double context_per_micro_batch = 0;   // context-parallel transfers the attention cannot cover
+  double seconds_per_micro_batch = 0;   // their sum
+  Traffic tensor_parallel;              // per step
+  Traffic pipeline;                     // per step
+  Traffic context_parallel;             // per step, before overlap
   DataParallelTraffic data_parallel;
 
   /// The peak of one training step.
@@ -206,14 +229,16 @@ struct StagePlan {
     return std::max({step_peak(), construct_peak, load_peak, save_peak});
   }
   [[nodiscard]] double comm_bytes() const {
-    return tensor_parallel.bytes + pipeline.bytes + data_parallel.bytes();
+    return tensor_parallel.bytes + pipeline.bytes + context_parallel.bytes + data_parallel.bytes();
   }
 };
 
 struct StepTime {
   double compute_s = 0;   // m/(1 − bubble) micro-batch slots, compute only
+  double memory_s = 0;    // an unfused attention's score traffic on the critical path
   double tensor_s = 0;    // tensor-parallel collectives on the critical path
   double pipeline_s = 0;  // point-to-point transfers on the critical path
+  double context_s = 0;   // context-parallel transfers on the critical path
   double data_s = 0;      // data-parallel time not hidden
   double bubble = 0;      // the schedule's idle fraction, (p − 1)/(m + p − 1) for 1F1B
   double total_s = 0;
@@ -252,6 +277,28 @@ inline PipelineSplit pipeline_split(const Strategy& s) {
   return PipelineSplit{s.pp, s.schedule, s.micro_batches, s.virtual_stages};
 }
 
+/// Throws `ConfigError` unless context parallelism of degree `cp` can split the model's
+/// sequences: the ring's causal load balance cuts each into 2·cp chunks (rank r holds chunks r
+/// and 2cp − 1 − r, as Megatron-Core does); Ulysses gives each rank heads/(tp·cp) query heads
+/// and kv_heads/(tp·cp) key/value heads.
+inline void check_context_parallel(const Architecture& a, int tp, int cp, ContextKind k) {
+  if (cp <= 1) return;
+  if (k == ContextKind::ring) {
+    detail::require(a.seq % (2 * static_cast<std::int64_t>(cp)) == 0, "fourway: ring context ",
+                    "parallelism ", cp, " cuts each sequence into 2 × ", cp, " = ", 2 * cp,
+                    " chunks (rank r holds chunks r and ", 2 * cp - 1,
+                    " − r, balancing the causal mask), but the sequence of ", a.seq,
+                    " tokens does not divide by ", 2 * cp, "; choose cp with 2·cp dividing ",
+                    a.seq);
+  } else {
+    detail::require((a.heads / tp) % cp == 0 && (a.kv_heads / tp) % cp == 0,
+                    "fourway: Ulysses context parallelism ", cp, " hands each rank whole heads, ",
+                    "but tensor parallelism ", tp, " leaves ", a.heads / tp, " query and ",
+                    a.kv_heads / tp, " key/value heads per rank, which ", cp,
+                    " does not divide; use the ring (--cp-kind ring) or a cp dividing both");
+  }
+}
+
 /// Throws `ConfigError` naming the numbers and the fix when the mesh cannot exist.
 inline void validate(const Model& model, const Cluster& cluster, const Strategy& s,
                      const Options& o = {}) {
@@ -263,21 +310,42 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
                   " GB; give --gpu-mem GB or a --hw preset");
   detail::require(s.dp >= 1 && s.tp >= 1 && s.pp >= 1, "fourway: degrees dp=", s.dp, " tp=", s.tp,
                   " pp=", s.pp, " must all be >= 1");
-  detail::require(s.gpus() == cluster.gpus, "fourway: dp × tp × pp = ", s.dp, " × ", s.tp, " × ",
-                  s.pp, " = ", s.gpus(), " but the cluster has ", cluster.gpus,
-                  " GPUs; choose degrees whose product is ", cluster.gpus);
+  detail::require(s.cp >= 1, "fourway: context-parallel degree ", s.cp, " must be >= 1");
+  detail::require(s.gpus() == cluster.gpus, "fourway: dp × tp × pp", s.cp > 1 ? " × cp" : "", " = ",
+                  s.dp, " × ", s.tp, " × ", s.pp,
+                  s.cp > 1 ? fourway::detail::cat(" × ", s.cp) : std::string(), " = ", s.gpus(),
+                  " but the cluster has ", cluster.gpus, " GPUs; choose degrees whose product is ",
+                  cluster.gpus);
   check_zero_stage(s.zero);
   detail::require(s.micro_batch >= 1, "fourway: micro-batch size ", s.micro_batch, " must be >= 1");
   detail::require(s.micro_batches >= 1, "fourway: ", s.micro_batches,
                   " micro-batches per step; need at least one");
   detail::require(o.mfu > 0 && o.mfu <= 1, "fourway: achievable fraction of peak ", o.mfu,
                   " must be in (0, 1]");
+  detail::require(o.attention_mfu >= 0 && o.attention_mfu <= 1,
+                  "fourway: the attention's achievable fraction of peak ", o.attention_mfu,
+                  " must be in (0, 1] (or 0: the rest's rate)");
   detail::require(o.overlap >= 0 && o.overlap <= 1, "fourway: overlap ", o.overlap,
                   " must be in [0, 1]");
   detail::require(o.headroom >= 0 && o.headroom < 1, "fourway: headroom ", o.headroom,
                   " must be in [0, 1)");
+  detail::require(o.tp_overlap >= 0 && o.tp_overlap <= 1, "fourway: tensor-parallel overlap ",
+                  o.tp_overlap, " must be in [0, 1]");
+  detail::require(
+      o.attention != AttentionKernel::unfused || cluster.hw.memory_tbs > 0,
+      "fourway: an unfused attention is timed at the memory bandwidth, and the GPU's is ",
+      cluster.hw.memory_tbs, " TB/s; give --hbm-tbs X or a --hw preset");
+  if (s.cp > 1) {
+    detail::require(model.arch.has_value(), "fourway: context parallelism ", s.cp,
+                    " splits sequences; give an architecture (--gpt2, --llama or --layers ...), "
+                    "not --params");
+    detail::require(o.footprint == Footprint::published, "fourway: --footprint fourway models ",
+                    "the meshes fourway's runtime runs, and it has no context parallelism yet ",
+                    "(cp ", s.cp, "); plan it with --footprint published");
+  }
   if (model.arch) {
     validate(*model.arch, s.tp);
+    check_context_parallel(*model.arch, s.tp, s.cp, s.cp_kind);
     (void)layers_on_stage(model.arch->layers, s.pp, 0);
     if (o.footprint == Footprint::fourway) {
       detail::require(model.arch->family == Family::gpt2, "fourway: --footprint fourway models ",
@@ -302,6 +370,12 @@ inline double achievable_flops(const Hardware& hw, Precision p, const Options& o
   const double tflops = o.achievable_tflops > 0 ? o.achievable_tflops : o.mfu * hw.peak_tflops(p);
   return tflops * 1e12;
 }
+
+/// The attention core's rate: `attention_mfu` of the peak, or the rest's.
+inline double achievable_attention_flops(const Hardware& hw, Precision p, const Options& o) {
+  return o.attention_mfu > 0 ? o.attention_mfu * hw.peak_tflops(p) * 1e12
+                             : achievable_flops(hw, p, o);
+}
 }  // namespace detail
 
 /// Bytes, traffic and time of one mesh. Throws `ConfigError` when the mesh cannot exist.
@@ -310,10 +384,13 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
   validate(model, cluster, s, o);
   Plan plan{model, cluster, s, o, {}, 0, cluster.hw.memory_gb * 1e9, 0, false, std::nullopt};
   plan.reserved_bytes = o.headroom * plan.memory_bytes;
-  const AxisLinks links = axis_links(s.tp, s.pp, s.dp, cluster.hw.gpus_per_node);
+  const AxisLinks links = axis_links(s.tp, s.pp, s.dp, cluster.hw.gpus_per_node, s.cp);
   const Link tp_link = links.tp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
   const Link pp_link = links.pp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
   const Link dp_link = links.dp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
+  const Link cp_link = links.cp_in_node ? cluster.hw.nvlink : cluster.hw.infiniband;
+  // ZeRO shards, and gradients reduce, over the data- and context-parallel ranks together
+  const int replicas = s.replicas();
   const std::int64_t w = working_bytes(s.precision);
   const double m = static_cast<double>(s.micro_batches);
 
@@ -350,15 +427,15 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                             o.optimizer, split);
     } else {
       sp.states =
-          model_state_bytes(sp.params, s.precision, s.zero, s.dp, Padding::flat(), o.optimizer);
+          model_state_bytes(sp.params, s.precision, s.zero, replicas, Padding::flat(), o.optimizer);
     }
     // deferred construction, positioned reads and in-place writes: the states and nothing more
     sp.construct_peak = sp.load_peak = sp.save_peak = static_cast<double>(sp.states.total());
     if (rank) sp.construct_peak = static_cast<double>(rank->construct);  // eager chunks (ZeRO 1-3)
-    const std::int64_t padded = shard_elements(sp.params, s.dp) * s.dp;
+    const std::int64_t padded = shard_elements(sp.params, replicas) * replicas;
     sp.data_parallel =
         data_parallel_traffic(zero_sharding(s.zero).shards_optimizer_state ? padded : sp.params,
-                              s.precision, s.zero, s.dp, s.micro_batches, dp_link);
+                              s.precision, s.zero, replicas, s.micro_batches, dp_link);
     if (model.arch) {
       const Architecture& a = *model.arch;
       // Without a pipeline, micro-batches run forward and backward one after another; with one,
@@ -370,9 +447,15 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       sp.in_flight = s.pp == 1 ? 1
                                : micro_batches_in_flight(s.schedule, s.pp, s.micro_batches, st,
                                                          s.virtual_stages);
-      const LayerShape x{static_cast<double>(a.seq), static_cast<double>(s.micro_batch),
-                         static_cast<double>(a.hidden), static_cast<double>(a.heads),
-                         static_cast<double>(s.tp)};
+      // a context-parallel rank holds seq/cp tokens of each sequence, scored against all seq keys
+      const double local_seq = static_cast<double>(a.seq) / static_cast<double>(s.cp);
+      const LayerShape x{local_seq,
+                         static_cast<double>(s.micro_batch),
+                         static_cast<double>(a.hidden),
+                         static_cast<double>(a.heads),
+                         static_cast<double>(s.tp),
+                         static_cast<double>(a.seq),
+                         o.attention != AttentionKernel::fused};
       const double scale = static_cast<double>(w) / 2.0;  // Korthikanti counts 16-bit values
       double per_mb = static_cast<double>(sp.layers) *
                       korthikanti_layer_bytes(x, s.sequence_parallel, s.checkpointing);
@@ -459,7 +542,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         sp.zero2_buckets = static_cast<double>(full * w);
       }
       // fourway's ZeRO-3 gathers each unit into its full buffers on one rank too
-      if (zero_sharding(s.zero).shards_params && (s.dp > 1 || own) && !own_pp) {
+      if (zero_sharding(s.zero).shards_params && (replicas > 1 || own) && !own_pp) {
         std::int64_t unit = sp.layers > 0 ? layer_params(a, s.tp) : 0;
         if (st == 0) unit = std::max(unit, embedding_params(a, s.tp));
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
@@ -474,8 +557,9 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       const Traffic tp_mb = tensor_parallel_traffic_per_micro_batch(
           xs, s.tp, s.precision, s.checkpointing == Checkpointing::full, st == 0, st == s.pp - 1,
           tp_link);
-      const Traffic pp_mb = pipeline_traffic_per_micro_batch(xs, s.tp, s.sequence_parallel,
-                                                             s.precision, s.pp, st, pp_link);
+      const Traffic pp_mb =
+          pipeline_traffic_per_micro_batch(xs, s.tp, s.sequence_parallel, s.precision, s.pp, st,
+                                           pp_link, o.pp_scatter_gather, tp_link);
       sp.tensor_parallel = Traffic{tp_mb.bytes * m, tp_mb.seconds * m};
       if (own) {  // what fourway's tp group sends, as Counting counts it (the same time model)
         sp.tensor_parallel.bytes =
@@ -494,10 +578,44 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         sp.tensor_parallel.bytes = tr.tp;
         sp.pipeline.bytes = tr.pp + tr.tie;
       }
-      const double compute = stage_flops_per_token(a, s.tp, s.pp, st, s.checkpointing) *
-                             static_cast<double>(s.micro_batch * a.seq) /
-                             detail::achievable_flops(cluster.hw, s.precision, o);
-      sp.seconds_per_micro_batch = compute + tp_mb.seconds + pp_mb.seconds;
+      // the rank's share of the stage's arithmetic: its tokens, 1/cp of the micro-batch's
+      const double rate = detail::achievable_flops(cluster.hw, s.precision, o);
+      const double attention_rate = detail::achievable_attention_flops(cluster.hw, s.precision, o);
+      const double tokens = static_cast<double>(s.micro_batch) * local_seq;
+      const double attention_flops =
+          stage_attention_flops_per_token(a, s.tp, s.pp, st, s.checkpointing) * tokens;
+      sp.compute_per_micro_batch =
+          (stage_flops_per_token(a, s.tp, s.pp, st, s.checkpointing) * tokens - attention_flops) /
+              rate +
+          attention_flops / attention_rate;
+      const bool recompute = s.checkpointing != Checkpointing::none;
+      if (o.attention == AttentionKernel::unfused) {
+        sp.memory_per_micro_batch =
+            unfused_attention_bytes(a, sp.layers, s.tp, static_cast<double>(s.micro_batch),
+                                    local_seq, static_cast<double>(a.seq), recompute) /
+            (cluster.hw.memory_tbs * 1e12);
+      }
+      sp.tensor_per_micro_batch = tp_mb.seconds * (1.0 - o.tp_overlap);
+      sp.pipeline_per_micro_batch = pp_mb.seconds;
+      if (s.cp > 1) {
+        const double hd = static_cast<double>(a.head_dim());
+        const ContextShape cx{static_cast<double>(a.seq), static_cast<double>(s.micro_batch),
+                              static_cast<double>(a.heads / s.tp) * hd,
+                              static_cast<double>(a.kv_heads / s.tp) * hd, sp.layers};
+        const Traffic cp_mb = context_parallel_traffic_per_micro_batch(
+            cx, s.cp, s.cp_kind, s.precision, recompute, cp_link);
+        sp.context_parallel = Traffic{cp_mb.bytes * m, cp_mb.seconds * m};
+        // a ring's blocks travel while the previous block's attention runs (forward, backward
+        // and any recomputation: 12 or 16 FLOPs per query, key and hidden unit, as counted in
+        // flops_per_token); Ulysses' all-to-alls sit between the layers' kernels
+        const double attention_s = attention_flops / attention_rate;
+        sp.context_per_micro_batch = s.cp_kind == ContextKind::ring
+                                         ? std::max(0.0, cp_mb.seconds - attention_s)
+                                         : cp_mb.seconds;
+      }
+      sp.seconds_per_micro_batch = sp.compute_per_micro_batch + sp.memory_per_micro_batch +
+                                   sp.tensor_per_micro_batch + sp.pipeline_per_micro_batch +
+                                   sp.context_per_micro_batch;
     }
     plan.stages.push_back(sp);
   }
@@ -515,15 +633,12 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     const double bubble = schedule_bubble(s.schedule, s.pp, s.micro_batches, s.virtual_stages);
     const bool closed_form = s.schedule == Schedule::gpipe || s.schedule == Schedule::one_f_one_b;
     const double slots = closed_form ? m + static_cast<double>(s.pp) - 1.0 : m / (1.0 - bubble);
-    double slot = 0, slot_compute = 0, slot_tp = 0, slot_pp = 0, data = 0;
+    const StagePlan* slowest = &plan.stages.front();
     for (const StagePlan& sp : plan.stages) {
-      if (sp.seconds_per_micro_batch > slot) {
-        slot = sp.seconds_per_micro_batch;
-        slot_tp = sp.tensor_parallel.seconds / m;
-        slot_pp = sp.pipeline.seconds / m;
-        slot_compute = slot - slot_tp - slot_pp;
-      }
+      if (sp.seconds_per_micro_batch > slowest->seconds_per_micro_batch) slowest = &sp;
     }
+    const double slot = slowest->seconds_per_micro_batch;
+    double data = 0;
     for (const StagePlan& sp : plan.stages) {
       const double backward = 2.0 / 3.0 * sp.seconds_per_micro_batch;
       const ZeroSharding z = zero_sharding(s.zero);
@@ -534,9 +649,11 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       data = std::max(
           data, d.exposed_seconds + std::max(0.0, d.overlappable_seconds - o.overlap * window));
     }
-    t.compute_s = slots * slot_compute;
-    t.tensor_s = slots * slot_tp;
-    t.pipeline_s = slots * slot_pp;
+    t.compute_s = slots * slowest->compute_per_micro_batch;
+    t.memory_s = slots * slowest->memory_per_micro_batch;
+    t.tensor_s = slots * slowest->tensor_per_micro_batch;
+    t.pipeline_s = slots * slowest->pipeline_per_micro_batch;
+    t.context_s = slots * slowest->context_per_micro_batch;
     t.data_s = data;
     t.bubble = bubble;
     t.total_s = slots * slot + data;
@@ -559,6 +676,9 @@ struct SearchSpace {
   Schedule schedule = Schedule::one_f_one_b;
   int virtual_stages = 1;  // chunks per pipeline rank of the interleaved schedule
   std::optional<int> dp, tp, pp, zero;
+  std::optional<int> cp;  // context parallelism: searched (1 and every degree that splits the
+                          // sequence) unless fixed
+  ContextKind cp_kind = ContextKind::ring;
   std::optional<Checkpointing> checkpointing;
   std::optional<bool> sequence_parallel;
   double prefer_within = 0.10;  // a simpler mesh wins when this close to the fastest
@@ -594,44 +714,60 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
       const Architecture& a = *model.arch;
       if (a.heads % tp != 0 || a.kv_heads % tp != 0 || a.ffn % tp != 0) continue;
     }
-    for (int pp : divisors(cluster.gpus / tp)) {
-      if (space.pp && *space.pp != pp) continue;
-      if (!model.arch && !space.pp && pp > 1) continue;
-      if (model.arch && pp > model.arch->layers) continue;
-      const int dp = cluster.gpus / (tp * pp);
-      if (space.dp && *space.dp != dp) continue;
-      if (gb % (static_cast<std::int64_t>(dp) * space.micro_batch) != 0) continue;
-      const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (space.zero && *space.zero != zero) continue;
-        if (o.footprint == Footprint::fourway && pp > 1 &&
-            schedule::validate(
-                pipeline_split(Strategy{dp, tp, pp, zero, space.micro_batch, m, space.schedule,
-                                        Precision::bf16, Checkpointing::none, false,
-                                        space.virtual_stages})
-                    .request()) != schedule::RequestProblem::none) {
-          continue;  // the runtime refuses this schedule (e.g. 1f1b with m < pp)
+    for (int cp : divisors(cluster.gpus / tp)) {
+      if (space.cp ? *space.cp != cp
+                   : cp > 1 && (!model.arch || o.footprint != Footprint::published)) {
+        continue;  // fourway's own footprint has no context parallelism; --params no sequence
+      }
+      if (model.arch && cp > 1) {
+        const Architecture& a = *model.arch;
+        if (space.cp_kind == ContextKind::ring
+                ? a.seq % (2 * static_cast<std::int64_t>(cp)) != 0
+                : (a.heads / tp) % cp != 0 || (a.kv_heads / tp) % cp != 0) {
+          continue;
         }
-        if (dp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero) {
-          continue;  // nothing to shard over
-        }
-        for (Checkpointing r :
-             {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
-          if (space.checkpointing && *space.checkpointing != r) continue;
-          if (!model.arch && r != Checkpointing::none) continue;
-          const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
-          Strategy s{dp,
-                     tp,
-                     pp,
-                     zero,
-                     space.micro_batch,
-                     m,
-                     space.schedule,
-                     space.precision,
-                     r,
-                     sp,
-                     space.virtual_stages};
-          out.push_back(make_plan(model, cluster, s, o));
+      }
+      for (int pp : divisors(cluster.gpus / (tp * cp))) {
+        if (space.pp && *space.pp != pp) continue;
+        if (!model.arch && !space.pp && pp > 1) continue;
+        if (model.arch && pp > model.arch->layers) continue;
+        const int dp = cluster.gpus / (tp * cp * pp);
+        if (space.dp && *space.dp != dp) continue;
+        if (gb % (static_cast<std::int64_t>(dp) * space.micro_batch) != 0) continue;
+        const std::int64_t m = gb / (static_cast<std::int64_t>(dp) * space.micro_batch);
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (space.zero && *space.zero != zero) continue;
+          if (o.footprint == Footprint::fourway && pp > 1 &&
+              schedule::validate(
+                  pipeline_split(Strategy{dp, tp, pp, zero, space.micro_batch, m, space.schedule,
+                                          Precision::bf16, Checkpointing::none, false,
+                                          space.virtual_stages})
+                      .request()) != schedule::RequestProblem::none) {
+            continue;  // the runtime refuses this schedule (e.g. 1f1b with m < pp)
+          }
+          if (dp * cp == 1 && zero_sharding(zero).shards_optimizer_state && !space.zero) {
+            continue;  // nothing to shard over
+          }
+          for (Checkpointing r :
+               {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
+            if (space.checkpointing && *space.checkpointing != r) continue;
+            if (!model.arch && r != Checkpointing::none) continue;
+            const bool sp = space.sequence_parallel ? *space.sequence_parallel : tp > 1;
+            Strategy s{dp,
+                       tp,
+                       pp,
+                       zero,
+                       space.micro_batch,
+                       m,
+                       space.schedule,
+                       space.precision,
+                       r,
+                       sp,
+                       space.virtual_stages,
+                       cp,
+                       space.cp_kind};
+            out.push_back(make_plan(model, cluster, s, o));
+          }
         }
       }
     }
@@ -644,6 +780,10 @@ inline std::string describe(const Strategy& s) {
                                        " ", precision_name(s.precision),
                                        " checkpoint=", checkpointing_name(s.checkpointing));
   if (s.tp > 1 && s.sequence_parallel) d += " +sequence-parallel";
+  if (s.cp > 1) {
+    d += fourway::detail::cat(" cp=", s.cp,
+                              s.cp_kind == ContextKind::ulysses ? " ulysses" : std::string());
+  }
   if (s.pp > 1)
     d += fourway::detail::cat(" ", schedule_name(s.schedule), " m=", s.micro_batches,
                               s.schedule == Schedule::interleaved
@@ -652,6 +792,47 @@ inline std::string describe(const Strategy& s) {
   else if (s.micro_batches > 1)
     d += fourway::detail::cat(" accumulate=", s.micro_batches);
   return d;
+}
+
+/// Why a recommendation splits the sequence: nothing without context parallelism fits, or the
+/// simplest mesh that fits without it recomputes activations, or is slower.
+inline std::string context_reason(const std::vector<Plan>& fitting, const Plan& chosen) {
+  const Plan* plain = nullptr;   // the fastest fitting mesh without context parallelism
+  const Plan* simple = nullptr;  // the fastest without context, tensor or pipeline parallelism
+  for (const Plan& p : fitting) {
+    if (p.strategy.cp > 1) continue;
+    if (!plain || p.time->total_s < plain->time->total_s) plain = &p;
+    if (p.strategy.tp == 1 && p.strategy.pp == 1 &&
+        (!simple || p.time->total_s < simple->time->total_s)) {
+      simple = &p;
+    }
+  }
+  const std::int64_t seq = chosen.model.arch->seq;
+  std::string why = fourway::detail::cat("; context parallelism ", chosen.strategy.cp, " holds ",
+                                         seq / chosen.strategy.cp, " of the ", seq,
+                                         " tokens of each sequence per rank");
+  if (!plain) {
+    return why + "; the sequence is what does not fit: no mesh without it fits, even with " +
+           "ZeRO-3 and full recomputation";
+  }
+  const auto percent = [&](const Plan& p) {
+    const double r = p.time->total_s / chosen.time->total_s - 1.0;
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(0) << std::fabs(r) * 100.0 << "% "
+       << (r < 0 ? "faster" : "slower");
+    return os.str();
+  };
+  const Plan& alt = simple ? *simple : *plain;
+  why += fourway::detail::cat("; without it the ", simple ? "simplest" : "fastest",
+                              " mesh that fits (", describe(alt.strategy), ") ");
+  if (alt.strategy.checkpointing != Checkpointing::none &&
+      chosen.strategy.checkpointing == Checkpointing::none) {
+    why += fourway::detail::cat("recomputes activations (",
+                                checkpointing_name(alt.strategy.checkpointing), ") and is ");
+  } else {
+    why += "is ";
+  }
+  return why + percent(alt);
 }
 
 inline std::string gb(double bytes) {
@@ -728,7 +909,7 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
   }
   const double fastest = seconds(rec.fitting.front());
   auto complexity = [](const Plan& p) {
-    return (p.strategy.pp > 1 ? 1 : 0) + (p.strategy.tp > 1 ? 1 : 0);
+    return (p.strategy.pp > 1 ? 1 : 0) + (p.strategy.tp > 1 ? 1 : 0) + (p.strategy.cp > 1 ? 1 : 0);
   };
   std::size_t best = 0;
   for (std::size_t i = 0; i < rec.fitting.size(); ++i) {
@@ -736,7 +917,7 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
     if (seconds(p) > fastest * (1.0 + space.prefer_within)) continue;
     const Plan& b = rec.fitting[best];
     const auto key = [&](const Plan& q) {
-      return std::tuple(complexity(q), q.strategy.pp, q.strategy.tp, seconds(q));
+      return std::tuple(complexity(q), q.strategy.pp, q.strategy.tp, q.strategy.cp, seconds(q));
     };
     if (key(p) < key(b)) best = i;
   }
@@ -754,8 +935,8 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
     why += "; no architecture, so no step time: the least traffic per step, then the least memory";
   } else if (complexity(c) == 0) {
     why += best == 0
-               ? "; the fastest fitting mesh, and it needs no tensor or pipeline parallelism"
-               : fourway::detail::cat("; needs no tensor or pipeline parallelism and is within ",
+               ? "; the fastest fitting mesh, and it needs no tensor, pipeline or context parallelism"
+               : fourway::detail::cat("; needs no tensor, pipeline or context parallelism and is within ",
                                       static_cast<int>(std::lround(space.prefer_within * 100)),
                                       "% of the fastest (",
                                       detail::describe(rec.fitting.front().strategy), ")");
@@ -765,9 +946,10 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
     why += simpler_fits ? fourway::detail::cat(
                               "; simpler meshes fit but are more than ",
                               static_cast<int>(std::lround(space.prefer_within * 100)), "% slower")
-                        : "; no mesh with less tensor/pipeline parallelism fits, even with ZeRO-3 "
-                          "and full checkpointing";
+                        : "; no mesh with less tensor/pipeline/context parallelism fits, even with "
+                          "ZeRO-3 and full checkpointing";
   }
+  if (c.strategy.cp > 1) why += detail::context_reason(rec.fitting, c);
   rec.why = why;
   return rec;
 }

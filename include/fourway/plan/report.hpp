@@ -72,7 +72,12 @@ inline std::string table(const Plan& p) {
     os << "batch:    " << s.global_batch() << " sequences of " << p.model.arch->seq
        << " tokens per step = " << s.dp << " replicas × " << s.micro_batches << " micro-batch"
        << (s.micro_batches == 1 ? "" : "es") << " × " << s.micro_batch << " sequence"
-       << (s.micro_batch == 1 ? "" : "s") << "\n";
+       << (s.micro_batch == 1 ? "" : "s");
+    if (s.cp > 1) {
+      os << ", each sequence split " << s.cp << " ways (" << p.model.arch->seq / s.cp
+         << " tokens per rank, " << context_kind_name(s.cp_kind) << " attention)";
+    }
+    os << "\n";
   }
   const StagePlan& w = p.worst();
   os << "\nper GPU, "
@@ -102,7 +107,7 @@ inline std::string table(const Plan& p) {
     else if (w.recompute_working > 0)  // fourway pipelines: a block's moment above what it keeps
       row("a block's transient above the kept activations", w.recompute_working);
     if (w.backward_workspace > 0) row("backward gradient chain (workspace)", w.backward_workspace);
-    if (zero_sharding(s.zero).shards_params && s.dp > 1) {
+    if (zero_sharding(s.zero).shards_params && s.replicas() > 1) {
       row("ZeRO-3 gathered units (2 + 1 grad)", w.zero3_gathered);
     }
     if (w.zero2_buckets > 0) row("ZeRO-2 full gradient buckets of the head", w.zero2_buckets);
@@ -125,13 +130,18 @@ inline std::string table(const Plan& p) {
      << (p.fits ? "yes, " + fixed((p.usable_bytes() - w.total()) / 1e9, 2) + " GB to spare"
                 : "NO, " + fixed((w.total() - p.usable_bytes()) / 1e9, 2) + " GB over")
      << "\n";
-  const AxisLinks links = axis_links(s.tp, s.pp, s.dp, hw.gpus_per_node);
+  const AxisLinks links = axis_links(s.tp, s.pp, s.dp, hw.gpus_per_node, s.cp);
   if (p.time) {
     const StepTime& t = *p.time;
     os << "step:     " << fixed(t.total_s, 3) << " s estimated = compute " << fixed(t.compute_s, 3)
-       << " s (bubble " << fixed(t.bubble * 100, 1) << "%) + tensor-parallel "
-       << fixed(t.tensor_s, 3) << " s + pipeline " << fixed(t.pipeline_s, 3)
-       << " s + data-parallel not hidden " << fixed(t.data_s, 3) << " s\n";
+       << " s (bubble " << fixed(t.bubble * 100, 1) << "%)";
+    if (t.memory_s > 0)
+      os << " + unfused attention's memory traffic " << fixed(t.memory_s, 3) << " s";
+    os << " + tensor-parallel " << fixed(t.tensor_s, 3) << " s";
+    if (p.options.tp_overlap > 0) os << " (" << fixed(p.options.tp_overlap * 100, 0) << "% hidden)";
+    os << " + pipeline " << fixed(t.pipeline_s, 3) << " s";
+    if (s.cp > 1) os << " + context-parallel not hidden " << fixed(t.context_s, 3) << " s";
+    os << " + data-parallel not hidden " << fixed(t.data_s, 3) << " s\n";
     const double tflops = p.options.achievable_tflops > 0
                               ? p.options.achievable_tflops
                               : p.options.mfu * hw.peak_tflops(s.precision);
@@ -145,6 +155,10 @@ inline std::string table(const Plan& p) {
     os << ", tensor-parallel " << fixed(w.tensor_parallel.bytes / 1e9, 3) << " GB ("
        << detail::link_name(links.tp_in_node) << "), pipeline " << fixed(w.pipeline.bytes / 1e9, 3)
        << " GB (" << detail::link_name(links.pp_in_node) << ")";
+    if (s.cp > 1) {
+      os << ", context-parallel " << fixed(w.context_parallel.bytes / 1e9, 3) << " GB ("
+         << detail::link_name(links.cp_in_node) << ")";
+    }
   }
   os << "\n";
   return os.str();
@@ -176,7 +190,8 @@ inline std::string json(const Plan& p) {
      << ",\"schedule\":" << json_string(schedule_name(s.schedule))
      << ",\"precision\":" << json_string(precision_name(s.precision))
      << ",\"checkpoint\":" << json_string(checkpointing_name(s.checkpointing))
-     << ",\"sequence_parallel\":" << (s.sequence_parallel ? "true" : "false") << "}";
+     << ",\"sequence_parallel\":" << (s.sequence_parallel ? "true" : "false") << ",\"cp\":" << s.cp
+     << ",\"cp_kind\":" << json_string(context_kind_name(s.cp_kind)) << "}";
   os << ",\"stages\":[";
   for (std::size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& st = p.stages[i];
@@ -197,7 +212,8 @@ inline std::string json(const Plan& p) {
        << ",\"total\":" << json_number(st.total())
        << ",\"traffic_bytes\":{\"data_parallel\":" << json_number(st.data_parallel.bytes())
        << ",\"tensor_parallel\":" << json_number(st.tensor_parallel.bytes)
-       << ",\"pipeline\":" << json_number(st.pipeline.bytes) << "}}";
+       << ",\"pipeline\":" << json_number(st.pipeline.bytes)
+       << ",\"context_parallel\":" << json_number(st.context_parallel.bytes) << "}}";
   }
   os << "],\"worst_stage\":" << p.worst_stage
      << ",\"usable_bytes\":" << json_number(p.usable_bytes())
@@ -208,10 +224,14 @@ inline std::string json(const Plan& p) {
        << ",\"compute_s\":" << json_number(t.compute_s)
        << ",\"tensor_parallel_s\":" << json_number(t.tensor_s)
        << ",\"pipeline_s\":" << json_number(t.pipeline_s)
+       << ",\"context_parallel_s\":" << json_number(t.context_s)
+       << ",\"attention_memory_s\":" << json_number(t.memory_s)
        << ",\"data_parallel_exposed_s\":" << json_number(t.data_s)
        << ",\"bubble\":" << json_number(t.bubble)
        << ",\"tokens_per_s\":" << json_number(t.tokens_per_s) << ",\"mfu\":" << json_number(t.mfu)
-       << ",\"achievable_source\":" << json_string(achievable_source(p.options)) << "}";
+       << ",\"achievable_source\":" << json_string(achievable_source(p.options))
+       << ",\"attention\":" << json_string(attention_kernel_name(p.options.attention))
+       << ",\"tp_overlap\":" << json_number(p.options.tp_overlap) << "}";
   } else {
     os << ",\"time\":null";
   }
@@ -230,6 +250,10 @@ inline std::string train_command(const Plan& p) {
   }
   const Architecture& a = *p.model.arch;
   const Strategy& s = p.strategy;
+  if (s.cp > 1) {
+    return fourway::detail::cat("fourway-train has no context parallelism yet (cp ", s.cp,
+                                "): this plan is a model of a mesh fourway cannot run today");
+  }
   std::ostringstream os;
   os << "mpirun -np " << s.gpus() << " fourway-train-cuda --backend nccl --layers " << a.layers
      << " --dim " << a.hidden << " --heads " << a.heads << " --seq " << a.seq << " --vocab "

@@ -12,9 +12,22 @@
 //! Pipeline bubble (Huang et al. 2019, GPipe §2.2; Narayanan et al. 2021 §2.2): with p stages and
 //! m micro-batches a step takes (m + p − 1) micro-batch slots for m of useful work; the idle
 //! fraction is (p − 1)/(m + p − 1), the same for GPipe and 1F1B.
+//!
+//! Attention without a fused kernel (the FlashAttention of Dao et al. 2022 and its successors
+//! keep the scores on chip) streams its score matrix, heads/t · b · s² elements per layer,
+//! through GPU memory several times; the planner times those bytes at the memory bandwidth. The
+//! passes, counted kernel by kernel for Megatron-LM's 2021 attention (a batched GEMM for the
+//! scores, its fused scale-mask-softmax, dropout with a 1-byte mask, a batched GEMM for the
+//! weighted sum): forward 13 bytes per element in 16-bit precision — the scores written (2), read
+//! and the probabilities written (2 + 2), read and the dropped probabilities and mask written
+//! (2 + 2 + 1), read by the second GEMM (2); backward 19 — the probabilities' gradient written
+//! (2), dropout's backward (2 + 1 + 2), softmax's backward reading it and the probabilities and
+//! writing the scores' gradient (2 + 2 + 2), read by the two GEMMs for Q and K (2 + 2), the
+//! dropped probabilities read for V's gradient (2); a recomputed forward 13 more.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "fourway/plan/activation.hpp"
 #include "fourway/plan/architecture.hpp"
@@ -49,6 +62,48 @@ constexpr double stage_flops_per_token(const Architecture& a, int tp, int stages
   double f = layers * (k_block * block + k_attention * sh);
   if (stage == stages - 1) f += 6.0 * static_cast<double>(a.vocab * a.hidden);
   return f / static_cast<double>(tp);
+}
+
+/// How attention reaches memory. `published`: Korthikanti et al.'s Table 2 as printed — the
+/// score matrix is stored for backward (its 5as/h term) and its memory traffic is not timed (the
+/// planner's model before the others existed, and its default). `fused`: FlashAttention (Dao et
+/// al. 2022), fourway's blockwise and fused kernels — the scores never leave the chip: nothing of
+/// them stored, nothing streamed. `unfused`: separate kernels, as Megatron-LM's of 2021 — the
+/// scores stored, and streamed through memory as counted below.
+enum class AttentionKernel : std::uint8_t { published, fused, unfused };
+
+constexpr std::string_view attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::published: return "published";
+    case AttentionKernel::fused: return "fused";
+    case AttentionKernel::unfused: return "unfused";
+  }
+  return "?";
+}
+
+inline constexpr double unfused_attention_forward_bytes = 13.0;   // per score element
+inline constexpr double unfused_attention_backward_bytes = 19.0;  // per score element
+
+/// Bytes an unfused attention moves through memory for one micro-batch of b sequences on one
+/// rank: `layers` layers of heads/tp heads, `queries` local query rows (s, or s/c under context
+/// parallelism) against `keys` keys each. `recompute`: the attention runs forward twice.
+constexpr double unfused_attention_bytes(const Architecture& a, std::int64_t layers, int tp,
+                                         double b, double queries, double keys, bool recompute) {
+  const double elements =
+      static_cast<double>(layers) * static_cast<double>(a.heads / tp) * b * queries * keys;
+  const double per_element =
+      unfused_attention_forward_bytes * (recompute ? 2.0 : 1.0) + unfused_attention_backward_bytes;
+  return elements * per_element;
+}
+
+/// The attention core's share of `stage_flops_per_token` (scores and weighted sum, forward,
+/// backward and any recomputation): 12 or 16 · s·h per layer per token, / tp.
+constexpr double stage_attention_flops_per_token(const Architecture& a, int tp, int stages,
+                                                 int stage, Checkpointing r = Checkpointing::none) {
+  const double layers = static_cast<double>(layers_on_stage(a.layers, stages, stage));
+  const double k_attention = r == Checkpointing::none ? 12.0 : 16.0;
+  return layers * k_attention * static_cast<double>(a.seq) * static_cast<double>(a.hidden) /
+         static_cast<double>(tp);
 }
 
 /// The idle fraction of a pipeline step, (p − 1)/(m + p − 1).
