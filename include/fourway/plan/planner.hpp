@@ -934,12 +934,13 @@ inline Recommendation recommend(const Model& model, const Cluster& cluster,
   if (!c.time) {
     why += "; no architecture, so no step time: the least traffic per step, then the least memory";
   } else if (complexity(c) == 0) {
-    why += best == 0
-               ? "; the fastest fitting mesh, and it needs no tensor, pipeline or context parallelism"
-               : fourway::detail::cat("; needs no tensor, pipeline or context parallelism and is within ",
-                                      static_cast<int>(std::lround(space.prefer_within * 100)),
-                                      "% of the fastest (",
-                                      detail::describe(rec.fitting.front().strategy), ")");
+    why +=
+        best == 0
+            ? "; the fastest fitting mesh, and it needs no tensor, pipeline or context parallelism"
+            : fourway::detail::cat(
+                  "; needs no tensor, pipeline or context parallelism and is within ",
+                  static_cast<int>(std::lround(space.prefer_within * 100)), "% of the fastest (",
+                  detail::describe(rec.fitting.front().strategy), ")");
   } else {
     bool simpler_fits = false;
     for (const Plan& p : rec.fitting) simpler_fits = simpler_fits || complexity(p) < complexity(c);
