@@ -46,6 +46,7 @@
 
 #include "fourway/backend/ops.hpp"
 #include "fourway/comm/communicator.hpp"
+#include "fourway/comm/group.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/gpt.hpp"
@@ -69,15 +70,9 @@ concept p2p_communicator = requires(C& c, const float* s, float* r, std::int64_t
   { c.split(i, i) } -> std::same_as<C>;
 };
 
-/// Starts / ends a group of point-to-point operations on `c` where it has them.
-template <class C>
-void group_start(C& c) {
-  if constexpr (requires { c.group_start(); }) c.group_start();
-}
-template <class C>
-void group_end(C& c) {
-  if constexpr (requires { c.group_end(); }) c.group_end();
-}
+// Groups of point-to-point operations on a communicator that has them (comm/group.hpp).
+using fourway::group_end;
+using fourway::group_start;
 
 /// One micro-batch's token ids and targets, (b, T) on the backend.
 template <backend B>
