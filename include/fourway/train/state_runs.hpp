@@ -166,6 +166,24 @@ std::vector<StatePiece> state_pieces(const std::vector<StateRun<T, B>>& runs) {
   return out;
 }
 
+/// The local pieces of run `r` to copy, in order: `f(i, rows, c, n, len)` for rows [i, i + rows)
+/// of the run and elements [c, c + n) of each, whose local memory is the span of `len` values
+/// from row i's element c. Rows are taken a few at a time, so that one span holds at most
+/// `chunk` values (a row at least), and a longer row is cut into pieces of `chunk`.
+template <class Run, class F>
+void for_each_run_piece(const Run& r, std::int64_t chunk, F&& f) {
+  const std::int64_t k = r.rows == 1 || r.count >= chunk
+                             ? 1
+                             : std::max<std::int64_t>(1, (chunk - r.count) / r.local_stride + 1);
+  for (std::int64_t i = 0; i < r.rows; i += k) {
+    const std::int64_t rows = std::min(k, r.rows - i);
+    for (std::int64_t c = 0; c < r.count; c += chunk) {
+      const std::int64_t n = std::min(chunk, r.count - c);
+      f(i, rows, c, n, (rows - 1) * r.local_stride + n);
+    }
+  }
+}
+
 /// Calls `put(piece, offset, values)` (piece as in `state_pieces`, offset into it) for every run
 /// and part, in pieces of at most 2^16 values (host fp32), offsets increasing per piece. The
 /// runs of a strided run are copied a few at a time, as one span of local memory.
@@ -177,42 +195,35 @@ void save_state_runs(const Context<B>& ctx, const MasterState<T, B>& state,
   std::vector<T> working;
   std::size_t piece = 0;
   for (const auto& r : runs) {
-    // k runs per copy: the span of local memory they cover fits the chunk (at least one run)
-    const std::int64_t k = r.rows == 1 || r.count >= chunk
-                               ? 1
-                               : std::max<std::int64_t>(1, (chunk - r.count) / r.local_stride + 1);
     for (StatePart part : state_parts) {
       std::int64_t written = 0;
-      for (std::int64_t i = 0; i < r.rows; i += k) {
-        const std::int64_t rows = std::min(k, r.rows - i);
-        for (std::int64_t c = 0; c < r.count; c += chunk) {  // long runs in pieces
-          const std::int64_t n = std::min(chunk, r.count - c);
-          const std::int64_t len = (rows - 1) * r.local_stride + n;  // local span
-          span.resize(static_cast<std::size_t>(len));
-          const std::int64_t off = r.at + i * r.local_stride + c;
-          if (part == StatePart::value && !MasterState<T, B>::keeps_master) {
-            working.resize(span.size());
-            Ops<B>::to_host(ctx, working.data(), r.weights + (off - r.at), len);
-            for (std::size_t j = 0; j < span.size(); ++j) span[j] = convert<float>(working[j]);
-          } else {
-            const float* src = part == StatePart::value     ? state.master(r.segment) + off
-                               : part == StatePart::exp_avg ? state.m(r.segment) + off
-                                                            : state.v(r.segment) + off;
-            Ops<B>::to_host(ctx, span.data(), src, len);
-          }
-          if (rows == 1) {
-            put(piece, written, std::span<const float>(span.data(), static_cast<std::size_t>(n)));
-          } else {
-            host.clear();
-            for (std::int64_t j = 0; j < rows; ++j) {
-              const float* row = span.data() + j * r.local_stride;
-              host.insert(host.end(), row, row + n);
+      for_each_run_piece(
+          r, chunk,
+          [&](std::int64_t i, std::int64_t rows, std::int64_t c, std::int64_t n, std::int64_t len) {
+            span.resize(static_cast<std::size_t>(len));
+            const std::int64_t off = r.at + i * r.local_stride + c;
+            if (part == StatePart::value && !MasterState<T, B>::keeps_master) {
+              working.resize(span.size());
+              Ops<B>::to_host(ctx, working.data(), r.weights + (off - r.at), len);
+              for (std::size_t j = 0; j < span.size(); ++j) span[j] = convert<float>(working[j]);
+            } else {
+              const float* src = part == StatePart::value     ? state.master(r.segment) + off
+                                 : part == StatePart::exp_avg ? state.m(r.segment) + off
+                                                              : state.v(r.segment) + off;
+              Ops<B>::to_host(ctx, span.data(), src, len);
             }
-            put(piece, written, std::span<const float>(host));
-          }
-          written += rows * n;
-        }
-      }
+            if (rows == 1) {
+              put(piece, written, std::span<const float>(span.data(), static_cast<std::size_t>(n)));
+            } else {
+              host.clear();
+              for (std::int64_t j = 0; j < rows; ++j) {
+                const float* row = span.data() + j * r.local_stride;
+                host.insert(host.end(), row, row + n);
+              }
+              put(piece, written, std::span<const float>(host));
+            }
+            written += rows * n;
+          });
       ++piece;
     }
   }

@@ -31,6 +31,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -236,14 +237,16 @@ class Trainer {
       return strategy_.generate(prompt, o);  // the chunks' ranks in turn
     } else {
       std::vector<std::int32_t> out;
+      std::exception_ptr failed;
       try {
         out =
             fourway::generate(strategy_.context(), strategy_.model(), prompt, o, strategy_.hooks());
       } catch (...) {
-        if constexpr (requires { strategy_.end_forward_only(); }) strategy_.end_forward_only();
-        throw;
+        failed = std::current_exception();
       }
+      // what the hooks gathered is released whether or not the generation finished
       if constexpr (requires { strategy_.end_forward_only(); }) strategy_.end_forward_only();
+      if (failed) std::rethrow_exception(failed);
       return out;
     }
   }

@@ -61,21 +61,14 @@ void write_weight_runs(const Context<B>& ctx, const std::vector<StateRun<T, B>>&
     check<CheckpointError>(tensors[it->second].shape == r.shape, "fourway: the model's ", r.tensor,
                            " has shape ", detail::shape_text(r.shape), " but the file's is ",
                            detail::shape_text(tensors[it->second].shape));
-    // k runs per copy: the local span they cover fits the stage (one run at least)
-    const std::int64_t k = r.rows == 1 || r.count >= chunk
-                               ? 1
-                               : std::max<std::int64_t>(1, (chunk - r.count) / r.local_stride + 1);
-    for (std::int64_t i = 0; i < r.rows; i += k) {
-      const std::int64_t rows = std::min(k, r.rows - i);
-      for (std::int64_t c = 0; c < r.count; c += chunk) {  // long runs in pieces
-        const std::int64_t n = std::min(chunk, r.count - c);
-        const std::int64_t len = (rows - 1) * r.local_stride + n;
-        Ops<B>::to_host(ctx, stage.data(), r.weights + i * r.local_stride + c, len);
-        for (std::int64_t j = 0; j < rows; ++j) {
-          put(it->second, r.first + (i + j) * r.stride + c, stage.data() + j * r.local_stride, n);
-        }
-      }
-    }
+    for_each_run_piece(
+        r, chunk,
+        [&](std::int64_t i, std::int64_t rows, std::int64_t c, std::int64_t n, std::int64_t len) {
+          Ops<B>::to_host(ctx, stage.data(), r.weights + i * r.local_stride + c, len);
+          for (std::int64_t j = 0; j < rows; ++j) {
+            put(it->second, r.first + (i + j) * r.stride + c, stage.data() + j * r.local_stride, n);
+          }
+        });
   }
 }
 
