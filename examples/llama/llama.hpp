@@ -303,22 +303,15 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
   template <class Hooks = fw::NoHooks>
   float forward(const fw::Context<B>& ctx, const fw::Tensor<std::int32_t, B>& tokens,
                 const fw::Tensor<std::int32_t, B>& targets, Stash& s, Hooks&& hooks = Hooks{}) {
-    fw::check<fw::ConfigError>(whole(),
-                               "fourway: llama::Model::forward runs the whole model; "
-                               "this part holds blocks [",
-                               part_.first_block, ", ", part_.end_block, ")");
-    hooks.pre_forward(0);
-    fw::Tensor<T, B> x = forward_embedding(ctx, tokens, s);
-    hooks.post_forward(0);
-    for (int i = 0; i < cfg_.layers; ++i) {
-      hooks.pre_forward(i + 1);
-      x = forward_block(ctx, i, x, s);
-      hooks.post_forward(i + 1);
-    }
-    hooks.pre_forward(cfg_.layers + 1);
-    forward_head(ctx, x, targets, s);
-    hooks.post_forward(cfg_.layers + 1);
-    return s.loss;
+    return run_forward(ctx, tokens, targets, s, hooks, nullptr);
+  }
+  /// The same forward with the loss left on the backend (`fw::LossSink`, layers/loss.hpp): the
+  /// Trainer's step then makes one synchronising call, as with the GPT.
+  template <class Hooks = fw::NoHooks>
+  void forward_into(const fw::Context<B>& ctx, const fw::Tensor<std::int32_t, B>& tokens,
+                    const fw::Tensor<std::int32_t, B>& targets, Stash& s, const fw::LossSink& sink,
+                    Hooks&& hooks = Hooks{}) {
+    (void)run_forward(ctx, tokens, targets, s, hooks, &sink);
   }
 
   template <class Hooks = fw::NoHooks>
@@ -362,7 +355,8 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
     return cfg_.checkpoint ? b.forward(ctx, x, bs) : b.inner().forward(ctx, x, bs.inner);
   }
   float forward_head(const fw::Context<B>& ctx, const fw::Tensor<T, B>& x,
-                     const fw::Tensor<std::int32_t, B>& targets, Stash& s) {
+                     const fw::Tensor<std::int32_t, B>& targets, Stash& s,
+                     const fw::LossSink* sink = nullptr) {
     fw::check<fw::ShapeError>(targets.numel() * cfg_.dim == x.numel(),
                               "fourway: llama::Model head got x ", x.shape().str(), " for targets ",
                               targets.shape().str());
@@ -370,7 +364,7 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
     s.targets = targets.view();
     fw::Tensor<T, B> h = norm_.forward(ctx, x, s.norm);
     s.loss = fw::tp::vocab_parallel_loss_forward(ctx, *tp_, head_slice(), h.data(), targets.numel(),
-                                                 cfg_.dim, targets.data(), s.logits, s.stats);
+                                                 cfg_.dim, targets.data(), s.logits, s.stats, sink);
     return s.loss;
   }
   fw::Tensor<T, B> backward_head(const fw::Context<B>& ctx, Stash& s, float grad_scale = 1.0f) {
@@ -430,6 +424,29 @@ class Model : public fw::tp::SlicedModel<Comm> {  // counts_in_norm, state_view,
   }
 
  private:
+  // forward and forward_into: the whole model, the loss read back or left in `sink`
+  template <class Hooks>
+  float run_forward(const fw::Context<B>& ctx, const fw::Tensor<std::int32_t, B>& tokens,
+                    const fw::Tensor<std::int32_t, B>& targets, Stash& s, Hooks& hooks,
+                    const fw::LossSink* sink) {
+    fw::check<fw::ConfigError>(whole(),
+                               "fourway: llama::Model::forward runs the whole model; "
+                               "this part holds blocks [",
+                               part_.first_block, ", ", part_.end_block, ")");
+    hooks.pre_forward(0);
+    fw::Tensor<T, B> x = forward_embedding(ctx, tokens, s);
+    hooks.post_forward(0);
+    for (int i = 0; i < cfg_.layers; ++i) {
+      hooks.pre_forward(i + 1);
+      x = forward_block(ctx, i, x, s);
+      hooks.post_forward(i + 1);
+    }
+    hooks.pre_forward(cfg_.layers + 1);
+    forward_head(ctx, x, targets, s, sink);
+    hooks.post_forward(cfg_.layers + 1);
+    return s.loss;
+  }
+
   [[nodiscard]] bool whole() const {
     return part_.embedding && part_.head && part_.first_block == 0 &&
            part_.end_block == cfg_.layers;

@@ -80,6 +80,7 @@
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/linear.hpp"
+#include "fourway/layers/loss.hpp"
 #include "fourway/layers/mlp.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/rmsnorm.hpp"

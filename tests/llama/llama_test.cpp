@@ -98,30 +98,86 @@ double relative_max(const std::vector<float>& got, const std::vector<float>& wan
   return d / std::max(scale, 1e-30);
 }
 
-TEST(Llama, Step1LossAndGradientsMatchPyTorch) {
+using OneRankModel = llama::Model<float, Host, fw::LocalComm>;
+
+/// `f(world, model, tokens, targets)` on one LocalWorld rank: the model at PyTorch's initial
+/// weights, step 0's batch as (B, T) views.
+template <class F>
+void with_golden_model(F&& f) {
   fw::launch<fw::LocalWorld>(1, [&](fw::World<fw::LocalWorld>& w) {
-    llama::Model<float, Host, fw::LocalComm> m(w.ctx(), config(), w.comm(), 7);
+    OneRankModel m(w.ctx(), config(), w.comm(), 7);
     load_golden(w.ctx(), m);
     fw::TokenBatch b = batch(0);
     const auto tok = fw::Tensor<std::int32_t, Host>::view_of(b.inputs.data(), {b.B, b.T});
     const auto tgt = fw::Tensor<std::int32_t, Host>::view_of(b.targets.data(), {b.B, b.T});
-    fw::zero_grad(w.ctx(), m);
-    typename llama::Model<float, Host, fw::LocalComm>::Stash s;
-    const float loss = m.forward(w.ctx(), tok, tgt, s);
-    m.backward(w.ctx(), s);
-    const float want = golden().f32("loss")[0];
-    EXPECT_NEAR(loss, want, 1e-5 * want);
-    int tensors = 0;
-    m.visit_parameters([&](fw::Parameter<float, Host>& p) {
-      const auto& g = golden().f32("grad." + p.name);
-      ASSERT_EQ(static_cast<std::int64_t>(g.size()), p.numel()) << p.name;
-      // both sides fp32, different summation orders: 1e-5 of the tensor's largest gradient
-      const std::vector<float> got(p.grad.data(), p.grad.data() + p.numel());
-      EXPECT_LT(relative_max(got, g), 1e-5) << p.name;
-      ++tensors;
-    });
-    EXPECT_EQ(tensors, 3 + 6 * config().layers);
+    f(w, m, tok, tgt);
   });
+}
+
+TEST(Llama, Step1LossAndGradientsMatchPyTorch) {
+  with_golden_model(
+      [](fw::World<fw::LocalWorld>& w, OneRankModel& m, const auto& tok, const auto& tgt) {
+        fw::zero_grad(w.ctx(), m);
+        typename OneRankModel::Stash s;
+        const float loss = m.forward(w.ctx(), tok, tgt, s);
+        m.backward(w.ctx(), s);
+        const float want = golden().f32("loss")[0];
+        EXPECT_NEAR(loss, want, 1e-5 * want);
+        int tensors = 0;
+        m.visit_parameters([&](fw::Parameter<float, Host>& p) {
+          const auto& g = golden().f32("grad." + p.name);
+          ASSERT_EQ(static_cast<std::int64_t>(g.size()), p.numel()) << p.name;
+          // both sides fp32, different summation orders: 1e-5 of the tensor's largest gradient
+          const std::vector<float> got(p.grad.data(), p.grad.data() + p.numel());
+          EXPECT_LT(relative_max(got, g), 1e-5) << p.name;
+          ++tensors;
+        });
+        EXPECT_EQ(tensors, 3 + 6 * config().layers);
+      });
+}
+
+// A model of one's own leaves its loss on the backend as the GPT does (issue 45, item 6):
+// forward_into adds the same loss to a LossSink without reading anything back, and the Trainer's
+// step then makes one synchronising call whatever the micro-batches — on one rank and on dp 2
+// under ZeRO-3 (core/sync_counter.hpp counts them on the host as on a GPU). Tensor parallelism
+// adds its Σg² read-back, for this model as for the GPT (docs/trainer.md).
+TEST(Llama, LossStaysOnTheBackendAndAStepSynchronisesOnce) {
+  with_golden_model(
+      [](fw::World<fw::LocalWorld>& w, OneRankModel& m, const auto& tok, const auto& tgt) {
+        typename OneRankModel::Stash s;
+        auto before = w.ctx().syncs();
+        const float plain = m.forward(w.ctx(), tok, tgt, s);
+        EXPECT_EQ(w.ctx().syncs() - before, 1u);  // the loss read back
+        m.backward(w.ctx(), s);
+        double sum = 0.0;
+        before = w.ctx().syncs();
+        m.forward_into(w.ctx(), tok, tgt, s,
+                       fw::LossSink{&sum, 1.0 / static_cast<double>(tok.numel())});
+        EXPECT_EQ(w.ctx().syncs(), before);
+        EXPECT_NEAR(sum, plain, 1e-6 * plain);
+        EXPECT_NEAR(plain, golden().f32("loss")[0], 1e-5 * plain);
+        m.backward(w.ctx(), s);
+      });
+  for (const int dp : {1, 2}) {
+    for (int micro_batches : {1, 2}) {
+      using MeshT = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::Sharded<3>>;
+      using S = fw::MeshStrategy<MeshT, fw::Precision<float>, Host, fw::LocalComm, llama::Config>;
+      fw::launch<fw::LocalWorld>(dp, [&](fw::World<fw::LocalWorld>& w) {
+        const MeshT mesh(w.size(), {.tp = 1});
+        fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
+        fw::TrainerOptions to;
+        to.micro_batches = micro_batches;
+        fw::Trainer<S> t(to, w.ctx(), mesh, groups, config(), 7, fw::MeshOptions{}, adamw(),
+                         [](const fw::Context<Host>& ctx, auto& m) { load_golden(ctx, m); });
+        for (int step = 0; step < 2; ++step) {
+          const auto before = w.ctx().syncs();
+          (void)t.step(batch(step).view());
+          EXPECT_EQ(w.ctx().syncs() - before, 1u)
+              << "dp" << dp << " M" << micro_batches << " step " << step;
+        }
+      });
+    }
+  }
 }
 
 struct Case {

@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +39,7 @@
 #include "fourway/layers/kv_cache.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
+#include "fourway/layers/loss.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 
 namespace fourway::models {
@@ -420,15 +420,7 @@ class Gpt {
                                     n, V, Vp);
     }
     if (keep) s.logits = std::move(logits);
-    if (sink != nullptr) {
-      Ops<B>::sum_into(ctx, sink->sum, s.losses.data(), rows, sink->weight);
-      return std::numeric_limits<float>::quiet_NaN();
-    }
-    std::vector<float> losses(static_cast<std::size_t>(rows));
-    Ops<B>::to_host(ctx, losses.data(), s.losses.data(), rows);
-    double sum = 0.0;
-    for (float l : losses) sum += l;
-    return static_cast<float>(sum / static_cast<double>(rows));
+    return model_loss(ctx, s.losses.data(), rows, sink);
   }
 
   Tensor<T, B> head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {

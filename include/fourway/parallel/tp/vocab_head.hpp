@@ -13,11 +13,11 @@
 
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "fourway/backend/matmul.hpp"
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/layer.hpp"
+#include "fourway/layers/loss.hpp"
 #include "fourway/parallel/tp/conjugate.hpp"
 
 namespace fourway::tp {
@@ -63,15 +63,7 @@ float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSl
   if (n > 1) all_reduce_in_layer(tp, rest, 2 * rows, ReduceOp::sum);
   Tensor<float, B> losses = detail::workspace<float, B>(ctx, Shape{rows});
   Ops<B>::vocab_loss(ctx, losses.data(), maxes, rest, rest + rows, rows);
-  if (sink != nullptr) {
-    Ops<B>::sum_into(ctx, sink->sum, losses.data(), rows, sink->weight);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  std::vector<float> host(static_cast<std::size_t>(rows));
-  Ops<B>::to_host(ctx, host.data(), losses.data(), rows);
-  double sum = 0.0;
-  for (float v : host) sum += v;
-  return static_cast<float>(sum / static_cast<double>(rows));
+  return model_loss(ctx, losses.data(), rows, sink);
 }
 
 /// The backward of grad_scale × the mean loss: dh (rows, C) = this rank's partial sum of the
