@@ -49,11 +49,11 @@ constexpr double h100_attention_efficiency = 0.45;
 
 // The step time the paper's own figures imply: eq. (3), F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh))
 // FLOPs per iteration with recomputation, over the achieved teraFLOP/s times the GPUs. The
-// planner is told what §5 states — fp16 mixed precision, full activation recomputation, the
-// 2021 attention (separate score, softmax and dropout kernels), the scatter/gather of pipeline
-// sends (§4.1), gradients all-reduced after the backward (no overlap) — and assumes micro-batches
-// of one sequence on the 1F1B schedule. Every row within ±10% of the published step time, and
-// every mesh fits the 80 GB A100 the paper used.
+// planner is told what the paper states — 16-bit mixed precision (fp16 here; an A100's peak is
+// bf16's too), full activation recomputation, the 2021 attention (separate score, softmax and
+// dropout kernels), the scatter/gather of pipeline sends (§4.1), gradients all-reduced after the
+// backward (no overlap) — and assumes micro-batches of one sequence on the 1F1B schedule. Every row
+// within ±10% of the published step time, and every mesh fits the 80 GB A100 the paper used.
 TEST(PlanPublishedRuns, MegatronTable1StepTimeWithinTenPercent) {
   for (const MegatronRow& r : megatron_table1) {
     const fp::Architecture a =
@@ -147,8 +147,8 @@ TEST(PlanPublishedRuns, Llama3Table4MfuWithinFifteenPercent) {
 }
 
 // Jiang et al. 2024, "MegaScale: Scaling Large Language Model Training to More Than 10,000
-// GPUs", §6.1 Table 2: the 175B model (GPT-3's shape: 96 layers, 12,288 wide, 96 heads,
-// sequence 2,048) at a batch of 6,144 sequences on 12,288 A100s, 55.2% MFU. What §3 states:
+// GPUs", its strong-scaling evaluation of the 175B model (GPT-3's shape: 96 layers, 12,288 wide, 96
+// heads, sequence 2,048) at a batch of 6,144 sequences on 12,288 A100s, 55.2% MFU. What §3 states:
 // tensor parallelism's communication overlapped with its GEMMs, the data-parallel reduce-scatter
 // overlapped with backward, the interleaved 1F1B schedule, FlashAttention, sequence
 // parallelism; assumed: TP 8 × PP 8 (so dp 192, 32 micro-batches of one sequence), 4 chunks per
