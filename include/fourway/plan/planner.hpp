@@ -277,24 +277,30 @@ inline PipelineSplit pipeline_split(const Strategy& s) {
   return PipelineSplit{s.pp, s.schedule, s.micro_batches, s.virtual_stages};
 }
 
-/// Throws `ConfigError` unless context parallelism of degree `cp` can split the model's
-/// sequences: the ring's causal load balance cuts each into 2·cp chunks (rank r holds chunks r
-/// and 2cp − 1 − r, as Megatron-Core does); Ulysses gives each rank heads/(tp·cp) query heads
-/// and kv_heads/(tp·cp) key/value heads.
+/// Whether context parallelism of degree `cp` can split the model's sequences: the ring's causal
+/// load balance cuts each into 2·cp chunks (rank r holds chunks r and 2cp − 1 − r, as
+/// Megatron-Core does); Ulysses gives each rank heads/(tp·cp) query heads and kv_heads/(tp·cp)
+/// key/value heads.
+inline bool splits_sequences(const Architecture& a, int tp, int cp, ContextKind k) {
+  if (cp <= 1) return true;
+  return k == ContextKind::ring ? a.seq % (2 * static_cast<std::int64_t>(cp)) == 0
+                                : (a.heads / tp) % cp == 0 && (a.kv_heads / tp) % cp == 0;
+}
+
+/// `splits_sequences`, or a `ConfigError` naming the numbers and the fix.
 inline void check_context_parallel(const Architecture& a, int tp, int cp, ContextKind k) {
-  if (cp <= 1) return;
+  if (splits_sequences(a, tp, cp, k)) return;
   if (k == ContextKind::ring) {
-    detail::require(a.seq % (2 * static_cast<std::int64_t>(cp)) == 0, "fourway: ring context ",
-                    "parallelism ", cp, " cuts each sequence into 2 × ", cp, " = ", 2 * cp,
-                    " chunks (rank r holds chunks r and ", 2 * cp - 1,
-                    " − r, balancing the causal mask), but the sequence of ", a.seq,
-                    " tokens does not divide by ", 2 * cp, "; choose cp with 2·cp dividing ",
-                    a.seq);
+    detail::require(
+        false, "fourway: ring context ", "parallelism ", cp, " cuts each sequence into 2 × ", cp,
+        " = ", 2 * cp, " chunks (rank r holds chunks r and ", 2 * cp - 1,
+        " − r, balancing the causal mask), but the sequence of ", a.seq,
+        " tokens does not divide by ", 2 * cp, "; choose cp with 2·cp dividing ", a.seq);
   } else {
-    detail::require((a.heads / tp) % cp == 0 && (a.kv_heads / tp) % cp == 0,
-                    "fourway: Ulysses context parallelism ", cp, " hands each rank whole heads, ",
-                    "but tensor parallelism ", tp, " leaves ", a.heads / tp, " query and ",
-                    a.kv_heads / tp, " key/value heads per rank, which ", cp,
+    detail::require(false, "fourway: Ulysses context parallelism ", cp,
+                    " hands each rank whole heads, ", "but tensor parallelism ", tp, " leaves ",
+                    a.heads / tp, " query and ", a.kv_heads / tp,
+                    " key/value heads per rank, which ", cp,
                     " does not divide; use the ring (--cp-kind ring) or a cp dividing both");
   }
 }
@@ -719,14 +725,7 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
                    : cp > 1 && (!model.arch || o.footprint != Footprint::published)) {
         continue;  // fourway's own footprint has no context parallelism; --params no sequence
       }
-      if (model.arch && cp > 1) {
-        const Architecture& a = *model.arch;
-        if (space.cp_kind == ContextKind::ring
-                ? a.seq % (2 * static_cast<std::int64_t>(cp)) != 0
-                : (a.heads / tp) % cp != 0 || (a.kv_heads / tp) % cp != 0) {
-          continue;
-        }
-      }
+      if (model.arch && !splits_sequences(*model.arch, tp, cp, space.cp_kind)) continue;
       for (int pp : divisors(cluster.gpus / (tp * cp))) {
         if (space.pp && *space.pp != pp) continue;
         if (!model.arch && !space.pp && pp > 1) continue;

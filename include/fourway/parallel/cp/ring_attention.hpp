@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "fourway/backend/host/backend.hpp"
+#include "fourway/backend/host/blockwise_attention.hpp"
 #include "fourway/backend/host/flash_attention.hpp"
 #include "fourway/backend/host/gemm.hpp"
 #include "fourway/backend/host/math.hpp"
@@ -185,14 +186,6 @@ struct Masked {
   }
 };
 
-struct RingScratch {
-  std::vector<float> q, k, v, dout, s, dp;
-};
-inline RingScratch& ring_scratch() {
-  thread_local RingScratch s;
-  return s;
-}
-
 /// Tags of the ring's messages: key/value blocks forward, blocks and their gradients backward.
 inline constexpr int forward_tag = 1 << 21;
 inline constexpr int backward_tag = (1 << 21) + 1;
@@ -211,7 +204,7 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
   const auto [T, hs, scale, c] = call.shape;
   Tensor<E, Host>& held = call.held;
   Tensor<E, Host>& next = call.next;
-  auto& sc = detail::ring_scratch();
+  auto& sc = host::detail::flash_scratch();  // the flash kernels' per-thread buffers
   float* q = host::detail::sized(sc.q, T * hs);
   float* k = host::detail::sized(sc.k, T * hs);
   float* v = host::detail::sized(sc.v, T * hs);
@@ -294,7 +287,7 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
   Tensor<float, Host> grad(Shape{B, T, 2 * C}, MemTag::comm_buffers, ctx.memory());
   Tensor<float, Host> grad_next(Shape{B, T, 2 * C}, MemTag::comm_buffers, ctx.memory());
   std::fill(grad.data(), grad.data() + grad.numel(), 0.0f);
-  auto& sc = detail::ring_scratch();
+  auto& sc = host::detail::flash_scratch();  // the flash kernels' per-thread buffers
   float* q = host::detail::sized(sc.q, T * hs);
   float* k = host::detail::sized(sc.k, T * hs);
   float* v = host::detail::sized(sc.v, T * hs);
@@ -304,18 +297,7 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
   std::vector<float> dk(static_cast<std::size_t>(T * hs)), dv(static_cast<std::size_t>(T * hs));
   std::vector<float> dq(static_cast<std::size_t>(B * T * C), 0.0f);
   std::vector<float> delta(static_cast<std::size_t>(B * NH * T));
-  for (std::int64_t b = 0; b < B; ++b) {  // D = rowsum(dO ∘ O)
-    for (std::int64_t i = 0; i < T; ++i) {
-      for (std::int64_t h = 0; h < NH; ++h) {
-        float sum = 0.0f;
-        for (std::int64_t d = 0; d < hs; ++d) {
-          const std::int64_t x = (b * T + i) * C + h * hs + d;
-          sum += convert<float>(dout[x]) * convert<float>(out[x]);
-        }
-        delta[static_cast<std::size_t>((b * NH + h) * T + i)] = sum;
-      }
-    }
-  }
+  host::detail::HostBlockKernels::row_delta(ctx, delta.data(), dout, out, B, T, C, NH);
   for (int step = 0; step < c; ++step) {
     const BalancedSplit keys = split.of((split.rank - step + c) % c);
     const detail::Masked mask{&split, &keys};
