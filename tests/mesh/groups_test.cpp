@@ -69,6 +69,27 @@ TEST(MeshGroups, NamesCarryTheSharedCoordinatesAndCountingSeesThem) {
   });
 }
 
+// A context-parallel axis is named in groups where its degree is above 1, and create_all makes
+// every one of the 15 sets' groups; cp + dp is the group a context rank reduces gradients over.
+TEST(MeshGroups, ContextGroupsAreNamedAndMadeWhenTheMeshHasThem) {
+  using M = fw::Mesh<fw::ContextParallel<2>, fw::DataParallel>;
+  const M mesh(4);
+  fw::launch<fw::LocalWorld>(4, [&](fw::World<fw::LocalWorld>& w) {
+    fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
+    const auto c = mesh.coord_of(w.rank());
+    EXPECT_EQ(groups.cp().name(), "cp[tp=0,pp=0,dp=" + std::to_string(c.dp) + "]");
+    EXPECT_EQ(groups.cp().size(), 2);
+    EXPECT_EQ(groups.cp().rank(), c.cp);
+    auto& replicas = groups.group({Axis::cp, Axis::dp});
+    EXPECT_EQ(replicas.name(), "cp+dp[tp=0,pp=0]");
+    EXPECT_EQ(replicas.size(), 4);
+    EXPECT_EQ(replicas.rank(), c.cp + 2 * c.dp);
+    fw::MeshGroups<fw::LocalComm> eager(mesh, w.comm());
+    eager.create_all();
+    EXPECT_EQ(eager.splits(), 15);
+  });
+}
+
 // Lazily created groups: only those asked for exist, each split once however often it is asked
 // for, and each holds the same ranks, ranked the same, as the eager path (`create_all`) makes.
 TEST(MeshGroups, CreatedOnFirstUseOnceEachAndLikeTheEagerOnes) {
@@ -87,14 +108,17 @@ TEST(MeshGroups, CreatedOnFirstUseOnceEachAndLikeTheEagerOnes) {
     EXPECT_EQ(&lazy.group({Axis::dp, Axis::pp}), &pp_dp);
     EXPECT_EQ(splits(), 2u);
     EXPECT_EQ(lazy.splits(), 2);
-    for (std::uint8_t bits = 1; bits <= 7; ++bits) {
+    for (std::uint8_t bits = 1; bits <= fw::AxisSet::nonempty_count; ++bits) {
       const auto axes = fw::AxisSet::from_bits(bits);
-      EXPECT_EQ(lazy.created(axes), bits == 1 || bits == 6) << lazy.group_name(axes);
+      EXPECT_EQ(lazy.created(axes),
+                axes == fw::AxisSet(Axis::tp) || axes == fw::AxisSet(Axis::pp, Axis::dp))
+          << lazy.group_name(axes);
     }
 
     fw::MeshGroups<fw::Counting<fw::LocalComm>> eager(mesh, world);
     eager.create_all();
-    EXPECT_EQ(eager.splits(), 7);
+    EXPECT_EQ(eager.splits(),
+              7);  // the sets of tp, pp, dp; those with cp (degree 1) only on asking
     EXPECT_EQ(splits(), 9u);
     const std::int32_t me = w.rank();
     for (auto axes : {fw::AxisSet(Axis::tp), fw::AxisSet(Axis::pp, Axis::dp)}) {

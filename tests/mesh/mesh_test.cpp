@@ -15,8 +15,8 @@ using Full = fw::Mesh<fw::TensorParallel<2>, fw::Pipeline<2, 4>, fw::Sharded<3>>
 constexpr Full full(8);
 // The rank <-> coordinate map is usable at compile time.
 static_assert(full.tp() == 2 && full.pp() == 2 && full.dp() == 2);
-static_assert(full.rank_of(fw::Coord{1, 0, 1}) == 5);
-static_assert(full.coord_of(6) == fw::Coord{0, 1, 1});
+static_assert(full.rank_of(fw::Coord{.tp = 1, .pp = 0, .dp = 1}) == 5);
+static_assert(full.coord_of(6) == fw::Coord{.tp = 0, .pp = 1, .dp = 1});
 static_assert(full.group_index(5, Axis::tp) == 2 && full.group_rank(5, Axis::tp) == 1);
 static_assert(Full::has_axis<Axis::pp> && Full::policy_on<Axis::dp>::stage == 3);
 static_assert(!fw::Mesh<fw::DataParallel>::has_axis<Axis::tp>);
@@ -43,18 +43,20 @@ void check_properties(const M& m) {
   for (int r = 0; r < n; ++r) {
     const auto c = m.coord_of(r);
     ASSERT_EQ(m.rank_of(c), r) << where;
-    ASSERT_TRUE(c.tp >= 0 && c.tp < m.tp() && c.pp >= 0 && c.pp < m.pp() && c.dp >= 0 &&
-                c.dp < m.dp());
+    ASSERT_TRUE(c.tp >= 0 && c.tp < m.tp() && c.cp >= 0 && c.cp < m.cp() && c.pp >= 0 &&
+                c.pp < m.pp() && c.dp >= 0 && c.dp < m.dp());
   }
   for (int tp = 0; tp < m.tp(); ++tp) {
-    for (int pp = 0; pp < m.pp(); ++pp) {
-      for (int dp = 0; dp < m.dp(); ++dp) {
-        const fw::Coord c{tp, pp, dp};
-        ASSERT_EQ(m.coord_of(m.rank_of(c)), c) << where;  // coordinate(rank(c)) == c
+    for (int cp = 0; cp < m.cp(); ++cp) {
+      for (int pp = 0; pp < m.pp(); ++pp) {
+        for (int dp = 0; dp < m.dp(); ++dp) {
+          const fw::Coord c{.tp = tp, .cp = cp, .pp = pp, .dp = dp};
+          ASSERT_EQ(m.coord_of(m.rank_of(c)), c) << where;  // coordinate(rank(c)) == c
+        }
       }
     }
   }
-  for (std::uint8_t bits = 1; bits <= 7; ++bits) {
+  for (std::uint8_t bits = 1; bits <= fw::AxisSet::nonempty_count; ++bits) {
     const auto axes = fw::AxisSet::from_bits(bits);
     const int gsize = m.group_size(axes);
     ASSERT_EQ(n % gsize, 0);
@@ -71,7 +73,7 @@ void check_properties(const M& m) {
       // members of a group agree on every coordinate outside the set
       const auto c0 = m.coord_of(m.group_member(g, 0, axes));
       const auto c = m.coord_of(r);
-      for (Axis a : {Axis::tp, Axis::pp, Axis::dp}) {
+      for (Axis a : fw::all_axes) {
         if (!axes.contains(a)) {
           ASSERT_EQ(c[a], c0[a]) << where;
         }
@@ -80,8 +82,8 @@ void check_properties(const M& m) {
   }
   // groups over orthogonal (disjoint) axis sets meet in exactly one rank when they share the
   // remaining coordinates, and in none otherwise
-  for (std::uint8_t a = 1; a <= 7; ++a) {
-    for (std::uint8_t b = 1; b <= 7; ++b) {
+  for (std::uint8_t a = 1; a <= fw::AxisSet::nonempty_count; ++a) {
+    for (std::uint8_t b = 1; b <= fw::AxisSet::nonempty_count; ++b) {
       if (a & b) continue;
       const auto A = fw::AxisSet::from_bits(a), B = fw::AxisSet::from_bits(b);
       for (int x = 0; x < n; ++x) {
@@ -94,7 +96,7 @@ void check_properties(const M& m) {
           }
           const auto cx = m.coord_of(x), cy = m.coord_of(y);
           bool share = true;
-          for (Axis ax : {Axis::tp, Axis::pp, Axis::dp}) {
+          for (Axis ax : fw::all_axes) {
             if (!A.contains(ax) && !B.contains(ax)) share = share && cx[ax] == cy[ax];
           }
           ASSERT_EQ(meet, share ? 1 : 0) << where << " sets " << int(a) << "," << int(b);
@@ -117,6 +119,12 @@ TEST(Mesh, PropertiesHoldForManyGeneratedMeshes) {
       }
     }
   }
+  using WithCp = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::ContextParallel<fw::dynamic>,
+                          fw::Pipeline<fw::dynamic, 4>, fw::Sharded<3>>;
+  for (int cp = 2; cp <= 3; ++cp) {
+    check_properties(WithCp(2 * cp * 2 * 1, {.tp = 2, .cp = cp, .pp = 2}));
+    check_properties(WithCp(cp * 2, {.tp = 1, .cp = cp, .pp = 1}));
+  }
   check_properties(fw::Mesh<fw::Sharded<2>>(7));
   check_properties(fw::Mesh<fw::TensorParallel<3>>(3));
   check_properties(fw::Mesh<>(1));
@@ -132,6 +140,33 @@ TEST(Mesh, LayoutIsTensorParallelInnermost) {
   EXPECT_EQ(m.group_member(1, 1, fw::AxisSet(Axis::tp, Axis::dp)), 3);  // pp=1 slice: 2,3,6,7
   EXPECT_EQ(m.group_member(1, 2, fw::AxisSet(Axis::tp, Axis::dp)), 6);
   EXPECT_EQ(m.describe(), "tp=2 pp=2 dp=2 (8 ranks)");
+}
+
+TEST(Mesh, ContextAxisSitsBetweenTensorAndPipeline) {
+  // the planner's order [tp, cp, pp, dp]: rank = tp + 2 * (cp + 2 * (pp + 2 * dp))
+  using M =
+      fw::Mesh<fw::TensorParallel<2>, fw::ContextParallel<2>, fw::Pipeline<2, 2>, fw::Sharded<3>>;
+  const M m(16);
+  EXPECT_EQ(m.cp(), 2);
+  EXPECT_EQ(m.dp(), 2);
+  EXPECT_EQ(m.rank_of(fw::Coord{.tp = 1, .cp = 1, .pp = 0, .dp = 0}), 3);
+  EXPECT_EQ(m.rank_of(fw::Coord{.tp = 0, .cp = 0, .pp = 1, .dp = 0}), 4);
+  EXPECT_EQ(m.group_member(0, 1, Axis::cp), 2);
+  // the ranks a context rank reduces gradients with: cp × dp, cp fastest
+  EXPECT_EQ(m.group_member(0, 1, fw::AxisSet(Axis::cp, Axis::dp)), 2);
+  EXPECT_EQ(m.group_member(0, 2, fw::AxisSet(Axis::cp, Axis::dp)), 8);
+  EXPECT_EQ(m.describe(), "tp=2 cp=2 pp=2 dp=2 (16 ranks)");
+  EXPECT_EQ(m.position(3), "tp 1/2, cp 1/2, pp 0/2, dp 0/2");
+  // a mesh without context parallelism reads as it always did; cp 1 is named only when given
+  EXPECT_EQ(fw::Mesh<fw::ContextParallel<fw::dynamic>>(4, {.cp = 4}).describe(),
+            "tp=1 cp=4 pp=1 dp=1 (4 ranks)");
+  const auto e = config_error<M>(12);
+  EXPECT_TRUE(contains(e, "world size 12 does not divide by tp 2 x cp 2 x pp 2 = 8")) << e;
+  EXPECT_TRUE(
+      contains(config_error<fw::Mesh<fw::ContextParallel<fw::dynamic>, fw::DataParallel>>(4),
+               "ContextParallel<fw::dynamic> needs its degree at run time"));
+  EXPECT_TRUE(contains(config_error<fw::Mesh<fw::DataParallel>>(4, {.cp = 2}),
+                       "MeshDegrees.cp = 2 but the Mesh has no ContextParallel axis"));
 }
 
 TEST(Mesh, PositionListsEveryAxisInnermostFirst) {

@@ -1,10 +1,11 @@
 // The equivalence matrix: `MeshStrategy<Mesh<...>>` (train/mesh_strategy.hpp) on LocalWorlds of
-// 3 to 8 ranks against the one-rank run of the same GPT on the same data, 20 steps in fp32:
+// 2 to 8 ranks against the one-rank run of the same GPT on the same data, 20 steps in fp32:
 // every loss, the validation loss of a held-out batch after every step (`Trainer::evaluate`,
 // forward only: a pipeline runs its forward-only table) and every unsplit parameter (gathered
 // from the mesh) within 1e-5 relative. Data
 // parallel, ZeRO 1-3, tensor parallel, pipelines (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) and
-// their compositions up to tp2·pp2·dp2 at every ZeRO stage, odd worlds, checkpointing, sequence
+// their compositions up to tp2·pp2·dp2 at every ZeRO stage, context parallelism (cp2, cp4,
+// cp·dp under ZeRO, tp·cp) on longer sequences, odd worlds, checkpointing, sequence
 // parallelism, and bf16 within its documented bound.
 #include <gtest/gtest.h>
 
@@ -40,6 +41,7 @@ constexpr double kBf16LossTol = 1e-3;  // as pipeline_test.cpp and sharded_test.
 
 struct Case {
   int tp = 1;
+  int cp = 1;
   int pp = 1;
   int dp = 1;
   int zero = 0;
@@ -49,9 +51,12 @@ struct Case {
   bool checkpoint = false;
   bool sequence_parallel = false;
   bool realistic = false;  // realistic_gpt() on realistic_batch() instead of the toy model
-  [[nodiscard]] int ranks() const { return tp * pp * dp; }
+  [[nodiscard]] int ranks() const { return tp * cp * pp * dp; }
+  /// Context parallelism needs sequences that cut into 2·cp chunks: long_gpt() and long_batch().
+  [[nodiscard]] bool long_sequences() const { return cp > 1; }
   [[nodiscard]] std::string name() const {
-    std::string s = fw::detail::cat("tp", tp, "·pp", pp, "·dp", dp, " zero", zero);
+    std::string s = fw::detail::cat("tp", tp, cp > 1 ? fw::detail::cat("·cp", cp) : "", "·pp", pp,
+                                    "·dp", dp, " zero", zero);
     if (pp > 1)
       s += fw::detail::cat(" ", fw::schedule::kind_name(schedule), " m=", micro_batches,
                            virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "");
@@ -85,15 +90,42 @@ fw::TokenBatch realistic_batch(int step) {
   return fw::TokenBatch::from_rows(rows, kRealBatch, kRealSeq);
 }
 
-fw::models::GptConfig config_of(bool checkpoint, bool realistic) {
-  return realistic ? realistic_gpt() : harness::mesh_gpt(checkpoint);
+/// The matrix's toy model at sequences of 16 tokens (context parallelism cuts a sequence into
+/// 2·cp chunks: 8 of 2 tokens at cp 4), 8 of them per step.
+constexpr std::int64_t kLongSeq = 16;
+constexpr std::int64_t kLongBatch = 8;
+fw::models::GptConfig long_gpt(bool checkpoint) {
+  fw::models::GptConfig c = harness::mesh_gpt(checkpoint);
+  c.max_seq = kLongSeq;
+  return c;
 }
-fw::TokenBatch batch_of(int step, bool realistic) {
-  return realistic ? realistic_batch(step) : harness::batch(step);
+fw::TokenBatch long_batch(int step) {
+  std::mt19937 rng(3000u + static_cast<unsigned>(step));
+  std::uniform_int_distribution<int> tok(0, harness::mesh_gpt().vocab - 1);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(kLongBatch * (kLongSeq + 1)));
+  for (auto& t : rows) t = tok(rng);
+  return fw::TokenBatch::from_rows(rows, kLongBatch, kLongSeq);
+}
+
+/// Which model and batches a case runs: the toy model, the realistic one, or the toy one at
+/// long sequences.
+enum class Data { toy, realistic, long_sequences };
+
+fw::models::GptConfig config_of(bool checkpoint, Data shape) {
+  if (shape == Data::realistic) return realistic_gpt();
+  return shape == Data::long_sequences ? long_gpt(checkpoint) : harness::mesh_gpt(checkpoint);
+}
+fw::TokenBatch batch_of(int step, Data shape) {
+  if (shape == Data::realistic) return realistic_batch(step);
+  return shape == Data::long_sequences ? long_batch(step) : harness::batch(step);
+}
+Data data_of(const Case& c) {
+  if (c.realistic) return Data::realistic;
+  return c.long_sequences() ? Data::long_sequences : Data::toy;
 }
 
 /// The held-out batch every run evaluates after each step (`Trainer::evaluate`, forward only).
-fw::TokenBatch validation_batch(bool realistic) { return batch_of(997, realistic); }
+fw::TokenBatch validation_batch(Data shape) { return batch_of(997, shape); }
 
 struct Result {
   std::vector<float> losses;                         // rank 0's
@@ -102,18 +134,18 @@ struct Result {
 };
 
 template <class T>
-Result run_one_rank(bool checkpoint, int micro_batches, int steps, bool realistic = false) {
+Result run_one_rank(bool checkpoint, int micro_batches, int steps, Data data = Data::toy) {
   fw::MemoryAccountant mem(0);
   fw::Context<fw::Host> ctx(mem);
-  fw::models::Gpt<T, fw::Host> model(ctx, config_of(checkpoint, realistic), harness::kSeed);
+  fw::models::Gpt<T, fw::Host> model(ctx, config_of(checkpoint, data), harness::kSeed);
   fw::TrainerOptions opts;
   opts.micro_batches = micro_batches;
   fw::Trainer<fw::SingleRank<fw::models::Gpt<T, fw::Host>, fw::Precision<T>, fw::Host>> t(
       opts, ctx, model, harness::adamw(kLr));
   Result r;
-  const fw::TokenBatch val = validation_batch(realistic);
+  const fw::TokenBatch val = validation_batch(data);
   for (int s = 0; s < steps; ++s) {
-    r.losses.push_back(t.step(batch_of(s, realistic).view()));
+    r.losses.push_back(t.step(batch_of(s, data).view()));
     r.evals.push_back(t.evaluate(val.view()));
   }
   model.visit_parameters([&](fw::Parameter<T, fw::Host>& p) {
@@ -135,7 +167,7 @@ Result run_mesh(const Case& c, int steps) {
   fw::launch<fw::LocalWorld>(
       c.ranks(),
       [&](fw::World<fw::LocalWorld>& w) {
-        const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+        const MeshT mesh(w.size(), {.tp = c.tp, .cp = c.cp, .pp = c.pp});
         fw::MeshGroups<Comm> groups(mesh, w.comm());
         fw::MeshOptions mo;
         mo.pipeline.schedule = c.schedule;
@@ -145,12 +177,12 @@ Result run_mesh(const Case& c, int steps) {
         mo.sharded.bucket_bytes = 512;  // several buckets
         fw::TrainerOptions to;
         to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
-        fw::Trainer<S> t(to, w.ctx(), mesh, groups, config_of(c.checkpoint, c.realistic),
+        fw::Trainer<S> t(to, w.ctx(), mesh, groups, config_of(c.checkpoint, data_of(c)),
                          harness::kSeed, mo, harness::adamw(kLr));
         std::vector<float> losses, evals;
-        const fw::TokenBatch val = validation_batch(c.realistic);
+        const fw::TokenBatch val = validation_batch(data_of(c));
         for (int s = 0; s < steps; ++s) {
-          losses.push_back(t.step(batch_of(s, c.realistic).view()));
+          losses.push_back(t.step(batch_of(s, data_of(c)).view()));
           evals.push_back(t.evaluate(val.view()));
         }
         const auto full = t.strategy().full_parameters();
@@ -172,6 +204,10 @@ Result run_mesh(const Case& c, int steps) {
 /// The mesh type for the case: which axes are there decides the strategy; degrees are dynamic.
 template <class T, int Z>
 Result run_case_zero(const Case& c, int steps) {
+  if (c.cp > 1) {
+    if (c.tp > 1) return run_mesh<fw::dynamic_mesh_t<true, false, Z, true>, T>(c, steps);
+    return run_mesh<fw::dynamic_mesh_t<false, false, Z, true>, T>(c, steps);
+  }
   if (c.tp > 1 && c.pp > 1) return run_mesh<fw::dynamic_mesh_t<true, true, Z>, T>(c, steps);
   if (c.tp > 1) return run_mesh<fw::dynamic_mesh_t<true, false, Z>, T>(c, steps);
   if (c.pp > 1) return run_mesh<fw::dynamic_mesh_t<false, true, Z>, T>(c, steps);
@@ -223,12 +259,12 @@ void expect_close(const Result& got, const Result& ref, double tol, const std::s
 /// The one-rank reference for a case: the same micro-batching of the global batch (dp x m pieces),
 /// cached per (checkpointing, pieces).
 const Result& reference(const Case& c) {
-  static std::map<std::tuple<bool, int, bool>, Result> refs;
+  static std::map<std::tuple<bool, int, Data>, Result> refs;
   const int pieces = c.dp * (c.pp > 1 ? c.micro_batches : 1);
-  const auto key = std::make_tuple(c.checkpoint, pieces, c.realistic);
+  const auto key = std::make_tuple(c.checkpoint, pieces, data_of(c));
   if (!refs.contains(key))
     refs[key] =
-        run_one_rank<float>(c.checkpoint, pieces, c.realistic ? kRealSteps : kSteps, c.realistic);
+        run_one_rank<float>(c.checkpoint, pieces, c.realistic ? kRealSteps : kSteps, data_of(c));
   return refs.at(key);
 }
 
@@ -246,7 +282,7 @@ double realistic_parameter_bound(const Case& c) {
   static std::map<int, double> floors;
   if (!floors.contains(pieces)) {
     const Result& ref = reference(c);
-    const Result alt = run_one_rank<float>(c.checkpoint, other, kRealSteps, true);
+    const Result alt = run_one_rank<float>(c.checkpoint, other, kRealSteps, Data::realistic);
     double floor = 0;
     for (const auto& [name, want] : ref.params) {
       floor = std::max(floor, harness::rel_err(harness::comparable(name, alt.params.at(name)),
@@ -261,8 +297,11 @@ double realistic_parameter_bound(const Case& c) {
 
 void expect_matrix(const std::vector<Case>& cases) {
   for (const Case& c : cases) {
-    ASSERT_EQ(
-        (c.realistic ? kRealBatch : harness::kBatch) % (c.dp * (c.pp > 1 ? c.micro_batches : 1)), 0)
+    ASSERT_EQ((c.realistic          ? kRealBatch
+               : c.long_sequences() ? kLongBatch
+                                    : harness::kBatch) %
+                  (c.dp * (c.pp > 1 ? c.micro_batches : 1)),
+              0)
         << c.name();
     expect_close(run_case<float>(c, c.realistic ? kRealSteps : kSteps), reference(c), kFp32Tol,
                  c.name(), c.realistic ? realistic_parameter_bound(c) : kFp32Tol);
@@ -293,6 +332,11 @@ Case sequence_parallel(Case c) {
   return c;
 }
 
+Case context(Case c, int cp) {
+  c.cp = cp;
+  return c;
+}
+
 // ---- eight ranks ------------------------------------------------------------------------------
 
 TEST(MeshMatrix, DataParallelAndZeroOnEight) {
@@ -302,6 +346,17 @@ TEST(MeshMatrix, DataParallelAndZeroOnEight) {
 
 TEST(MeshMatrix, TensorParallelOnEight) {
   expect_matrix({mesh(2, 1, 4, 0), sequence_parallel(mesh(4, 1, 2, 1)), mesh(8, 1, 1, 0)});
+}
+
+// Context parallelism (issue 48): sequences of 16 split over 2 or 4 ranks, attention around the
+// ring, gradients reduced (and ZeRO's shards held) over cp × dp; against the one-rank run of the
+// same model on the same long sequences.
+TEST(MeshMatrix, ContextParallel) {
+  expect_matrix({context(mesh(1, 1, 1), 2), context(mesh(1, 1, 1), 4), context(mesh(1, 1, 2, 3), 2),
+                 checkpointed(context(mesh(1, 1, 2, 1), 4))});
+}
+TEST(MeshMatrix, ContextAndTensorParallel) {
+  expect_matrix({context(mesh(2, 1, 1), 2), sequence_parallel(context(mesh(2, 1, 2, 2), 2))});
 }
 
 TEST(MeshMatrix, PipelinesOnEight) {

@@ -14,19 +14,47 @@
 
 #include "fourway/layers/kv_cache.hpp"
 #include "fourway/layers/linear.hpp"
+#include "fourway/layers/sequence_shard.hpp"
 
 namespace fourway {
 
 /// The causal attention core of q|k|v (Bn, Tn, 3·width) over `heads` heads: its output `y`
 /// (Bn, Tn, width) and each query row's fp32 log-sum-exp `lse` (Bn, heads, Tn), allocated as
-/// activations — in forward, and again in backward under selective recomputation.
+/// activations — in forward, and again in backward under selective recomputation. With a
+/// `shard` (context parallelism) the rows are this rank's part of each sequence and the shard's
+/// attention (a ring over its ranks) replaces the local kernel.
 template <floating_dtype T, backend B>
 void attention_core(const Context<B>& ctx, const Tensor<T, B>& qkv, std::int64_t Bn,
                     std::int64_t Tn, std::int64_t width, std::int64_t heads, Tensor<float, B>& lse,
-                    Tensor<T, B>& y) {
+                    Tensor<T, B>& y, SequenceShard<T, B>* shard = nullptr) {
   lse = detail::activation<float, B>(ctx, Shape{Bn, heads, Tn});
   y = detail::activation<T, B>(ctx, Shape{Bn, Tn, width});
-  Ops<B>::flash_attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
+  if (shard != nullptr && shard->ranks() > 1) {
+    shard->attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
+  } else {
+    Ops<B>::flash_attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
+  }
+}
+
+/// The backward of `attention_core`: dqkv (Bn, Tn, 3·width), a workspace, from the heads'
+/// gradient `dy` and the forward's qkv, y and lse (the shard's ring when it has one).
+template <floating_dtype T, backend B>
+Tensor<T, B> attention_core_backward(const Context<B>& ctx, const Tensor<T, B>& dy,
+                                     const Tensor<T, B>& qkv, const Tensor<T, B>& y,
+                                     const Tensor<float, B>& lse, std::int64_t width,
+                                     std::int64_t heads, SequenceShard<T, B>* shard = nullptr) {
+  const std::int64_t Bn = lse.shape()[0];
+  const std::int64_t Tn = lse.shape()[2];
+  Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, Tn, 3 * width});
+  if (shard != nullptr && shard->ranks() > 1) {
+    shard->attention_backward(ctx, dqkv.data(), dy.data(), qkv.data(), y.data(), lse.data(), Bn, Tn,
+                              width, heads);
+  } else {
+    Tensor<float, B> delta = detail::workspace<float, B>(ctx, lse.shape());
+    Ops<B>::flash_attention_backward(ctx, dqkv.data(), delta.data(), dy.data(), qkv.data(),
+                                     y.data(), lse.data(), Bn, Tn, width, heads);
+  }
+  return dqkv;
 }
 
 template <floating_dtype T, backend B>
@@ -60,7 +88,7 @@ class CausalSelfAttention {
     const std::int64_t Bn = x.shape()[0];
     const std::int64_t Tn = x.shape()[1];
     Tensor<T, B> qkv = c_attn_.forward(ctx, x, s.c_attn);
-    attention_core(ctx, qkv, Bn, Tn, C_, NH_, s.lse, s.y);
+    attention_core(ctx, qkv, Bn, Tn, C_, NH_, s.lse, s.y, shard_);
     return c_proj_.forward(ctx, s.y, s.c_proj);
   }
 
@@ -90,16 +118,9 @@ class CausalSelfAttention {
     check<ShapeError>(s.lse.shape().rank() == 3 && dy.numel() == s.y.numel(),
                       "fourway: ", "attention backward without a matching forward: dy ",
                       dy.shape().str());
-    const std::int64_t Bn = s.lse.shape()[0];
-    const std::int64_t Tn = s.lse.shape()[2];
     Tensor<T, B> dheads = c_proj_.backward(ctx, dy, s.c_proj);
-    Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, Tn, 3 * C_});
-    {
-      Tensor<float, B> delta = detail::workspace<float, B>(ctx, s.lse.shape());
-      Ops<B>::flash_attention_backward(ctx, dqkv.data(), delta.data(), dheads.data(),
-                                       s.c_attn.y.data(), s.y.data(), s.lse.data(), Bn, Tn, C_,
-                                       NH_);
-    }
+    Tensor<T, B> dqkv =
+        attention_core_backward(ctx, dheads, s.c_attn.y, s.y, s.lse, C_, NH_, shard_);
     dheads.reset();
     Tensor<T, B> dx = c_attn_.backward(ctx, dqkv, s.c_attn);
     s = Stash{};
@@ -114,13 +135,16 @@ class CausalSelfAttention {
 
   [[nodiscard]] std::int64_t features() const { return C_; }
   [[nodiscard]] std::int64_t heads() const { return NH_; }
+  /// Context parallelism: this layer's rows are the shard's part of each sequence and its
+  /// attention is the shard's (null: whole sequences, the local kernel). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) { shard_ = shard; }
   Linear<T, B>& c_attn() { return c_attn_; }
   Linear<T, B>& c_proj() { return c_proj_; }
 
   void recompute(const Context<B>& ctx, Stash& s) const {
     if (!s.y.empty() || s.c_attn.y.shape().rank() != 3) return;
     attention_core(ctx, s.c_attn.y, s.c_attn.y.shape()[0], s.c_attn.y.shape()[1], C_, NH_, s.lse,
-                   s.y);
+                   s.y, shard_);
     s.c_proj.x = s.y.view();
   }
 
@@ -129,6 +153,7 @@ class CausalSelfAttention {
   std::int64_t NH_;
   Linear<T, B> c_attn_;
   Linear<T, B> c_proj_;
+  SequenceShard<T, B>* shard_ = nullptr;
 };
 
 static_assert(layer<CausalSelfAttention<float, Host>>);

@@ -12,11 +12,16 @@
 //! and turned into a ShapeError naming the first bad id and its position. A caller that checked
 //! the ids on the host (the Trainer, through `LossSink::tokens_checked`) sets
 //! `Stash::tokens_checked`, and the backward skips that read, a synchronising call.
+//!
+//! Under context parallelism (a bound `SequenceShard`) row t of the input is not position t: the
+//! forward gathers the wpe rows of the rows' positions into a (T, C) workspace and adds those;
+//! the backward adds the position gradients into those rows of wpe's gradient.
 #pragma once
 
 #include <cstdint>
 
 #include "fourway/layers/layer.hpp"
+#include "fourway/layers/sequence_shard.hpp"
 
 namespace fourway {
 
@@ -55,26 +60,28 @@ class Embedding {
                       "got ", tokens.shape().str());
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
-    check<ConfigError>(Tn <= max_seq_, "fourway: sequence length T=", Tn,
+    const std::int64_t seq = splits_sequences(shard_) ? Tn * shard_->ranks() : Tn;
+    check<ConfigError>(seq <= max_seq_, "fourway: sequence length T=", seq,
                        " exceeds max_seq=", max_seq_,
-                       "; shorten the sequences or build the model with max_seq >= ", Tn);
+                       "; shorten the sequences or build the model with max_seq >= ", seq);
     s.tokens = tokens.view();
     s.y = detail::activation<T, B>(ctx, Shape{Bn, Tn, C_});
+    Tensor<T, B> wpe_rows;  // a sequence shard: (T, C), wpe at the rows' positions
+    const T* wpe = position_rows(ctx, shard_, wpe_.bound_weight().data(), Tn, C_, wpe_rows);
     if constexpr (!B::on_device) {
       for (std::int64_t i = 0; i < tokens.numel(); ++i) {
         check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
                           " at position ", i, " is outside the vocabulary [0, ", V_, ")");
       }
-      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(),
-                                wpe_.bound_weight().data(), Bn, Tn, C_);
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(), wpe, Bn,
+                                Tn, C_);
     } else {
       if (first_bad_.empty()) {
         first_bad_ = Tensor<std::int64_t, B>(Shape{1}, MemTag::workspace, ctx.memory());
         Ops<B>::fill(ctx, first_bad_.data(), 1, TokenGuard::none);
       }
-      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(),
-                                wpe_.bound_weight().data(), Bn, Tn, C_,
-                                TokenGuard{V_, first_bad_.data()});
+      Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(), wpe, Bn,
+                                Tn, C_, TokenGuard{V_, first_bad_.data()});
     }
     return s.y.view();
   }
@@ -104,8 +111,12 @@ class Embedding {
                       "a matching forward: dy ", dy.shape().str(), ", tokens ",
                       s.tokens.shape().str());
     if (!s.tokens_checked) check_tokens(ctx, s);
-    Ops<B>::embedding_backward(ctx, wte_.bound_grad().data(), wpe_.bound_grad().data(), dy.data(),
-                               s.tokens.data(), s.tokens.shape()[0], s.tokens.shape()[1], C_);
+    const std::int64_t Tn = s.tokens.shape()[1];
+    Tensor<T, B> dwpe_rows;  // a sequence shard: the rows' position gradients
+    T* dwpe = position_grad_rows(ctx, shard_, wpe_.bound_grad().data(), Tn, C_, dwpe_rows);
+    Ops<B>::embedding_backward(ctx, wte_.bound_grad().data(), dwpe, dy.data(), s.tokens.data(),
+                               s.tokens.shape()[0], Tn, C_);
+    add_position_grads(ctx, shard_, wpe_.bound_grad().data(), dwpe_rows, Tn, C_);
     s = Stash{};
     return Tensor<T, B>{};
   }
@@ -121,6 +132,9 @@ class Embedding {
   [[nodiscard]] std::int64_t features() const { return C_; }
   Parameter<T, B>& wte() { return wte_; }
   Parameter<T, B>& wpe() { return wpe_; }
+  /// Context parallelism: the input's rows are the shard's positions of each sequence (null:
+  /// row t is position t). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) { shard_ = shard; }
 
  private:
   std::int64_t V_;
@@ -128,6 +142,7 @@ class Embedding {
   std::int64_t C_;
   Parameter<T, B> wte_;  // (V, C)
   Parameter<T, B> wpe_;  // (max_seq, C)
+  SequenceShard<T, B>* shard_ = nullptr;
   // device backends: (1) the TokenGuard flag; written by the (const) forward's kernel
   mutable Tensor<std::int64_t, B> first_bad_;
 };

@@ -367,6 +367,12 @@ class Gpt {
   }
 
   Embedding<T, B>& embedding() { return embedding_; }
+  /// Context parallelism: the token rows are the shard's part of each sequence; the position
+  /// embedding and every block's attention follow it (null: whole sequences). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) {
+    embedding_.bind_sequence_shard(shard);
+    for (auto& b : blocks_) b.inner().attn().bind_sequence_shard(shard);
+  }
   /// The token embedding, which the LM head shares (tied).
   Parameter<T, B>& wte() { return embedding_.wte(); }
   /// What one unit hands the next for a micro-batch of b sequences of T tokens: (b, T, C).

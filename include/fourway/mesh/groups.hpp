@@ -1,10 +1,10 @@
 //! MeshGroups: the communicators of one rank of a mesh, each split from the world on first use.
 //!
-//! A group over a non-empty set of axes (tp, pp, dp, tp+pp, ... all of them: 2^axis_count - 1
-//! sets) is created by splitting the world communicator the first time the rank asks for it, and
-//! kept: asking again returns the same communicator, and a set never asked for costs nothing (no
-//! NCCL communicator per unused group). The split's key is `mesh.group_rank(rank, axes)`, so a
-//! group's ranks are exactly the mesh arithmetic's and rank i of a group is
+//! A group over a non-empty set of axes (tp, cp, pp, dp, tp+pp, ... all of them:
+//! 2^axis_count - 1 sets) is created by splitting the world communicator the first time the rank
+//! asks for it, and kept: asking again returns the same communicator, and a set never asked for
+//! costs nothing (no NCCL communicator per unused group). The split's key is `mesh.group_rank(rank,
+//! axes)`, so a group's ranks are exactly the mesh arithmetic's and rank i of a group is
 //! `mesh.group_member(index, i, axes)`. Nothing is global: code that needs the tensor-parallel
 //! group receives `groups.tp()`. `create_all()` makes every group at once (the eager path).
 //!
@@ -19,7 +19,8 @@
 //! LocalWorld each build their own); it is not shared between threads. It keeps a pointer to the
 //! world communicator, which must outlive it.
 //!
-//! Group names carry the fixed coordinates, e.g. "tp[pp=1,dp=0]", so a timeout says which group.
+//! Group names carry the fixed coordinates, e.g. "tp[pp=1,dp=0]", so a timeout says which group
+//! (cp is named where its degree is above 1, as in `Mesh::describe`).
 #pragma once
 
 #include <array>
@@ -40,6 +41,7 @@ class MeshGroups {
   template <class... Policies>
   MeshGroups(const Mesh<Policies...>& mesh, C& world)
       : world_(&world), rank_(world.rank()), coord_(mesh.coord_of(world.rank())) {
+    for (Axis a : all_axes) degree_[a] = mesh.degree(a);
     check<ConfigError>(world.size() == mesh.size(), "fourway: the world communicator '",
                        world.name(), "' has ", world.size(), " ranks but the mesh ",
                        mesh.describe(), " needs ", mesh.size());
@@ -61,15 +63,22 @@ class MeshGroups {
     return *g;
   }
   [[nodiscard]] C& tp() { return group(Axis::tp); }
+  [[nodiscard]] C& cp() { return group(Axis::cp); }
   [[nodiscard]] C& pp() { return group(Axis::pp); }
   [[nodiscard]] C& dp() { return group(Axis::dp); }
   /// All ranks of the mesh, ordered as the mesh orders them.
   [[nodiscard]] C& all() { return group(AxisSet::all()); }
 
-  /// Creates every group not created yet, in the order of their axis bits (a collective).
+  /// Creates every group not created yet, in the order of their axis bits (a collective). A set
+  /// holding an axis that descriptions leave out at degree 1 (cp, on a mesh without context
+  /// parallelism) is left out too: it has the members of the set without that axis, and is
+  /// split only when asked for.
   void create_all() {
     for (std::uint8_t bits = 1; bits <= AxisSet::nonempty_count; ++bits) {
-      (void)group(AxisSet::from_bits(bits));
+      const AxisSet axes = AxisSet::from_bits(bits);
+      bool every_named = true;
+      for (Axis a : all_axes) every_named = every_named && (!axes.contains(a) || named(a));
+      if (every_named) (void)group(axes);
     }
   }
   /// Whether the group over `axes` exists yet (asks nothing of the world).
@@ -86,7 +95,10 @@ class MeshGroups {
   [[nodiscard]] std::string group_name(AxisSet axes) const {
     std::string in;
     std::string fixed;
+    bool names_inside = false;  // the set has an axis descriptions name: leave unnamed ones out
+    for (Axis ax : all_axes) names_inside = names_inside || (axes.contains(ax) && named(ax));
     for (Axis ax : all_axes) {
+      if (!named(ax) && (!axes.contains(ax) || names_inside)) continue;
       std::string& part = axes.contains(ax) ? in : fixed;
       if (!part.empty()) part.append(axes.contains(ax) ? "+" : ",");
       part.append(axis_name(ax));
@@ -105,6 +117,9 @@ class MeshGroups {
     int key = 0;
     int size = 0;
   };
+
+  /// Whether descriptions name axis `a` of this mesh (cp only above degree 1).
+  [[nodiscard]] bool named(Axis a) const { return axis_named(a, degree_[a]); }
 
   void create(AxisSet axes) {
     const Plan& p = plans_[axes.bits];
@@ -128,6 +143,7 @@ class MeshGroups {
   C* world_;
   int rank_;
   Coord coord_;
+  Coord degree_;  // the mesh's degree on every axis
   int splits_ = 0;
   std::array<Plan, set_slots> plans_{};
   std::array<std::optional<C>, set_slots> groups_;

@@ -1,12 +1,12 @@
 //! Mesh<Policies...>: named, ordered axes and the constexpr rank <-> coordinate map.
 //!
-//! Every mesh has the three axes tp, pp, dp (innermost first); an axis without a policy has
+//! Every mesh has the four axes tp, cp, pp, dp (innermost first); an axis without a policy has
 //! degree 1. The policies may be written in any order: the layout below is the axes', not the
 //! list's (`Mesh<Sharded<1>, TensorParallel<2>>` places ranks as `Mesh<TensorParallel<2>,
 //! Sharded<1>>` does). Ranks are laid out with tp fastest, so a tensor-parallel group is a run of
-//! consecutive ranks (one node), then pp, then dp:
+//! consecutive ranks (one node), then cp, then pp, then dp (the planner's order):
 //!
-//!     rank = tp + TP * (pp + PP * dp)          e.g. TP=2, PP=2, DP=2 (8 ranks):
+//!     rank = tp + TP * (cp + CP * (pp + PP * dp))   e.g. TP=2, PP=2, DP=2 (8 ranks, CP=1):
 //!                                                 dp=0: pp=0 [0 1]  pp=1 [2 3]
 //!                                                 dp=1: pp=0 [4 5]  pp=1 [6 7]
 //!
@@ -27,15 +27,17 @@
 namespace fourway {
 
 /// Degrees given at run time. Each is needed exactly for a `fw::dynamic` axis of the type; `dp`
-/// may be given to state an expectation (it is checked against world / (tp * pp)).
+/// may be given to state an expectation (it is checked against world / (tp * cp * pp)).
 struct MeshDegrees {
   int tp = dynamic;
+  int cp = dynamic;
   int pp = dynamic;
   int dp = dynamic;
   /// The field of axis `a` (one case per field above).
   [[nodiscard]] constexpr int operator[](Axis a) const {
     switch (a) {
       case Axis::tp: return tp;
+      case Axis::cp: return cp;
       case Axis::pp: return pp;
       case Axis::dp: return dp;
     }
@@ -70,6 +72,7 @@ struct AxisSet {
 /// A rank's position: one coordinate per axis.
 struct Coord {
   int tp = 0;
+  int cp = 0;
   int pp = 0;
   int dp = 0;
   /// The coordinate on axis `a`.
@@ -83,6 +86,7 @@ struct Coord {
   FOURWAY_HOST_DEVICE static constexpr auto at(Self& self, Axis a) -> decltype((self.tp)) {
     switch (a) {
       case Axis::tp: return self.tp;
+      case Axis::cp: return self.cp;
       case Axis::pp: return self.pp;
       case Axis::dp: break;
     }
@@ -119,8 +123,9 @@ struct policy_on<A, P, Ps...> {
 template <class... Policies>
 class Mesh {
   static_assert((policy<Policies> && ...),
-                "fourway: Mesh<...> takes policy tags: fw::TensorParallel<N>, fw::Pipeline<S, M>, "
-                "fw::DataParallel or fw::Sharded<Stage>");
+                "fourway: Mesh<...> takes policy tags: fw::TensorParallel<N>, "
+                "fw::ContextParallel<N>, fw::Pipeline<S, M>, fw::DataParallel or "
+                "fw::Sharded<Stage>");
   static_assert(
       [] {
         for (Axis a : all_axes) {
@@ -128,7 +133,7 @@ class Mesh {
         }
         return true;
       }(),
-      "fourway: Mesh<...> lists TensorParallel and Pipeline at most once each");
+      "fourway: Mesh<...> lists TensorParallel, ContextParallel and Pipeline at most once each");
   static_assert(detail::policies_on<Policies...>(derived_axis) <= 1,
                 "fourway: Mesh<...> has more than one data-parallel policy; use one of "
                 "fw::DataParallel or fw::Sharded<Stage> (Sharded replaces DataParallel)");
@@ -195,10 +200,11 @@ class Mesh {
     return deg_[static_cast<int>(a)];
   }
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int tp() const { return degree(Axis::tp); }
+  [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int cp() const { return degree(Axis::cp); }
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int pp() const { return degree(Axis::pp); }
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int dp() const { return degree(Axis::dp); }
 
-  /// rank = tp + TP * (pp + PP * dp): coordinates innermost fastest.
+  /// rank = tp + TP * (cp + CP * (pp + PP * dp)): coordinates innermost fastest.
   [[nodiscard]] FOURWAY_HOST_DEVICE constexpr int rank_of(Coord c) const {
     int r = 0;
     for (int a = axis_count - 1; a >= 0; --a) r = c[static_cast<Axis>(a)] + deg_[a] * r;
@@ -249,10 +255,12 @@ class Mesh {
     return rank_of(c);
   }
 
-  /// "tp=2 pp=1 dp=4 (8 ranks)".
+  /// "tp=2 pp=1 dp=4 (8 ranks)"; cp is named where its degree is above 1 ("tp=2 cp=2 pp=1 ...").
   [[nodiscard]] std::string describe() const {
     std::string out;
-    for (Axis a : all_axes) out += detail::cat(axis_name(a), "=", deg_[index(a)], " ");
+    for (Axis a : all_axes) {
+      if (axis_named(a, deg_[index(a)])) out += detail::cat(axis_name(a), "=", deg_[index(a)], " ");
+    }
     return out + detail::cat("(", world_, " ranks)");
   }
   /// Where `rank` sits, coordinate / degree on every axis: "tp 1/2, pp 0/2, dp 1/2".
@@ -260,6 +268,7 @@ class Mesh {
     const Coord c = coord_of(rank);
     std::string out;
     for (Axis a : all_axes) {
+      if (!axis_named(a, deg_[index(a)])) continue;
       out += detail::cat(out.empty() ? "" : ", ", axis_name(a), " ", c[a], "/", deg_[index(a)]);
     }
     return out;
@@ -272,7 +281,7 @@ class Mesh {
   [[nodiscard]] std::string inner_text() const {
     std::string out;
     for (Axis a : all_axes) {
-      if (a == derived_axis) continue;
+      if (a == derived_axis || !axis_named(a, deg_[index(a)])) continue;
       out += detail::cat(out.empty() ? "" : " x ", axis_name(a), " ", deg_[index(a)]);
     }
     return out;

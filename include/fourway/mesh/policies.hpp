@@ -3,12 +3,13 @@
 //! A policy only names an axis and its degree here; how it transforms a layer lives in
 //! `parallel/`. Degrees are compile-time integers or `fw::dynamic` (given at run time, checked
 //! before any communicator exists). DataParallel and Sharded<S> take whatever the world leaves:
-//! `dp = world / (tp * pp)`.
+//! `dp = world / (tp * cp * pp)`.
 //!
-//!     axis   policy                         degree        innermost first (Megatron's order)
-//!     tp     TensorParallel<N>              N | dynamic   ranks 0..tp-1 share a node (NVLink)
+//!     axis   policy                         degree            innermost first (Megatron's order)
+//!     tp     TensorParallel<N>              N | dynamic       ranks 0..tp-1 share a node (NVLink)
+//!     cp     ContextParallel<N>             N | dynamic       each rank holds T/N of a sequence
 //!     pp     Pipeline<S, M, Schedule>       S | dynamic
-//!     dp     DataParallel | Sharded<1|2|3>  world/(tp*pp) outermost
+//!     dp     DataParallel | Sharded<1|2|3>  world/(tp*cp*pp)  outermost
 #pragma once
 
 #include <array>
@@ -24,20 +25,24 @@ namespace fourway {
 
 /// The logical axes of every mesh, innermost first. A mesh without a policy for an axis has
 /// degree 1 on it (one rank is the degenerate mesh, never a separate code path).
-enum class Axis : std::uint8_t { tp = 0, pp = 1, dp = 2 };
+enum class Axis : std::uint8_t { tp = 0, cp = 1, pp = 2, dp = 3 };
 
-/// One row per axis, in `Axis` order: its short name and the policy that owns it.
+/// One row per axis, in `Axis` order: its short name, the policy that owns it, and whether
+/// descriptions of a mesh name it when its degree is 1 (tp, pp and dp always; cp, added later,
+/// only where a mesh uses it, so meshes without it read as they always did).
 struct AxisInfo {
   Axis axis;
   std::string_view name;
   std::string_view policy;
+  bool named_at_one = true;
 };
 
 /// The list of axes. Every loop over a mesh's axes (degrees, coordinates, ranks, groups, names)
 /// runs over this table, so adding an axis (context or expert parallelism) is an enumerator and a
 /// row here, plus its named field in `Coord` and `MeshDegrees` (mesh/mesh.hpp).
-inline constexpr std::array<AxisInfo, 3> axis_table{{
+inline constexpr std::array<AxisInfo, 4> axis_table{{
     {Axis::tp, "tp", "TensorParallel"},
+    {Axis::cp, "cp", "ContextParallel", false},
     {Axis::pp, "pp", "Pipeline"},
     {Axis::dp, "dp", "DataParallel"},
 }};
@@ -66,6 +71,11 @@ inline constexpr Axis derived_axis = Axis::dp;
 constexpr std::string_view axis_name(Axis a) {
   const auto i = static_cast<std::size_t>(a);
   return i < axis_table.size() ? axis_table[i].name : std::string_view{"?"};
+}
+/// Whether descriptions name axis `a` at `degree` (mesh/mesh.hpp's `describe`, group names).
+constexpr bool axis_named(Axis a, int degree) {
+  const auto i = static_cast<std::size_t>(a);
+  return degree != 1 || (i < axis_table.size() && axis_table[i].named_at_one);
 }
 /// The policy that owns axis `a`, e.g. "TensorParallel" (for messages).
 constexpr std::string_view axis_policy(Axis a) {
@@ -141,6 +151,20 @@ struct TensorParallel {
   static constexpr std::string_view name = "TensorParallel";
 };
 
+/// Context parallelism over N ranks: every sequence is split over the group, rank r holding
+/// chunks r and 2N−1−r of 2N (load-balanced for the causal mask), and attention passes keys and
+/// values around the ring (parallel/cp/, docs/context-parallel.md). A context rank is a
+/// data-parallel replica over the sequence: parameters' gradients reduce (and ZeRO shards) over
+/// cp × dp.
+template <int N>
+struct ContextParallel {
+  static_assert(N >= 1 || N == dynamic,
+                "fourway: ContextParallel<N> needs N >= 1, or fw::dynamic to give it at run time");
+  static constexpr Axis axis = Axis::cp;
+  static constexpr int degree = N;
+  static constexpr std::string_view name = "ContextParallel";
+};
+
 /// A pipeline of `Stages` stages running `MicroBatches` micro-batches per step under `Schedule`.
 template <int Stages, int MicroBatches, class Schedule = OneFOneB>
 struct Pipeline {
@@ -173,10 +197,13 @@ template <int S>
 struct is_policy<Sharded<S>> : std::true_type {};
 template <int N>
 struct is_policy<TensorParallel<N>> : std::true_type {};
+template <int N>
+struct is_policy<ContextParallel<N>> : std::true_type {};
 template <int S, int M, class Sch>
 struct is_policy<Pipeline<S, M, Sch>> : std::true_type {};
 
-/// A policy tag: DataParallel, Sharded<S>, TensorParallel<N> or Pipeline<S, M, Schedule>.
+/// A policy tag: DataParallel, Sharded<S>, TensorParallel<N>, ContextParallel<N> or
+/// Pipeline<S, M, Schedule>.
 template <class P>
 concept policy = is_policy<P>::value;
 

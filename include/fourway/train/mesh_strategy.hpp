@@ -12,6 +12,13 @@
 //! Any other model runs the same table with the rank models its `fw::model_family<Config>` names
 //! (train/model_family.hpp): a Llama-style decoder of the user's own does (examples/llama/).
 //! Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S for `Sharded<S>`.
+//! A `ContextParallel<N>` axis (no Pipeline yet) splits every sequence over N ranks: the strategy
+//! owns a `cp::RingShard` over the cp group and binds it to the rank model
+//! (`bind_sequence_shard`: positions and attention follow it), and the data-parallel work — the
+//! gradient reduction, ZeRO's shards, the loss sum — runs over the cp × dp group, a context rank
+//! being a replica over the sequence (docs/context-parallel.md). The Trainer gives the ranks of a
+//! context group the same rows (`dp_rank()` is the dp coordinate) and each its part of them
+//! (`sequence_split()`).
 //! Every degree may be `fw::dynamic` (given to the Mesh at run time) and any may be 1, down to the
 //! 1×1×1 mesh `Mesh<>` (ShardedStrategy<0> over a one-rank dp group). Invalid combinations are
 //! the Mesh's own `fourway:` static_asserts (order, repeats) or its ConfigErrors (degrees that do
@@ -21,7 +28,8 @@
 //! `Pipeline<S, M, Schedule>` fixes M (the options must say M or leave the default 1) and
 //! `Schedule = GPipe` fixes the schedule to GPipe (OneFOneB, the default, lets the options pick any
 //! 1F1B-family table: 1f1b, interleaved, zb-h1, zb-v). Groups are created in the order tp, pp, dp
-//! on every rank (mesh/groups.hpp's rule) when the strategy is built.
+//! on every rank (mesh/groups.hpp's rule) when the strategy is built; a cp axis adds cp and
+//! cp+dp after them.
 //!
 //! `full_parameters()` (a collective over the whole mesh) returns the unsplit model, tensor by
 //! tensor in Hugging Face order, on every rank: what the numerics check compares with the one-rank
@@ -42,10 +50,12 @@
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
+#include "fourway/layers/sequence_shard.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/cp/ring_shard.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/train/model_family.hpp"
@@ -71,6 +81,7 @@ template <class MeshT>
 struct mesh_traits {
   using dp_policy = typename MeshT::template policy_on<Axis::dp>;
   static constexpr bool tensor_parallel = MeshT::template has_axis<Axis::tp>;
+  static constexpr bool context_parallel = MeshT::template has_axis<Axis::cp>;
   static constexpr bool pipeline = MeshT::template has_axis<Axis::pp>;
   static constexpr int zero_stage = [] {
     if constexpr (std::is_void_v<dp_policy>) {
@@ -81,20 +92,33 @@ struct mesh_traits {
   }();
 };
 
-/// The mesh with a TensorParallel axis when `Tp`, a Pipeline axis when `Pp`, and DataParallel
-/// (Zero 0) or Sharded<Zero>, every degree `fw::dynamic`: the type a program instantiates when
-/// its axes are chosen at run time (fourway-train's flags, a test's list of meshes).
-template <bool Tp, bool Pp, int Zero>
-struct dynamic_mesh {
-  using dp = data_parallel_policy_t<Zero>;
-  using type = std::conditional_t<
-      Tp,
-      std::conditional_t<Pp, Mesh<TensorParallel<dynamic>, Pipeline<dynamic, dynamic>, dp>,
-                         Mesh<TensorParallel<dynamic>, dp>>,
-      std::conditional_t<Pp, Mesh<Pipeline<dynamic, dynamic>, dp>, Mesh<dp>>>;
+namespace detail {
+/// `Mesh<Ps..., P>` when `Add`, else `Mesh<Ps...>`.
+template <bool Add, class P, class M>
+struct add_policy {
+  using type = M;
 };
-template <bool Tp, bool Pp, int Zero>
-using dynamic_mesh_t = typename dynamic_mesh<Tp, Pp, Zero>::type;
+template <class P, class... Ps>
+struct add_policy<true, P, Mesh<Ps...>> {
+  using type = Mesh<Ps..., P>;
+};
+}  // namespace detail
+
+/// The mesh with a TensorParallel axis when `Tp`, a Pipeline axis when `Pp`, a ContextParallel
+/// axis when `Cp`, and DataParallel (Zero 0) or Sharded<Zero>, every degree `fw::dynamic`: the
+/// type a program instantiates when its axes are chosen at run time (fourway-train's flags, a
+/// test's list of meshes). The order of the policies does not change the layout (mesh/mesh.hpp).
+template <bool Tp, bool Pp, int Zero, bool Cp = false>
+struct dynamic_mesh {
+  using type = typename detail::add_policy<
+      Tp, TensorParallel<dynamic>,
+      typename detail::add_policy<
+          Cp, ContextParallel<dynamic>,
+          typename detail::add_policy<Pp, Pipeline<dynamic, dynamic>,
+                                      Mesh<data_parallel_policy_t<Zero>>>::type>::type>::type;
+};
+template <bool Tp, bool Pp, int Zero, bool Cp = false>
+using dynamic_mesh_t = typename dynamic_mesh<Tp, Pp, Zero, Cp>::type;
 
 /// Whether `M` is a `fw::Mesh<...>`.
 template <class M>
@@ -116,11 +140,17 @@ struct mesh_strategy_types {
   using base =
       std::conditional_t<traits::pipeline, PipelineStrategy<P, B, Comm, traits::zero_stage, model>,
                          ShardedStrategy<traits::zero_stage, model, P, B, Comm>>;
+  static_assert(!traits::context_parallel || !traits::pipeline,
+                "fourway: ContextParallel<N> with a Pipeline axis is not built yet "
+                "(docs/context-parallel.md); use ContextParallel with TensorParallel and "
+                "DataParallel/Sharded");
 };
 
-/// Base-from-member: the model a non-pipeline strategy trains, built before the strategy.
+/// Base-from-member: the model a non-pipeline strategy trains, built before the strategy, and
+/// the sequence shard (context parallelism) it is bound to.
 template <class Model>
 struct OwnedModel {
+  std::unique_ptr<SequenceShard<typename Model::value_type, typename Model::backend_type>> shard;
   std::unique_ptr<Model> owned;
 };
 
@@ -151,17 +181,19 @@ class MeshStrategy : private detail::OwnedModel<
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(!traits::pipeline)
-      : owned_model{make_model(ctx, cfg, seed, ready(groups), options, load)},
-        base_type(ctx, *this->owned, groups.dp(), optimizer, options.sharded),
+      : owned_model{make_shard(ready(groups)), make_model(ctx, cfg, seed, groups, options, load)},
+        base_type(ctx, *this->owned, replicas(groups), optimizer, options.sharded),
         mesh_(mesh),
         groups_(&groups),
         cfg_(cfg),
-        seed_(seed) {}
+        seed_(seed) {
+    if constexpr (traits::context_parallel) this->owned->bind_sequence_shard(this->shard.get());
+  }
 
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(traits::pipeline)
-      : owned_model{(ready(groups), nullptr)},
+      : owned_model{(ready(groups), nullptr), nullptr},
         base_type(ctx, family::cut_costs(cfg),
                   chunk_factory(ctx, cfg, seed, groups, options.tensor, load), groups.pp(),
                   groups.dp(), pipeline_options(options.pipeline), optimizer),
@@ -178,6 +210,12 @@ class MeshStrategy : private detail::OwnedModel<
   [[nodiscard]] base_type& base() { return *this; }
   /// A checkpoint of the run is written by every rank of the mesh (train/resume.hpp).
   [[nodiscard]] int checkpoint_ranks() const { return mesh_.size(); }
+  /// The data-parallel coordinate and degree: which rows of the global batch this rank takes
+  /// (the ranks of a context group take the same rows; the base's group may be cp × dp).
+  [[nodiscard]] int dp_rank() const { return groups_->coord().dp; }
+  [[nodiscard]] int dp_size() const { return mesh_.dp(); }
+  /// Context parallelism: the ranks every sequence is split over and this rank's part.
+  [[nodiscard]] SequenceSplit sequence_split() const { return {mesh_.cp(), groups_->coord().cp}; }
 
   /// The unsplit model's tensors in the model's order (Hugging Face order for GPT), on every
   /// rank; a tensor listed twice (GPT's LM head copy of `wte`) once. A collective over the whole
@@ -280,7 +318,28 @@ class MeshStrategy : private detail::OwnedModel<
     (void)groups.tp();  // every rank creates its groups in one order (mesh/groups.hpp)
     (void)groups.pp();
     (void)groups.dp();
+    if constexpr (traits::context_parallel) {
+      (void)groups.cp();
+      (void)groups.group({Axis::cp, Axis::dp});
+    }
     return groups;
+  }
+  /// The ranks that hold the same parameters and reduce their gradients: dp, or cp × dp.
+  static Comm& replicas(MeshGroups<Comm>& groups) {
+    if constexpr (traits::context_parallel) {
+      return groups.group({Axis::cp, Axis::dp});
+    } else {
+      return groups.dp();
+    }
+  }
+  /// The sequence shard of a context-parallel mesh (null without the axis).
+  static std::unique_ptr<SequenceShard<T, B>> make_shard(MeshGroups<Comm>& groups) {
+    if constexpr (traits::context_parallel) {
+      return std::make_unique<cp::RingShard<T, B, Comm>>(groups.cp());
+    } else {
+      (void)groups;
+      return nullptr;
+    }
   }
 
   static std::unique_ptr<rank_model_type> make_model(const Context<B>& ctx, const Config& cfg,
@@ -290,6 +349,13 @@ class MeshStrategy : private detail::OwnedModel<
     // deferred unless loaded (GPT without tp): the strategy materialises what this rank owns
     auto m = family::template make<rank_model_type>(ctx, cfg, seed, groups.tp(), options.tensor,
                                                     std::nullopt, static_cast<bool>(load));
+    if constexpr (traits::context_parallel) {
+      static_assert(
+          requires(SequenceShard<T, B> * s) { m->bind_sequence_shard(s); },
+          "fourway: a ContextParallel mesh needs a rank model with "
+          "bind_sequence_shard(fw::SequenceShard<T, B>*) for its positions and "
+          "attention (docs/context-parallel.md); models::Gpt and tp::Gpt have it");
+    }
     if (load) load(ctx, *m);
     return m;
   }

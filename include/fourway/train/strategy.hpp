@@ -73,6 +73,24 @@ struct StepReport {
   double loss_sum = 0.0;   // StepControl::loss_sum summed over the data-parallel group
 };
 
+/// How a strategy's ranks split every sequence (context parallelism): over `ranks` ranks, this
+/// one holding part `rank` of each (parallel/cp/ring_attention.hpp's balanced split). A strategy
+/// without `sequence_split()` holds whole sequences.
+struct SequenceSplit {
+  int ranks = 1;
+  int rank = 0;
+};
+template <class S>
+SequenceSplit sequence_split_of(const S& s) {
+  if constexpr (requires {
+                  { s.sequence_split() } -> std::same_as<SequenceSplit>;
+                }) {
+    return s.sequence_split();
+  } else {
+    return {};
+  }
+}
+
 /// What a Trainer needs from a strategy (see the picture at the top of this file).
 template <class S>
 concept training_strategy = requires(S& s, const S& cs, const StepControl& c, int i) {

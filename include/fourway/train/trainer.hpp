@@ -13,6 +13,12 @@
 //! M are; the loss `step` returns is that mean too (identical on every rank). B must divide by
 //! dp·M (a ConfigError names the numbers otherwise).
 //!
+//! Context parallelism (a strategy with `sequence_split()` of c ranks): the c ranks of a context
+//! group take the same rows and each keeps its part of every sequence — T/c tokens, chunks r and
+//! 2c − 1 − r (`cp::take_local_rows`; a target stays the next token of the whole sequence). Each
+//! micro-batch's loss is then the mean over its b·T/c tokens, so the factor is
+//! `loss_scale · b / (B·c)` and the step's loss the sum over dp × cp ranks divided by B·c.
+//!
 //! A model for the trainer has `value_type`, `backend_type`, `Stash`, `visit_parameters`, and
 //!   float forward(ctx, tokens, targets, stash, hooks)   tokens, targets: Tensor<int32_t,B> (b, T)
 //!   void  backward(ctx, stash, grad_scale, hooks)       grads += d(grad_scale · mean loss)/dθ
@@ -44,6 +50,7 @@
 #include "fourway/layers/generate.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/train/strategy.hpp"
 
 namespace fourway {
@@ -144,10 +151,11 @@ class Trainer {
   float step(const Batch& batch) {
     const int M = opts_.micro_batches;
     const std::int64_t b = micro_batch_rows(batch);
-    const std::int64_t T = batch.T;
+    const std::int64_t T = local_length(batch);
+    const double shares = static_cast<double>(batch.B) * sequence_split_of(strategy_).ranks;
     const float loss_scale = scaler_.scale();
-    const auto grad_scale = static_cast<float>(
-        static_cast<double>(loss_scale) * static_cast<double>(b) / static_cast<double>(batch.B));
+    const auto grad_scale =
+        static_cast<float>(static_cast<double>(loss_scale) * static_cast<double>(b) / shares);
     const auto& ctx = strategy_.context();
     model_type& model = strategy_.model();
 
@@ -161,10 +169,7 @@ class Trainer {
           batch, static_cast<std::int64_t>(strategy_.dp_rank()) * M * b, b, M, grad_scale);
     } else {
       // this rank's rows [first, first + M·b): uploaded once, then one view per micro-batch
-      const std::int64_t first = strategy_.dp_rank() * static_cast<std::int64_t>(M) * b;
-      const std::int64_t n = M * b * T;
-      stage_tokens(ctx, model, batch.inputs.subspan(static_cast<std::size_t>(first * T), n),
-                   batch.targets.subspan(static_cast<std::size_t>(first * T), n));
+      stage_rows(ctx, model, batch, strategy_.dp_rank() * static_cast<std::int64_t>(M) * b, M * b);
       loss_on_device = sinks_loss;
       for (int i = 0; i < M; ++i) {
         strategy_.begin_micro_batch(i, M);
@@ -188,7 +193,7 @@ class Trainer {
     report_ = strategy_.finish_step(control);
     scaler_.update(report_.found_inf);
     ++iteration_;
-    return static_cast<float>(report_.loss_sum / static_cast<double>(batch.B));
+    return static_cast<float>(report_.loss_sum / shares);
   }
 
   /// The mean loss of the global batch under the current weights, forward only (a validation
@@ -200,7 +205,8 @@ class Trainer {
   float evaluate(const Batch& batch) {
     const int M = opts_.micro_batches;
     const std::int64_t b = micro_batch_rows(batch);
-    const std::int64_t T = batch.T;
+    const std::int64_t T = local_length(batch);
+    const double shares = static_cast<double>(batch.B) * sequence_split_of(strategy_).ranks;
     const std::int64_t first = strategy_.dp_rank() * static_cast<std::int64_t>(M) * b;
     double sum = 0.0;
     if constexpr (pipelined) {
@@ -208,9 +214,7 @@ class Trainer {
     } else {
       const auto& ctx = strategy_.context();
       model_type& model = strategy_.model();
-      const std::int64_t n = M * b * T;
-      stage_tokens(ctx, model, batch.inputs.subspan(static_cast<std::size_t>(first * T), n),
-                   batch.targets.subspan(static_cast<std::size_t>(first * T), n));
+      stage_rows(ctx, model, batch, first, M * b);
       for (int i = 0; i < M; ++i) {
         const auto tokens = staged(false, i * b * T, Shape{b, T});
         const auto targets = staged(true, i * b * T, Shape{b, T});
@@ -221,7 +225,7 @@ class Trainer {
       }
       if constexpr (requires { strategy_.sum_loss(sum); }) sum = strategy_.sum_loss(sum);
     }
-    return static_cast<float>(sum / static_cast<double>(batch.B));
+    return static_cast<float>(sum / shares);
   }
 
   /// `o.tokens` new tokens after `prompt` from the model as the mesh holds it now
@@ -233,6 +237,11 @@ class Trainer {
       std::span<const std::int32_t> prompt,
       const SampleOptions& o) requires((pipelined && generating_strategy<S>) ||
                                        (!pipelined && generative_model<model_type>)) {
+    check<ConfigError>(sequence_split_of(strategy_).ranks == 1,
+                       "fourway: generate on a context-parallel mesh (each rank holding 1/",
+                       sequence_split_of(strategy_).ranks,
+                       " of a sequence) is not supported: decoding keeps whole sequences; save the "
+                       "model and generate on a mesh without ContextParallel");
     if constexpr (pipelined) {
       return strategy_.generate(prompt, o);  // the chunks' ranks in turn
     } else {
@@ -297,6 +306,36 @@ class Trainer {
     return batch.B / (static_cast<std::int64_t>(dp) * M);
   }
 
+  /// The tokens of a sequence this rank holds: T, or T/c under context parallelism (a sequence
+  /// that does not cut into 2c chunks is the split's ShapeError).
+  std::int64_t local_length(const Batch& batch) const {
+    const SequenceSplit s = sequence_split_of(strategy_);
+    if (s.ranks == 1) return batch.T;
+    return cp::balanced_split(batch.T, s.ranks, s.rank).local();
+  }
+
+  /// Stages `rows` sequences of `batch` from row `first`: whole, or this rank's part of each under
+  /// context parallelism (the parts gathered on the host first, then staged as whole rows are).
+  void stage_rows(const Context<B>& ctx, model_type& model, const Batch& batch, std::int64_t first,
+                  std::int64_t rows) {
+    const std::int64_t T = batch.T;
+    const auto at = static_cast<std::size_t>(first * T);
+    const auto inputs = batch.inputs.subspan(at, static_cast<std::size_t>(rows * T));
+    const auto targets = batch.targets.subspan(at, static_cast<std::size_t>(rows * T));
+    const SequenceSplit s = sequence_split_of(strategy_);
+    if (s.ranks == 1) {
+      stage_tokens(ctx, model, inputs, targets);
+      return;
+    }
+    const cp::BalancedSplit split = cp::balanced_split(T, s.ranks, s.rank);
+    const auto n = static_cast<std::size_t>(rows * split.local());
+    local_tokens_.resize(2 * n);
+    cp::take_local_rows(local_tokens_.data(), inputs.data(), rows, 1, split);
+    cp::take_local_rows(local_tokens_.data() + n, targets.data(), rows, 1, split);
+    const std::span<const std::int32_t> local(local_tokens_);
+    stage_tokens(ctx, model, local.first(n), local.subspan(n));
+  }
+
   /// The model names its vocabulary, so `stage_tokens` checks the ids on the host (and a device
   /// embedding's bounds flag need not be read back); otherwise the model checks them itself.
   static constexpr bool checks_tokens = requires(model_type & m) { m.config().vocab; };
@@ -350,6 +389,8 @@ class Trainer {
   typename model_type::Stash stash_{};
   std::span<const std::int32_t> host_inputs_;  // Host: this rank's rows of the batch
   std::span<const std::int32_t> host_targets_;
+  std::vector<std::int32_t>
+      local_tokens_;                       // context parallelism: this rank's parts, inputs|targets
   std::vector<std::int32_t> staged_;       // device backends: the host side of the upload
   Tensor<std::int32_t, B> device_tokens_;  // device backends: (2 · M·b·T) inputs, then targets
   StepReport report_{};

@@ -110,6 +110,9 @@ class Block {
   /// The sequence length T of the next forward (rows are B·T; under sequence parallelism the
   /// input holds B·T/N of them, so T cannot be read off it).
   void set_sequence_length(std::int64_t seq) { T_ = seq; }
+  /// Context parallelism: the rows are the shard's part of each sequence, attention its ring
+  /// (null: whole sequences). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) { shard_ = shard; }
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) {
     const std::int64_t rows_here = detail::rows_of(x.shape(), C_, "tp::Block");
@@ -120,7 +123,7 @@ class Block {
 
     Tensor<T, B> h1 = column_input(ctx, ln_1_.forward(ctx, x, s.ln_1), s.h1, full);  // (B, T, C)
     Tensor<T, B> qkv = c_attn_.forward(ctx, h1, s.c_attn);  // (B, T, 3C/N) = (B, T, C)·(C, 3C/N)
-    attention_core(ctx, qkv, full[0], T_, C_ / n_, NH_, s.lse, s.heads);
+    attention_core(ctx, qkv, full[0], T_, C_ / n_, NH_, s.lse, s.heads, shard_);
     // (B, T, C) = Σ over the group of (B, T, C/N)·(C/N, C); sequence parallel: (B·T/N, C)
     Tensor<T, B> a =
         row_output(ctx, attn_proj_.forward(ctx, s.heads, s.attn_proj), s.attn_proj.y, s.a);
@@ -175,7 +178,8 @@ class Block {
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     if (s.heads.empty() && s.c_attn.y.shape().rank() == 3) {  // selective: recompute first
-      attention_core(ctx, s.c_attn.y, s.c_attn.y.shape()[0], T_, C_ / n_, NH_, s.lse, s.heads);
+      attention_core(ctx, s.c_attn.y, s.c_attn.y.shape()[0], T_, C_ / n_, NH_, s.lse, s.heads,
+                     shard_);
       s.attn_proj.x = s.heads.view();
     }
     recompute_gelu(ctx, s.c_fc.y, s.gelu, s.mlp_proj.x);
@@ -202,13 +206,8 @@ class Block {
     Ops<B>::bias_backward(ctx, attn_bias_.bound_grad().data(), drf.data(), rows, C_);
     Tensor<T, B> dheads = attn_proj_.backward(ctx, drf, s.attn_proj);  // (B, T, C/N)
     drf.reset();
-    Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, T_, 3 * C_ / n_});
-    {
-      Tensor<float, B> delta = detail::workspace<float, B>(ctx, s.lse.shape());
-      Ops<B>::flash_attention_backward(ctx, dqkv.data(), delta.data(), dheads.data(),
-                                       s.c_attn.y.data(), s.heads.data(), s.lse.data(), Bn, T_,
-                                       C_ / n_, NH_);
-    }
+    Tensor<T, B> dqkv =
+        attention_core_backward(ctx, dheads, s.c_attn.y, s.heads, s.lse, C_ / n_, NH_, shard_);
     dheads.reset();
     Tensor<T, B> dx = layernorm_backward(
         ctx, ln_1_, column_input_grad(ctx, c_attn_.backward(ctx, dqkv, s.c_attn)), s.ln_1);
@@ -284,6 +283,7 @@ class Block {
   Comm* tp_;
   bool sp_;
   std::int64_t T_ = 0;
+  SequenceShard<T, B>* shard_ = nullptr;
   LayerNorm<T, B> ln_1_;
   Linear<T, B> c_attn_;        // (C, 3C/N)   column
   Linear<T, B> attn_proj_;     // (C/N, C)    row, no bias

@@ -210,6 +210,12 @@ class Gpt : public SlicedModel<Comm> {
   void set_sequence_length(std::int64_t Tn) {
     for (auto& b : blocks_) b.inner().set_sequence_length(Tn);
   }
+  /// Context parallelism: the token rows are the shard's part of each sequence; the position
+  /// embedding and every block's attention follow it (null: whole sequences). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) {
+    shard_ = shard;
+    for (auto& b : blocks_) b.inner().bind_sequence_shard(shard);
+  }
 
   /// Mean cross-entropy of predicting `targets` (B, T) from `tokens` (B, T), read back to the
   /// host (one synchronising call); keeps what backward needs in `s`.
@@ -477,15 +483,20 @@ class Gpt : public SlicedModel<Comm> {
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
     const std::int64_t C = cfg_.dim;
-    check<ConfigError>(Tn <= cfg_.max_seq, "fourway: sequence length T=", Tn,
+    const std::int64_t seq = splits_sequences(shard_) ? Tn * shard_->ranks() : Tn;
+    check<ConfigError>(seq <= cfg_.max_seq, "fourway: sequence length T=", seq,
                        " exceeds max_seq=", cfg_.max_seq,
-                       "; shorten the sequences or build the model with max_seq >= ", Tn);
+                       "; shorten the sequences or build the model with max_seq >= ", seq);
     check_ids(tokens, "token");
     s.tokens = tokens.view();
     Tensor<T, B> e = detail::activation<T, B>(ctx, Shape{Bn, Tn, C});  // partial sum over the group
     Ops<B>::vocab_embed_forward(ctx, e.data(), tokens.data(), wte_.bound_weight().data(), Bn * Tn,
                                 C, vocab_start(), vocab_valid());
-    if (rank_ == 0) Ops<B>::bias_add(ctx, e.data(), wpe_.bound_weight().data(), Bn, Tn * C);
+    if (rank_ == 0) {
+      Tensor<T, B> wpe_rows;  // a sequence shard: wpe at the rows' positions
+      const T* wpe = position_rows(ctx, shard_, wpe_.bound_weight().data(), Tn, C, wpe_rows);
+      Ops<B>::bias_add(ctx, e.data(), wpe, Bn, Tn * C);
+    }
     if (sp_) {
       s.emb = reduce_scatter_rows(ctx, *tp_, e, MemTag::activations);
     } else {
@@ -501,7 +512,10 @@ class Gpt : public SlicedModel<Comm> {
     const std::int64_t C = cfg_.dim;
     Tensor<T, B> dyf =
         sp_ ? gather_rows(ctx, *tp_, dy, Shape{Bn, Tn, C}, MemTag::workspace) : dy.view();
-    Ops<B>::bias_backward(ctx, wpe_.bound_grad().data(), dyf.data(), Bn, Tn * C);
+    Tensor<T, B> dwpe_rows;  // a sequence shard: the rows' position gradients
+    T* dwpe = position_grad_rows(ctx, shard_, wpe_.bound_grad().data(), Tn, C, dwpe_rows);
+    Ops<B>::bias_backward(ctx, dwpe, dyf.data(), Bn, Tn * C);
+    add_position_grads(ctx, shard_, wpe_.bound_grad().data(), dwpe_rows, Tn, C);
     Ops<B>::vocab_embed_backward(ctx, wte_.bound_grad().data(), dyf.data(), s.tokens.data(),
                                  Bn * Tn, C, vocab_start(), vocab_valid());
   }
@@ -548,6 +562,7 @@ class Gpt : public SlicedModel<Comm> {
   Placement vocab_;      // wte's row of the whole table
   Parameter<T, B> wte_;  // (Vp/N, C) this rank's vocabulary rows
   Parameter<T, B> wpe_;  // (max_seq, C)
+  SequenceShard<T, B>* shard_ = nullptr;
   std::vector<Checkpointed<Block>> blocks_;
   LayerNorm<T, B> ln_f_;
 };
