@@ -205,7 +205,9 @@ Result run_mesh(const Case& c, int steps) {
 template <class T, int Z>
 Result run_case_zero(const Case& c, int steps) {
   if (c.cp > 1) {
+    if (c.tp > 1 && c.pp > 1) return run_mesh<fw::dynamic_mesh_t<true, true, Z, true>, T>(c, steps);
     if (c.tp > 1) return run_mesh<fw::dynamic_mesh_t<true, false, Z, true>, T>(c, steps);
+    if (c.pp > 1) return run_mesh<fw::dynamic_mesh_t<false, true, Z, true>, T>(c, steps);
     return run_mesh<fw::dynamic_mesh_t<false, false, Z, true>, T>(c, steps);
   }
   if (c.tp > 1 && c.pp > 1) return run_mesh<fw::dynamic_mesh_t<true, true, Z>, T>(c, steps);
@@ -357,6 +359,11 @@ TEST(MeshMatrix, ContextParallel) {
 }
 TEST(MeshMatrix, ContextAndTensorParallel) {
   expect_matrix({context(mesh(2, 1, 1), 2), sequence_parallel(context(mesh(2, 1, 2, 2), 2))});
+}
+TEST(MeshMatrix, ContextWithPipelines) {
+  expect_matrix({context(with(mesh(1, 2, 2, 3), Kind::one_f_one_b, 2), 2),
+                 context(with(mesh(1, 2, 1), Kind::gpipe, 2), 2),
+                 context(with(mesh(2, 2, 1, 1), Kind::interleaved, 2, 2), 2)});
 }
 
 TEST(MeshMatrix, PipelinesOnEight) {

@@ -12,7 +12,7 @@
 //! Any other model runs the same table with the rank models its `fw::model_family<Config>` names
 //! (train/model_family.hpp): a Llama-style decoder of the user's own does (examples/llama/).
 //! Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S for `Sharded<S>`.
-//! A `ContextParallel<N>` axis (no Pipeline yet) splits every sequence over N ranks: the strategy
+//! A `ContextParallel<N>` axis splits every sequence over N ranks: the strategy
 //! owns a `cp::RingShard` over the cp group and binds it to the rank model
 //! (`bind_sequence_shard`: positions and attention follow it), and the data-parallel work — the
 //! gradient reduction, ZeRO's shards, the loss sum — runs over the cp × dp group, a context rank
@@ -140,10 +140,6 @@ struct mesh_strategy_types {
   using base =
       std::conditional_t<traits::pipeline, PipelineStrategy<P, B, Comm, traits::zero_stage, model>,
                          ShardedStrategy<traits::zero_stage, model, P, B, Comm>>;
-  static_assert(!traits::context_parallel || !traits::pipeline,
-                "fourway: ContextParallel<N> with a Pipeline axis is not built yet "
-                "(docs/context-parallel.md); use ContextParallel with TensorParallel and "
-                "DataParallel/Sharded");
 };
 
 /// Base-from-member: the model a non-pipeline strategy trains, built before the strategy, and
@@ -187,20 +183,22 @@ class MeshStrategy : private detail::OwnedModel<
         groups_(&groups),
         cfg_(cfg),
         seed_(seed) {
-    if constexpr (traits::context_parallel) this->owned->bind_sequence_shard(this->shard.get());
+    bind_shard(*this->owned, this->shard.get());
   }
 
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(traits::pipeline)
-      : owned_model{(ready(groups), nullptr), nullptr},
+      : owned_model{make_shard(ready(groups)), nullptr},
         base_type(ctx, family::cut_costs(cfg),
-                  chunk_factory(ctx, cfg, seed, groups, options.tensor, load), groups.pp(),
-                  groups.dp(), pipeline_options(options.pipeline), optimizer),
+                  chunk_factory(ctx, cfg, seed, groups, options.tensor, load, this->shard.get()),
+                  groups.pp(), replicas(groups), pipeline_options(options.pipeline), optimizer),
         mesh_(mesh),
         groups_(&groups),
         cfg_(cfg),
-        seed_(seed) {}
+        seed_(seed) {
+    this->split_sequences(sequence_split());
+  }
 
   [[nodiscard]] const MeshT& mesh() const { return mesh_; }
   /// The model's configuration and initial seed.
@@ -349,27 +347,36 @@ class MeshStrategy : private detail::OwnedModel<
     // deferred unless loaded (GPT without tp): the strategy materialises what this rank owns
     auto m = family::template make<rank_model_type>(ctx, cfg, seed, groups.tp(), options.tensor,
                                                     std::nullopt, static_cast<bool>(load));
-    if constexpr (traits::context_parallel) {
-      static_assert(
-          requires(SequenceShard<T, B> * s) { m->bind_sequence_shard(s); },
-          "fourway: a ContextParallel mesh needs a rank model with "
-          "bind_sequence_shard(fw::SequenceShard<T, B>*) for its positions and "
-          "attention (docs/context-parallel.md); models::Gpt and tp::Gpt have it");
-    }
     if (load) load(ctx, *m);
     return m;
   }
 
-  /// The pipeline's chunk factory (a pipeline mesh only).
+  /// The pipeline's chunk factory (a pipeline mesh only); each chunk is bound to `shard`, the
+  /// sequence shard of a context-parallel mesh.
   static auto chunk_factory(const Context<B>& ctx, const Config& cfg, std::uint64_t seed,
-                            MeshGroups<Comm>& groups, tp::TpOptions tensor, const loader& load) {
+                            MeshGroups<Comm>& groups, tp::TpOptions tensor, const loader& load,
+                            SequenceShard<T, B>* shard) {
     using factory = typename base_type::chunk_factory;
     Comm* tpc = &groups.tp();
-    return factory([&ctx, cfg, seed, tpc, tensor, load](const models::GptPart& part) {
+    return factory([&ctx, cfg, seed, tpc, tensor, load, shard](const models::GptPart& part) {
       auto m = family::template make<rank_model_type>(ctx, cfg, seed, *tpc, tensor, part, true);
+      bind_shard(*m, shard);
       if (load) load(ctx, *m);
       return m;
     });
+  }
+  /// Binds a rank model or chunk to the mesh's sequence shard (context parallelism only).
+  static void bind_shard(rank_model_type& m, SequenceShard<T, B>* shard) {
+    if constexpr (traits::context_parallel) {
+      static_assert(
+          requires { m.bind_sequence_shard(shard); },
+          "fourway: a ContextParallel mesh needs a rank model with "
+          "bind_sequence_shard(fw::SequenceShard<T, B>*) for its positions and "
+          "attention (docs/context-parallel.md); models::Gpt and tp::Gpt have it");
+      m.bind_sequence_shard(shard);
+    } else {
+      (void)m, (void)shard;
+    }
   }
 
   static PipelineOptions pipeline_options(PipelineOptions o) {

@@ -83,6 +83,7 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
@@ -238,13 +239,18 @@ class PipelineStrategy {
   }
   void begin_micro_batch(int /*i*/, int /*n*/) {}
   void end_micro_batch(int /*i*/, int /*n*/) {}
+  /// Context parallelism (set by the mesh, whose chunks are bound to the same split): each rank
+  /// stages its part of every sequence of its rows (`cp::take_local_rows`), T/c tokens, and the
+  /// boundaries between chunks are (b, T/c, C). `dp` is then the cp × dp group.
+  void split_sequences(SequenceSplit s) { split_ = s; }
+
   /// The Trainer's micro-batch loop, in the schedule's order: rows [first, first + M·b) of the
   /// global batch in M micro-batches of b rows. Returns Σ loss_i·b (non-zero on the last chunk's
   /// rank only).
   double run_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M,
                            float grad_scale) {
     check_micro_batches(M);
-    const std::int64_t elements = first_chunk()->boundary_shape(b, batch.T).numel();
+    const std::int64_t elements = first_chunk()->boundary_shape(b, local_length(batch)).numel();
     if (!executor_ || elements != elements_) {
       elements_ = elements;
       executor_ = make_executor(make_table(pp_->size(), elements));
@@ -258,7 +264,7 @@ class PipelineStrategy {
   /// rows, summed over the pipeline (the last stage's) and the replicas: a collective of the mesh.
   double evaluate_micro_batches(const Batch& batch, std::int64_t first, std::int64_t b, int M) {
     check_micro_batches(M);
-    const std::int64_t elements = first_chunk()->boundary_shape(b, batch.T).numel();
+    const std::int64_t elements = first_chunk()->boundary_shape(b, local_length(batch)).numel();
     if (!eval_executor_ || elements != eval_elements_) {
       eval_elements_ = elements;
       eval_executor_ = make_executor(schedule::forward_only(make_table(pp_->size(), 1), elements));
@@ -726,20 +732,39 @@ class PipelineStrategy {
       e->on_unit([this](const pp::UnitEvent& u) { unit_event(u); });
     return e;
   }
-  /// The rank's M micro-batches of b rows from row `first` of `batch`, staged on the backend.
+  /// The tokens of a sequence this rank holds: T, or T/c under context parallelism.
+  [[nodiscard]] std::int64_t local_length(const Batch& batch) const {
+    return split_.ranks == 1 ? batch.T
+                             : cp::balanced_split(batch.T, split_.ranks, split_.rank).local();
+  }
+
+  /// The rank's M micro-batches of b rows from row `first` of `batch`, staged on the backend
+  /// (this rank's part of each sequence under context parallelism).
   std::vector<pp::MicroBatch<B>> micro_batches(const Batch& batch, std::int64_t first,
                                                std::int64_t b, int M) {
-    const std::int64_t Tn = batch.T;
+    std::span<const std::int32_t> inputs =
+        batch.inputs.subspan(static_cast<std::size_t>(first * batch.T));
+    std::span<const std::int32_t> targets =
+        batch.targets.subspan(static_cast<std::size_t>(first * batch.T));
+    const std::int64_t Tn = local_length(batch);
+    if (split_.ranks > 1) {
+      const cp::BalancedSplit split = cp::balanced_split(batch.T, split_.ranks, split_.rank);
+      const auto n = static_cast<std::size_t>(M * b * Tn);
+      local_tokens_.resize(2 * n);
+      cp::take_local_rows(local_tokens_.data(), inputs.data(), M * b, 1, split);
+      cp::take_local_rows(local_tokens_.data() + n, targets.data(), M * b, 1, split);
+      inputs = std::span<const std::int32_t>(local_tokens_).first(n);
+      targets = std::span<const std::int32_t>(local_tokens_).subspan(n);
+    }
     std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
     staged_.resize(2 * static_cast<std::size_t>(M));
     for (int i = 0; i < M; ++i) {
-      const auto off = static_cast<std::size_t>((first + i * b) * Tn);
+      const auto off = static_cast<std::size_t>(i * b * Tn);
       const auto n = static_cast<std::size_t>(b * Tn);
       auto& mb = mbs[static_cast<std::size_t>(i)];
-      mb.tokens =
-          stage(staged_[static_cast<std::size_t>(2 * i)], batch.inputs.subspan(off, n), b, Tn);
+      mb.tokens = stage(staged_[static_cast<std::size_t>(2 * i)], inputs.subspan(off, n), b, Tn);
       mb.targets =
-          stage(staged_[static_cast<std::size_t>(2 * i + 1)], batch.targets.subspan(off, n), b, Tn);
+          stage(staged_[static_cast<std::size_t>(2 * i + 1)], targets.subspan(off, n), b, Tn);
     }
     return mbs;
   }
@@ -771,6 +796,8 @@ class PipelineStrategy {
   std::unique_ptr<chunk_set_type> set_;
   std::unique_ptr<sharded_type> sharded_;
   NoHooks hooks_;
+  SequenceSplit split_{};                   // context parallelism: this rank's part of sequences
+  std::vector<std::int32_t> local_tokens_;  // ... staged from here: inputs | targets
   std::vector<Tensor<std::int32_t, B>> staged_;
   std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> executor_;
   std::unique_ptr<pp::Executor<T, B, Comm, Chunk>> eval_executor_;  // forward-only (evaluate)
