@@ -1,9 +1,10 @@
-// fourway-train ... --check: runs the configured mesh (--tp, --pp, --dp, --zero, the schedule,
-// the precision) and the one-rank run of the same model on the same batches for --steps steps
-// with fw::check_mesh (train/mesh_check.hpp), prints per step the two losses and their relative
-// difference and, at step 1, the largest relative gradient differences per tensor, and exits
-// with status 1 when any is outside the precision's bound. The mesh runs on LocalWorld threads.
-// Compiled in its own unit (train_check.cpp) so that its instantiations build beside train.cpp.
+// fourway-train ... --check: runs the configured mesh (--tp, --cp, --pp, --dp, --zero, the
+// schedule, the precision) and the one-rank run of the same model on the same batches for --steps
+// steps with fw::check_mesh (train/mesh_check.hpp), prints per step the two losses and their
+// relative difference and, at step 1, the largest relative gradient differences per tensor, and
+// exits with status 1 when any is outside the precision's bound. The mesh runs on LocalWorld
+// threads. Compiled in its own unit (train_check.cpp) so that its instantiations build beside
+// train.cpp.
 #pragma once
 
 #include <algorithm>
@@ -27,7 +28,7 @@ template <class Target, class T, bool Tp, bool Pp, int Zero>
 bool check_ranks(const Options& o, int ranks) {
   using B = typename Target::backend;
   using Comm = fw::LocalComm;
-  using MeshT = fw::dynamic_mesh_t<Tp, Pp, Zero>;
+  using MeshT = fw::dynamic_mesh_t<Tp, Pp, Zero, true>;  // --cp 1: as without the axis
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   bool ok = false;
   const auto rank_main = [&](fw::World<fw::LocalWorld>& w) {
@@ -35,6 +36,7 @@ bool check_ranks(const Options& o, int ranks) {
     fw::Context<B> ctx = Target::context(w.memory(), 0, o);
     apply_memory_options<Target>(o, w.memory(), 0);
     const MeshT mesh(w.size(), {.tp = Tp ? o.tp : fw::dynamic,
+                                .cp = o.cp,
                                 .pp = Pp ? o.pp : fw::dynamic,
                                 .dp = o.dp == 0 ? fw::dynamic : o.dp});
     fw::MeshGroups<Comm> groups(mesh, w.comm());
@@ -79,7 +81,7 @@ bool check_ranks(const Options& o, int ranks) {
 }
 
 /// --check: 0 when the mesh matches the one-rank run within the bounds, 1 when it does not. The
-/// flags were validated (validate.hpp): LocalWorld, --steps >= 1, --ranks = tp x pp x dp.
+/// flags were validated (validate.hpp): LocalWorld, --steps >= 1, --ranks = tp x cp x pp x dp.
 template <class Target, class T>
 int run_check(const Options& o) {
   bool ok = false;

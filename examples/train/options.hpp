@@ -81,6 +81,8 @@ struct Options {
   int tp = 1;
   bool sequence_parallel = false;
   int vocab_align = 0;
+  // context parallelism (docs/context-parallel.md): each rank holds seq/cp tokens of a sequence
+  int cp = 1;
   // pipeline parallelism and micro-batches (docs/pipeline.md)
   int pp = 1;
   int micro_batches = 0;  // 0: 1, or S with --pp S (the fewest micro-batches 1F1B runs)
@@ -96,7 +98,8 @@ struct Options {
   [[nodiscard]] bool was_given(const std::string& flag) const { return given.contains(flag); }
   /// Ranks as threads or processes rather than the one-rank path of `train`.
   [[nodiscard]] bool parallel() const {
-    return ranks > 1 || dp > 1 || backend != "local" || zero != 0 || tp != 1 || sequence_parallel;
+    return ranks > 1 || dp > 1 || backend != "local" || zero != 0 || tp != 1 || cp != 1 ||
+           sequence_parallel;
   }
   /// Ranks as threads of this process: LocalWorld, lenient (`local`) or held to NCCL's contract
   /// (`strict`, docs/comm.md).
@@ -219,6 +222,9 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
       .add("vocab-align", &o.vocab_align, "A",
            "pad the vocabulary to a multiple of A (with --tp: of tp*A); the padding is masked, "
            "files keep the real rows (0: 128 on CUDA, 1 on host)")
+      .add("cp", &o.cp, "N",
+           "context-parallel degree: every sequence split over N ranks (each holds seq/N tokens, "
+           "attention passes keys and values around a ring; host backend)")
       .add("pp", &o.pp, "S", "pipeline stages (one rank each)")
       .add("micro-batches", &o.micro_batches, "M",
            "micro-batches per step (gradient accumulation; the pipeline's M; 0: 1, or S with "

@@ -1,6 +1,8 @@
-// fourway-train --pp S [--tp N] [--dp D]: the pipeline path of the program (train_program.hpp
-// includes it), on fw::MeshStrategy over fw::Mesh<[TensorParallel,] Pipeline, DataParallel |
-// Sharded<Z>>: S stages, each split over N tensor-parallel ranks, in D replicas (N·S·D ranks of
+// fourway-train --pp S [--tp N] [--cp C] [--dp D]: the pipeline path of the program
+// (train_program.hpp includes it), on fw::MeshStrategy over fw::Mesh<[TensorParallel,]
+// ContextParallel, Pipeline, DataParallel | Sharded<Z>>: S stages, each split over N
+// tensor-parallel ranks and C context-parallel ranks (each holding seq/C tokens of every
+// sequence; --cp alone runs a pipeline of one stage), in D replicas (N·C·S·D ranks of
 // --backend local or mpi), a schedule table checked before the first step, each rank building
 // (and with --init-from loading) only its own layers and slices, --save writing one ordinary
 // GPT-2 file in which every rank writes only the elements it owns, and --trace writing the ranks'
@@ -223,7 +225,7 @@ template <class Target, class T, class W, int Zero, bool Tp = false>
 void train_pipeline_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = typename W::comm_type;
-  using MeshT = fw::dynamic_mesh_t<Tp, true, Zero>;
+  using MeshT = fw::dynamic_mesh_t<Tp, true, Zero, true>;  // --cp 1: as without the axis
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, B, Comm>;
   std::mutex mu;
   std::vector<TraceEvent> trace;  // every rank's (LocalWorld) or this process's (MPI)
@@ -231,15 +233,17 @@ void train_pipeline_ranks(const Options& o) {
     const bool lead = w.rank() == 0;
     const int n = w.size();
     const int tp_degree = Tp ? o.tp : 1;
-    fw::check<fw::ConfigError>(
-        n % (o.pp * tp_degree) == 0 && (o.dp == 0 || o.dp * o.pp * tp_degree == n),
-        "fourway: --tp ", tp_degree, " x --pp ", o.pp, " x --dp ", o.dp, " does not make the ", n,
-        " ranks; give --ranks = --tp x --pp x --dp");
+    const int inner = tp_degree * o.cp * o.pp;
+    fw::check<fw::ConfigError>(n % inner == 0 && (o.dp == 0 || o.dp * inner == n), "fourway: --tp ",
+                               tp_degree, " x --cp ", o.cp, " x --pp ", o.pp, " x --dp ", o.dp,
+                               " does not make the ", n,
+                               " ranks; give --ranks = --tp x --cp x --pp x --dp");
     fw::Context<B> ctx = Target::context(w.memory(), rank_device(w), o);
     bind_world(w, ctx);
     apply_memory_options<Target>(o, w.memory(), rank_device(w));
-    // N tp ranks x S stages x D replicas (rank = tp + N * (stage + S * replica))
-    const MeshT mesh(n, {.tp = tp_degree, .pp = o.pp});
+    // N tp ranks x C cp ranks x S stages x D replicas (rank = tp + N * (cp + C * (stage + S *
+    // replica)))
+    const MeshT mesh(n, {.tp = tp_degree, .cp = o.cp, .pp = o.pp});
     fw::MeshGroups<Comm> groups(mesh, w.comm());
     Comm& tpg = groups.tp();
     Comm& pp = groups.pp();
@@ -253,16 +257,19 @@ void train_pipeline_ranks(const Options& o) {
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);
     print_attention<Target>(ctx, o, cfg, lead);
-    const int replicas = n / (o.pp * tp_degree);
+    const int replicas = n / inner;
     fw::check<fw::ConfigError>(
         o.batch % (replicas * o.micro_batches) == 0, "fourway: the global batch of B=", o.batch,
         " sequences does not ", "split into ", replicas, " replicas x ", o.micro_batches,
         " micro-batches; use a --batch that is a multiple of ", replicas * o.micro_batches);
     fw::check<fw::ConfigError>(
         !o.sequence_parallel ||
-            (static_cast<long long>(o.batch / replicas / o.micro_batches) * o.seq) % tp_degree == 0,
-        "fourway: --sequence-parallel splits the ", o.batch / replicas / o.micro_batches * o.seq,
-        " rows of a micro-batch (batch/dp/micro-batches x seq) over tp=", tp_degree,
+            (static_cast<long long>(o.batch / replicas / o.micro_batches) * o.seq / o.cp) %
+                    tp_degree ==
+                0,
+        "fourway: --sequence-parallel splits the ",
+        o.batch / replicas / o.micro_batches * o.seq / o.cp,
+        " rows of a micro-batch (batch/dp/micro-batches x seq/cp) over tp=", tp_degree,
         " ranks; choose --batch, --micro-batches and --seq so that tp divides them");
     const fw::MeshOptions mo = mesh_options(o);
     typename S::loader load;
@@ -288,13 +295,17 @@ void train_pipeline_ranks(const Options& o) {
       std::printf("data %s: %zu tokens; model: %d layers, %s, %s\n", data.source().c_str(),
                   data.size(), cfg.layers, o.precision.c_str(), recomputation_text(o));
       std::printf(
-          "pipeline: %s over %d stages x %d replicas%s (%s), %d micro-batches of %d "
+          "pipeline: %s over %d stages x %d replicas%s%s (%s), %d micro-batches of %d "
           "sequences per replica, chunks %s\n",
           std::string(st.table().name).c_str(), o.pp, replicas,
           Tp ? fw::detail::cat(", each stage TensorParallel tp=", tp_degree,
                                o.sequence_parallel ? " (sequence parallel)" : "")
                    .c_str()
              : "",
+          o.cp > 1 ? fw::detail::cat(", ContextParallel cp=", o.cp, " (", o.seq / o.cp,
+                                     " tokens of every sequence per rank)")
+                         .c_str()
+                   : "",
           o.backend.c_str(), o.micro_batches, o.batch / replicas / o.micro_batches,
           st.partition().describe().c_str());
       std::printf("%s", fw::schedule::to_string(st.table()).c_str());

@@ -179,7 +179,7 @@ enum class Path : std::uint8_t { single, data_parallel, tensor_parallel, pipelin
 
 inline Path run_path(const Options& o) {
   if (o.check) return Path::check;
-  if (o.pp > 1) return Path::pipeline;
+  if (o.pp > 1 || o.cp > 1) return Path::pipeline;  // the mesh path (a cp mesh: 1 stage or more)
   if (o.tp > 1 || o.sequence_parallel) return Path::tensor_parallel;
   if (o.parallel()) return Path::data_parallel;
   return Path::single;
@@ -188,7 +188,7 @@ inline Path run_path(const Options& o) {
 /// The data-parallel replicas of a validated run (0: the launcher decides, --backend mpi|nccl
 /// without --ranks).
 inline int replicas(const Options& o) {
-  return o.ranks == 0 ? 0 : o.ranks / (std::max(o.tp, 1) * std::max(o.pp, 1));
+  return o.ranks == 0 ? 0 : o.ranks / (std::max(o.tp, 1) * std::max(o.cp, 1) * std::max(o.pp, 1));
 }
 
 namespace detail {
@@ -309,6 +309,7 @@ inline void check_values(Options& o, const TargetTraits& t) {
   fw::check<fw::ConfigError>(o.dp >= 0, "fourway: --dp must be >= 0 (0: every rank left), got ",
                              o.dp);
   check_positive("tp", o.tp);
+  check_positive("cp", o.cp);
   check_positive("pp", o.pp);
   fw::check<fw::ConfigError>(o.micro_batches >= 0, "fourway: --micro-batches must be >= 1, got ",
                              o.micro_batches);
@@ -337,20 +338,21 @@ inline void check_values(Options& o, const TargetTraits& t) {
 /// The ranks of a LocalWorld run (threads of this process) the flags ask for, checked against
 /// --dp; under --backend mpi|nccl --ranks may stay 0 (every process the launcher started).
 inline void resolve_ranks(Options& o) {
-  const int tp = o.tp, pp = o.pp;
+  const int tp = o.tp, pp = o.pp, inner = o.tp * o.cp * o.pp;
   if (!o.parallel() && pp == 1 && !o.check) {
     o.ranks = 1;
     return;
   }
-  if (o.local_world() && o.ranks == 0) o.ranks = tp * pp * std::max(o.dp, 1);
+  if (o.local_world() && o.ranks == 0) o.ranks = inner * std::max(o.dp, 1);
   if (o.ranks == 0) return;  // the launcher's processes
-  fw::check<fw::ConfigError>(tp * pp > 1 || o.dp == 0 || o.dp == o.ranks, "fourway: --dp ", o.dp,
-                             " but there are ", o.ranks, " ranks; without --tp or --pp --dp must ",
-                             "equal --ranks (or be 0)");
-  fw::check<fw::ConfigError>(o.ranks % (tp * pp) == 0 && (o.dp == 0 || o.dp * tp * pp == o.ranks),
-                             "fourway: --tp ", tp, " x --pp ", pp, " x --dp ", o.dp,
-                             " does not make the ", o.ranks, " ranks of --ranks ", o.ranks,
-                             "; give --ranks = --tp x --pp x --dp (or --dp 0 for what is left)");
+  fw::check<fw::ConfigError>(
+      inner > 1 || o.dp == 0 || o.dp == o.ranks, "fourway: --dp ", o.dp, " but there are ", o.ranks,
+      " ranks; without --tp, --cp or --pp --dp must ", "equal --ranks (or be 0)");
+  fw::check<fw::ConfigError>(
+      o.ranks % inner == 0 && (o.dp == 0 || o.dp * inner == o.ranks), "fourway: --tp ", tp,
+      o.cp > 1 ? fw::detail::cat(" x --cp ", o.cp) : "", " x --pp ", pp, " x --dp ", o.dp,
+      " does not make the ", o.ranks, " ranks of --ranks ", o.ranks, "; give --ranks = --tp x ",
+      o.cp > 1 ? "--cp x " : "", "--pp x --dp (or --dp 0 for what is left)");
 }
 
 /// Combinations: every flag the chosen path would ignore is refused, naming it and what it
@@ -370,7 +372,7 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
                 "splits LayerNorm and residual regions over tensor-parallel ranks; it needs "
                 "--tp N > 1");
   for (const char* flag : {"bucket-mb", "no-overlap"}) {
-    refuse_unless(!pipeline, o, flag,
+    refuse_unless(!pipeline && o.cp == 1, o, flag,
                   "shapes the data-parallel path's overlapped gradient reduction; a pipeline "
                   "reduces its gradients over the replicas once, after its last micro-batch, "
                   "unbucketed (drop it with --pp)");
@@ -388,6 +390,19 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
                              "applies to the tied head of --tp 1; the vocabulary-parallel head of ",
                              "--tp ", o.tp, " keeps its slice of the logits (drop ",
                              "--classifier-chunk)");
+  if (o.cp > 1) {
+    fw::check<fw::ConfigError>(
+        !t.on_device, "fourway: --cp ", o.cp,
+        ": context parallelism's ring attention has its host form only (docs/context-parallel.md); "
+        "run it with fourway-train, the host build");
+    fw::check<fw::ConfigError>(
+        o.seq % (2 * o.cp) == 0, "fourway: --cp ", o.cp, " cuts every sequence into 2 x ", o.cp,
+        " = ", 2 * o.cp, " chunks (rank r holds chunks r and ", 2 * o.cp - 1, " - r), but --seq ",
+        o.seq, " does not divide by ", 2 * o.cp, "; use a --seq divisible by ", 2 * o.cp);
+    refuse_unless(false, o, "sample-tokens",
+                  "generates from the model, and decoding keeps whole sequences: a --cp mesh "
+                  "cannot (save the model and sample without --cp)");
+  }
   fw::check<fw::ConfigError>(cfg.heads % o.tp == 0, "fourway: --tp ", o.tp, ": tensor parallelism ",
                              "over tp=", o.tp, " ranks needs heads=", cfg.heads, " divisible by ",
                              o.tp);
@@ -417,12 +432,12 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
       " sequences does not split into ", d, d == 1 ? " replica" : " data-parallel ranks", " x ",
       o.micro_batches, o.micro_batches == 1 ? " micro-batch" : " micro-batches",
       "; use a --batch that is a multiple of ", split);
-  const long long rows = o.batch / split * o.seq;
-  fw::check<fw::ConfigError>(!o.sequence_parallel || rows % o.tp == 0,
-                             "fourway: --sequence-parallel splits the ", rows,
-                             " rows of a micro-batch (batch/dp/micro-batches x seq) over tp=", o.tp,
-                             " ranks; choose --batch, --micro-batches and --seq so that "
-                             "tp divides them");
+  const long long rows = o.batch / split * o.seq / std::max(o.cp, 1);
+  fw::check<fw::ConfigError>(
+      !o.sequence_parallel || rows % o.tp == 0, "fourway: --sequence-parallel splits the ", rows,
+      " rows of a micro-batch (batch/dp/micro-batches x seq/cp) over tp=", o.tp,
+      " ranks; choose --batch, --micro-batches and --seq so that "
+      "tp divides them");
   if (pipeline) {
     const fw::schedule::Request q{schedule_kind(o.schedule), o.pp, o.micro_batches,
                                   virtual_stages(o), 1};

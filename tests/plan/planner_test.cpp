@@ -447,8 +447,10 @@ TEST(PlanContextParallel, MeshesThatCannotSplitTheSequenceAreConfigErrors) {
                        "context parallelism 2 splits sequences"));
   fp::Options own;
   own.footprint = fp::Footprint::fourway;
+  s.cp_kind = fp::ContextKind::ulysses;
   EXPECT_TRUE(contains(error_of_with(fp::Model{fp::gpt2_124m, 0}, cluster(2), s, own),
-                       "has no context parallelism yet"));
+                       "its context parallelism is the ring (cp 2); plan Ulysses with --footprint "
+                       "published"));
 }
 
 // Where the sequence is what does not fit, context parallelism wins over recomputation, and the

@@ -62,10 +62,11 @@ struct Case {
   bool checkpoint = false;  // every block recomputed in backward
   bool selective = false;   // the attention core and GELU recomputed in backward
   int sequences = 2;        // per micro-batch and replica
-  [[nodiscard]] int ranks() const { return tp * pp * dp; }
+  int cp = 1;               // context parallelism: each rank holds T/cp tokens of a sequence
+  [[nodiscard]] int ranks() const { return tp * cp * pp * dp; }
   [[nodiscard]] std::string name() const {
     return fw::detail::cat(
-        "tp", tp, "·pp", pp, "·dp", dp, " zero", zero,
+        "tp", tp, cp > 1 ? fw::detail::cat("·cp", cp) : "", "·pp", pp, "·dp", dp, " zero", zero,
         pp > 1 ? fw::detail::cat(" ", fw::schedule::kind_name(schedule), " m=", micro_batches)
                : std::string(),
         virtual_stages > 1 ? fw::detail::cat(" v=", virtual_stages) : "",
@@ -92,9 +93,17 @@ fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
                              static_cast<std::int64_t>(m.current(MemTag::optimizer_state))};
 }
 
+/// The model of a case: the harness's, at sequences of 16 under context parallelism (2·cp chunks).
+fw::models::GptConfig config_of(const Case& c) {
+  fw::models::GptConfig cfg = harness::mesh_gpt(c.checkpoint);
+  cfg.selective = c.selective;
+  if (c.cp > 1) cfg.max_seq = 16;
+  return cfg;
+}
+
 fw::TokenBatch batch_of(const Case& c) {
   const std::int64_t rows = static_cast<std::int64_t>(c.sequences) * c.dp * c.micro_batches;
-  const std::int64_t Tn = harness::mesh_gpt().max_seq;
+  const std::int64_t Tn = config_of(c).max_seq;
   std::mt19937 rng(7);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * (Tn + 1)));
   for (auto& t : tokens)
@@ -106,14 +115,14 @@ fw::TokenBatch batch_of(const Case& c) {
 /// model-state bytes afterwards.
 template <class T, int Z, bool TensorParallel, bool Pipeline = true>
 std::vector<RankMeasure> run(const Case& c) {
-  using MeshT = fw::dynamic_mesh_t<TensorParallel, Pipeline, Z>;
+  using MeshT = fw::dynamic_mesh_t<TensorParallel, Pipeline, Z, true>;  // cp 1: without the axis
   using Comm = fw::Counting<fw::LocalComm>;
   using S = fw::MeshStrategy<MeshT, fw::Precision<T>, fw::Host, Comm>;
   const fw::TokenBatch batch = batch_of(c);
   std::vector<RankMeasure> out(static_cast<std::size_t>(c.ranks()));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
-    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+    const MeshT mesh(w.size(), {.tp = c.tp, .cp = c.cp, .pp = c.pp});
     Comm world(w.comm().split(0, w.rank(), "world"));
     fw::MeshGroups<Comm> groups(mesh, world);
     fw::MeshOptions mo;
@@ -123,9 +132,7 @@ std::vector<RankMeasure> run(const Case& c) {
     mo.tensor.sequence_parallel = c.sequence_parallel;
     fw::TrainerOptions to;
     to.micro_batches = c.micro_batches;
-    fw::models::GptConfig cfg = harness::mesh_gpt(c.checkpoint);
-    cfg.selective = c.selective;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, cfg, 11, mo, fw::AdamW{});
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, config_of(c), 11, mo, fw::AdamW{});
     world.counters().reset();  // the step's traffic only
     const auto built = static_cast<std::int64_t>(w.memory().total_peak());
     const auto built_activations = static_cast<std::int64_t>(w.memory().peak(MemTag::activations));
@@ -172,8 +179,8 @@ constexpr fp::Precision precision_of() {
   return std::is_same_v<T, float> ? fp::Precision::fp32 : fp::Precision::bf16;
 }
 
-fp::Architecture arch() {
-  const auto c = harness::mesh_gpt();
+fp::Architecture arch(const Case& k) {
+  const auto c = config_of(k);
   return fp::gpt2_shape(c.layers, c.dim, c.heads, c.vocab, c.max_seq);
 }
 
@@ -181,6 +188,7 @@ fp::Architecture arch() {
 fp::Plan plan_of(const Case& c, fp::Precision p) {
   fp::Strategy st;
   st.tp = c.tp;
+  st.cp = c.cp;
   st.pp = c.pp;
   st.dp = c.dp;
   st.zero = c.zero;
@@ -195,7 +203,7 @@ fp::Plan plan_of(const Case& c, fp::Precision p) {
   st.precision = p;
   fp::Options o;
   o.footprint = fp::Footprint::fourway;
-  return fp::make_plan(fp::Model{arch(), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
+  return fp::make_plan(fp::Model{arch(c), 0}, fp::Cluster{fp::h100, c.ranks()}, st, o);
 }
 
 /// Every rank's measured states and bytes sent per group equal the planner's runtime figures for
@@ -209,7 +217,7 @@ void check(const Case& c) {
   const fp::PipelineSplit split{c.pp, c.schedule, c.micro_batches, c.virtual_stages};
   const fp::TensorSplit tsplit{c.tp, 1};
   const std::vector<fp::PipelineRankState> want =
-      fp::runtime_pipeline_states(arch(), p, c.zero, c.dp, split, fp::Optimizer::adam(), tsplit);
+      fp::runtime_pipeline_states(arch(c), p, c.zero, c.dp, split, fp::Optimizer::adam(), tsplit);
   std::int64_t largest = 0;
   for (std::size_t r = 0; r < got.size(); ++r) {
     SCOPED_TRACE(::testing::Message() << "rank " << r << ", pipeline rank " << got[r].pp_rank);
@@ -236,7 +244,7 @@ void check(const Case& c) {
   for (std::size_t r = 0; r < got.size(); ++r) {
     SCOPED_TRACE(::testing::Message() << "traffic of rank " << r);
     const fp::PipelineRankTraffic want = fp::runtime_pipeline_traffic(
-        arch(), g, c.zero, c.dp, split, got[r].pp_rank, tsplit, c.sequence_parallel, c.checkpoint);
+        arch(c), g, c.zero, c.dp, split, got[r].pp_rank, tsplit, c.sequence_parallel, c.checkpoint);
     EXPECT_PRED2(near, got[r].tp, want.tp);
     EXPECT_PRED2(near, got[r].pp, want.pp);
     EXPECT_PRED2(near, got[r].tie, want.tie);
@@ -431,6 +439,22 @@ TEST(PlanRuntimePipeline, EveryPipelineMeshOfTheEquivalenceMatrix) {
       with(mesh(1, 3, 2, 3, Kind::one_f_one_b, 3), true)};
   for (const Case& c : matrix) check<float>(c);
   for (int zero : {0, 3}) check<fw::bf16>(mesh(2, 2, 2, zero, Kind::one_f_one_b, 2));
+}
+
+// Context parallelism (issue 48): the planner's `--footprint fourway` figures for cp meshes —
+// model states sharded over dp·cp, the stash of seq/cp rows, the whole-run peak within 10% —
+// equal what the runtime's accountant counts, as the equivalence matrix runs them.
+TEST(PlanRuntimeMatrix, ContextParallelMeshes) {
+  const auto flat = [](int tp, int cp, int dp, int zero) {
+    Case c = mesh(tp, 1, dp, zero, Kind::gpipe, 1);
+    c.cp = cp;
+    return c;
+  };
+  Case ckpt = flat(1, 4, 2, 1);
+  ckpt.checkpoint = true;
+  for (const Case& c :
+       {flat(1, 2, 1, 0), flat(1, 4, 1, 0), flat(1, 2, 2, 3), ckpt, flat(2, 2, 1, 0)})
+    check_flat(c);
 }
 
 // The meshes of the equivalence matrix without a pipeline, as it runs them: data parallelism and

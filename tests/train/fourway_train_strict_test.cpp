@@ -76,7 +76,8 @@ TEST(FourwayTrainStrict, EveryFlagOnA3DMeshMatchesTheLenientWorld) {
             fw::test::slurp(scratch("local.safetensors")));
 }
 
-// --check in the strict world for every strategy and every schedule, with more micro-batches
+// --check in the strict world for every strategy and every schedule (and context parallelism),
+// with more micro-batches
 // than stages (where interleaved and ZB-V need their sends not to hold the rank back).
 TEST(FourwayTrainStrict, CheckPassesForEveryStrategyAndSchedule) {
   const std::vector<std::string> meshes = {
@@ -92,6 +93,9 @@ TEST(FourwayTrainStrict, CheckPassesForEveryStrategyAndSchedule) {
       "--pp 2 --micro-batches 4 --schedule zb-h1",
       "--pp 2 --micro-batches 4 --schedule zb-v",
       "--tp 2 --pp 2 --dp 2 --zero 3 --micro-batches 2",
+      // context parallelism (issue 48): the ring's sends and recvs, grouped, in the strict world
+      "--cp 2 --dp 2 --zero 3",
+      "--tp 2 --cp 2 --pp 2 --micro-batches 2 --schedule interleaved",
   };
   for (const auto& m : meshes) {
     const fw::test::ProgramRun r =

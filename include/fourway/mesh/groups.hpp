@@ -89,6 +89,8 @@ class MeshGroups {
   [[nodiscard]] int splits() const { return splits_; }
 
   [[nodiscard]] const Coord& coord() const { return coord_; }
+  /// The mesh's degree on axis `a`.
+  [[nodiscard]] int degree(Axis a) const { return degree_[a]; }
   [[nodiscard]] int rank() const { return rank_; }
 
   /// "tp[pp=1,dp=0]": the axes of the group, then the coordinates its members share.

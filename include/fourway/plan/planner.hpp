@@ -345,9 +345,10 @@ inline void validate(const Model& model, const Cluster& cluster, const Strategy&
     detail::require(model.arch.has_value(), "fourway: context parallelism ", s.cp,
                     " splits sequences; give an architecture (--gpt2, --llama or --layers ...), "
                     "not --params");
-    detail::require(o.footprint == Footprint::published, "fourway: --footprint fourway models ",
-                    "the meshes fourway's runtime runs, and it has no context parallelism yet ",
-                    "(cp ", s.cp, "); plan it with --footprint published");
+    detail::require(o.footprint == Footprint::published || s.cp_kind == ContextKind::ring,
+                    "fourway: --footprint fourway models the meshes fourway's runtime runs, and "
+                    "its context parallelism is the ring (cp ",
+                    s.cp, "); plan Ulysses with --footprint published");
   }
   if (model.arch) {
     validate(*model.arch, s.tp);
@@ -422,15 +423,15 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
                                                 : model.arch->vocab;
     std::optional<PipelineRankState> rank;  // fourway's pipeline rank `st`
     if (own_pp) {
-      rank = runtime_pipeline_rank_state(*model.arch, s.precision, s.zero, s.dp, pipeline_split(s),
-                                         st, o.optimizer, split);
+      rank = runtime_pipeline_rank_state(*model.arch, s.precision, s.zero, replicas,
+                                         pipeline_split(s), st, o.optimizer, split);
       sp.layers = rank->layers;
       sp.params = rank->params;
       sp.states = rank->states;
     } else if (own) {
       sp.params = runtime_rank_params(*model.arch, split);  // wte's padding rows included
-      sp.states = runtime_model_state_bytes(*model.arch, s.precision, s.zero, s.dp, o.bucket_bytes,
-                                            o.optimizer, split);
+      sp.states = runtime_model_state_bytes(*model.arch, s.precision, s.zero, replicas,
+                                            o.bucket_bytes, o.optimizer, split);
     } else {
       sp.states =
           model_state_bytes(sp.params, s.precision, s.zero, replicas, Padding::flat(), o.optimizer);
@@ -473,8 +474,11 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           scale * per_mb * static_cast<double>(sp.in_flight) / static_cast<double>(chunks_per_rank);
       sp.recompute_working =
           scale * korthikanti_recompute_working_bytes(x, s.sequence_parallel, s.checkpointing);
+      // fourway's context-parallel ranks hold seq/cp rows of every tensor of the stash (flash
+      // attention keeps a log-sum-exp per row, no scores)
+      const std::int64_t own_seq = a.seq / s.cp;
       if (own) {  // fourway's stash: kept outputs + head, and the larger of a block and the head
-        const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
+        const GptActivationShape g{s.micro_batch, own_seq,  a.hidden,   a.heads,
                                    head_vocab,    a.layers, s.precision};
         const std::int64_t head = runtime_head_activation_bytes(g);
         const std::int64_t block = runtime_block_activation_bytes(g);
@@ -515,7 +519,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           }
         } else if (s.checkpointing == Checkpointing::full) {
           const std::int64_t kept = runtime_embedding_activation_bytes(g) +
-                                    a.layers * a.seq * a.hidden * s.micro_batch * w + head;
+                                    a.layers * own_seq * a.hidden * s.micro_batch * w + head;
           sp.activations = static_cast<double>(kept);
           sp.recompute_working = static_cast<double>(std::max<std::int64_t>(block - head, 0));
         } else if (s.checkpointing == Checkpointing::selective) {
@@ -543,8 +547,8 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         // wte's, the last) hold full gradients from the start of backward, when the activations
         // peak, until their reduce-scatter.
         const auto segs = runtime_segments(a, 2, o.bucket_bytes, s.precision, split);
-        std::int64_t full = ceil_div(segs.front(), s.dp) * s.dp;
-        if (segs.size() > 1) full += ceil_div(segs.back(), s.dp) * s.dp;
+        std::int64_t full = ceil_div(segs.front(), replicas) * replicas;
+        if (segs.size() > 1) full += ceil_div(segs.back(), replicas) * replicas;
         sp.zero2_buckets = static_cast<double>(full * w);
       }
       // fourway's ZeRO-3 gathers each unit into its full buffers on one rank too
@@ -554,7 +558,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
         if (st == s.pp - 1) unit = std::max(unit, head_params(a, s.tp, s.pp));
         if (own) {  // fourway gathers padded units
           for (std::int64_t u : runtime_units(a, split)) {
-            unit = std::max(unit, ceil_div(u, s.dp) * s.dp);
+            unit = std::max(unit, ceil_div(u, replicas) * replicas);
           }
         }
         sp.zero3_gathered = 3.0 * static_cast<double>(unit * w);
@@ -576,10 +580,10 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
       if (rank) {
         // fourway's pipeline ranks (never selective: `validate` refuses it under
         // --footprint fourway), as Counting counts them (the same time model), every schedule
-        const GptActivationShape g{s.micro_batch, a.seq,    a.hidden,   a.heads,
+        const GptActivationShape g{s.micro_batch, own_seq,  a.hidden,   a.heads,
                                    head_vocab,    a.layers, s.precision};
         const PipelineRankTraffic tr =
-            runtime_pipeline_traffic(a, g, s.zero, s.dp, pipeline_split(s), st, split,
+            runtime_pipeline_traffic(a, g, s.zero, replicas, pipeline_split(s), st, split,
                                      s.sequence_parallel, s.checkpointing == Checkpointing::full);
         sp.tensor_parallel.bytes = tr.tp;
         sp.pipeline.bytes = tr.pp + tr.tie;

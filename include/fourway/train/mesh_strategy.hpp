@@ -316,28 +316,27 @@ class MeshStrategy : private detail::OwnedModel<
     (void)groups.tp();  // every rank creates its groups in one order (mesh/groups.hpp)
     (void)groups.pp();
     (void)groups.dp();
-    if constexpr (traits::context_parallel) {
+    if (context_split(groups)) {
       (void)groups.cp();
       (void)groups.group({Axis::cp, Axis::dp});
     }
     return groups;
   }
+  /// A ContextParallel axis of degree above 1 (of 1, the mesh runs as without it: no ring, no
+  /// cp + dp group beside dp).
+  static bool context_split(MeshGroups<Comm>& groups) {
+    return traits::context_parallel && groups.degree(Axis::cp) > 1;
+  }
   /// The ranks that hold the same parameters and reduce their gradients: dp, or cp × dp.
   static Comm& replicas(MeshGroups<Comm>& groups) {
-    if constexpr (traits::context_parallel) {
-      return groups.group({Axis::cp, Axis::dp});
-    } else {
-      return groups.dp();
-    }
+    return context_split(groups) ? groups.group({Axis::cp, Axis::dp}) : groups.dp();
   }
   /// The sequence shard of a context-parallel mesh (null without the axis).
   static std::unique_ptr<SequenceShard<T, B>> make_shard(MeshGroups<Comm>& groups) {
     if constexpr (traits::context_parallel) {
-      return std::make_unique<cp::RingShard<T, B, Comm>>(groups.cp());
-    } else {
-      (void)groups;
-      return nullptr;
+      if (context_split(groups)) return std::make_unique<cp::RingShard<T, B, Comm>>(groups.cp());
     }
+    return nullptr;
   }
 
   static std::unique_ptr<rank_model_type> make_model(const Context<B>& ctx, const Config& cfg,
