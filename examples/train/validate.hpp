@@ -492,6 +492,9 @@ inline std::string describe(const Options& o, const TargetTraits& t,
                                          : cat(o.ranks, o.ranks == 1 ? " rank" : " ranks");
   const std::string dp =
       o.zero == 0 ? std::string("DataParallel") : cat("ZeRO-", o.zero, " (Sharded<", o.zero, ">)");
+  // context parallelism: the ranks each sequence is split over and the tokens each holds
+  const std::string cp =
+      o.cp > 1 ? cat(" x cp=", o.cp, " (", o.seq / o.cp, " tokens of each sequence per rank)") : "";
   switch (path) {
     case Path::single: out += "run: one rank (no communicator)\n"; break;
     case Path::data_parallel: out += cat("run: ", dp, " dp=", d, " on ", ranks, "\n"); break;
@@ -499,11 +502,11 @@ inline std::string describe(const Options& o, const TargetTraits& t,
       out += cat("run: TensorParallel tp=", o.tp, " x ", dp, " dp=", d, " on ", ranks, "\n");
       break;
     case Path::pipeline:
-      out +=
-          cat("run: pipeline tp=", o.tp, " x pp=", o.pp, " x ", dp, " dp=", d, " on ", ranks, "\n");
+      out += cat("run: pipeline tp=", o.tp, cp, " x pp=", o.pp, " x ", dp, " dp=", d, " on ", ranks,
+                 "\n");
       break;
     case Path::check:
-      out += cat("check: tp=", o.tp, " pp=", o.pp, " ", dp, " dp=", d, " on ", ranks,
+      out += cat("check: tp=", o.tp, cp, " pp=", o.pp, " ", dp, " dp=", d, " on ", ranks,
                  " against the one-rank run over ", o.steps,
                  " steps (exit 1 outside the precision's bounds)\n");
       break;
@@ -511,7 +514,7 @@ inline std::string describe(const Options& o, const TargetTraits& t,
   if (path != Path::single) {
     out += cat("communication: backend ", o.backend, ", timeout ", num(o.comm_timeout), " s",
                o.tp > 1 && o.sequence_parallel ? ", sequence parallel" : "");
-    if (o.pp == 1 && d != 1) {
+    if (o.pp == 1 && o.cp == 1 && d != 1) {
       out += cat(", bucket ", num(o.bucket_mb), " MiB, overlap ", o.no_overlap ? "off" : "on");
     }
     out += "\n";

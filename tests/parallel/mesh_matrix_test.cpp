@@ -52,7 +52,8 @@ struct Case {
   bool sequence_parallel = false;
   bool realistic = false;  // realistic_gpt() on realistic_batch() instead of the toy model
   [[nodiscard]] int ranks() const { return tp * cp * pp * dp; }
-  /// Context parallelism needs sequences that cut into 2·cp chunks: long_gpt() and long_batch().
+  /// Context parallelism needs sequences that cut into 2·cp chunks: harness::long_gpt(),
+  /// long_batch().
   [[nodiscard]] bool long_sequences() const { return cp > 1; }
   [[nodiscard]] std::string name() const {
     std::string s = fw::detail::cat("tp", tp, cp > 1 ? fw::detail::cat("·cp", cp) : "", "·pp", pp,
@@ -90,34 +91,18 @@ fw::TokenBatch realistic_batch(int step) {
   return fw::TokenBatch::from_rows(rows, kRealBatch, kRealSeq);
 }
 
-/// The matrix's toy model at sequences of 16 tokens (context parallelism cuts a sequence into
-/// 2·cp chunks: 8 of 2 tokens at cp 4), 8 of them per step.
-constexpr std::int64_t kLongSeq = 16;
-constexpr std::int64_t kLongBatch = 8;
-fw::models::GptConfig long_gpt(bool checkpoint) {
-  fw::models::GptConfig c = harness::mesh_gpt(checkpoint);
-  c.max_seq = kLongSeq;
-  return c;
-}
-fw::TokenBatch long_batch(int step) {
-  std::mt19937 rng(3000u + static_cast<unsigned>(step));
-  std::uniform_int_distribution<int> tok(0, harness::mesh_gpt().vocab - 1);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(kLongBatch * (kLongSeq + 1)));
-  for (auto& t : rows) t = tok(rng);
-  return fw::TokenBatch::from_rows(rows, kLongBatch, kLongSeq);
-}
-
 /// Which model and batches a case runs: the toy model, the realistic one, or the toy one at
 /// long sequences.
 enum class Data { toy, realistic, long_sequences };
 
 fw::models::GptConfig config_of(bool checkpoint, Data shape) {
   if (shape == Data::realistic) return realistic_gpt();
-  return shape == Data::long_sequences ? long_gpt(checkpoint) : harness::mesh_gpt(checkpoint);
+  return shape == Data::long_sequences ? harness::long_gpt(checkpoint)
+                                       : harness::mesh_gpt(checkpoint);
 }
 fw::TokenBatch batch_of(int step, Data shape) {
   if (shape == Data::realistic) return realistic_batch(step);
-  return shape == Data::long_sequences ? long_batch(step) : harness::batch(step);
+  return shape == Data::long_sequences ? harness::long_batch(step) : harness::batch(step);
 }
 Data data_of(const Case& c) {
   if (c.realistic) return Data::realistic;
@@ -300,7 +285,7 @@ double realistic_parameter_bound(const Case& c) {
 void expect_matrix(const std::vector<Case>& cases) {
   for (const Case& c : cases) {
     ASSERT_EQ((c.realistic          ? kRealBatch
-               : c.long_sequences() ? kLongBatch
+               : c.long_sequences() ? harness::kLongBatch
                                     : harness::kBatch) %
                   (c.dp * (c.pp > 1 ? c.micro_batches : 1)),
               0)

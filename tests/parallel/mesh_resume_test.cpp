@@ -43,13 +43,15 @@ fs::path scratch(const std::string& name) {
 
 struct MeshCase {
   int tp = 1;
+  int cp = 1;
   int pp = 1;
   int dp = 1;
   int zero = 0;
   int micro_batches = 1;  // pipelines
-  [[nodiscard]] int ranks() const { return tp * pp * dp; }
+  [[nodiscard]] int ranks() const { return tp * cp * pp * dp; }
   [[nodiscard]] std::string name() const {
-    return fw::detail::cat("tp", tp, "·pp", pp, "·dp", dp, " zero", zero);
+    return fw::detail::cat("tp", tp, cp > 1 ? fw::detail::cat("·cp", cp) : "", "·pp", pp, "·dp", dp,
+                           " zero", zero);
   }
 };
 
@@ -59,6 +61,7 @@ struct Plan {
   fs::path resume;     // resume from here first (empty: start fresh)
   fs::path save_root;  // save at the end (empty: no save)
   fw::LossScalerConfig scaler{};
+  bool long_sequences = false;  // harness::long_gpt() on long_batch() (context parallelism)
 };
 
 struct Segment {
@@ -79,7 +82,7 @@ Segment run_mesh(const Plan& p) {
   out.errors.resize(static_cast<std::size_t>(c.ranks()));
   std::mutex mu;
   fw::launch<fw::LocalWorld>(c.ranks(), [&](fw::World<fw::LocalWorld>& w) {
-    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+    const MeshT mesh(w.size(), {.tp = c.tp, .cp = c.cp, .pp = c.pp});
     fw::MeshGroups<Comm> groups(mesh, w.comm());
     fw::MeshOptions mo;
     mo.pipeline.micro_batches = c.micro_batches;
@@ -87,8 +90,9 @@ Segment run_mesh(const Plan& p) {
     fw::TrainerOptions to;
     to.micro_batches = c.pp > 1 ? c.micro_batches : 1;
     to.loss_scaler = p.scaler;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(), harness::kSeed, mo,
-                     harness::adamw(kLr));
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups,
+                     p.long_sequences ? harness::long_gpt() : harness::mesh_gpt(), harness::kSeed,
+                     mo, harness::adamw(kLr));
     const auto rank = static_cast<std::size_t>(w.rank());
     if (!p.resume.empty()) {
       try {
@@ -100,7 +104,9 @@ Segment run_mesh(const Plan& p) {
     }
     std::vector<float> losses;
     for (long s = t.iteration(); s < p.until; ++s) {
-      losses.push_back(t.step(harness::batch(static_cast<int>(s)).view()));
+      const int step = static_cast<int>(s);
+      losses.push_back(
+          t.step((p.long_sequences ? harness::long_batch(step) : harness::batch(step)).view()));
     }
     if (!p.save_root.empty()) {
       (void)fw::save_checkpoint(t, w.comm(), fw::CheckpointOptions{p.save_root, 0, {}, {}});
@@ -121,6 +127,10 @@ Segment run_mesh(const Plan& p) {
 template <class T, int Z>
 Segment run_zero(const Plan& p) {
   const MeshCase& c = p.mesh;
+  if (c.cp > 1) {  // a cp mesh: the tensor-parallel and pipeline cases the tests below use
+    if (c.pp > 1) return run_mesh<fw::dynamic_mesh_t<false, true, Z, true>, T>(p);
+    return run_mesh<fw::dynamic_mesh_t<false, false, Z, true>, T>(p);
+  }
   if (c.tp > 1 && c.pp > 1) return run_mesh<fw::dynamic_mesh_t<true, true, Z>, T>(p);
   if (c.tp > 1) return run_mesh<fw::dynamic_mesh_t<true, false, Z>, T>(p);
   if (c.pp > 1) return run_mesh<fw::dynamic_mesh_t<false, true, Z>, T>(p);
@@ -145,9 +155,10 @@ Segment expect_resume(MeshCase from, MeshCase to, int k, int total, bool bitwise
                       fw::LossScalerConfig scaler = {}) {
   SCOPED_TRACE(from.name() + " -> " + to.name());
   const auto root = scratch("ckpt");
-  const Segment whole = run<T>(Plan{to, total, {}, {}, scaler});
-  const Segment first = run<T>(Plan{from, k, {}, root, scaler});
-  const Segment rest = run<T>(Plan{to, total, root, {}, scaler});
+  const bool long_sequences = from.cp > 1 || to.cp > 1;
+  const Segment whole = run<T>(Plan{to, total, {}, {}, scaler, long_sequences});
+  const Segment first = run<T>(Plan{from, k, {}, root, scaler, long_sequences});
+  const Segment rest = run<T>(Plan{to, total, root, {}, scaler, long_sequences});
   for (const auto& e : rest.errors) EXPECT_EQ(e, "");
   if (!rest.errors[0].empty()) return first;
   EXPECT_EQ(rest.iteration, k);
@@ -220,6 +231,15 @@ TEST(MeshResume, OnAnotherMeshTheRunContinuesWithinTheCrossMeshTolerance) {
                           {.dp = 2, .zero = 1}, 2, 4, false);
 }
 
+// Context parallelism (issue 48): a cp2·dp2 ZeRO-3 checkpoint resumes bitwise on its own mesh and
+// within the cross-mesh tolerance on dp 4 and on a pipeline with cp (the shards are over cp × dp).
+TEST(MeshResume, ContextParallelMeshesSaveAndResume) {
+  expect_resume<float>({.cp = 2, .dp = 2, .zero = 3}, {.cp = 2, .dp = 2, .zero = 3}, 3, 6, true);
+  expect_resume<float>({.cp = 2, .dp = 2, .zero = 3}, {.dp = 4}, 3, 6, false);
+  expect_resume<float>({.dp = 2, .zero = 1}, {.cp = 2, .pp = 2, .zero = 2, .micro_batches = 2}, 3,
+                       6, false);
+}
+
 TEST(MeshResume, ATensorParallelCheckpointHoldsStridedSlicesThatCoverEveryTensorOnce) {
   const auto root = scratch("layout");
   (void)run<float>(Plan{{.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batches = 2}, 2, {}, root});
@@ -260,8 +280,9 @@ TEST(MeshResume, ATensorParallelCheckpointHoldsStridedSlicesThatCoverEveryTensor
     mo.pipeline.micro_batches = 2;
     fw::TrainerOptions to;
     to.micro_batches = 2;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(), harness::kSeed, mo,
-                     harness::adamw(kLr));
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups,
+                     p.long_sequences ? harness::long_gpt() : harness::mesh_gpt(), harness::kSeed,
+                     mo, harness::adamw(kLr));
     auto dir = fw::StateDir::open(root / "step-00000002");
     t.strategy().load_state(
         2, [&](const std::string& tensor, std::int64_t first, std::int64_t n, float* host) {

@@ -66,6 +66,24 @@ inline fw::TokenBatch batch(int step, std::int64_t sequences = kBatch) {
   return fw::TokenBatch::from_rows(rows, sequences, kSeq);
 }
 
+/// Context parallelism cuts every sequence into 2·cp chunks: the meshes' GPT at sequences of 16
+/// tokens (8 chunks of 2 at cp 4), 8 sequences per step.
+inline constexpr std::int64_t kLongSeq = 16;
+inline constexpr std::int64_t kLongBatch = 8;
+inline fw::models::GptConfig long_gpt(bool checkpoint = false) {
+  fw::models::GptConfig c = mesh_gpt(checkpoint);
+  c.max_seq = kLongSeq;
+  return c;
+}
+/// Step `step`'s global batch for long_gpt(): random tokens, the same for every mesh.
+inline fw::TokenBatch long_batch(int step) {
+  std::mt19937 rng(3000u + static_cast<unsigned>(step));
+  std::uniform_int_distribution<int> tok(0, mesh_gpt().vocab - 1);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(kLongBatch * (kLongSeq + 1)));
+  for (auto& t : rows) t = tok(rng);
+  return fw::TokenBatch::from_rows(rows, kLongBatch, kLongSeq);
+}
+
 struct RunConfig {
   int stage = 0;
   int ranks = 1;

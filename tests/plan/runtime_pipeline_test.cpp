@@ -93,11 +93,12 @@ fp::ModelStateBytes states_of(const fw::MemoryAccountant& m) {
                              static_cast<std::int64_t>(m.current(MemTag::optimizer_state))};
 }
 
-/// The model of a case: the harness's, at sequences of 16 under context parallelism (2·cp chunks).
+/// The model of a case: the harness's, at its long sequences under context parallelism (which
+/// cuts them into 2·cp chunks).
 fw::models::GptConfig config_of(const Case& c) {
-  fw::models::GptConfig cfg = harness::mesh_gpt(c.checkpoint);
+  fw::models::GptConfig cfg =
+      c.cp > 1 ? harness::long_gpt(c.checkpoint) : harness::mesh_gpt(c.checkpoint);
   cfg.selective = c.selective;
-  if (c.cp > 1) cfg.max_seq = 16;
   return cfg;
 }
 

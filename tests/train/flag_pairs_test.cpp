@@ -138,6 +138,7 @@ std::map<std::string, Sample> samples() {
       {"tp", {{"--tp", "2"}, "tp=2"}},
       {"sequence-parallel", {{"--sequence-parallel"}, "sequence parallel"}},
       {"vocab-align", {{"--vocab-align", "8"}, "aligned to 8"}},
+      {"cp", {{"--cp", "2"}, "cp=2"}},
       {"pp", {{"--pp", "2"}, "pp=2"}},
       {"micro-batches", {{"--micro-batches", "2"}, "2 micro-batches"}},
       {"schedule", {{"--schedule", "gpipe"}, "schedule gpipe"}},

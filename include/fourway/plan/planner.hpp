@@ -727,7 +727,7 @@ inline std::vector<Plan> all_plans(const Model& model, const Cluster& cluster,
     for (int cp : divisors(cluster.gpus / tp)) {
       if (space.cp ? *space.cp != cp
                    : cp > 1 && (!model.arch || o.footprint != Footprint::published)) {
-        continue;  // fourway's own footprint has no context parallelism; --params no sequence
+        continue;  // fourway's GPU runtime has no context parallelism; --params no sequence
       }
       if (model.arch && !splits_sequences(*model.arch, tp, cp, space.cp_kind)) continue;
       for (int pp : divisors(cluster.gpus / (tp * cp))) {

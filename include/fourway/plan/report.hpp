@@ -251,8 +251,11 @@ inline std::string train_command(const Plan& p) {
   const Architecture& a = *p.model.arch;
   const Strategy& s = p.strategy;
   if (s.cp > 1) {
-    return fourway::detail::cat("fourway-train has no context parallelism yet (cp ", s.cp,
-                                "): this plan is a model of a mesh fourway cannot run today");
+    return fourway::detail::cat(
+        "fourway-train-cuda has no context parallelism yet (cp ", s.cp,
+        "): its ring attention runs on the host only, as fourway-train --cp ", s.cp,
+        " (docs/context-parallel.md), so this plan is a model of a GPU mesh fourway cannot run "
+        "today");
   }
   std::ostringstream os;
   os << "mpirun -np " << s.gpus() << " fourway-train-cuda --backend nccl --layers " << a.layers

@@ -677,7 +677,9 @@ class PipelineStrategy {
   std::vector<float> decode_through_chunks(std::int32_t token, std::int64_t pos,
                                            std::vector<std::vector<KvCache<T, B>>>& caches) requires
       generative_model<Chunk> {
-    constexpr int tag = 1 << 20;  // one stream of boundaries, received in the order sent
+    // one stream of boundaries, received in the order sent; the largest tag every MPI takes
+    // (MPI_TAG_UB >= 32767), far above the schedule's message tags
+    constexpr int tag = 32767;
     const int me = pp_->rank();
     const int C = table_.chunks();
     const std::int64_t width = first_chunk()->config().dim;

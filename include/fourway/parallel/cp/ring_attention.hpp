@@ -16,15 +16,19 @@
 //! Forward, on every rank, c steps: the rank's queries against the key/value block it holds
 //! (its own at step 0, rank r − s's at step s), keys after a query's position masked, merged
 //! into the running max m, sum ℓ and output accumulator of each query row exactly as the flash
-//! kernels merge key tiles (online softmax, host/flash_attention.hpp); between steps every rank
-//! passes the block it holds to rank r + 1 and takes rank r − 1's, one send and one recv in one
-//! group (comm/group.hpp). The output is acc/ℓ; the log-sum-exp L = m + log ℓ is kept, O(T/c)
-//! per head, as the flash kernels keep it.
+//! kernels merge key tiles (online softmax, host/flash_attention.hpp). Every rank passes the
+//! block it holds to rank r + 1 and takes rank r − 1's, one send and one recv in one group
+//! (comm/group.hpp), posted *before* the step's compute and waited for after it: the block
+//! travels while the rank computes with it (both only read it; the next one lands in a second
+//! buffer), so the ring's traffic hides behind attention as the planner assumes. The output is
+//! acc/ℓ; the log-sum-exp L = m + log ℓ is kept, O(T/c) per head, as the flash kernels keep it.
 //!
 //! Backward, c steps again with the global L: for the block of rank j held at step s,
 //! P = exp(S − L) (masked), dV_j += Pᵀ dO, dP = dO V_jᵀ, dS = P ∘ (dP − D) with D = rowsum(dO ∘ O),
-//! dQ += scale·dS K_j, dK_j += scale·dSᵀ Q. The block's dK_j and dV_j travel with it (fp32);
-//! after the c-th step one more pass brings each rank its own block's gradients. A group of one
+//! dQ += scale·dS K_j, dK_j += scale·dSᵀ Q. The block is passed on while the step computes
+//! (as forward); its dK_j and dV_j (fp32), which the step adds to, follow once it is done, so
+//! they travel with it; after the c-th step one more pass brings each rank its own block's
+//! gradients. A group of one
 //! rank is the flash attention without a message.
 //!
 //! Layout as the attention layers': `qkv (B, T/c, 3C)` (q, k, v side by side, head h owning
@@ -43,6 +47,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -124,17 +129,31 @@ void put_local_rows(E* full, const E* local, std::int64_t B, std::int64_t W,
 
 namespace detail {
 
-/// Passes `send` to rank r + 1 and takes rank r − 1's into `recv`, one group on `comm`.
+/// A pass around the ring in flight: `send` on its way to rank r + 1, rank r − 1's arriving in
+/// `recv`, posted as one group on `comm`; `wait()` completes both. Neither buffer may be written
+/// (nor `recv` read) until then, so a rank computes on the block it sends while it travels.
+struct RingPass {
+  Work out;
+  Work in;
+  void wait() {
+    in.wait();
+    out.wait();
+  }
+};
 template <class T, communicator Comm>
-void pass_around_ring(Comm& comm, const T* send, T* recv, std::int64_t n, int tag) {
+RingPass start_ring_pass(Comm& comm, const T* send, T* recv, std::int64_t n, int tag) {
   const int c = comm.size();
   const int r = comm.rank();
   group_start(comm);
   Work out = comm.send_async(send, n, (r + 1) % c, tag);
   Work in = comm.recv_async(recv, n, (r + c - 1) % c, tag);
   group_end(comm);
-  in.wait();
-  out.wait();
+  return RingPass{std::move(out), std::move(in)};
+}
+/// The pass, waited for at once.
+template <class T, communicator Comm>
+void pass_around_ring(Comm& comm, const T* send, T* recv, std::int64_t n, int tag) {
+  start_ring_pass(comm, send, recv, n, tag).wait();
 }
 
 /// The K|V columns of qkv (B, T/c, 3C) as one block (B, T/c, 2C).
@@ -187,9 +206,10 @@ struct Masked {
 };
 
 /// Tags of the ring's messages: key/value blocks forward, blocks and their gradients backward.
-inline constexpr int forward_tag = 1 << 21;
-inline constexpr int backward_tag = (1 << 21) + 1;
-inline constexpr int gradient_tag = (1 << 21) + 2;
+/// Within 0..32767, the tags every MPI guarantees (MPI_TAG_UB is at least that).
+inline constexpr int forward_tag = 30001;
+inline constexpr int backward_tag = 30002;
+inline constexpr int gradient_tag = 30003;
 
 }  // namespace detail
 
@@ -217,6 +237,11 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
   for (int step = 0; step < c; ++step) {
     const BalancedSplit keys = split.of((split.rank - step + c) % c);
     const detail::Masked mask{&split, &keys};
+    // the block travels on to rank r + 1 while this rank scores its queries against it
+    std::optional<detail::RingPass> pass;
+    if (step + 1 < c)
+      pass = detail::start_ring_pass(comm, held.data(), next.data(), held.numel(),
+                                     detail::forward_tag);
     for (std::int64_t b = 0; b < B; ++b) {
       const E* kv = held.data() + b * T * 2 * C;
       for (std::int64_t h = 0; h < NH; ++h) {
@@ -252,8 +277,8 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
         host::gemm(ctx, Trans::none, Trans::none, T, hs, T, 1.0f, s, T, v, hs, 1.0f, a, hs);
       }
     }
-    if (step + 1 < c) {
-      detail::pass_around_ring(comm, held.data(), next.data(), held.numel(), detail::forward_tag);
+    if (pass) {
+      pass->wait();
       std::swap(held, next);
     }
   }
@@ -301,6 +326,12 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
   for (int step = 0; step < c; ++step) {
     const BalancedSplit keys = split.of((split.rank - step + c) % c);
     const detail::Masked mask{&split, &keys};
+    // the block travels on while this rank computes with it; its gradients, which this step
+    // adds to, follow after
+    std::optional<detail::RingPass> pass;
+    if (step + 1 < c)
+      pass = detail::start_ring_pass(comm, held.data(), next.data(), held.numel(),
+                                     detail::backward_tag);
     for (std::int64_t b = 0; b < B; ++b) {
       const E* kv = held.data() + b * T * 2 * C;
       float* g = grad.data() + b * T * 2 * C;
@@ -338,8 +369,8 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
         }
       }
     }
-    if (step + 1 < c) {  // the block and its gradients move on together
-      detail::pass_around_ring(comm, held.data(), next.data(), held.numel(), detail::backward_tag);
+    if (pass) {  // the block and its gradients move on together
+      pass->wait();
       std::swap(held, next);
     }
     if (c > 1) {  // after the last step, this pass brings each rank its own block's gradients
