@@ -280,9 +280,8 @@ TEST(MeshResume, ATensorParallelCheckpointHoldsStridedSlicesThatCoverEveryTensor
     mo.pipeline.micro_batches = 2;
     fw::TrainerOptions to;
     to.micro_batches = 2;
-    fw::Trainer<S> t(to, w.ctx(), mesh, groups,
-                     p.long_sequences ? harness::long_gpt() : harness::mesh_gpt(), harness::kSeed,
-                     mo, harness::adamw(kLr));
+    fw::Trainer<S> t(to, w.ctx(), mesh, groups, harness::mesh_gpt(), harness::kSeed, mo,
+                     harness::adamw(kLr));
     auto dir = fw::StateDir::open(root / "step-00000002");
     t.strategy().load_state(
         2, [&](const std::string& tensor, std::int64_t first, std::int64_t n, float* host) {
