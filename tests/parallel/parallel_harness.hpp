@@ -57,13 +57,18 @@ inline fw::AdamW adamw(float lr = 1e-2f) {
   return fw::AdamW(c);
 }
 
+/// `sequences` rows of `seq` tokens (and the next one) drawn from the models' vocabulary by a
+/// generator seeded with `seed`.
+inline fw::TokenBatch random_batch(unsigned seed, std::int64_t sequences, std::int64_t seq) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(0, tiny_gpt().vocab - 1);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(sequences * (seq + 1)));
+  for (auto& t : rows) t = tok(rng);
+  return fw::TokenBatch::from_rows(rows, sequences, seq);
+}
 /// The global batch of step `step` (`sequences` rows): random tokens, the same for every mesh.
 inline fw::TokenBatch batch(int step, std::int64_t sequences = kBatch) {
-  std::mt19937 rng(1000u + static_cast<unsigned>(step));
-  std::uniform_int_distribution<int> tok(0, tiny_gpt().vocab - 1);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(sequences * (kSeq + 1)));
-  for (auto& t : rows) t = tok(rng);
-  return fw::TokenBatch::from_rows(rows, sequences, kSeq);
+  return random_batch(1000u + static_cast<unsigned>(step), sequences, kSeq);
 }
 
 /// Context parallelism cuts every sequence into 2·cp chunks: the meshes' GPT at sequences of 16
@@ -77,11 +82,7 @@ inline fw::models::GptConfig long_gpt(bool checkpoint = false) {
 }
 /// Step `step`'s global batch for long_gpt(): random tokens, the same for every mesh.
 inline fw::TokenBatch long_batch(int step) {
-  std::mt19937 rng(3000u + static_cast<unsigned>(step));
-  std::uniform_int_distribution<int> tok(0, mesh_gpt().vocab - 1);
-  std::vector<std::int32_t> rows(static_cast<std::size_t>(kLongBatch * (kLongSeq + 1)));
-  for (auto& t : rows) t = tok(rng);
-  return fw::TokenBatch::from_rows(rows, kLongBatch, kLongSeq);
+  return random_batch(3000u + static_cast<unsigned>(step), kLongBatch, kLongSeq);
 }
 
 struct RunConfig {

@@ -29,7 +29,7 @@ void attention_core(const Context<B>& ctx, const Tensor<T, B>& qkv, std::int64_t
                     Tensor<T, B>& y, SequenceShard<T, B>* shard = nullptr) {
   lse = detail::activation<float, B>(ctx, Shape{Bn, heads, Tn});
   y = detail::activation<T, B>(ctx, Shape{Bn, Tn, width});
-  if (shard != nullptr && shard->ranks() > 1) {
+  if (splits_sequences(shard)) {
     shard->attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
   } else {
     Ops<B>::flash_attention_forward(ctx, y.data(), lse.data(), qkv.data(), Bn, Tn, width, heads);
@@ -46,7 +46,7 @@ Tensor<T, B> attention_core_backward(const Context<B>& ctx, const Tensor<T, B>& 
   const std::int64_t Bn = lse.shape()[0];
   const std::int64_t Tn = lse.shape()[2];
   Tensor<T, B> dqkv = detail::workspace<T, B>(ctx, Shape{Bn, Tn, 3 * width});
-  if (shard != nullptr && shard->ranks() > 1) {
+  if (splits_sequences(shard)) {
     shard->attention_backward(ctx, dqkv.data(), dy.data(), qkv.data(), y.data(), lse.data(), Bn, Tn,
                               width, heads);
   } else {

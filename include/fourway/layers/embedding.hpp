@@ -60,7 +60,7 @@ class Embedding {
                       "got ", tokens.shape().str());
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
-    const std::int64_t seq = splits_sequences(shard_) ? Tn * shard_->ranks() : Tn;
+    const std::int64_t seq = sequence_length(shard_, Tn);
     check<ConfigError>(seq <= max_seq_, "fourway: sequence length T=", seq,
                        " exceeds max_seq=", max_seq_,
                        "; shorten the sequences or build the model with max_seq >= ", seq);

@@ -7,8 +7,8 @@
 //! of every rank). A model that supports the axis takes a `SequenceShard` (`bind_sequence_shard`)
 //! and hands it to those two layers; without one (the default, a null pointer) they run their
 //! local kernels on rows that are the whole sequence. The implementation — which positions, which
-//! ring — lives with the policy (`cp::RingAttention`, parallel/cp/ring_attention.hpp): the layers
-//! know only this interface, so `layers/` never includes `parallel/`.
+//! ring — lives with the policy (`cp::RingShard`, parallel/cp/ring_shard.hpp): the layers know
+//! only this interface, so `layers/` never includes `parallel/`.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +71,12 @@ std::vector<PositionRun> position_runs(const SequenceShard<T, B>* shard, std::in
 template <floating_dtype T, backend B>
 bool splits_sequences(const SequenceShard<T, B>* shard) {
   return shard != nullptr && shard->ranks() > 1;
+}
+
+/// The length of the whole sequence of which this rank holds `local` rows.
+template <floating_dtype T, backend B>
+std::int64_t sequence_length(const SequenceShard<T, B>* shard, std::int64_t local) {
+  return splits_sequences(shard) ? local * shard->ranks() : local;
 }
 
 /// The rows of a position table (Tmax, C) — GPT-2's wpe — that this rank's `local` rows add:

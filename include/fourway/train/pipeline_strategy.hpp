@@ -83,7 +83,6 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/pp/executor.hpp"
@@ -736,37 +735,29 @@ class PipelineStrategy {
   }
   /// The tokens of a sequence this rank holds: T, or T/c under context parallelism.
   [[nodiscard]] std::int64_t local_length(const Batch& batch) const {
-    return split_.ranks == 1 ? batch.T
-                             : cp::balanced_split(batch.T, split_.ranks, split_.rank).local();
+    return fourway::local_length(split_, batch.T);
   }
 
   /// The rank's M micro-batches of b rows from row `first` of `batch`, staged on the backend
   /// (this rank's part of each sequence under context parallelism).
   std::vector<pp::MicroBatch<B>> micro_batches(const Batch& batch, std::int64_t first,
                                                std::int64_t b, int M) {
-    std::span<const std::int32_t> inputs =
-        batch.inputs.subspan(static_cast<std::size_t>(first * batch.T));
-    std::span<const std::int32_t> targets =
-        batch.targets.subspan(static_cast<std::size_t>(first * batch.T));
+    const auto at = static_cast<std::size_t>(first * batch.T);
+    const auto whole = static_cast<std::size_t>(M * b * batch.T);
+    const TokenRows mine =
+        local_rows(split_, {batch.inputs.subspan(at, whole), batch.targets.subspan(at, whole)},
+                   M * b, batch.T, local_tokens_);
     const std::int64_t Tn = local_length(batch);
-    if (split_.ranks > 1) {
-      const cp::BalancedSplit split = cp::balanced_split(batch.T, split_.ranks, split_.rank);
-      const auto n = static_cast<std::size_t>(M * b * Tn);
-      local_tokens_.resize(2 * n);
-      cp::take_local_rows(local_tokens_.data(), inputs.data(), M * b, 1, split);
-      cp::take_local_rows(local_tokens_.data() + n, targets.data(), M * b, 1, split);
-      inputs = std::span<const std::int32_t>(local_tokens_).first(n);
-      targets = std::span<const std::int32_t>(local_tokens_).subspan(n);
-    }
     std::vector<pp::MicroBatch<B>> mbs(static_cast<std::size_t>(M));
     staged_.resize(2 * static_cast<std::size_t>(M));
     for (int i = 0; i < M; ++i) {
       const auto off = static_cast<std::size_t>(i * b * Tn);
       const auto n = static_cast<std::size_t>(b * Tn);
       auto& mb = mbs[static_cast<std::size_t>(i)];
-      mb.tokens = stage(staged_[static_cast<std::size_t>(2 * i)], inputs.subspan(off, n), b, Tn);
+      mb.tokens =
+          stage(staged_[static_cast<std::size_t>(2 * i)], mine.inputs.subspan(off, n), b, Tn);
       mb.targets =
-          stage(staged_[static_cast<std::size_t>(2 * i + 1)], targets.subspan(off, n), b, Tn);
+          stage(staged_[static_cast<std::size_t>(2 * i + 1)], mine.targets.subspan(off, n), b, Tn);
     }
     return mbs;
   }

@@ -50,6 +50,7 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/parallel/step_scalars.hpp"
 #include "fourway/train/state_runs.hpp"
 
@@ -80,6 +81,30 @@ struct SequenceSplit {
   int ranks = 1;
   int rank = 0;
 };
+/// The tokens of a sequence of `T` this rank holds under `s`: T, or T/c (a sequence that does not
+/// cut into 2c chunks is the split's ShapeError).
+inline std::int64_t local_length(const SequenceSplit& s, std::int64_t T) {
+  return s.ranks == 1 ? T : cp::balanced_split(T, s.ranks, s.rank).local();
+}
+/// Inputs and targets of some rows of a batch, row-major.
+struct TokenRows {
+  std::span<const std::int32_t> inputs;
+  std::span<const std::int32_t> targets;
+};
+/// This rank's part of `rows` whole sequences of `T` tokens under `s`: `whole` itself without a
+/// split, else each sequence's local rows (`cp::take_local_rows`) gathered into `out` (inputs,
+/// then targets), which the result views.
+inline TokenRows local_rows(const SequenceSplit& s, TokenRows whole, std::int64_t rows,
+                            std::int64_t T, std::vector<std::int32_t>& out) {
+  if (s.ranks == 1) return whole;
+  const cp::BalancedSplit split = cp::balanced_split(T, s.ranks, s.rank);
+  const auto n = static_cast<std::size_t>(rows * split.local());
+  out.resize(2 * n);
+  cp::take_local_rows(out.data(), whole.inputs.data(), rows, 1, split);
+  cp::take_local_rows(out.data() + n, whole.targets.data(), rows, 1, split);
+  const std::span<const std::int32_t> local(out);
+  return {local.first(n), local.subspan(n)};
+}
 template <class S>
 SequenceSplit sequence_split_of(const S& s) {
   if constexpr (requires {

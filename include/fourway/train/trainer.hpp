@@ -50,7 +50,6 @@
 #include "fourway/layers/generate.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/train/strategy.hpp"
 
 namespace fourway {
@@ -306,12 +305,9 @@ class Trainer {
     return batch.B / (static_cast<std::int64_t>(dp) * M);
   }
 
-  /// The tokens of a sequence this rank holds: T, or T/c under context parallelism (a sequence
-  /// that does not cut into 2c chunks is the split's ShapeError).
+  /// The tokens of a sequence this rank holds: T, or T/c under context parallelism.
   std::int64_t local_length(const Batch& batch) const {
-    const SequenceSplit s = sequence_split_of(strategy_);
-    if (s.ranks == 1) return batch.T;
-    return cp::balanced_split(batch.T, s.ranks, s.rank).local();
+    return fourway::local_length(sequence_split_of(strategy_), batch.T);
   }
 
   /// Stages `rows` sequences of `batch` from row `first`: whole, or this rank's part of each under
@@ -320,20 +316,11 @@ class Trainer {
                   std::int64_t rows) {
     const std::int64_t T = batch.T;
     const auto at = static_cast<std::size_t>(first * T);
-    const auto inputs = batch.inputs.subspan(at, static_cast<std::size_t>(rows * T));
-    const auto targets = batch.targets.subspan(at, static_cast<std::size_t>(rows * T));
-    const SequenceSplit s = sequence_split_of(strategy_);
-    if (s.ranks == 1) {
-      stage_tokens(ctx, model, inputs, targets);
-      return;
-    }
-    const cp::BalancedSplit split = cp::balanced_split(T, s.ranks, s.rank);
-    const auto n = static_cast<std::size_t>(rows * split.local());
-    local_tokens_.resize(2 * n);
-    cp::take_local_rows(local_tokens_.data(), inputs.data(), rows, 1, split);
-    cp::take_local_rows(local_tokens_.data() + n, targets.data(), rows, 1, split);
-    const std::span<const std::int32_t> local(local_tokens_);
-    stage_tokens(ctx, model, local.first(n), local.subspan(n));
+    const auto n = static_cast<std::size_t>(rows * T);
+    const TokenRows mine = local_rows(sequence_split_of(strategy_),
+                                      {batch.inputs.subspan(at, n), batch.targets.subspan(at, n)},
+                                      rows, T, local_tokens_);
+    stage_tokens(ctx, model, mine.inputs, mine.targets);
   }
 
   /// The model names its vocabulary, so `stage_tokens` checks the ids on the host (and a device

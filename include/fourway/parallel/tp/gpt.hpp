@@ -483,7 +483,7 @@ class Gpt : public SlicedModel<Comm> {
     const std::int64_t Bn = tokens.shape()[0];
     const std::int64_t Tn = tokens.shape()[1];
     const std::int64_t C = cfg_.dim;
-    const std::int64_t seq = splits_sequences(shard_) ? Tn * shard_->ranks() : Tn;
+    const std::int64_t seq = sequence_length(shard_, Tn);
     check<ConfigError>(seq <= cfg_.max_seq, "fourway: sequence length T=", seq,
                        " exceeds max_seq=", cfg_.max_seq,
                        "; shorten the sequences or build the model with max_seq >= ", seq);
