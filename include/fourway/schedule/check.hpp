@@ -13,9 +13,12 @@
 //!   5. every send has exactly one recv on its peer, with the same tag and size, and back;
 //!   6. the messages of one stream — one (sender, receiver, kind) — are received in the order
 //!      they are sent: NCCL matches point-to-point by order, not tag (parallel/pp/links.hpp);
-//!   7. no deadlock when point-to-point calls block (see `Blocking`): consecutive p2p actions
-//!      form a group that is posted together (NCCL groups, `batch_isend_irecv`); the simulation
-//!      runs every rank until all finish or none can move.
+//!   7. no deadlock when point-to-point calls block (see `Blocking`, schedule/progress.hpp):
+//!      consecutive p2p actions form a group that is posted together (NCCL groups,
+//!      `batch_isend_irecv`); the simulation runs every rank until all finish or none can move.
+//!      Under eager sends the interleaved and ZB-V tables need them once m > p: fourway's
+//!      executor gives each (sender, receiver, kind) a communicator of its own
+//!      (parallel/pp/links.hpp), so a send waits only for its own recv.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include "fourway/config.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/schedule/action.hpp"
+#include "fourway/schedule/progress.hpp"
 #include "fourway/schedule/table.hpp"
 
 namespace fourway::schedule {
@@ -47,18 +51,6 @@ enum class Problem : std::uint8_t {
   deadlock,         // no rank can progress
   backward_in_forward_only,  // a BW, B or W in a table marked forward_only
 };
-
-/// How point-to-point calls block, for the deadlock rule. Either way a group of consecutive p2p
-/// actions is posted together. `rendezvous`: the group returns only when every one of its
-/// messages is matched (every message on one NCCL communicator, which runs its operations in
-/// order, MPI_Ssend). `eager`: the group's sends never hold the rank back (waited before their
-/// buffer is freed) and its recvs block until their sends are posted — what fourway's executor
-/// runs on every backend, the strict world's rendezvous included, because each (sender,
-/// receiver, kind) has a communicator of its own (parallel/pp/links.hpp): a send waits only for
-/// its own recv, and later sends of the same stream, which the receiver takes in that order
-/// (rule 6). A table safe under rendezvous is safe under eager, not the other way round: the
-/// interleaved and ZB-V tables need eager sends once m > p.
-enum class Blocking : std::uint8_t { rendezvous, eager };
 
 struct CheckResult {
   Problem problem = Problem::none;
@@ -124,115 +116,21 @@ constexpr std::size_t group_end(const std::vector<Action>& row, std::size_t i) {
   return i;
 }
 
-/// Eager sends: at a group of consecutive p2p actions a rank posts all its sends and goes on once
-/// every recv of the group has found its send posted.
-constexpr CheckResult check_deadlock_eager(const Table& t) {
-  const auto P = static_cast<std::size_t>(t.ranks);
-  std::vector<std::size_t> pc(P, 0);
-  std::vector<std::vector<bool>> posted(P);
-  for (std::size_t r = 0; r < P; ++r) posted[r].assign(t.actions[r].size(), false);
-  for (;;) {
-    bool progress = false;
-    bool done = true;
-    for (std::size_t r = 0; r < P; ++r) {
-      const auto& row = t.actions[r];
-      while (pc[r] < row.size()) {
-        if (is_compute(row[pc[r]].op)) {
-          ++pc[r];
-          progress = true;
-          continue;
-        }
-        const std::size_t end = group_end(row, pc[r]);
-        bool all = true;
-        for (std::size_t i = pc[r]; i < end; ++i) {
-          const Action& a = row[i];
-          if (is_send(a.op)) {
-            progress = progress || !posted[r][i];
-            posted[r][i] = true;
-            continue;
-          }
-          const int j = find(t, a.peer, matching_op(a.op), a.micro_batch, a.chunk);
-          all = all && posted[static_cast<std::size_t>(a.peer)][static_cast<std::size_t>(j)];
-        }
-        if (!all) break;
-        pc[r] = end;
-        progress = true;
+/// The table as the deadlock rule sees it: every message with its partner on the peer (rule 5
+/// has found them all).
+constexpr Steps steps_of(const Table& t) {
+  Steps out(static_cast<std::size_t>(t.ranks));
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    for (const Action& a : t.actions[r]) {
+      if (!is_p2p(a.op)) {
+        out[r].push_back({});
+        continue;
       }
-      if (pc[r] < row.size()) done = false;
-    }
-    if (done) return {};
-    if (!progress) {
-      for (std::size_t r = 0; r < P; ++r) {
-        const auto& row = t.actions[r];
-        if (pc[r] >= row.size()) continue;
-        for (std::size_t i = pc[r]; i < group_end(row, pc[r]); ++i)
-          if (is_recv(row[i].op))
-            return fail(Problem::deadlock, static_cast<int>(r), static_cast<int>(i), row[i]);
-      }
-      return fail(Problem::deadlock, 0, 0, {});
+      out[r].push_back({true, is_send(a.op), a.peer,
+                        find(t, a.peer, matching_op(a.op), a.micro_batch, a.chunk)});
     }
   }
-}
-
-/// Rendezvous: each group of consecutive p2p actions blocks until all its messages are matched.
-constexpr CheckResult check_deadlock_rendezvous(const Table& t) {
-  const auto P = static_cast<std::size_t>(t.ranks);
-  std::vector<std::size_t> pc(P, 0);
-  std::vector<std::vector<bool>> matched(P);
-  for (std::size_t r = 0; r < P; ++r) matched[r].assign(t.actions[r].size(), false);
-  for (;;) {
-    bool progress = false;
-    bool done = true;
-    for (std::size_t r = 0; r < P; ++r) {
-      const auto& row = t.actions[r];
-      while (pc[r] < row.size() && is_compute(row[pc[r]].op)) {
-        ++pc[r];
-        progress = true;
-      }
-      if (pc[r] >= row.size()) continue;
-      done = false;
-      const std::size_t end = group_end(row, pc[r]);
-      bool all = true;
-      for (std::size_t i = pc[r]; i < end; ++i) {
-        if (matched[r][i]) continue;
-        const Action& a = row[i];
-        const auto q = static_cast<std::size_t>(a.peer);
-        const auto& prow = t.actions[q];
-        // the peer's posted group, if it is at one
-        bool hit = false;
-        if (pc[q] < prow.size() && is_p2p(prow[pc[q]].op)) {
-          const std::size_t pend = group_end(prow, pc[q]);
-          for (std::size_t j = pc[q]; j < pend; ++j) {
-            const Action& b = prow[j];
-            if (b.op == matching_op(a.op) && b.micro_batch == a.micro_batch && b.chunk == a.chunk &&
-                b.peer == static_cast<int>(r)) {
-              matched[r][i] = true;
-              matched[q][j] = true;
-              hit = true;
-              progress = true;
-              break;
-            }
-          }
-        }
-        all = all && hit;
-      }
-      if (all) {
-        pc[r] = end;
-        progress = true;
-      }
-    }
-    if (done) return {};
-    if (!progress) {
-      for (std::size_t r = 0; r < P; ++r) {
-        const auto& row = t.actions[r];
-        if (pc[r] >= row.size()) continue;
-        for (std::size_t i = pc[r]; i < group_end(row, pc[r]); ++i)
-          if (!matched[r][i])
-            return fail(Problem::deadlock, static_cast<int>(r), static_cast<int>(i), row[i]);
-      }
-      return fail(Problem::deadlock, 0, 0, {});
-    }
-  }
+  return out;
 }
 
 }  // namespace detail
@@ -355,8 +253,12 @@ constexpr CheckResult check(const Table& t, Blocking blocking = Blocking::eager)
       }
     }
   }
-  return blocking == Blocking::rendezvous ? detail::check_deadlock_rendezvous(t)
-                                          : detail::check_deadlock_eager(t);
+  // 7
+  const detail::Stuck stuck = detail::simulate_groups(detail::steps_of(t), blocking);
+  if (stuck.finished()) return {};
+  return fail(
+      Problem::deadlock, stuck.rank, stuck.index,
+      t.actions[static_cast<std::size_t>(stuck.rank)][static_cast<std::size_t>(stuck.index)]);
 }
 
 /// A sentence for a refused table: what, where, and how to fix it.

@@ -18,18 +18,18 @@
 //! into the running max m, sum ℓ and output accumulator of each query row exactly as the flash
 //! kernels merge key tiles (online softmax, host/flash_attention.hpp). Every rank passes the
 //! block it holds to rank r + 1 and takes rank r − 1's, one send and one recv in one group
-//! (comm/group.hpp), posted *before* the step's compute and waited for after it: the block
-//! travels while the rank computes with it (both only read it; the next one lands in a second
-//! buffer), so the ring's traffic hides behind attention as the planner assumes. The output is
-//! acc/ℓ; the log-sum-exp L = m + log ℓ is kept, O(T/c) per head, as the flash kernels keep it.
+//! (comm/group.hpp; every peer, tag and size from the exchange of parallel/cp/ring_schedule.hpp,
+//! verified for the whole group first), posted *before* the step's compute and waited for after it:
+//! the block travels while the rank computes with it (both only read it; the next one lands in a
+//! second buffer), so the ring's traffic hides behind attention as the planner assumes. The output
+//! is acc/ℓ; the log-sum-exp L = m + log ℓ is kept, O(T/c) per head, as the flash kernels keep it.
 //!
 //! Backward, c steps again with the global L: for the block of rank j held at step s,
 //! P = exp(S − L) (masked), dV_j += Pᵀ dO, dP = dO V_jᵀ, dS = P ∘ (dP − D) with D = rowsum(dO ∘ O),
 //! dQ += scale·dS K_j, dK_j += scale·dSᵀ Q. The block is passed on while the step computes
 //! (as forward); its dK_j and dV_j (fp32), which the step adds to, follow once it is done, so
 //! they travel with it; after the c-th step one more pass brings each rank its own block's
-//! gradients. A group of one
-//! rank is the flash attention without a message.
+//! gradients. A group of one rank is the flash attention without a message.
 //!
 //! Layout as the attention layers': `qkv (B, T/c, 3C)` (q, k, v side by side, head h owning
 //! columns [h·hs, (h+1)·hs) of each third), `out (B, T/c, C)`, `lse (B, NH, T/c)` fp32; the rows
@@ -61,6 +61,8 @@
 #include "fourway/core/dtype.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/parallel/cp/ring_schedule.hpp"
+#include "fourway/schedule/exchange.hpp"
 
 namespace fourway::cp {
 
@@ -129,9 +131,10 @@ void put_local_rows(E* full, const E* local, std::int64_t B, std::int64_t W,
 
 namespace detail {
 
-/// A pass around the ring in flight: `send` on its way to rank r + 1, rank r − 1's arriving in
-/// `recv`, posted as one group on `comm`; `wait()` completes both. Neither buffer may be written
-/// (nor `recv` read) until then, so a rank computes on the block it sends while it travels.
+/// A pass around the ring in flight: a send on its way to rank r + 1, rank r − 1's block
+/// arriving, posted as one group on the ring's communicator; `wait()` completes both. Neither
+/// buffer may be written (nor the recv's read) until then, so a rank computes on the block it
+/// sends while it travels.
 struct RingPass {
   Work out;
   Work in;
@@ -140,21 +143,51 @@ struct RingPass {
     out.wait();
   }
 };
-template <class T, communicator Comm>
-RingPass start_ring_pass(Comm& comm, const T* send, T* recv, std::int64_t n, int tag) {
-  const int c = comm.size();
-  const int r = comm.rank();
-  group_start(comm);
-  Work out = comm.send_async(send, n, (r + 1) % c, tag);
-  Work in = comm.recv_async(recv, n, (r + c - 1) % c, tag);
-  group_end(comm);
-  return RingPass{std::move(out), std::move(in)};
-}
-/// The pass, waited for at once.
-template <class T, communicator Comm>
-void pass_around_ring(Comm& comm, const T* send, T* recv, std::int64_t n, int tag) {
-  start_ring_pass(comm, send, recv, n, tag).wait();
-}
+
+/// This rank's row of the ring's exchange (parallel/cp/ring_schedule.hpp), verified for the whole
+/// group before the first message and read in order: every pass takes its peers, tag and size
+/// from it, every compute step is where the program puts it.
+class RingProgram {
+ public:
+  RingProgram(int ranks, int rank, RingDirection dir, std::int64_t block, std::int64_t gradient) {
+    schedule::Exchange x = ring_exchange(ranks, dir, block, gradient);
+    schedule::verify(x, schedule::Blocking::rendezvous);
+    row_ = std::move(x.moves[static_cast<std::size_t>(rank)]);
+  }
+
+  /// Posts the program's next group, a send of `send` and a recv into `recv` of `n` elements.
+  template <class T, communicator Comm>
+  RingPass post(Comm& comm, const T* send, T* recv, std::int64_t n) {
+    const schedule::Transfer out = next();
+    const schedule::Transfer in = next();
+    follows(out.move == schedule::Move::send && in.move == schedule::Move::recv &&
+                out.elements == n && in.elements == n,
+            "a pass of ", n, " elements");
+    group_start(comm);
+    Work o = comm.send_async(send, n, out.peer, out.tag);
+    Work i = comm.recv_async(recv, n, in.peer, in.tag);
+    group_end(comm);
+    return RingPass{std::move(o), std::move(i)};
+  }
+  /// The program's compute `step` comes next.
+  void compute(int step) { follows(next() == schedule::compute_step(step), "compute ", step); }
+  /// Every entry ran.
+  void finish() const { follows(at_ == row_.size(), "the end of the program"); }
+
+ private:
+  schedule::Transfer next() {
+    follows(at_ < row_.size(), "an entry past the end of the program");
+    return row_[at_++];
+  }
+  template <class... Args>
+  void follows(bool ok, const Args&... what) const {
+    check<Error>(ok, "fourway: ring attention ran ", what...,
+                 " where its verified exchange has entry ", at_, " of ", row_.size(),
+                 " (an internal error: the ring and parallel/cp/ring_schedule.hpp disagree)");
+  }
+  std::vector<schedule::Transfer> row_;
+  std::size_t at_ = 0;
+};
 
 /// The K|V columns of qkv (B, T/c, 3C) as one block (B, T/c, 2C).
 template <class E>
@@ -205,12 +238,6 @@ struct Masked {
   }
 };
 
-/// Tags of the ring's messages: key/value blocks forward, blocks and their gradients backward.
-/// Within 0..32767, the tags every MPI guarantees (MPI_TAG_UB is at least that).
-inline constexpr int forward_tag = 30001;
-inline constexpr int backward_tag = 30002;
-inline constexpr int gradient_tag = 30003;
-
 }  // namespace detail
 
 /// out (B, T/c, C) and lse (B, NH, T/c) of this rank's queries against every key of the
@@ -224,6 +251,7 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
   const auto [T, hs, scale, c] = call.shape;
   Tensor<E, Host>& held = call.held;
   Tensor<E, Host>& next = call.next;
+  detail::RingProgram program(c, split.rank, RingDirection::forward, held.numel(), 0);
   auto& sc = host::detail::flash_scratch();  // the flash kernels' per-thread buffers
   float* q = host::detail::sized(sc.q, T * hs);
   float* k = host::detail::sized(sc.k, T * hs);
@@ -239,9 +267,8 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
     const detail::Masked mask{&split, &keys};
     // the block travels on to rank r + 1 while this rank scores its queries against it
     std::optional<detail::RingPass> pass;
-    if (step + 1 < c)
-      pass = detail::start_ring_pass(comm, held.data(), next.data(), held.numel(),
-                                     detail::forward_tag);
+    if (step + 1 < c) pass = program.post(comm, held.data(), next.data(), held.numel());
+    program.compute(step);
     for (std::int64_t b = 0; b < B; ++b) {
       const E* kv = held.data() + b * T * 2 * C;
       for (std::int64_t h = 0; h < NH; ++h) {
@@ -282,6 +309,7 @@ void ring_attention_forward(const Context<Host>& ctx, Comm& comm, const Balanced
       std::swap(held, next);
     }
   }
+  program.finish();
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < NH; ++h) {
       const std::size_t row0 = static_cast<std::size_t>((b * NH + h) * T);
@@ -311,6 +339,7 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
   Tensor<E, Host>& next = call.next;
   Tensor<float, Host> grad(Shape{B, T, 2 * C}, MemTag::comm_buffers, ctx.memory());
   Tensor<float, Host> grad_next(Shape{B, T, 2 * C}, MemTag::comm_buffers, ctx.memory());
+  detail::RingProgram program(c, split.rank, RingDirection::backward, held.numel(), grad.numel());
   std::fill(grad.data(), grad.data() + grad.numel(), 0.0f);
   auto& sc = host::detail::flash_scratch();  // the flash kernels' per-thread buffers
   float* q = host::detail::sized(sc.q, T * hs);
@@ -329,9 +358,8 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
     // the block travels on while this rank computes with it; its gradients, which this step
     // adds to, follow after
     std::optional<detail::RingPass> pass;
-    if (step + 1 < c)
-      pass = detail::start_ring_pass(comm, held.data(), next.data(), held.numel(),
-                                     detail::backward_tag);
+    if (step + 1 < c) pass = program.post(comm, held.data(), next.data(), held.numel());
+    program.compute(step);
     for (std::int64_t b = 0; b < B; ++b) {
       const E* kv = held.data() + b * T * 2 * C;
       float* g = grad.data() + b * T * 2 * C;
@@ -374,11 +402,11 @@ void ring_attention_backward(const Context<Host>& ctx, Comm& comm, const Balance
       std::swap(held, next);
     }
     if (c > 1) {  // after the last step, this pass brings each rank its own block's gradients
-      detail::pass_around_ring(comm, grad.data(), grad_next.data(), grad.numel(),
-                               detail::gradient_tag);
+      program.post(comm, grad.data(), grad_next.data(), grad.numel()).wait();
       std::swap(grad, grad_next);
     }
   }
+  program.finish();
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t i = 0; i < T; ++i) {
       E* dx = dqkv + (b * T + i) * 3 * C;
