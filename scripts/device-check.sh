@@ -132,6 +132,7 @@ staged_programs=(tests/backend/backend_kernels_cuda_test tests/comm/comm_cuda_te
                  tests/core/core_cuda_backend_test tests/layers/layers_cuda_test
                  tests/parallel/parallel_sharded_cuda_test
                  tests/parallel/parallel_tensor_parallel_cuda_test
+                 tests/parallel/parallel_ring_attention_cuda_test
                  tests/train/train_trainer_cuda_test examples/train/fourway-train
                  examples/train/fourway-train-cuda benchmarks/backend/bench_kernels_gpu
                  benchmarks/comm/bench_comm_gpu)
@@ -221,7 +222,7 @@ plan=(
   "racecheck-kernels|90|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; attention: tiled, and fused in bf16)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
-  "train-cuda-vs-host|90|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; classifier chunks; fp16; fused attention; tf32"
+  "train-cuda-vs-host|110|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; cp2 dp2 ZeRO-3, cp2 pp2 bf16; classifier chunks; fp16; fused attention; tf32"
   "multi-gpu|300|examples/train/multi_gpu_vs_host.sh: --backend nccl on 2, 4, 8 GPUs (launch-local.sh, torchrun-style): dp, zero3, tp2, pp2 x gpipe/1f1b/interleaved/zb-h1/zb-v, tp2 pp2 dp2 zero3 vs host losses; needs >= 2 GPUs"
   "train-vs-pytorch-gpu|120|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA, 3 rounds"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"

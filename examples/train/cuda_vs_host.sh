@@ -6,6 +6,8 @@
 #   bf16, 4-rank LocalWorld ZeRO-3    relative 5e-3
 #   fp32, tp2·dp2 ZeRO-1 (4 ranks)    relative 1e-4   (tensor parallelism)
 #   fp32, tp2·pp2·dp2 ZeRO-1 (8)      relative 1e-4   (the 3D mesh: p2p between stages too)
+#   fp32, cp2·dp2 ZeRO-3 (4 ranks)    relative 1e-4   (context parallelism: the CUDA ring)
+#   bf16, cp2·pp2 (4 ranks)           relative 5e-3   (the ring in bf16, under a pipeline)
 #   fp32, --classifier-chunk 64       relative 1e-4   (the fused classifier: 4 chunks of 64 tokens)
 #   fp16, 1 rank                      relative 5e-3   (loss scaling, the fp16 kernels end to end)
 #   bf16, --attention fused           relative 5e-3   (the tensor-core attention, head size 16,
@@ -50,6 +52,8 @@ compare fp32-zero3-4ranks 1e-4 --ranks 4 --zero 3
 compare bf16-zero3-4ranks 5e-3 --ranks 4 --zero 3 --precision bf16
 compare fp32-tp2-dp2-zero1 1e-4 --tp 2 --dp 2 --zero 1
 compare fp32-tp2-pp2-dp2-zero1 1e-4 --tp 2 --pp 2 --dp 2 --zero 1 --micro-batches 2
+compare fp32-cp2-dp2-zero3 1e-4 --cp 2 --dp 2 --zero 3
+compare bf16-cp2-pp2 5e-3 --cp 2 --pp 2 --micro-batches 2 --precision bf16
 compare fp32-classifier-chunk 1e-4 --classifier-chunk 64
 compare fp16-1rank 5e-3 --precision fp16
 compare bf16-fused-attention 5e-3 --precision bf16 -- --attention fused

@@ -253,6 +253,10 @@ void train_pipeline_ranks(const Options& o) {
       tpg.set_stream(ctx.stream());
       pp.set_stream(ctx.stream());
       dp.set_stream(ctx.stream());
+      if (o.cp > 1) {  // the ring's group and the replicas' (gradients over cp x dp)
+        groups.cp().set_stream(ctx.stream());
+        groups.group({fw::Axis::cp, fw::Axis::dp}).set_stream(ctx.stream());
+      }
     }
     std::optional<fw::SafetensorsReader> ckpt;
     const fw::models::GptConfig cfg = model_config(o, ckpt, lead);

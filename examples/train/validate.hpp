@@ -392,10 +392,6 @@ inline void check_combinations(const Options& o, const TargetTraits& t,
                              "--classifier-chunk)");
   if (o.cp > 1) {
     fw::check<fw::ConfigError>(
-        !t.on_device, "fourway: --cp ", o.cp,
-        ": context parallelism's ring attention has its host form only (docs/context-parallel.md); "
-        "run it with fourway-train, the host build");
-    fw::check<fw::ConfigError>(
         o.seq % (2 * o.cp) == 0, "fourway: --cp ", o.cp, " cuts every sequence into 2 x ", o.cp,
         " = ", 2 * o.cp, " chunks (rank r holds chunks r and ", 2 * o.cp - 1, " - r), but --seq ",
         o.seq, " does not divide by ", 2 * o.cp, "; use a --seq divisible by ", 2 * o.cp);

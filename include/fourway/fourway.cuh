@@ -25,6 +25,7 @@
 #include "fourway/backend/ops.cuh"
 #include "fourway/comm/device_reduce.cuh"
 #include "fourway/fourway.hpp"
+#include "fourway/parallel/cp/ring_attention.cuh"
 
 #if FOURWAY_HAS_NCCL
 #include "fourway/comm/nccl_comm.cuh"

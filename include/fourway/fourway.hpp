@@ -98,6 +98,8 @@
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/lr_schedule.hpp"
 #include "fourway/optim/precision.hpp"
+#include "fourway/parallel/cp/balanced_split.hpp"
+#include "fourway/parallel/cp/ring_algorithm.hpp"
 #include "fourway/parallel/cp/ring_attention.hpp"
 #include "fourway/parallel/cp/ring_schedule.hpp"
 #include "fourway/parallel/cp/ring_shard.hpp"

@@ -43,9 +43,10 @@ out=$(bash "$script" "$host" "$work/fourway-train-cuda" "$work/run" 2>&1)
 rc=$?
 [ $rc -eq 0 ] || fail "exit $rc with a stand-in that runs the host program"
 expect_in_out "" "PASS fp32-1rank: 8 steps" "PASS fp32-zero3-4ranks:" "PASS bf16-zero3-4ranks:" \
-  "PASS fp32-tp2-dp2-zero1:" "PASS fp32-tp2-pp2-dp2-zero1:" "PASS fp32-classifier-chunk:" \
-  "PASS fp16-1rank:" "PASS bf16-fused-attention:" "PASS tf32-1rank:"
-[ "$(grep -c '^PASS' <<< "$out")" -eq 9 ] || fail "not 9 PASS lines"
+  "PASS fp32-tp2-dp2-zero1:" "PASS fp32-tp2-pp2-dp2-zero1:" "PASS fp32-cp2-dp2-zero3:" \
+  "PASS bf16-cp2-pp2:" "PASS fp32-classifier-chunk:" "PASS fp16-1rank:" \
+  "PASS bf16-fused-attention:" "PASS tf32-1rank:"
+[ "$(grep -c '^PASS' <<< "$out")" -eq 11 ] || fail "not 11 PASS lines"
 # the flags each side got: the CUDA side's from the record, the host's from its own logs
 args_of() { grep -E -- "--log-json [^ ]*/$1.cuda.json" "$STUB_ARGS"; }
 grep -q -- "--precision bf16 --attention fused" <<< "$(args_of bf16-fused-attention)" ||
@@ -64,7 +65,8 @@ out=$(STUB_SKEW=1.003 bash "$script" "$host" "$work/fourway-train-cuda" "$work/s
 rc=$?
 [ $rc -eq 1 ] || fail "exit $rc with losses 0.3% off, want 1"
 expect_in_out " with losses 0.3% off" "FAIL fp32-1rank:" "FAIL fp32-classifier-chunk:" \
-  "FAIL tf32-1rank:" "PASS fp16-1rank:" "PASS bf16-fused-attention:" "max rel diff 3.00e-03"
+  "FAIL fp32-cp2-dp2-zero3:" "PASS bf16-cp2-pp2:" "FAIL tf32-1rank:" "PASS fp16-1rank:" \
+  "PASS bf16-fused-attention:" "max rel diff 3.00e-03"
 
 # the CUDA side says it fell back to the blockwise path: the fused case fails, naming that line
 out=$(STUB_ATTENTION="blockwise: the fused kernels refuse this model here (x)" bash "$script" \

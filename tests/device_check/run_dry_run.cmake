@@ -54,7 +54,8 @@ elseif(CASE MATCHES "^prebuilt" OR CASE MATCHES "^run_")
     foreach(_p tests/backend/backend_kernels_cuda_test tests/comm/comm_cuda_test
                tests/core/core_cuda_backend_test tests/layers/layers_cuda_test
                tests/parallel/parallel_sharded_cuda_test
-               tests/parallel/parallel_tensor_parallel_cuda_test tests/train/train_trainer_cuda_test
+               tests/parallel/parallel_tensor_parallel_cuda_test
+               tests/parallel/parallel_ring_attention_cuda_test tests/train/train_trainer_cuda_test
                examples/train/fourway-train examples/train/fourway-train-cuda
                benchmarks/backend/bench_kernels_gpu benchmarks/comm/bench_comm_gpu)
       file(WRITE ${_staged}/${_p} "")

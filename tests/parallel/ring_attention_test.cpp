@@ -16,6 +16,7 @@
 
 #include "fourway/comm/launch.hpp"
 #include "fourway/comm/local_world.hpp"
+#include "ring_reference.hpp"
 
 namespace fw = fourway;
 namespace cp = fourway::cp;
@@ -53,20 +54,6 @@ TEST(RingAttention, BalancedSplitCoversTheSequenceAndBalancesTheWork) {
 
 namespace {
 
-template <class E>
-std::vector<E> random_values(std::size_t n, std::uint32_t seed, float spread) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-spread, spread);
-  std::vector<E> v(n);
-  for (auto& x : v) x = fw::convert<E>(d(gen));
-  return v;
-}
-
-template <class E>
-double value(E x) {
-  return static_cast<double>(fw::convert<float>(x));
-}
-
 struct RunShape {
   std::int64_t B, T, C, NH;
 };
@@ -79,19 +66,10 @@ void expect_ring_is_the_unsplit_attention(int c, RunShape sh, double tol) {
   const std::string tag = "c=" + std::to_string(c) + " B=" + std::to_string(B) +
                           " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                           " NH=" + std::to_string(NH);
-  const auto qkv = random_values<E>(static_cast<std::size_t>(B * T * 3 * C), 11 + c, 1.5f);
-  const auto dout = random_values<E>(static_cast<std::size_t>(B * T * C), 23 + c, 1.0f);
-  // the unsplit attention
-  fw::MemoryAccountant acct;
-  fw::Context<fw::Host> ctx(acct);
-  std::vector<E> out(static_cast<std::size_t>(B * T * C)), dqkv(qkv.size());
-  std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), delta(lse.size());
-  fw::host::flash_attention_forward(ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  fw::host::flash_attention_backward(ctx, dqkv.data(), delta.data(), dout.data(), qkv.data(),
-                                     out.data(), lse.data(), B, T, C, NH);
+  const ring_reference::Unsplit<E> whole(B, T, C, NH, static_cast<std::uint32_t>(c));
   // the ring: each rank's result put back at its positions
-  std::vector<E> ring_out(out.size()), ring_dqkv(dqkv.size());
-  std::vector<float> ring_lse(lse.size());
+  std::vector<E> ring_out(whole.out.size()), ring_dqkv(whole.dqkv.size());
+  std::vector<float> ring_lse(whole.lse.size());
   std::mutex mu;
   fw::CommOptions strict;
   strict.strict = true;  // held to NCCL's contract (docs/comm.md, "The strict world")
@@ -104,8 +82,8 @@ void expect_ring_is_the_unsplit_attention(int c, RunShape sh, double tol) {
         fw::Tensor<E, fw::Host> x(fw::Shape{B, L, 3 * C}, fw::MemTag::activations,
                                   w.ctx().memory());
         fw::Tensor<E, fw::Host> dy(fw::Shape{B, L, C}, fw::MemTag::activations, w.ctx().memory());
-        cp::take_local_rows(x.data(), qkv.data(), B, 3 * C, s);
-        cp::take_local_rows(dy.data(), dout.data(), B, C, s);
+        cp::take_local_rows(x.data(), whole.qkv.data(), B, 3 * C, s);
+        cp::take_local_rows(dy.data(), whole.dout.data(), B, C, s);
         std::vector<E> o(static_cast<std::size_t>(B * L * C)),
             dx(static_cast<std::size_t>(x.numel()));
         std::vector<float> l(static_cast<std::size_t>(B * NH * L));
@@ -126,17 +104,13 @@ void expect_ring_is_the_unsplit_attention(int c, RunShape sh, double tol) {
       },
       strict);
   auto expect_close = [&](const auto& got, const auto& want, const char* what) {
-    double scale = 0, worst = 0;
-    for (const auto& v : want) scale = std::max(scale, std::abs(value(v)));
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      worst = std::max(worst, std::abs(value(got[i]) - value(want[i])));
-    }
+    const auto [worst, scale] = ring_reference::worst_and_scale(got, want);
     EXPECT_LE(worst, tol * std::max(scale, 1.0))
         << what << " " << tag << ": largest difference " << worst << " of a scale " << scale;
   };
-  expect_close(ring_out, out, "out");
-  expect_close(ring_lse, lse, "lse");
-  expect_close(ring_dqkv, dqkv, "dqkv");
+  expect_close(ring_out, whole.out, "out");
+  expect_close(ring_lse, whole.lse, "lse");
+  expect_close(ring_dqkv, whole.dqkv, "dqkv");
 }
 
 }  // namespace

@@ -50,7 +50,7 @@
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/clip.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/parallel/cp/ring_attention.hpp"
+#include "fourway/parallel/cp/balanced_split.hpp"
 #include "fourway/parallel/step_scalars.hpp"
 #include "fourway/train/state_runs.hpp"
 
@@ -75,7 +75,7 @@ struct StepReport {
 };
 
 /// How a strategy's ranks split every sequence (context parallelism): over `ranks` ranks, this
-/// one holding part `rank` of each (parallel/cp/ring_attention.hpp's balanced split). A strategy
+/// one holding part `rank` of each (parallel/cp/balanced_split.hpp). A strategy
 /// without `sequence_split()` holds whole sequences.
 struct SequenceSplit {
   int ranks = 1;

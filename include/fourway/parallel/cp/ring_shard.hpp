@@ -7,8 +7,10 @@
 //! (T = rows · c) and a sequence whose length does not cut into 2c chunks is the split's
 //! ShapeError. Attention is `ring_attention_forward` / `ring_attention_backward` over the group.
 //!
-//! Ring attention has a host form only (docs/context-parallel.md): on a device backend a group of
-//! more than one rank is a ConfigError when the shard is made, before any step.
+//! The ring runs on either backend: its algorithm is written once (parallel/cp/ring_algorithm.hpp),
+//! the host form in parallel/cp/ring_attention.hpp and the CUDA form in
+//! parallel/cp/ring_attention.cuh, which every nvcc translation unit includes here. On CUDA the
+//! group's communicator must run on the context's stream, as the strategies set every group's.
 #pragma once
 
 #include <cstdint>
@@ -18,20 +20,17 @@
 #include "fourway/layers/sequence_shard.hpp"
 #include "fourway/parallel/cp/ring_attention.hpp"
 
+#if defined(FOURWAY_CUDA_COMPILATION)
+#include "fourway/parallel/cp/ring_attention.cuh"  // the CUDA form, for RingShard<T, Cuda, Comm>
+#endif
+
 namespace fourway::cp {
 
 template <floating_dtype T, backend B, communicator Comm>
 class RingShard final : public SequenceShard<T, B> {
  public:
   /// `group` is the context-parallel group of this rank (not owned; it outlives the shard).
-  explicit RingShard(Comm& group) : group_(&group) {
-    if constexpr (B::on_device) {
-      check<ConfigError>(group.size() == 1, "fourway: context parallelism over ", group.size(),
-                         " ranks needs ring attention on the device, which fourway does not have "
-                         "yet (its host form only: docs/context-parallel.md); run the mesh on the "
-                         "host backend or without ContextParallel");
-    }
-  }
+  explicit RingShard(Comm& group) : group_(&group) {}
 
   [[nodiscard]] int ranks() const override { return group_->size(); }
   [[nodiscard]] std::int64_t position(std::int64_t row, std::int64_t local) const override {
@@ -44,21 +43,12 @@ class RingShard final : public SequenceShard<T, B> {
 
   void attention_forward(const Context<B>& ctx, T* y, float* lse, const T* qkv, std::int64_t Bn,
                          std::int64_t Tn, std::int64_t width, std::int64_t heads) override {
-    if constexpr (!B::on_device) {
-      ring_attention_forward(ctx, *group_, split(Tn), y, lse, qkv, Bn, width, heads);
-    } else {
-      (void)ctx, (void)y, (void)lse, (void)qkv, (void)Bn, (void)Tn, (void)width, (void)heads;
-    }
+    ring_attention_forward(ctx, *group_, split(Tn), y, lse, qkv, Bn, width, heads);
   }
   void attention_backward(const Context<B>& ctx, T* dqkv, const T* dy, const T* qkv, const T* y,
                           const float* lse, std::int64_t Bn, std::int64_t Tn, std::int64_t width,
                           std::int64_t heads) override {
-    if constexpr (!B::on_device) {
-      ring_attention_backward(ctx, *group_, split(Tn), dqkv, dy, qkv, y, lse, Bn, width, heads);
-    } else {
-      (void)ctx, (void)dqkv, (void)dy, (void)qkv, (void)y, (void)lse, (void)Bn, (void)Tn,
-          (void)width, (void)heads;
-    }
+    ring_attention_backward(ctx, *group_, split(Tn), dqkv, dy, qkv, y, lse, Bn, width, heads);
   }
 
  private:
