@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -78,13 +79,14 @@ struct RingPass {
 /// This rank's row of the ring's exchange (parallel/cp/ring_schedule.hpp), verified for the whole
 /// group before the first message and read in order: every pass takes its peers, tag and size
 /// from it, every compute step is where the program puts it.
+///
+/// Attention runs the ring in every layer of every micro-batch with the same few shapes, so a
+/// program is verified once per (ranks, rank, direction, sizes) on a thread (each LocalWorld rank
+/// is one) and its row kept; later calls read the kept row.
 class RingProgram {
  public:
-  RingProgram(int ranks, int rank, RingDirection dir, std::int64_t block, std::int64_t gradient) {
-    schedule::Exchange x = ring_exchange(ranks, dir, block, gradient);
-    schedule::verify(x, schedule::Blocking::rendezvous);
-    row_ = std::move(x.moves[static_cast<std::size_t>(rank)]);
-  }
+  RingProgram(int ranks, int rank, RingDirection dir, std::int64_t block, std::int64_t gradient)
+      : row_(&verified_row({ranks, rank, dir, block, gradient})) {}
 
   /// Posts the program's next group, a send of `send` and a recv into `recv` of `n` elements.
   template <class T, communicator Comm>
@@ -103,20 +105,43 @@ class RingProgram {
   /// The program's compute `step` comes next.
   void compute(int step) { follows(next() == schedule::compute_step(step), "compute ", step); }
   /// Every entry ran.
-  void finish() const { follows(at_ == row_.size(), "the end of the program"); }
+  void finish() const { follows(at_ == row_->size(), "the end of the program"); }
 
  private:
   schedule::Transfer next() {
-    follows(at_ < row_.size(), "an entry past the end of the program");
-    return row_[at_++];
+    follows(at_ < row_->size(), "an entry past the end of the program");
+    return (*row_)[at_++];
   }
   template <class... Args>
   void follows(bool ok, const Args&... what) const {
     check<Error>(ok, "fourway: ring attention ran ", what...,
-                 " where its verified exchange has entry ", at_, " of ", row_.size(),
+                 " where its verified exchange has entry ", at_, " of ", row_->size(),
                  " (an internal error: the ring and parallel/cp/ring_schedule.hpp disagree)");
   }
-  std::vector<schedule::Transfer> row_;
+
+  struct Key {
+    int ranks, rank;
+    RingDirection dir;
+    std::int64_t block, gradient;
+    bool operator==(const Key&) const = default;
+  };
+  struct Verified {
+    Key key;
+    std::vector<schedule::Transfer> row;
+  };
+  /// The row of `k`'s program, verified on this thread's first call with `k`.
+  static const std::vector<schedule::Transfer>& verified_row(const Key& k) {
+    // a handful (one per shape and direction); a deque keeps earlier rows where they are
+    thread_local std::deque<Verified> kept;
+    for (const Verified& v : kept)
+      if (v.key == k) return v.row;
+    schedule::Exchange x = ring_exchange(k.ranks, k.dir, k.block, k.gradient);
+    schedule::verify(x, schedule::Blocking::rendezvous);
+    kept.push_back({k, std::move(x.moves[static_cast<std::size_t>(k.rank)])});
+    return kept.back().row;
+  }
+
+  const std::vector<schedule::Transfer>* row_;
   std::size_t at_ = 0;
 };
 
