@@ -184,9 +184,11 @@ struct Case {
   int tp = 1, pp = 1, dp = 1, zero = 0, micro_batches = 1;
   fw::schedule::Kind schedule = fw::schedule::Kind::one_f_one_b;
   bool checkpoint = false;
+  bool sequence_parallel = false;
   [[nodiscard]] std::string name() const {
     return fw::detail::cat("tp", tp, " pp", pp, " dp", dp, " zero", zero, " M", micro_batches, " ",
-                           fw::schedule::kind_name(schedule), checkpoint ? " checkpointed" : "");
+                           fw::schedule::kind_name(schedule), checkpoint ? " checkpointed" : "",
+                           sequence_parallel ? " sequence-parallel" : "");
   }
 };
 
@@ -208,6 +210,7 @@ Result train(const Case& c) {
     mo.pipeline.schedule = c.schedule;
     mo.pipeline.micro_batches = c.micro_batches;
     mo.sharded.bucket_bytes = 2048;  // several buckets
+    mo.tensor.sequence_parallel = c.sequence_parallel;
     fw::TrainerOptions to;
     to.micro_batches = c.micro_batches;
     llama::Config cfg = config();
@@ -255,6 +258,11 @@ TEST(Llama, TrainsLikePyTorchOnEveryMesh) {
       {.pp = 2, .dp = 2, .zero = 1, .micro_batches = 2},  // 1F1B, untied head across stages
       {.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batches = 2},  // the 3D mesh
       {.tp = 2, .pp = 2, .dp = 2, .zero = 3, .micro_batches = 2, .checkpoint = true},
+      // sequence parallelism comes with the layers: the model has no line of it
+      // (B·T of a micro-batch on a replica divides by tp: 2 sequences of 7)
+      {.tp = 2, .sequence_parallel = true},
+      {.tp = 2, .dp = 2, .zero = 3, .sequence_parallel = true},
+      {.tp = 2, .pp = 2, .micro_batches = 2, .sequence_parallel = true},
   };
   const auto& want_loss = golden().f32("loss");
   for (const Case& c : cases) {
@@ -282,6 +290,56 @@ TEST(Llama, TrainsLikePyTorchOnEveryMesh) {
   }
 }
 
+// The model writes no placement table: each tensor-parallel-ready layer writes its split on its
+// parameters and the table is read off them. It is the Llama split, row by row (written out
+// here from the architecture), with the init rules of the unsplit model.
+TEST(Llama, PlacementsAreReadOffTheLayers) {
+  using fw::tp::Split;
+  const llama::Config cfg = config();
+  const std::int64_t C = cfg.dim, F = cfg.ffn, V = cfg.vocab;
+  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
+  struct Row {
+    std::string name;
+    Split split;
+    std::int64_t rows, cols;
+    int parts;
+    bool matrix, normal;
+    float value;
+  };
+  std::vector<Row> want = {{"tok_embeddings.weight", Split::vocab, V, C, 1, true, true, 0.02f}};
+  for (int i = 0; i < cfg.layers; ++i) {
+    const std::string l = "layers." + std::to_string(i);
+    want.push_back({l + ".attention_norm.weight", Split::replicated, 1, C, 1, false, false, 1.0f});
+    want.push_back({l + ".attention.wqkv.weight", Split::column, C, 3 * C, 3, true, true, 0.02f});
+    want.push_back({l + ".attention.wo.weight", Split::row, C, C, 1, true, true, residual});
+    want.push_back({l + ".ffn_norm.weight", Split::replicated, 1, C, 1, false, false, 1.0f});
+    want.push_back({l + ".feed_forward.w13.weight", Split::column, C, 2 * F, 2, true, true, 0.02f});
+    want.push_back({l + ".feed_forward.w2.weight", Split::row, F, C, 1, true, true, residual});
+  }
+  want.push_back({"norm.weight", Split::replicated, 1, C, 1, false, false, 1.0f});
+  want.push_back({"output.weight", Split::vocab, V, C, 1, true, true, 0.02f});
+  for (const int n : {1, 2, 4}) {
+    fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
+      OneRankModel m(w.ctx(), cfg, w.comm(), 7);
+      const auto& got = m.placements();
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        SCOPED_TRACE(want[i].name + " tp=" + std::to_string(n));
+        EXPECT_EQ(got[i].name, want[i].name);
+        EXPECT_EQ(got[i].split, want[i].split);
+        EXPECT_EQ(got[i].rows, want[i].rows);
+        EXPECT_EQ(got[i].cols, want[i].cols);
+        EXPECT_EQ(got[i].parts, want[i].parts);
+        EXPECT_EQ(got[i].matrix, want[i].matrix);
+        EXPECT_EQ(got[i].padded_rows,
+                  want[i].split == Split::vocab ? (V + n - 1) / n * n : want[i].rows);
+        EXPECT_EQ(got[i].init.normal, want[i].normal);
+        EXPECT_EQ(got[i].init.value, want[i].value);
+      }
+    });
+  }
+}
+
 // When the model does not fit, nothing holds all of it: without a loader and without tp, every
 // rank builds the model deferred and ZeRO-3 materialises only its shard, so no rank's weights
 // ever reach the whole model's bytes (counted from the start of the run). The eager build holds
@@ -291,8 +349,11 @@ TEST(Llama, Zero3RanksNeverHoldTheWholeModel) {
   using S = fw::MeshStrategy<MeshT, fw::Precision<float>, Host, fw::LocalComm, llama::Config>;
   llama::Config cfg = config();
   cfg.layers = 6;
-  std::int64_t whole = 0;  // the unsplit model's fp32 weight bytes
-  for (const auto& p : llama::placement_table(cfg, 1)) whole += p.full_numel() * 4;
+  // the unsplit model's fp32 weight bytes, counted from the architecture: tok_embeddings and
+  // output (V, C); per block two norms (C), wqkv (C, 3C), wo (C, C), w13 (C, 2F), w2 (F, C); norm
+  const std::int64_t C = cfg.dim, F = cfg.ffn;
+  const std::int64_t whole =
+      4 * (2 * cfg.vocab * C + cfg.layers * (2 * C + 4 * C * C + 3 * C * F) + C);
   std::vector<std::size_t> peaks(4);
   fw::launch<fw::LocalWorld>(4, [&](fw::World<fw::LocalWorld>& w) {
     const MeshT mesh(w.size());

@@ -27,7 +27,7 @@
 #include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/step_scalars.hpp"
-#include "fourway/parallel/tp/conjugate.hpp"
+#include "fourway/layers/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/work_queue.hpp"
 

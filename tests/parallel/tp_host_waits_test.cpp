@@ -79,7 +79,7 @@ std::vector<StepWaits> measure(int tp, bool sequence_parallel, int micro_batches
 }
 
 /// The collectives of the layers in one forward + backward of a GPT of L blocks over a
-/// tensor-parallel group, from the operators' definitions (tp/conjugate.hpp's table):
+/// tensor-parallel group, from the operators' definitions (layers/conjugate.hpp's table):
 ///   without sequence parallelism, all-reduces: the embedding's g (1), per block two g forward
 ///     and two f backward (4L), the loss's MAX and SUM (2), the head's f backward (1);
 ///   with it: per block ḡ (all-gather) before each column split and ḡ' (reduce-scatter) after

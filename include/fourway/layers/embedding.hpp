@@ -25,6 +25,22 @@
 
 namespace fourway {
 
+namespace detail {
+/// Throws ShapeError naming the first id outside [0, vocab) (host backends; a device backend's
+/// kernels read no row for such an id).
+template <class B>
+void check_vocab_ids(const Tensor<std::int32_t, B>& ids, std::int64_t vocab, const char* what) {
+  if constexpr (!B::on_device) {
+    for (std::int64_t i = 0; i < ids.numel(); ++i) {
+      check<ShapeError>(ids[i] >= 0 && ids[i] < vocab, "fourway: ", what, " id ", ids[i],
+                        " at position ", i, " is outside the vocabulary [0, ", vocab, ")");
+    }
+  } else {
+    (void)ids, (void)vocab, (void)what;
+  }
+}
+}  // namespace detail
+
 template <floating_dtype T, backend B>
 class Embedding {
  public:
@@ -69,10 +85,7 @@ class Embedding {
     Tensor<T, B> wpe_rows;  // a sequence shard: (T, C), wpe at the rows' positions
     const T* wpe = position_rows(ctx, shard_, wpe_.bound_weight().data(), Tn, C_, wpe_rows);
     if constexpr (!B::on_device) {
-      for (std::int64_t i = 0; i < tokens.numel(); ++i) {
-        check<ShapeError>(tokens[i] >= 0 && tokens[i] < V_, "fourway: token id ", tokens[i],
-                          " at position ", i, " is outside the vocabulary [0, ", V_, ")");
-      }
+      detail::check_vocab_ids(tokens, V_, "token");
       Ops<B>::embedding_forward(ctx, s.y.data(), tokens.data(), wte_.bound_weight().data(), wpe, Bn,
                                 Tn, C_);
     } else {

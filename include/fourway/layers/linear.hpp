@@ -45,11 +45,24 @@ class Linear {
   }
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    return run_forward(ctx, x, s, has_bias_);
+  }
+
+  /// x·W alone: the partial product of a row split, whose bias is added once the group's sum is
+  /// taken (layers/parallel_linear.hpp). The stash is forward's and `backward` is unchanged (the
+  /// bias gradient comes from the full output gradient).
+  Tensor<T, B> forward_without_bias(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    return run_forward(ctx, x, s, false);
+  }
+
+ private:
+  Tensor<T, B> run_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s,
+                           bool with_bias) const {
     (void)detail::rows_of(x.shape(), in_, "Linear");
     s.x = x.view();
     s.y = detail::activation<T, B>(ctx, detail::with_last(x.shape(), out_));
     // Y (rows, out) = X (rows, in) · W (in, out) (+ b)
-    if (has_bias_) {
+    if (with_bias) {
       matmul_bias(ctx, matrix(s.y), matrix(x), matrix(weight_.bound_weight()),
                   bias_.bound_weight().data());
     } else {
@@ -58,6 +71,7 @@ class Linear {
     return s.y.view();
   }
 
+ public:
   /// gelu(x·W + b) in one call: this layer's stash keeps x·W + b (GELU's input), `g` the output,
   /// exactly as `forward` then `Gelu::forward` would leave them (the same tensors, allocated in
   /// the same order); backward is theirs, unchanged.
@@ -108,6 +122,8 @@ class Linear {
   [[nodiscard]] bool has_bias() const { return has_bias_; }
   Parameter<T, B>& weight() { return weight_; }
   Parameter<T, B>& bias() { return bias_; }
+  [[nodiscard]] const Parameter<T, B>& weight() const { return weight_; }
+  [[nodiscard]] const Parameter<T, B>& bias() const { return bias_; }
 
  private:
   std::int64_t in_;

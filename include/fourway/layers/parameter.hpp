@@ -29,6 +29,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
 #include "fourway/core/tensor.hpp"
+#include "fourway/layers/placement.hpp"
 
 namespace fourway {
 
@@ -68,6 +69,14 @@ struct Parameter {
   /// Trailing rows of the weight that are padding (a vocabulary padded for aligned GEMMs): zero,
   /// with a zero gradient, and absent from checkpoint files, which hold `logical_shape()`.
   std::int64_t padding_rows = 0;
+  /// How the unsplit tensor is split over a tensor-parallel group (layers/placement.hpp; its
+  /// name is the parameter's): written by the tensor-parallel-ready layers (layers/
+  /// parallel_linear.hpp, layers/vocab_parallel.hpp) together with which of `slice_count` slices
+  /// this one is. An empty `placement.name`: not described (a plain layer's parameter, whole).
+  /// Init rules draw a slice's values from the unsplit tensor's stream (`sliced()`).
+  tp::Placement placement{};
+  int slice_count = 1;  // N, the group's size
+  int slice_index = 0;  // r, this rank's place in it
 
   Parameter() = default;
   /// Allocates weight (MemTag::weights) and a zeroed gradient (MemTag::grads) of `shape`, or,
@@ -96,6 +105,11 @@ struct Parameter {
   [[nodiscard]] std::int64_t logical_numel() const {
     return padding_rows == 0 ? numel()
                              : numel() / weight.shape()[0] * (weight.shape()[0] - padding_rows);
+  }
+  /// A part of a larger tensor (a tensor-parallel slice, or a vocabulary padded past its rows):
+  /// local element i is not element i of the unsplit tensor.
+  [[nodiscard]] bool sliced() const {
+    return !placement.name.empty() && placement.local_numel(slice_count) != placement.full_numel();
   }
   /// Described but holding no values (deferred construction, or rebound to nothing).
   [[nodiscard]] bool deferred() const { return weight.data() == nullptr && numel() > 0; }
@@ -184,17 +198,12 @@ inline double init_normal_at(std::uint64_t key, std::int64_t i) {
 }
 }  // namespace detail
 
-/// Elements [first, first + count) of `p`'s initial values, written to `dst` (device memory of
-/// B) through a bounded host buffer. The values depend only on (rule, name, element index);
-/// padding rows are zero.
+namespace detail {
+/// dst[0, count) = elements [from, from + count) of the unsplit tensor `p`'s init rule draws,
+/// through a bounded host buffer.
 template <class T, class B>
-void write_init_rule(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, std::int64_t first,
-                     std::int64_t count) {
-  check<ShapeError>(first >= 0 && count >= 0 && first + count <= p.numel(), "fourway: elements [",
-                    first, ", ", first + count, ") of parameter ", p.name, " of ", p.numel());
-  const std::int64_t real = std::clamp<std::int64_t>(p.logical_numel() - first, 0, count);
-  if (real < count) Ops<B>::fill(ctx, dst + real, count - real, convert<T>(0.0f));
-  count = real;
+void write_rule_run(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, std::int64_t from,
+                    std::int64_t count) {
   if (p.init.kind == InitRule::Kind::constant) {
     Ops<B>::fill(ctx, dst, count, convert<T>(p.init.value));
     return;
@@ -202,17 +211,49 @@ void write_init_rule(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, st
   check<ConfigError>(p.init.kind == InitRule::Kind::normal, "fourway: parameter ", p.name,
                      " holds no values and has no init rule; initialise it (init_normal, "
                      "init_constant) or load it before a strategy places it");
-  const std::uint64_t key = detail::init_key(p.init.seed, p.name);
+  const std::uint64_t key = init_key(p.init.seed, p.name);
   constexpr std::int64_t chunk = 1 << 14;
   std::vector<T> host(static_cast<std::size_t>(std::min(count, chunk)));
   for (std::int64_t at = 0; at < count; at += chunk) {
     const std::int64_t n = std::min(chunk, count - at);
     for (std::int64_t i = 0; i < n; ++i) {
       host[static_cast<std::size_t>(i)] =
-          convert<T>(static_cast<float>(p.init.std * detail::init_normal_at(key, first + at + i)));
+          convert<T>(static_cast<float>(p.init.std * init_normal_at(key, from + at + i)));
     }
     Ops<B>::from_host(ctx, dst + at, host.data(), n);
   }
+}
+}  // namespace detail
+
+/// Elements [first, first + count) of `p`'s initial values, written to `dst` (device memory of
+/// B). The values depend only on (rule, name, element index of the unsplit tensor): a slice
+/// (`Parameter::sliced`) draws its elements where its placement puts them in the unsplit
+/// tensor, so every split starts from the one-rank model's values. Padding rows are zero.
+template <class T, class B>
+void write_init_rule(const Context<B>& ctx, const Parameter<T, B>& p, T* dst, std::int64_t first,
+                     std::int64_t count) {
+  check<ShapeError>(first >= 0 && count >= 0 && first + count <= p.numel(), "fourway: elements [",
+                    first, ", ", first + count, ") of parameter ", p.name, " of ", p.numel());
+  if (!p.sliced()) {
+    const std::int64_t real = std::clamp<std::int64_t>(p.logical_numel() - first, 0, count);
+    if (real < count) Ops<B>::fill(ctx, dst + real, count - real, convert<T>(0.0f));
+    detail::write_rule_run(ctx, p, dst, first, real);
+    return;
+  }
+  const tp::Placement& pl = p.placement;
+  check<ShapeError>(p.numel() == pl.local_numel(p.slice_count), "fourway: parameter ", p.name,
+                    " holds ", p.numel(), " elements, its placement (", tp::split_name(pl.split),
+                    " of ", pl.rows, " x ", pl.cols, " over ", p.slice_count, ") says ",
+                    pl.local_numel(p.slice_count));
+  if (count > 0) Ops<B>::fill(ctx, dst, count, convert<T>(0.0f));  // padding stays zero
+  pl.for_each_run(
+      p.slice_count, p.slice_index, [&](std::int64_t full, std::int64_t local, std::int64_t n) {
+        const std::int64_t lo = std::max(local, first);
+        const std::int64_t hi = std::min(local + n, first + count);
+        if (lo < hi) {
+          detail::write_rule_run(ctx, p, dst + (lo - first), full + (lo - local), hi - lo);
+        }
+      });
 }
 
 /// Elements [first, first + count) of `p` as a strategy places them: copied from its storage

@@ -10,30 +10,11 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "fourway/layers/parameter.hpp"
+#include "fourway/layers/placement.hpp"
 
 namespace fourway {
-
-/// `rows` runs of `count` local elements, run i at local + i·local_stride, that are global
-/// elements global + i·global_stride of the parameter's global tensor.
-struct StateBlock {
-  std::int64_t local = 0;
-  std::int64_t local_stride = 0;
-  std::int64_t global = 0;
-  std::int64_t global_stride = 0;
-  std::int64_t count = 0;
-  std::int64_t rows = 1;
-};
-
-/// Where a local parameter lies in its global tensor (same name): local elements outside every
-/// block are padding. `writes`: this rank writes it (every element is written by one rank).
-struct StateView {
-  std::vector<std::int64_t> shape;  // global
-  std::vector<StateBlock> blocks;
-  bool writes = true;
-};
 
 /// The view of parameter `p` (index i) of `model`: the model's `state_view(i)` when it has one,
 /// else the whole parameter (written unless the model's `counts_in_norm(i)` says otherwise).

@@ -1,6 +1,6 @@
 //! `tp::Block<T, B, Comm>`: GPT-2's pre-LayerNorm block split over a tensor-parallel group of N
 //! ranks, built from the unchanged local layers (LayerNorm, Linear, Gelu) and the attention
-//! kernels, joined by the conjugate operators of tp/conjugate.hpp:
+//! kernels, joined by the conjugate operators of layers/conjugate.hpp:
 //! ```
 //!   x ─ ln_1 ─ f ─ c_attn (C, 3C/N) ─ attention, NH/N heads ─ c_proj (C/N, C) ─ g ─ +bias ─ +x = r
 //!   r ─ ln_2 ─ f ─ c_fc (C, 4C/N) ─ gelu ─ c_proj (4C/N, C) ─ g ─ +bias ─ +r = y
@@ -21,11 +21,12 @@
 
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/attention.hpp"
+#include "fourway/layers/conjugate.hpp"
 #include "fourway/layers/gelu.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/linear.hpp"
-#include "fourway/parallel/tp/conjugate.hpp"
+#include "fourway/layers/replicated_norm.hpp"
 
 namespace fourway::tp {
 
@@ -44,22 +45,9 @@ template <class T, class B, communicator Comm>
 Tensor<T, B> layernorm_backward_rows(const Context<B>& ctx, Comm& comm, LayerNorm<T, B>& ln,
                                      const Tensor<T, B>& dy, typename LayerNorm<T, B>::Stash& s) {
   if (comm.size() == 1) return ln.backward(ctx, dy, s);
-  const std::int64_t C = ln.features();
-  Tensor<T, B> part(Shape{2 * C}, MemTag::workspace, ctx.memory());
-  Ops<B>::fill(ctx, part.data(), 2 * C, convert<T>(0.0f));
-  Tensor<T, B> gain_grad = std::move(ln.weight().grad);
-  Tensor<T, B> bias_grad = std::move(ln.bias().grad);
-  ln.weight().grad = part.slice(0, Shape{C});
-  ln.bias().grad = part.slice(C, Shape{C});
-  Tensor<T, B> dx = ln.backward(ctx, dy, s);
-  ln.weight().grad = std::move(gain_grad);
-  ln.bias().grad = std::move(bias_grad);
-  all_reduce_sum(comm, part);
-  Ops<B>::residual_forward(ctx, ln.weight().bound_grad().data(), ln.weight().grad.data(),
-                           part.data(), C);
-  Ops<B>::residual_forward(ctx, ln.bias().bound_grad().data(), ln.bias().grad.data(),
-                           part.data() + C, C);
-  return dx;
+  return detail::norm_backward_over_rows(ctx, ln, dy, s, [&comm](T* p, std::int64_t n) {
+    all_reduce_in_layer(comm, p, n, ReduceOp::sum);
+  });
 }
 
 template <floating_dtype T, backend B, communicator Comm>

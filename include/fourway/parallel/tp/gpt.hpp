@@ -19,7 +19,7 @@
 //! Initial values equal fw::models::Gpt's for the same seed (the full tensor is drawn from the
 //! (seed, name) stream and sliced), so every N starts from the one-rank model.
 //! No host wait inside the model: every collective above is completed in stream order
-//! (tp/conjugate.hpp), and `forward_into` leaves the loss on the device (a `LossSink`, as
+//! (layers/conjugate.hpp), and `forward_into` leaves the loss on the device (a `LossSink`, as
 //! fw::models::Gpt's), so a Trainer step's host waits are the strategy's step scalars alone
 //! (docs/parallel-tp.md). `forward` reads the loss back (one synchronising call).
 //!
@@ -40,13 +40,13 @@
 
 #include "fourway/comm/communicator.hpp"
 #include "fourway/layers/checkpoint.hpp"
+#include "fourway/layers/conjugate.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/layernorm.hpp"
+#include "fourway/layers/vocab_loss.hpp"
 #include "fourway/parallel/tp/block.hpp"
-#include "fourway/parallel/tp/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/tp/slices.hpp"
-#include "fourway/parallel/tp/vocab_head.hpp"
 
 namespace fourway::tp {
 
@@ -73,14 +73,9 @@ inline std::vector<Placement> gpt_placements(const models::GptConfig& cfg, int n
   std::vector<Placement> t;
   auto add = [&](std::string name, Split split, std::int64_t rows, std::int64_t cols, int parts,
                  bool matrix, InitRule rule) {
-    Placement p;
+    Placement p = Placement::of(split, rows, cols, matrix, parts,
+                                split == Split::vocab ? padded_vocab(rows, n, alignment) : rows);
     p.name = std::move(name);
-    p.split = split;
-    p.rows = rows;
-    p.cols = cols;
-    p.parts = parts;
-    p.padded_rows = split == Split::vocab ? padded_vocab(rows, n, alignment) : rows;
-    p.matrix = matrix;
     p.init = rule;
     t.push_back(std::move(p));
   };
@@ -471,12 +466,7 @@ class Gpt : public SlicedModel<Comm> {
   [[nodiscard]] std::int64_t vocab_valid() const { return vocab().valid_rows(n_, rank_); }
 
   void check_ids(const Tensor<std::int32_t, B>& ids, const char* what) const {
-    if constexpr (!B::on_device) {
-      for (std::int64_t i = 0; i < ids.numel(); ++i) {
-        check<ShapeError>(ids[i] >= 0 && ids[i] < cfg_.vocab, "fourway: ", what, " id ", ids[i],
-                          " at position ", i, " is outside the vocabulary [0, ", cfg_.vocab, ")");
-      }
-    }
+    ::fourway::detail::check_vocab_ids(ids, cfg_.vocab, what);
   }
 
   Tensor<T, B> embed(const Context<B>& ctx, const Tensor<std::int32_t, B>& tokens, Stash& s) {

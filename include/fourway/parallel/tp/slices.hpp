@@ -78,6 +78,31 @@ std::vector<std::vector<float>> gather_slices(const Context<B>& ctx, Comm& tp,
   return out;
 }
 
+/// The placement table of `m`, read off its parameters in `visit_parameters` order: what a
+/// tensor-parallel-ready layer wrote on each (layers/placement.hpp), or for a plain layer's
+/// parameter the whole tensor, replicated. Names and init rules are the parameters'.
+template <class Model>
+std::vector<Placement> placements_of(Model& m) {
+  std::vector<Placement> table;
+  m.visit_parameters([&](auto& p) {
+    Placement pl = p.placement;
+    if (pl.name.empty()) {  // not described: whole and replicated
+      pl = Placement{};
+      const Shape shape = p.logical_shape();
+      pl.matrix = shape.rank() == 2;
+      pl.rows = pl.matrix ? shape[0] : 1;
+      pl.cols = pl.matrix ? shape[1] : shape.numel();
+      pl.padded_rows = pl.rows;
+    }
+    pl.name = p.name;
+    pl.init =
+        InitRule{p.init.kind == ::fourway::InitRule::Kind::normal,
+                 p.init.kind == ::fourway::InitRule::Kind::normal ? p.init.std : p.init.value};
+    table.push_back(std::move(pl));
+  });
+  return table;
+}
+
 /// What the strategies ask of a model split over a tensor-parallel group by a placement table
 /// (train/sharded_strategy.hpp's `model_parallel_model`, checkpoints, the numerics check),
 /// answered from the table: a base of tp::Gpt and of any such model of the user's own
@@ -115,6 +140,13 @@ class SlicedModel {
  protected:
   SlicedModel(Comm& tp, std::vector<Placement> table)
       : tp_(&tp), n_(tp.size()), rank_(tp.rank()), table_(std::move(table)) {}
+  /// A model built from tensor-parallel-ready layers: its constructor ends with
+  /// `read_placements(*this)`, which reads the table off its parameters (`placements_of`).
+  explicit SlicedModel(Comm& tp) : tp_(&tp), n_(tp.size()), rank_(tp.rank()) {}
+  template <class Model>
+  void read_placements(Model& self) {
+    table_ = placements_of(self);
+  }
 
   Comm* tp_;
   int n_;

@@ -5,7 +5,7 @@
 //! Full logits are never formed, and the backward communicates nothing; the input gradient it
 //! returns is this rank's partial sum (the caller reduces it over the group). Used by tp::Gpt
 //! (the tied head, W = wte's slice) and by any tensor-parallel model (an untied head).
-//! Both all-reduces are completed in stream order (tp/conjugate.hpp): no host wait. Given a
+//! Both all-reduces are completed in stream order (layers/conjugate.hpp): no host wait. Given a
 //! `LossSink`, the loss stays on the device too (added to the sink, as fw::models::Gpt's
 //! `forward_into` does), so the forward makes no synchronising call at all; without one it reads
 //! the loss back, one synchronising call.
@@ -16,9 +16,9 @@
 
 #include "fourway/backend/matmul.hpp"
 #include "fourway/comm/communicator.hpp"
+#include "fourway/layers/conjugate.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/loss.hpp"
-#include "fourway/parallel/tp/conjugate.hpp"
 
 namespace fourway::tp {
 
@@ -35,13 +35,15 @@ struct VocabSlice {
 /// rows: max | Σ exp | target logit) for the backward. Without `sink`: one read-back of the
 /// loss. With it: `*sink->sum += sink->weight · Σ per-row losses` on the device, no read-back,
 /// and NaN is returned (every rank of the group adds the same sum).
-template <class T, class B, communicator Comm>
-float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSlice<T, B>& w,
-                                  const T* h, std::int64_t rows, std::int64_t C,
-                                  const std::int32_t* targets, Tensor<T, B>& logits,
-                                  Tensor<float, B>& stats, const LossSink* sink = nullptr) {
+/// `reduce(p, count, op)` joins `count` floats at p over the group in place, in stream order (a
+/// group of one: nothing).
+template <class T, class B, class Reduce>
+float vocab_parallel_loss_forward_with(const Context<B>& ctx, Reduce&& reduce,
+                                       const VocabSlice<T, B>& w, const T* h, std::int64_t rows,
+                                       std::int64_t C, const std::int32_t* targets,
+                                       Tensor<T, B>& logits, Tensor<float, B>& stats,
+                                       const LossSink* sink = nullptr) {
   const std::int64_t Vv = w.valid;
-  const int n = tp.size();
   stats = detail::activation<float, B>(ctx, Shape{3, rows});
   float* maxes = stats.data();
   float* rest = maxes + rows;  // Σ exp | target logit
@@ -53,17 +55,29 @@ float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSl
   } else {
     Ops<B>::fill(ctx, maxes, rows, -std::numeric_limits<float>::infinity());
   }
-  if (n > 1) all_reduce_in_layer(tp, maxes, rows, ReduceOp::max);
+  reduce(maxes, rows, ReduceOp::max);
   if (Vv > 0) {
     Ops<B>::vocab_local_sumexp(ctx, rest, logits.data(), maxes, rows, Vv);
     Ops<B>::vocab_target_logit(ctx, rest + rows, logits.data(), targets, rows, Vv, w.start);
   } else {
     Ops<B>::fill(ctx, rest, 2 * rows, 0.0f);
   }
-  if (n > 1) all_reduce_in_layer(tp, rest, 2 * rows, ReduceOp::sum);
+  reduce(rest, 2 * rows, ReduceOp::sum);
   Tensor<float, B> losses = detail::workspace<float, B>(ctx, Shape{rows});
   Ops<B>::vocab_loss(ctx, losses.data(), maxes, rest, rest + rows, rows);
   return model_loss(ctx, losses.data(), rows, sink);
+}
+
+/// The same over a communicator's group.
+template <class T, class B, communicator Comm>
+float vocab_parallel_loss_forward(const Context<B>& ctx, Comm& tp, const VocabSlice<T, B>& w,
+                                  const T* h, std::int64_t rows, std::int64_t C,
+                                  const std::int32_t* targets, Tensor<T, B>& logits,
+                                  Tensor<float, B>& stats, const LossSink* sink = nullptr) {
+  const auto reduce = [&tp](float* p, std::int64_t count, ReduceOp op) {
+    if (tp.size() > 1) all_reduce_in_layer(tp, p, count, op);
+  };
+  return vocab_parallel_loss_forward_with(ctx, reduce, w, h, rows, C, targets, logits, stats, sink);
 }
 
 /// The backward of grad_scale × the mean loss: dh (rows, C) = this rank's partial sum of the
