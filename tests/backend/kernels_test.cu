@@ -991,3 +991,32 @@ TYPED_TEST(CudaKernels, RmsNormRopeSwiGluMatchHost) {
   Dev<T> dbad(e, bad);
   EXPECT_THROW(fw::cuda::rope_forward(e.dev, dbad.p(), 2, 2, 6, 2, 3, 10000.0f), fw::ShapeError);
 }
+
+// Grouped-query packing against its host twin: the forward is a copy (bitwise), the backward
+// sums each group in fp32 in the same order (bitwise too, up to the element type's rounding).
+TYPED_TEST(CudaKernels, GqaPackAndUnpackMatchHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  // (rows, heads, kv_heads, head size)
+  const std::int64_t shapes[][4] = {
+      {1, 1, 1, 8}, {7, 4, 2, 16}, {129, 8, 1, 64}, {1023, 12, 4, 64}};
+  std::uint32_t seed = 1300;
+  for (const auto& s : shapes) {
+    const std::int64_t rows = s[0], H = s[1], KV = s[2], hs = s[3];
+    const auto nq = static_cast<std::size_t>(rows * H * hs);
+    const auto nkv = static_cast<std::size_t>(rows * 2 * KV * hs);
+    const auto q = ft::random_typed<T>(nq, ++seed);
+    const auto kv = ft::random_typed<T>(nkv, ++seed);
+    const auto dqkv = ft::random_typed<T>(3 * nq, ++seed);
+    std::vector<T> qkv(3 * nq), dq(nq), dkv(nkv);
+    Dev<T> dq_in(e, q), dkv_in(e, kv), dpacked(e, qkv), dgrad(e, dqkv), ddq(e, dq), ddkv(e, dkv);
+    fw::cuda::gqa_pack(e.dev, dpacked.p(), dq_in.p(), dkv_in.p(), rows, H, KV, hs);
+    fw::host::gqa_pack(e.host, qkv.data(), q.data(), kv.data(), rows, H, KV, hs);
+    expect_match(dpacked.get(e, 3 * nq), qkv, 0.0, "gqa_pack");
+    fw::cuda::gqa_unpack_grad(e.dev, ddq.p(), ddkv.p(), dgrad.p(), rows, H, KV, hs);
+    fw::host::gqa_unpack_grad(e.host, dq.data(), dkv.data(), dqkv.data(), rows, H, KV, hs);
+    expect_match(ddq.get(e, nq), dq, 0.0, "gqa_unpack_grad dq");
+    expect_match(ddkv.get(e, nkv), dkv, 1e-6, "gqa_unpack_grad dkv");
+  }
+}

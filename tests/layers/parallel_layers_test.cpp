@@ -259,11 +259,19 @@ TEST(ParallelLayers, DeferredSlicesMaterialiseTheSameValuesAsEagerOnes) {
 
 constexpr std::int64_t kB = 2, kT = 4, kHeads = 4, kDim = 16;
 
+/// Multi-head (kv_heads 0) or grouped-query attention with rotary embeddings.
 template <class Comm>
-Seen attention_run(const fw::Context<Host>& ctx, fw::TpGroup<Comm> g) {
+fw::ParallelAttention<float, Host, Comm> attention(const fw::Context<Host>& ctx,
+                                                   fw::TpGroup<Comm> g, std::int64_t kv_heads) {
+  const fw::AttentionSpec spec{kDim, kHeads, true, 10000.0f, kSeed, 0.2f, 0.1f, kv_heads};
+  if (kv_heads == 0) return {ctx, "attn.qkv", "attn.out", spec, g};
+  return {ctx, "attn.q", "attn.kv", "attn.out", spec, g};
+}
+
+template <class Comm>
+Seen attention_run(const fw::Context<Host>& ctx, fw::TpGroup<Comm> g, std::int64_t kv_heads = 0) {
   auto& mem = ctx.memory();
-  fw::AttentionSpec spec{kDim, kHeads, true, 10000.0f, kSeed, 0.2f, 0.1f};
-  fw::ParallelAttention<float, Host, Comm> attn(ctx, "attn.qkv", "attn.out", spec, g);
+  auto attn = attention(ctx, g, kv_heads);
   attn.set_sequence_length(kT);
   const std::int64_t rows = g.sequence_parallel() ? kB * kT / g.size() : kB * kT;
   const std::int64_t first = g.sequence_parallel() ? rows * g.rank() : 0;
@@ -289,6 +297,100 @@ TEST(ParallelLayers, AttentionSplitByHeadsEqualsTheOneRankAttention) {
           2e-6);
     }
   }
+}
+
+// Grouped-query attention is multi-head attention whose key/value heads are repeated over their
+// group of query heads (Hugging Face Llama's repeat_kv): an MHA with the GQA's weights placed that
+// way gives the same output and input gradient, its q gradient is the GQA's, and each GQA key/value
+// gradient is the sum of the MHA's over its group.
+TEST(ParallelLayers, GroupedQueryAttentionIsMultiHeadWithRepeatedKeyValueHeads) {
+  constexpr std::int64_t kKv = 2, hs = kDim / kHeads, group = kHeads / kKv;
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  auto gqa = attention(ctx, fw::TpGroup<>{}, kKv);
+  auto mha = attention(ctx, fw::TpGroup<>{}, 0);
+  std::vector<fw::Parameter<float, Host>*> g, m;  // gqa: q w, q b, kv w, kv b, out w, out b
+  gqa.visit_parameters([&](fw::Parameter<float, Host>& p) { g.push_back(&p); });
+  mha.visit_parameters([&](fw::Parameter<float, Host>& p) { m.push_back(&p); });
+  ASSERT_EQ(g.size(), 6u);
+  ASSERT_EQ(m.size(), 4u);
+  // MHA column c of q|k|v (width 3C) <- GQA q column c, or the kv column of head h / group
+  const auto source = [&](std::int64_t c) -> std::pair<int, std::int64_t> {
+    if (c < kDim) return {0, c};
+    const std::int64_t part = c / kDim - 1, h = (c % kDim) / hs, e = c % hs;
+    return {1, part * kKv * hs + (h / group) * hs + e};
+  };
+  for (std::int64_t r = 0; r <= kDim; ++r) {  // the weight's C rows, then the bias row
+    for (std::int64_t c = 0; c < 3 * kDim; ++c) {
+      const auto [which, col] = source(c);
+      const fw::Parameter<float, Host>& from =
+          *g[static_cast<std::size_t>(2 * which + (r == kDim))];
+      const std::int64_t width = which == 0 ? kDim : 2 * kKv * hs;
+      const float v = r == kDim ? from.weight[col] : from.weight[r * width + col];
+      if (r == kDim) {
+        m[1]->weight[c] = v;
+      } else {
+        m[0]->weight[r * 3 * kDim + c] = v;
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < m[2]->numel(); ++i) m[2]->weight[i] = g[4]->weight[i];
+  for (std::int64_t i = 0; i < m[3]->numel(); ++i) m[3]->weight[i] = g[5]->weight[i];
+
+  const Tensor x = tensor(mem, fw::Shape{kB, kT, kDim}, values(kB * kT * kDim, 3));
+  const Tensor dy = tensor(mem, fw::Shape{kB, kT, kDim}, values(kB * kT * kDim, 4));
+  decltype(gqa)::Stash sg;
+  decltype(mha)::Stash sm;
+  const auto yg = host(gqa.forward(ctx, x, sg));
+  const auto ym = host(mha.forward(ctx, x, sm));
+  expect_near_all(yg, ym, 0, 1e-6, "output");
+  expect_near_all(host(gqa.backward(ctx, dy, sg)), host(mha.backward(ctx, dy, sm)), 0, 1e-5,
+                  "input gradient");
+  // gradients: q from the MHA's first C columns; each kv column the sum over its group
+  std::vector<double> want_q(static_cast<std::size_t>((kDim + 1) * kDim), 0.0);
+  std::vector<double> want_kv(static_cast<std::size_t>((kDim + 1) * 2 * kKv * hs), 0.0);
+  for (std::int64_t r = 0; r <= kDim; ++r) {
+    for (std::int64_t c = 0; c < 3 * kDim; ++c) {
+      const float d = r == kDim ? m[1]->grad[c] : m[0]->grad[r * 3 * kDim + c];
+      const auto [which, col] = source(c);
+      if (which == 0) {
+        want_q[static_cast<std::size_t>(r * kDim + col)] += d;
+      } else {
+        want_kv[static_cast<std::size_t>(r * 2 * kKv * hs + col)] += d;
+      }
+    }
+  }
+  const auto rows_of = [](const fw::Parameter<float, Host>& w,
+                          const fw::Parameter<float, Host>& b) {
+    std::vector<float> v = host(w.grad);
+    const auto bias = host(b.grad);
+    v.insert(v.end(), bias.begin(), bias.end());
+    return v;
+  };
+  expect_near_all(rows_of(*g[0], *g[1]), std::vector<float>(want_q.begin(), want_q.end()), 0, 1e-5,
+                  "q gradient");
+  expect_near_all(rows_of(*g[2], *g[3]), std::vector<float>(want_kv.begin(), want_kv.end()), 0,
+                  1e-5, "k|v gradient");
+}
+
+TEST(ParallelLayers, GroupedQueryAttentionSplitOverTheGroupEqualsTheOneRankAttention) {
+  fw::MemoryAccountant mem;
+  fw::Context<Host> ctx(mem);
+  const Seen want = attention_run(ctx, fw::TpGroup<>{}, 2);
+  for (bool sp : {false, true}) {  // 2 key/value heads: at most 2 ranks
+    expect_split_matches(
+        2, sp, want, [](const auto& c, auto g) { return attention_run(c, g, 2); }, kDim, kB * kT,
+        2e-6);
+  }
+  fw::launch<fw::LocalWorld>(4, [](fw::World<fw::LocalWorld>& w) {
+    try {
+      (void)attention(w.ctx(), fw::TpGroup<fw::LocalComm>(w.comm()), 2);
+      ADD_FAILURE() << "no error for 2 key/value heads over 4 ranks";
+    } catch (const fw::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("kv_heads=2 divisible by 4"), std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 // ---- the vocabulary: embedding and untied head with its loss, an RMSNorm between ---------------

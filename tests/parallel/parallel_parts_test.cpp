@@ -22,12 +22,12 @@
 
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
+#include "fourway/layers/conjugate.hpp"
 #include "fourway/parallel/dp/gradient_reducer.hpp"
 #include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/dp/unit_gatherer.hpp"
 #include "fourway/parallel/pp/chunk_set.hpp"
 #include "fourway/parallel/step_scalars.hpp"
-#include "fourway/layers/conjugate.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/work_queue.hpp"
 

@@ -48,6 +48,8 @@ struct Ops;
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, rope_backward)              \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, swiglu_forward)             \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, swiglu_backward)            \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gqa_pack)                   \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gqa_unpack_grad)            \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_forward)          \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, attention_backward)         \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, flash_attention_forward)    \

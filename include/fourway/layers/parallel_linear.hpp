@@ -117,7 +117,9 @@ class ColumnLinear {
   [[nodiscard]] std::int64_t local_out() const { return linear_.out_features(); }
   [[nodiscard]] std::int64_t out_features() const { return out_; }
   [[nodiscard]] const TpGroup<Comm>& group() const { return group_; }
+  /// This rank's slice as a plain Linear (no conjugate operator).
   Linear<T, B>& local() { return linear_; }
+  [[nodiscard]] const Linear<T, B>& local() const { return linear_; }
   Parameter<T, B>& weight() { return linear_.weight(); }
   Parameter<T, B>& bias() { return linear_.bias(); }
 

@@ -26,6 +26,7 @@
 #include "fourway/layers/parallel_linear.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/placement.hpp"
+#include "fourway/layers/replicated_norm.hpp"
 #include "fourway/layers/tp_group.hpp"
 #include "fourway/layers/vocab_loss.hpp"
 
@@ -228,6 +229,49 @@ class VocabHead {
   TpGroup<Comm> group_;
   Parameter<T, B> own_;      // untied: (Vp/N, C)
   Parameter<T, B>* weight_;  // own_, or the tied embedding's table
+};
+
+/// The head unit of most decoders: a final norm (LayerNorm, RMSNorm; replicated, sequence-
+/// parallel ready) and an untied `VocabHead` with its cross-entropy.
+template <class Norm, class Comm = Alone>
+class NormedVocabHead {
+ public:
+  using value_type = typename Norm::value_type;
+  using backend_type = typename Norm::backend_type;
+  using T = value_type;
+  using B = backend_type;
+  struct Stash {
+    typename Norm::Stash norm;
+    typename VocabHead<T, B, Comm>::Stash head;
+  };
+
+  /// Parameters "<norm_name>.*" and "<head_name>.weight" (Vp/N, C).
+  NormedVocabHead(const Context<B>& ctx, const std::string& norm_name, const std::string& head_name,
+                  std::int64_t vocab, std::int64_t C, float eps, std::uint64_t seed,
+                  float init_std = 0.02f, TpGroup<Comm> group = {})
+      : norm_(ctx, norm_name, C, eps, group),
+        head_(ctx, head_name, vocab, C, seed, init_std, group) {}
+
+  /// The mean cross-entropy of `targets` for the rows x (see VocabHead::forward).
+  float forward(const Context<B>& ctx, const Tensor<T, B>& x,
+                const Tensor<std::int32_t, B>& targets, Stash& s,
+                const LossSink* sink = nullptr) const {
+    return head_.forward(ctx, norm_.forward(ctx, x, s.norm), targets, s.head, sink);
+  }
+  /// d(grad_scale × mean loss) / dx.
+  Tensor<T, B> backward(const Context<B>& ctx, Stash& s, float grad_scale = 1.0f) {
+    const Tensor<T, B> dh = head_.backward(ctx, s.head, grad_scale);
+    return norm_.backward(ctx, dh, s.norm);
+  }
+  template <class F>
+  void visit_parameters(F&& f) {
+    norm_.visit_parameters(f);
+    head_.visit_parameters(f);
+  }
+
+ private:
+  ReplicatedNorm<Norm, Comm> norm_;
+  VocabHead<T, B, Comm> head_;
 };
 
 }  // namespace fourway

@@ -15,6 +15,7 @@
 #include "fourway/backend/cuda/fused_attention.cuh"
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/gemm_epilogue.cuh"
+#include "fourway/backend/cuda/gqa.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"
 #include "fourway/backend/cuda/rmsnorm.cuh"
 #include "fourway/backend/cuda/rope.cuh"

@@ -11,6 +11,7 @@
 #include "fourway/backend/host/flash_attention.hpp"
 #include "fourway/backend/host/gemm.hpp"
 #include "fourway/backend/host/gemm_epilogue.hpp"
+#include "fourway/backend/host/gqa.hpp"
 #include "fourway/backend/host/layernorm.hpp"
 #include "fourway/backend/host/rmsnorm.hpp"
 #include "fourway/backend/host/rope.hpp"
