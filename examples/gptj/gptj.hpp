@@ -75,7 +75,7 @@ class Block {
   Block(const fw::Context<B>& ctx, const Config& cfg, int index, fw::TpGroup<Comm> group,
         std::uint64_t seed)
       : Block(ctx, cfg, "h." + std::to_string(index), group, seed,
-              0.02f / std::sqrt(2.0f * static_cast<float>(cfg.layers))) {}
+              fw::Init::gpt2(seed, cfg.layers).residual_std) {}
 
   void set_sequence_length(std::int64_t seq) { attn_.set_sequence_length(seq); }
 

@@ -103,7 +103,7 @@ class Block {
  public:
   /// wo and w2: 0.02/sqrt(2L).
   static float residual_std(const Config& cfg) {
-    return 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
+    return fw::Init::gpt2(0, cfg.layers).residual_std;
   }
   /// Under sequence parallelism the input holds this rank's rows only: the attention's T.
   void set_sequence_length(std::int64_t seq) { attention_.set_sequence_length(seq); }
