@@ -13,10 +13,10 @@
 
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/plan/communication.hpp"
 #include "fourway/plan/step_time.hpp"
-#include "fourway/train/tensor_parallel.hpp"
 #include "fourway/train/trainer.hpp"
 
 namespace fw = fourway;

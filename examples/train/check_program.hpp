@@ -18,6 +18,7 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/mesh_check.hpp"
 #include "fourway/train/token_data.hpp"
 #include "train_program.hpp"

@@ -27,6 +27,7 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/schedule/generators.hpp"

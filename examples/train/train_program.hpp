@@ -38,6 +38,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/loss_scaler.hpp"
 #include "fourway/optim/precision.hpp"

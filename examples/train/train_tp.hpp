@@ -14,9 +14,9 @@
 #include "fourway/checkpoint/tp_checkpoint.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/parallel/tp/placement.hpp"
-#include "fourway/train/tensor_parallel.hpp"
 
 namespace fourway_train {
 

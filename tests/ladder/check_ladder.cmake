@@ -1,17 +1,18 @@
 # The include ladder of docs/design.md §1: a header under include/fourway/ includes only headers of its
 # own rung or of lower rungs.
 #   config → core → backend → comm → mesh → schedule → layers → parallel → optim → checkpoint
-#   → train → plan
+#   → train → models → plan
 #   → tools (the programs' parser and progress bar: nothing in the library includes them)
 # backend/host and backend/cuda are the one rung `backend`; the GPT (`fw::models`) lives in
-# layers/; the umbrellas fourway.hpp / fourway.cuh and config.hpp itself are exempt. Inside the
-# parallel rung, a policy folder (parallel/dp, parallel/tp, parallel/pp) includes no sibling's.
+# layers/, its family on the meshes (what train/'s generic runtime builds for it) in models/;
+# the umbrellas fourway.hpp / fourway.cuh and config.hpp itself are exempt. Inside the parallel
+# rung, a policy folder (parallel/dp, parallel/tp, parallel/pp) includes no sibling's.
 # Usage: cmake -DROOT=<dir holding fourway/> -P check_ladder.cmake   (fails listing every breach)
 if(NOT ROOT)
   message(FATAL_ERROR "check_ladder.cmake: pass -DROOT=<directory that holds fourway/>")
 endif()
 get_filename_component(ROOT "${ROOT}" ABSOLUTE)
-set(_rungs config core backend comm mesh schedule layers parallel optim checkpoint train plan
+set(_rungs config core backend comm mesh schedule layers parallel optim checkpoint train models plan
            tools)
 string(REPLACE ";" " → " _ladder "${_rungs}")
 

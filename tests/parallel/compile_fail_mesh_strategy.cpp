@@ -1,5 +1,6 @@
 // MeshStrategy<M, ...> must not compile unless M is a fw::Mesh<...>: a bare policy is the mistake.
 #include "fourway/comm/local_world.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 
 namespace fw = fourway;

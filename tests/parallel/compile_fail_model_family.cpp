@@ -1,6 +1,7 @@
 // MeshStrategy<M, P, B, Comm, Config> needs a fw::model_family<Config>: a configuration type the
 // runtime does not know (no specialisation) is the mistake.
 #include "fourway/comm/local_world.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 
 namespace fw = fourway;

@@ -17,6 +17,7 @@
 #include "fourway/layers/linear.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "parallel_harness.hpp"
 
 namespace {

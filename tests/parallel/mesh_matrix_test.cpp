@@ -22,6 +22,7 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/strategy.hpp"
 #include "fourway/train/trainer.hpp"

@@ -21,6 +21,7 @@
 #include "fourway/layers/state_view.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/mesh_strategy.hpp"
 #include "fourway/train/resume.hpp"
 #include "fourway/train/state_runs.hpp"

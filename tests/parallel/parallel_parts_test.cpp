@@ -23,6 +23,7 @@
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/conjugate.hpp"
+#include "fourway/layers/gpt.hpp"
 #include "fourway/parallel/dp/gradient_reducer.hpp"
 #include "fourway/parallel/dp/parameter_layout.hpp"
 #include "fourway/parallel/dp/unit_gatherer.hpp"
@@ -1045,7 +1046,8 @@ TEST(ParallelParts, ChunkSetJoinsChunksIntoOneModel) {
       if (tied == nullptr) tied = &p;
     });
     ASSERT_EQ(tied->name, "wte.weight");
-    fw::pp::ChunkSet<float, Host, fw::LocalComm> set({&first, &last}, tied, w.comm());
+    fw::pp::ChunkSet<float, Host, fw::LocalComm, fw::models::Gpt<float, Host>> set({&first, &last},
+                                                                                   tied, w.comm());
     ASSERT_EQ(set.units(), 4);  // (embedding, h.0) + (h.2, head)
     std::vector<const Param*> expect;
     first.visit_parameters([&](Param& p) { expect.push_back(&p); });
@@ -1073,7 +1075,8 @@ TEST(ParallelParts, ChunkSetJoinsChunksIntoOneModel) {
     scalars.set(1, w.rank() + 1.5);
     set.sum_over_model_parallel(scalars, 1);  // in place, in the backend's memory
     EXPECT_EQ(scalars.read<2>()[1], 1.5 + 2.5);
-    EXPECT_THROW((fw::pp::ChunkSet<float, Host, fw::LocalComm>({}, nullptr, w.comm())),
+    EXPECT_THROW((fw::pp::ChunkSet<float, Host, fw::LocalComm, fw::models::Gpt<float, Host>>(
+                     {}, nullptr, w.comm())),
                  fw::ConfigError);
   });
 }

@@ -20,6 +20,7 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/pp/executor.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/schedule/generators.hpp"
@@ -152,7 +153,8 @@ ExpectedLayout expected_layout(S& st, int zero, int D) {
 template <class T, int Zero = 0>
 Result run_pipeline(const PipeConfig& pc) {
   using Comm = fw::Counting<fw::LocalComm>;
-  using S = fw::PipelineStrategy<fw::Precision<T>, fw::Host, Comm, Zero>;
+  using S =
+      fw::PipelineStrategy<fw::Precision<T>, fw::Host, Comm, Zero, fw::models::Gpt<T, fw::Host>>;
   const int world = pc.stages * pc.dp;
   Result r;
   r.peak_activations.resize(static_cast<std::size_t>(world));
@@ -179,12 +181,14 @@ Result run_pipeline(const PipeConfig& pc) {
     Comm all(w.comm().split(0, w.rank(), "world"));
     fw::MeshGroups<Comm> groups(mesh, all);
     std::optional<fw::Trainer<S>> t;
+    const fw::models::GptConfig cfg = gpt(pc.layers, pc.checkpoint);
+    auto parts = fw::models::part_factory<T>(w.ctx(), cfg, harness::kSeed);
     if (pc.dp == 1) {  // the one-replica constructor
-      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), harness::kSeed, groups.pp(), po,
+      t.emplace(opts, w.ctx(), fw::models::cut_costs(cfg), parts, groups.pp(), po,
                 harness::adamw(kLr));
     } else {
-      t.emplace(opts, w.ctx(), gpt(pc.layers, pc.checkpoint), harness::kSeed, groups.pp(),
-                groups.dp(), po, harness::adamw(kLr));
+      t.emplace(opts, w.ctx(), fw::models::cut_costs(cfg), parts, groups.pp(), groups.dp(), po,
+                harness::adamw(kLr));
     }
     w.memory().reset_peak();
     std::vector<float> losses;
@@ -332,7 +336,7 @@ TEST(ParallelPipeline, ExplicitCutPointsMatchOneRank) {
 // ---- partition ------------------------------------------------------------------------------
 
 TEST(ParallelPipelinePartition, BalancedAndCuts) {
-  const auto p = fw::pp::Partition::balanced(gpt(5), 2);
+  const auto p = fw::pp::Partition::balanced(fw::models::cut_costs(gpt(5)), 2);
   ASSERT_EQ(p.chunks(), 2);
   EXPECT_EQ(p.first(0), 0);
   EXPECT_EQ(p.end(1), 5);
@@ -342,10 +346,11 @@ TEST(ParallelPipelinePartition, BalancedAndCuts) {
   // a large vocabulary moves blocks off the ends
   auto big = gpt(6);
   big.vocab = 2000;  // 24000 params in wte: 12 blocks' worth
-  EXPECT_EQ(fw::pp::Partition::balanced(big, 3).describe(), "[0,1) [1,5) [5,6)");
+  EXPECT_EQ(fw::pp::Partition::balanced(fw::models::cut_costs(big), 3).describe(),
+            "[0,1) [1,5) [5,6)");
   EXPECT_EQ(fw::pp::Partition::at_cuts(5, {1, 4}).describe(), "[0,1) [1,4) [4,5)");
   EXPECT_THROW(fw::pp::Partition::at_cuts(5, {3, 3}), fw::ConfigError);
-  EXPECT_THROW(fw::pp::Partition::balanced(gpt(3), 4), fw::ConfigError);
+  EXPECT_THROW(fw::pp::Partition::balanced(fw::models::cut_costs(gpt(3)), 4), fw::ConfigError);
   const auto part = p.part(1);
   EXPECT_FALSE(part.embedding);
   EXPECT_TRUE(part.head);
@@ -538,7 +543,7 @@ TEST(ParallelPipeline, SwappedMessagesAreRefusedBeforeTheyRun) {
   using Op = fw::schedule::Op;
   std::erase_if(row, [](const fw::schedule::Action& a) { return a.op == Op::recv_activation; });
   row.insert(row.begin(), {{Op::recv_activation, 1, 0, 0, 1}, {Op::recv_activation, 0, 0, 0, 1}});
-  const auto part = fw::pp::Partition::balanced(cfg, 2);
+  const auto part = fw::pp::Partition::balanced(fw::models::cut_costs(cfg), 2);
   std::string message;
   try {
     fw::CommOptions strict;
@@ -550,7 +555,8 @@ TEST(ParallelPipeline, SwappedMessagesAreRefusedBeforeTheyRun) {
           Model chunk(w.ctx(), cfg, harness::kSeed, part.part(w.rank()));
           std::vector<Model*> chunks(2, nullptr);
           chunks[static_cast<std::size_t>(w.rank())] = &chunk;
-          fw::pp::Executor<float, fw::Host, fw::LocalComm> ex(w.ctx(), w.comm(), table, chunks);
+          fw::pp::Executor<float, fw::Host, fw::LocalComm, fw::models::Gpt<float, fw::Host>> ex(
+              w.ctx(), w.comm(), table, chunks);
         },
         strict);
   } catch (const fw::ScheduleError& e) {
@@ -605,7 +611,7 @@ TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
     for (const auto& table : {fw::schedule::zb_h1(2, 4), fw::schedule::zb_v(2, 4)}) {
       SCOPED_TRACE(std::string(table.name) + (checkpoint ? " checkpointing" : ""));
       const auto cfg = gpt(4, checkpoint);
-      const auto part = fw::pp::Partition::balanced(cfg, table.chunks());
+      const auto part = fw::pp::Partition::balanced(fw::models::cut_costs(cfg), table.chunks());
       std::mutex mu;
       int bs = 0, ws = 0, b_untouched = 0, b_layernorm = 0, w_changed = 0;
       fw::launch<fw::LocalWorld>(2, [&](fw::World<fw::LocalWorld>& w) {
@@ -633,7 +639,8 @@ TEST(ParallelPipeline, ZeroBubbleWDoesTheWeightGradientWork) {
         for (int c = 0; c < table.chunks(); ++c)
           if (chunks[static_cast<std::size_t>(c)]) lin[c] = grads(c, true), ln[c] = grads(c, false);
         int nb = 0, nw = 0, untouched = 0, layernorm = 0, changed = 0;
-        fw::pp::Executor<float, fw::Host, fw::LocalComm> ex(w.ctx(), w.comm(), table, chunks);
+        fw::pp::Executor<float, fw::Host, fw::LocalComm, fw::models::Gpt<float, fw::Host>> ex(
+            w.ctx(), w.comm(), table, chunks);
         ex.on_compute([&](const fw::schedule::Action& a) {
           using Op = fw::schedule::Op;
           if (a.op == Op::backward_input) {
@@ -687,7 +694,7 @@ TEST(ParallelPipeline, ZeroBubbleActivationPeaksAreCounted) {
     const auto z8 = peaks(Kind::zb_h1, 8, ck);
     const auto z4 = peaks(Kind::zb_h1, 4, ck);
     const auto g1 = peaks(Kind::gpipe, 1, ck);
-    const auto part = fw::pp::Partition::balanced(gpt(4), 2);
+    const auto part = fw::pp::Partition::balanced(fw::models::cut_costs(gpt(4)), 2);
     const auto cfg = harness::tiny_gpt();
     const std::size_t rows = 3 * harness::kSeq;
     for (std::size_t r = 0; r < 2; ++r) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/weights_save.hpp"
 #include "parallel_harness.hpp"
 

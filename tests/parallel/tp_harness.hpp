@@ -17,8 +17,8 @@
 #include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/tp/gpt.hpp"
-#include "fourway/train/tensor_parallel.hpp"
 #include "fourway/train/trainer.hpp"
 
 namespace fw = fourway;

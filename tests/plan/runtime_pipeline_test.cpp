@@ -28,6 +28,7 @@
 #include "fourway/comm/local_world.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/plan/planner.hpp"
 #include "fourway/plan/runtime_pipeline_state.hpp"
 #include "fourway/train/mesh_strategy.hpp"

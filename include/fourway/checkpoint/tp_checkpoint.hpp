@@ -1,5 +1,7 @@
 //! Hugging Face GPT-2 files for a tensor-parallel model: the ordinary unsplit file, read and
-//! written through the placement table (parallel/tp/placement.hpp).
+//! written through the model's placements (layers/placement.hpp). The file layer knows slices and
+//! runs, not models: any model that lists the runs of the unsplit tensors it holds
+//! (`load_runs`, e.g. tp::Gpt over `tp::load_slices`, parallel/tp/slices.hpp) loads here.
 //!
 //! Load: every rank reads from the file (positioned reads, `SafetensorsReader`) only the runs
 //! of elements its table entry names. Save: every rank writes only the runs it owns, through the
@@ -13,7 +15,7 @@
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/checkpoint/safetensors.hpp"
 #include "fourway/checkpoint/sharded_io.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/layers/placement.hpp"
 
 namespace fourway {
 
@@ -26,9 +28,12 @@ inline std::vector<std::int64_t> hf_shape(const tp::Placement& p) {
 
 /// Sets every parameter of the tensor-parallel `model` to its slice of the tensor of the same
 /// name in the file behind `f` (the shapes `inspect_gpt2(f)` reports must be the model's): only
-/// the runs of elements this rank holds are read, with positioned reads.
-template <class T, class B, class Comm>
-void load_gpt2_tp(const Context<B>& ctx, const SafetensorsReader& f, tp::Gpt<T, B, Comm>& model) {
+/// the runs of elements this rank holds are read, with positioned reads. `Model` is any model
+/// whose parameters are slices of unsplit tensors and which lists them as runs: `load_runs(ctx,
+/// fn)` calls `fn(placement, first, count, out)` for every run of unsplit elements [first, first +
+/// count) it holds and copies `out` into place.
+template <class B, class Model>
+void load_gpt2_tp(const Context<B>& ctx, const SafetensorsReader& f, Model& model) {
   const Gpt2FileInfo info = inspect_gpt2(f);
   const tp::Placement* resolved = nullptr;  // the entry is looked up once per placement
   const SafetensorsEntry* e = nullptr;

@@ -40,6 +40,7 @@
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/loss.hpp"
+#include "fourway/layers/model_part.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 
 namespace fourway::models {
@@ -91,23 +92,16 @@ struct GptConfig {
 /// Hooks that do nothing (layers/layer.hpp): the single-rank case.
 using NoHooks = ::fourway::NoHooks;
 
-/// Which units a `Gpt` object holds; the default is the whole model.
-struct GptPart {
-  int first_block = 0;
-  int end_block = -1;     // one past the last block held; -1: through the last block
-  bool embedding = true;  // unit 0: wte, wpe
-  bool head = true;       // unit L+1: ln_f and the tied LM head (wte)
-};
+/// Which units a `Gpt` object holds (layers/model_part.hpp); the default is the whole model.
+using GptPart = ModelPart;
+using ::fourway::resolve_part;
 
-/// `p` with its end resolved (-1: through the last of the model's `layers` blocks), checked to be
-/// a range of them; `what` names the part in the error. Every model cut into parts (models::Gpt,
-/// tp::Gpt, the Llama example) resolves its part here.
-inline GptPart resolve_part(GptPart p, int layers, std::string_view what = "GptPart") {
-  if (p.end_block < 0) p.end_block = layers;
-  check<ConfigError>(0 <= p.first_block && p.first_block <= p.end_block && p.end_block <= layers,
-                     "fourway: ", what, " blocks [", p.first_block, ", ", p.end_block,
-                     ") are not a range of the model's ", layers, " blocks");
-  return p;
+/// GPT-2's costs for a pipeline's cut (layers/model_part.hpp): a block 12C² + 13C, the
+/// embedding (V + max_seq)·C, ln_f and the tied head V·C + 2C.
+inline CutCosts cut_costs(const GptConfig& cfg) {
+  const std::int64_t C = cfg.dim;
+  return CutCosts{cfg.layers, 12 * C * C + 13 * C, (cfg.vocab + cfg.max_seq) * C,
+                  cfg.vocab * C + 2 * C};
 }
 
 template <class H>

@@ -80,7 +80,8 @@ inline std::vector<models::GptPart> runtime_rank_parts(const Architecture& a,
                                                        const PipelineSplit& s, int rank) {
   const schedule::Table table = s.table();
   detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
-  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
+  const pp::Partition cut =
+      pp::Partition::balanced(models::cut_costs(runtime_gpt_config(a)), table.chunks());
   std::vector<models::GptPart> parts;
   for (int c : table.chunks_of(rank)) parts.push_back(cut.part(c));
   return parts;
@@ -154,7 +155,8 @@ inline PipelineUnitPeak runtime_pipeline_unit_peak(const Architecture& a, Precis
   PipelineUnitPeak best;
   if (!z.shards_grads) return best;
   const schedule::Table table = s.table();
-  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
+  const pp::Partition cut =
+      pp::Partition::balanced(models::cut_costs(runtime_gpt_config(a)), table.chunks());
   const std::int64_t w = working_bytes(p);
   // per chunk of this rank: its units' padded bytes (a unit's segments padded alone)
   std::vector<std::vector<std::int64_t>> units(static_cast<std::size_t>(table.chunks()));
@@ -317,7 +319,8 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
   const bool selective = recompute == Checkpointing::selective;
   const schedule::Table table = s.table();
   detail::require(rank >= 0 && rank < s.stages, "fourway: pipeline rank ", rank, " of ", s.stages);
-  const pp::Partition cut = pp::Partition::balanced(runtime_gpt_config(a), table.chunks());
+  const pp::Partition cut =
+      pp::Partition::balanced(models::cut_costs(runtime_gpt_config(a)), table.chunks());
   const bool tp = t.tp > 1;
   const bool sp = sequence_parallel && tp;
   const std::int64_t w = working_bytes(g.precision);

@@ -41,12 +41,12 @@
 
 #include "fourway/core/error.hpp"
 #include "fourway/layers/checkpoint.hpp"
-#include "fourway/layers/gpt.hpp"
 #include "fourway/layers/layer.hpp"
+#include "fourway/layers/model_part.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/tp_group.hpp"
 #include "fourway/parallel/pp/partition.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/parallel/tp/options.hpp"
 #include "fourway/parallel/tp/slices.hpp"
 
 namespace fourway {
@@ -117,10 +117,10 @@ class Decoder : public tp::SlicedModel<Comm> {  // counts_in_norm, state_view, g
   /// `tp` (a group of one: the unsplit model). With `sequence_parallel` the residual stream holds
   /// this rank's chunk of the B·T rows between the blocks' splits.
   Decoder(const Context<B>& ctx, const Config& cfg, Comm& tp, std::uint64_t seed = 0,
-          models::GptPart part = {}, bool sequence_parallel = false)
+          ModelPart part = {}, bool sequence_parallel = false)
       : tp::SlicedModel<Comm>(tp),
         cfg_(cfg),
-        part_(models::resolve_part(part, cfg.layers, "model part")),
+        part_(resolve_part(part, cfg.layers, "model part")),
         group_(tp, sequence_parallel) {
     if constexpr (requires { cfg.validate(); }) cfg.validate();
     if (part_.embedding) embed_.emplace(ctx, cfg, group_, seed);
@@ -133,7 +133,7 @@ class Decoder : public tp::SlicedModel<Comm> {  // counts_in_norm, state_view, g
   }
 
   [[nodiscard]] const Config& config() const { return cfg_; }
-  [[nodiscard]] const models::GptPart& part() const { return part_; }
+  [[nodiscard]] const ModelPart& part() const { return part_; }
   void set_checkpointing(bool on) { cfg_.checkpoint = on; }
   [[nodiscard]] int units() const {
     return (part_.embedding ? 1 : 0) + static_cast<int>(blocks_.size()) + (part_.head ? 1 : 0);
@@ -293,7 +293,7 @@ class Decoder : public tp::SlicedModel<Comm> {  // counts_in_norm, state_view, g
   }
 
   Config cfg_;
-  models::GptPart part_;
+  ModelPart part_;
   TpGroup<Comm> group_;
   std::optional<Embed> embed_;
   std::vector<Checkpointed<Block>> blocks_;
@@ -336,12 +336,12 @@ struct decoder_family {
   template <class M, class B, class Comm>
   static std::unique_ptr<M> make(const Context<B>& ctx, const config_type& cfg, std::uint64_t seed,
                                  Comm& tp, const tp::TpOptions& options,
-                                 std::optional<models::GptPart> part, bool loaded) {
+                                 std::optional<ModelPart> part, bool loaded) {
     if (!loaded && !part && tp.size() == 1) {  // deferred: a strategy materialises what it owns
       const DeferredInit scope;
       return std::make_unique<M>(ctx, cfg, tp, seed);
     }
-    return std::make_unique<M>(ctx, cfg, tp, seed, part.value_or(models::GptPart{}),
+    return std::make_unique<M>(ctx, cfg, tp, seed, part.value_or(ModelPart{}),
                                options.sequence_parallel);
   }
   template <class T, class B, class Comm>

@@ -52,7 +52,6 @@
 
 #include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/layers/gpt.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
@@ -319,13 +318,12 @@ struct OneRankRun {
 
 /// Runs the mesh `MeshT` (every rank calls it with its groups; a collective over `world`) and,
 /// on world rank 0, the one-rank run of `cfg`, and compares them (see the top of this file).
-/// `cfg` names the model: GPT's `models::GptConfig`, or the configuration of a model of your own
-/// with a `fw::model_family` (train/model_family.hpp). `batch_at(step)` gives the global batch of
-/// step `step` (0-based; the probe uses step 0's); its spans must stay valid until the next call.
-/// `load` / `load_one_rank` set the initial weights of the mesh's rank models / of the one-rank
-/// model (empty: the seed's).
-template <class MeshT, precision_policy P, backend B, communicator Comm,
-          class Config = models::GptConfig>
+/// `cfg` names the model: the configuration of any model with a `fw::model_family`
+/// (train/model_family.hpp; GPT-2's `models::GptConfig`, models/gpt2.hpp). `batch_at(step)` gives
+/// the global batch of step `step` (0-based; the probe uses step 0's); its spans must stay valid
+/// until the next call. `load` / `load_one_rank` set the initial weights of the mesh's rank models
+/// / of the one-rank model (empty: the seed's).
+template <class MeshT, precision_policy P, backend B, communicator Comm, class Config>
 CheckReport check_mesh(
     const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups, Comm& world,
     const Config& cfg, std::uint64_t seed, const MeshOptions& options, const AdamW& optimizer,

@@ -1,16 +1,16 @@
 //! `MeshStrategy<MeshT, P, B, Comm, Config>`: the Mesh type is the runtime. A model trained on
 //! `fw::Trainer<fw::MeshStrategy<fw::Mesh<...>, P, B, Comm>>` runs the strategy the mesh's policies
-//! name, chosen at compile time from the type alone (for GPT, the default `Config`):
+//! name, chosen at compile time from the type alone:
 //! ```
-//!   mesh has                    model of each rank          strategy (train/)
-//!   no Pipeline, no TP          models::Gpt (deferred)      ShardedStrategy<Z> over dp
-//!   TensorParallel, no Pipeline tp::Gpt over tp             ShardedStrategy<Z> over dp
-//!   Pipeline, no TP             models::Gpt parts           PipelineStrategy<.., Z> over pp, dp
-//!   TensorParallel + Pipeline   tp::Gpt parts over tp       PipelineStrategy<.., Z, tp::Gpt> over
-//!   pp, dp
+//!   mesh has                    model of each rank           strategy (train/)
+//!   no Pipeline, no TP          the whole model (deferred)   ShardedStrategy<Z> over dp
+//!   TensorParallel, no Pipeline its tp slices over tp        ShardedStrategy<Z> over dp
+//!   Pipeline, no TP             its pipeline parts           PipelineStrategy<.., Z, M> over pp,dp
+//!   TensorParallel + Pipeline   the parts' tp slices, tp     PipelineStrategy<.., Z, M> over pp,dp
 //! ```
-//! Any other model runs the same table with the rank models its `fw::model_family<Config>` names
-//! (train/model_family.hpp): a Llama-style decoder of the user's own does (examples/llama/).
+//! The rank models are the ones the `fw::model_family<Config>` names (train/model_family.hpp);
+//! nothing here names a model. Without a `Config`, GPT-2 (models/gpt2.hpp: models::Gpt, and
+//! tp::Gpt under tensor parallelism); a decoder of the user's own names its own (examples/llama/).
 //! Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S for `Sharded<S>`.
 //! A `ContextParallel<N>` axis splits every sequence over N ranks: the strategy
 //! owns a `cp::RingShard` over the cp group and binds it to the rank model
@@ -22,7 +22,7 @@
 //! Every degree may be `fw::dynamic` (given to the Mesh at run time) and any may be 1, down to the
 //! 1×1×1 mesh `Mesh<>` (ShardedStrategy<0> over a one-rank dp group). Invalid combinations are
 //! the Mesh's own `fourway:` static_asserts (order, repeats) or its ConfigErrors (degrees that do
-//! not make the world); a tp degree that does not divide the heads is the tp::Gpt ConfigError.
+//! not make the world); a tp degree that does not divide the heads is the model's ConfigError.
 //!
 //! The pipeline's options: `MeshOptions::pipeline` as given, except that a static
 //! `Pipeline<S, M, Schedule>` fixes M (the options must say M or leave the default 1) and
@@ -48,7 +48,7 @@
 #include "fourway/comm/communicator.hpp"
 #include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/model_part.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/sequence_shard.hpp"
 #include "fourway/mesh/groups.hpp"
@@ -57,7 +57,7 @@
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/cp/ring_shard.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/parallel/tp/options.hpp"
 #include "fourway/train/model_family.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/sharded_strategy.hpp"
@@ -153,7 +153,7 @@ struct OwnedModel {
 }  // namespace detail
 
 template <class MeshT, precision_policy P, backend B, communicator Comm,
-          class Config = models::GptConfig>
+          class Config = default_model_config_t<MeshT>>
 class MeshStrategy : private detail::OwnedModel<
                          typename detail::mesh_strategy_types<MeshT, P, B, Comm, Config>::model>,
                      public detail::mesh_strategy_types<MeshT, P, B, Comm, Config>::base {
@@ -172,8 +172,8 @@ class MeshStrategy : private detail::OwnedModel<
   /// its starting values before the strategy copies them, e.g. `load_gpt2_tp` from a file.
   using loader = std::function<void(const Context<B>&, rank_model_type&)>;
 
-  /// Builds this rank's part of `cfg` (values of models::Gpt(ctx, cfg, seed), or what `load`
-  /// sets) as the mesh says. `groups` belongs to this rank and must outlive the strategy.
+  /// Builds this rank's part of `cfg` (values of the family's one-rank model for `seed`, or what
+  /// `load` sets) as the mesh says. `groups` belongs to this rank and must outlive the strategy.
   MeshStrategy(const Context<B>& ctx, const MeshT& mesh, MeshGroups<Comm>& groups,
                const Config& cfg, std::uint64_t seed, MeshOptions options = {},
                AdamW optimizer = AdamW{}, const loader& load = {}) requires(!traits::pipeline)
@@ -357,7 +357,7 @@ class MeshStrategy : private detail::OwnedModel<
                             SequenceShard<T, B>* shard) {
     using factory = typename base_type::chunk_factory;
     Comm* tpc = &groups.tp();
-    return factory([&ctx, cfg, seed, tpc, tensor, load, shard](const models::GptPart& part) {
+    return factory([&ctx, cfg, seed, tpc, tensor, load, shard](const ModelPart& part) {
       auto m = family::template make<rank_model_type>(ctx, cfg, seed, *tpc, tensor, part, true);
       bind_shard(*m, shard);
       if (load) load(ctx, *m);
@@ -371,7 +371,7 @@ class MeshStrategy : private detail::OwnedModel<
           requires { m.bind_sequence_shard(shard); },
           "fourway: a ContextParallel mesh needs a rank model with "
           "bind_sequence_shard(fw::SequenceShard<T, B>*) for its positions and "
-          "attention (docs/context-parallel.md); models::Gpt and tp::Gpt have it");
+          "attention (docs/context-parallel.md); GPT-2's models have it");
       m.bind_sequence_shard(shard);
     } else {
       (void)m, (void)shard;

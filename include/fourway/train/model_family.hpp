@@ -1,6 +1,7 @@
 //! `model_family<Config>`: what the mesh runtime (train/mesh_strategy.hpp) and the numerics
 //! check (train/mesh_check.hpp) build for a model configuration of type `Config`. The type of
-//! the configuration names the model: fourway's GPT is `model_family<models::GptConfig>` (below);
+//! the configuration names the model: fourway's GPT is `model_family<models::GptConfig>`
+//! (models/gpt2.hpp: nothing in train/ names a model);
 //! a model of the user's own is trained on every mesh by specialising `fw::model_family` for its
 //! configuration type (examples/llama/ does this for a Llama-style decoder).
 //!
@@ -15,7 +16,8 @@
 //!                                group (one rank without a TP axis); `loaded`: the caller sets
 //!                                the values next, so a deferred build may be kept
 //!   make_one_rank(ctx, cfg, seed, single)   the one-rank model (`single`: a group of one rank)
-//!   cut_costs(cfg)               how a pipeline balances the blocks (parallel/pp/partition.hpp)
+//!   cut_costs(cfg)               how a pipeline balances the blocks (`CutCosts`,
+//!                                layers/model_part.hpp; parallel/pp/partition.hpp)
 //! ```
 //! What the runtime then asks of the model itself is what the strategies ask: `trainable_model`
 //! and FSDP units (train/strategy.hpp, ShardedStrategy), `pp::pipeline_chunk` for a pipeline
@@ -23,14 +25,7 @@
 //! plus `gather_over_tp(local)` / `local_parameters(ctx)` (the unsplit tensors for the check).
 #pragma once
 
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <type_traits>
-
-#include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/pp/partition.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/layers/model_part.hpp"
 
 namespace fourway {
 
@@ -42,38 +37,29 @@ struct model_family {
                 "train your model on a Mesh");
 };
 
-/// GPT-2: models::Gpt without a tensor-parallel axis (built deferred, so a rank materialises only
-/// what it owns under ZeRO-3), tp::Gpt with one.
-template <>
-struct model_family<models::GptConfig> {
-  using config_type = models::GptConfig;
-  template <class T, class B, class Comm, bool TensorParallel>
-  using rank_model = std::conditional_t<TensorParallel, tp::Gpt<T, B, Comm>, models::Gpt<T, B>>;
-  template <class T, class B, class Comm>
-  using one_rank_model = models::Gpt<T, B>;
-
-  template <class M, class B, class Comm>
-  static std::unique_ptr<M> make(const Context<B>& ctx, const config_type& cfg, std::uint64_t seed,
-                                 Comm& tp, const tp::TpOptions& options,
-                                 std::optional<models::GptPart> part, bool loaded) {
-    using T = typename M::value_type;
-    if constexpr (std::is_same_v<M, tp::Gpt<T, B, Comm>>) {
-      return std::make_unique<M>(ctx, cfg, tp, seed, options, part.value_or(models::GptPart{}));
-    } else {
-      (void)tp;
-      (void)options;
-      if (part) return std::make_unique<M>(ctx, cfg, seed, *part);
-      return loaded ? std::make_unique<M>(ctx, cfg, seed)
-                    : std::make_unique<M>(M::deferred(ctx, cfg, seed));
-    }
-  }
-  template <class T, class B, class Comm>
-  static std::unique_ptr<models::Gpt<T, B>> make_one_rank(const Context<B>& ctx,
-                                                          const config_type& cfg,
-                                                          std::uint64_t seed, Comm& /*single*/) {
-    return std::make_unique<models::Gpt<T, B>>(ctx, cfg, seed);
-  }
-  static pp::CutCosts cut_costs(const config_type& cfg) { return pp::Partition::gpt_costs(cfg); }
+namespace detail {
+template <class>
+inline constexpr bool no_default_model = false;
+template <class>
+struct as_void {
+  using type = void;
 };
+}  // namespace detail
+
+/// The configuration type `MeshStrategy<M, P, B, Comm>` and `check_mesh<M, P>` train when none
+/// is named. train/ names no model: GPT-2 registers itself as the default (models/gpt2.hpp,
+/// which the umbrella fourway/fourway.hpp includes).
+template <class Tag = void>
+struct default_model_config {
+  static_assert(detail::no_default_model<Tag>,
+                "fourway: MeshStrategy<M, P, B, Comm> and check_mesh<M, P> without a Config train "
+                "GPT-2: include fourway/models/gpt2.hpp (or fourway/fourway.hpp), or name your "
+                "model's Config (train/model_family.hpp)");
+};
+/// `default_model_config<void>::type`, looked up where the strategy is named (`Use` makes it
+/// dependent), so that a header included after train/ can still register the default.
+template <class Use>
+using default_model_config_t =
+    typename default_model_config<typename detail::as_void<Use>::type>::type;
 
 }  // namespace fourway

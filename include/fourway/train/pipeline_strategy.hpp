@@ -1,15 +1,16 @@
-//! `PipelineStrategy<Precision, B, Comm>`: a model cut into pipeline chunks over the ranks of one
-//! pipeline group, run by a schedule table (schedule/), as a training strategy
-//! (train/strategy.hpp). The chunks are `models::Gpt` parts, or with the fifth parameter any
-//! `pp::pipeline_chunk` a factory builds: `tp::Gpt` parts make every stage tensor-parallel
-//! (the 3D mesh: tp inside each stage, pp across stages, dp/ZeRO across the replicas), and a
-//! model of the user's own is cut the same way (`pp::CutCosts` balances its blocks; its head is
-//! tied to the embedding only when the chunk has `wte()`, examples/llama/ has not).
+//! `PipelineStrategy<Precision, B, Comm, Zero, Chunk>`: a model cut into pipeline chunks over the
+//! ranks of one pipeline group, run by a schedule table (schedule/), as a training strategy
+//! (train/strategy.hpp). The chunks are any `pp::pipeline_chunk` a factory builds from a
+//! `ModelPart` (layers/model_part.hpp), and the model's `CutCosts` balance its blocks; no model is
+//! named here. Tensor-parallel parts make every stage tensor-parallel (the 3D mesh: tp inside
+//! each stage, pp across stages, dp/ZeRO across the replicas). A chunk's head is tied to its
+//! embedding only when the chunk has `wte()` (GPT-2's has, examples/llama/'s has not). GPT-2's
+//! factory and costs: `models::part_factory`, `models::cut_costs` (models/gpt2.hpp).
 //!
 //!   construction   the schedule table for (kind, ranks, M, v) is made and checked (a bad request
 //!                  or table is a ScheduleError before any step); the model is cut into
 //!                  ranks·chunks_per_rank chunks (parallel/pp/partition.hpp) and this rank builds
-//!                  only its chunks (`models::GptPart`: values equal the whole model's);
+//!                  only its chunks (a `ModelPart` each: values equal the whole model's);
 //!   step           the Trainer hands over the rank's rows; `run_micro_batches` cuts them into M
 //!                  micro-batches and runs the table (parallel/pp/executor.hpp): the micro-batch
 //!                  loop of the Trainer becomes the schedule's order;
@@ -80,7 +81,7 @@
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
 #include "fourway/layers/generate.hpp"
-#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/model_part.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
@@ -105,8 +106,7 @@ struct PipelineOptions {
   std::vector<int> cuts;   // first block of every chunk after the first; empty: balanced
 };
 
-template <precision_policy P, backend B, communicator Comm, int Zero = 0,
-          class Chunk = models::Gpt<typename P::param_type, B>>
+template <precision_policy P, backend B, communicator Comm, int Zero, class Chunk>
 requires pp::pipeline_chunk<Chunk, typename P::param_type, B>
 class PipelineStrategy {
   static_assert(Zero >= 0 && Zero <= 3,
@@ -120,36 +120,25 @@ class PipelineStrategy {
   using T = param_type;
   using model_type = Chunk;
   using chunk_set_type = pp::ChunkSet<T, B, Comm, Chunk>;
-  /// Builds one chunk: the units a `models::GptPart` names, values as the whole model's.
-  using chunk_factory = std::function<std::unique_ptr<Chunk>(const models::GptPart&)>;
+  /// Builds one chunk: the units a `ModelPart` names, values as the whole model's.
+  using chunk_factory = std::function<std::unique_ptr<Chunk>(const ModelPart&)>;
   /// The ZeRO strategy over `dp` that owns the rank's chunks when Zero >= 1.
   using sharded_type = ShardedStrategy<(Zero > 0 ? Zero : 1), chunk_set_type, P, B, Comm>;
   static constexpr int zero_stage = Zero;
   /// The data-parallel policy across the replicas: the code below asks it what is sharded.
   using dp_policy = data_parallel_policy_t<Zero>;
 
-  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
-                   Comm& pp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), gpt_parts(ctx, cfg, seed), pp, nullptr,
-                         std::move(options), optimizer) {}
-
+  /// One pipeline (no replicas): chunks from `make(part)`; `costs` says how to balance the
+  /// model's blocks over the chunks (when the options give no cut points).
+  PipelineStrategy(const Context<B>& ctx, const pp::CutCosts& costs, chunk_factory make, Comm& pp,
+                   PipelineOptions options, AdamW optimizer = AdamW{})
+      : PipelineStrategy(ctx, costs, std::move(make), pp, nullptr, std::move(options), optimizer) {}
   /// S stages x D replicas: `pp` is this replica's pipeline group, `dp` the D ranks that hold
   /// the same stage in every replica (mesh groups pp and dp). Gradients are summed over `dp`
   /// (DataParallel, ZeRO stage 0) once per step, after the last micro-batch; with Zero >= 1 they
   /// are reduce-scattered over `dp` once per step and the rank keeps 1/D of the optimizer state.
-  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, std::uint64_t seed,
-                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), gpt_parts(ctx, cfg, seed), pp, &dp,
-                         std::move(options), optimizer) {}
-
-  /// Chunks from `make(part)`, e.g. this rank's `tp::Gpt` slices of each part (their tp group
-  /// is the mesh's tp group; `pp` and `dp` are the groups of this rank's tp coordinate).
-  PipelineStrategy(const Context<B>& ctx, const models::GptConfig& cfg, chunk_factory make,
-                   Comm& pp, Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
-      : PipelineStrategy(ctx, pp::Partition::gpt_costs(cfg), std::move(make), pp, &dp,
-                         std::move(options), optimizer) {}
-  /// Chunks of any model from `make(part)`: `costs` says how to balance its blocks over the
-  /// chunks (when the options give no cut points).
+  /// Tensor-parallel chunks: `make` builds this rank's slices of each part (their tp group is
+  /// the mesh's tp group; `pp` and `dp` are the groups of this rank's tp coordinate).
   PipelineStrategy(const Context<B>& ctx, const pp::CutCosts& costs, chunk_factory make, Comm& pp,
                    Comm& dp, PipelineOptions options, AdamW optimizer = AdamW{})
       : PipelineStrategy(ctx, costs, std::move(make), pp, &dp, std::move(options), optimizer) {}
@@ -158,16 +147,6 @@ class PipelineStrategy {
   static constexpr bool tied_head = requires(Chunk & c) { c.wte(); };
 
  private:
-  static chunk_factory gpt_parts(const Context<B>& ctx, const models::GptConfig& cfg,
-                                 std::uint64_t seed) {
-    static_assert(std::is_same_v<Chunk, models::Gpt<T, B>>,
-                  "fourway: PipelineStrategy builds models::Gpt chunks from (cfg, seed); other "
-                  "chunk types (tp::Gpt) need the constructor taking a chunk factory");
-    return [&ctx, cfg, seed](const models::GptPart& part) {
-      return std::make_unique<Chunk>(ctx, cfg, seed, part);
-    };
-  }
-
   PipelineStrategy(const Context<B>& ctx, const pp::CutCosts& costs, chunk_factory make, Comm& pp,
                    Comm* dp, PipelineOptions options, AdamW optimizer)
       : ctx_(&ctx),
@@ -408,8 +387,9 @@ class PipelineStrategy {
   /// ZeRO 1-3 (`ShardedStrategy::load_weights`: a collective over `dp` under ZeRO-1/2). Before
   /// the first step.
   template <class Source>
-  requires std::is_same_v<Chunk, models::Gpt<T, B>>  // tp::Gpt chunks load in the factory
-  void load_weights(Source&& read) {
+  requires(
+      !model_parallel_model<Chunk>)  // whole tensors; tensor-parallel slices load in the factory
+      void load_weights(Source&& read) {
     if constexpr (dp_policy::shards_optimizer_state) {
       sharded_->load_weights(read);
     } else {
@@ -687,7 +667,7 @@ class PipelineStrategy {
     for (int c = 0; c < C; ++c) {
       if (table_.rank_of(c) != me) continue;
       Chunk& g = *chunks_[static_cast<std::size_t>(c)];
-      const models::GptPart& part = g.part();
+      const ModelPart& part = g.part();
       const int base = chunk_first_unit_[static_cast<std::size_t>(c)];
       const int first_block_unit = part.embedding ? 1 : 0;
       const auto unit = [&](int u, auto&& f) {

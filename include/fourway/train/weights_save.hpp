@@ -23,7 +23,6 @@
 
 #include "fourway/backend/host/backend.hpp"
 #include "fourway/backend/ops.hpp"
-#include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/checkpoint/sharded_io.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
@@ -86,15 +85,6 @@ std::uint64_t save_weights_sharded(Strategy& s, const std::vector<CollectiveTens
   return write_safetensors_collective(rank, flags, path, metadata, tensors, [&](PieceSink& sink) {
     write_weight_runs(s.context(), runs, tensors, sink);
   });
-}
-
-/// `save_weights_sharded` of a GPT-2 model of `cfg`: the Hugging Face file `save_gpt2` writes of
-/// the same weights on one rank (HF names, the strategy's element type).
-template <class Strategy>
-std::uint64_t save_gpt2_sharded(Strategy& s, const models::GptConfig& cfg, int rank,
-                                const FlagGather& flags, const std::filesystem::path& path) {
-  return save_weights_sharded(s, gpt2_file_tensors<typename Strategy::param_type>(cfg),
-                              gpt2_metadata(), rank, flags, path);
 }
 
 }  // namespace fourway

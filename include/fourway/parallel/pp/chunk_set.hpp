@@ -1,10 +1,11 @@
-//! `pp::ChunkSet<T, B, Comm>`: the pipeline chunks one rank holds, seen as one model by the
+//! `pp::ChunkSet<T, B, Comm, Chunk>`: the pipeline chunks one rank holds, seen as one model by the
 //! data-parallel machinery (ShardedStrategy, parallel/dp/parameter_layout.hpp), so that ZeRO 1-3
 //! across the replicas of a pipeline stage reuses the sharding of the flat layout unchanged.
 //!
 //!   units            chunk 0's units, then chunk 1's (ZB-V and interleaved ranks hold two or
 //!                    more chunks), each chunk's in its own order (embedding, blocks, head)
-//!   parameters       chunk by chunk in `Gpt::visit_parameters` order; the tied `wte` once per
+//!   parameters       chunk by chunk in each chunk's `visit_parameters` order; the tied `wte` once
+//!   per
 //!                    chunk that holds it (both copies are sharded and stepped alike)
 //!   counts_in_norm   false for the LM head's copy of `wte` (the last chunk's, when the model
 //!                    has more than one chunk): Σg² counts the tied embedding once; for
@@ -27,13 +28,12 @@
 
 #include "fourway/comm/communicator.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/layers/gpt.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/state_view.hpp"
 
 namespace fourway::pp {
 
-template <class T, class B, class Comm, class Chunk = models::Gpt<T, B>>
+template <class T, class B, class Comm, class Chunk>
 class ChunkSet {
  public:
   using value_type = T;

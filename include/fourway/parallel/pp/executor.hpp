@@ -1,7 +1,8 @@
 //! `pp::Executor`: runs any schedule table that `schedule::check` accepts on one pipeline rank,
-//! over the chunks of a GPT this rank holds (one `models::Gpt` part per chunk, parallel/pp/
-//! partition.hpp, or one `tp::Gpt` part: a pipeline of tensor-parallel stages), for one
-//! optimizer step. What passes between chunks has the chunk's `boundary_shape(b, T)`.
+//! over the chunks of a model this rank holds (one model part per chunk, parallel/pp/
+//! partition.hpp: `pipeline_chunk` below; tensor-parallel parts make a pipeline of tensor-parallel
+//! stages), for one optimizer step. What passes between chunks has the chunk's `boundary_shape(b,
+//! T)`.
 //!
 //! Semantics (`schedule::Blocking::eager`, what the checker proved the table safe under):
 //!   - messages travel on the pipeline's streams (parallel/pp/links.hpp): one two-rank
@@ -49,7 +50,8 @@
 #include "fourway/comm/group.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/tensor.hpp"
-#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/layer.hpp"
+#include "fourway/layers/model_part.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 #include "fourway/parallel/pp/links.hpp"
 #include "fourway/schedule/action.hpp"
@@ -108,7 +110,7 @@ template <class M, class T, class B>
 concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash& s,
                                   const Tensor<T, B>& x, const Tensor<std::int32_t, B>& ids,
                                   std::int64_t n) {
-  { m.part() } -> std::convertible_to<models::GptPart>;
+  { m.part() } -> std::convertible_to<ModelPart>;
   { m.boundary_shape(n, n) } -> std::same_as<Shape>;
   { m.forward_embedding(ctx, ids, s) } -> std::same_as<Tensor<T, B>>;
   { m.forward_block(ctx, 0, x, s) } -> std::same_as<Tensor<T, B>>;
@@ -118,7 +120,7 @@ concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash
   m.backward_embedding(ctx, x, s);
 };
 
-template <floating_dtype T, backend B, p2p_communicator Comm, class Model = models::Gpt<T, B>>
+template <floating_dtype T, backend B, p2p_communicator Comm, class Model>
 requires pipeline_chunk<Model, T, B>
 class Executor {
  public:

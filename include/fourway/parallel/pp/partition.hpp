@@ -1,12 +1,14 @@
-//! How a GPT is cut into pipeline chunks: contiguous runs of blocks, the embedding on the first
-//! chunk, the final LayerNorm, tied LM head and loss on the last.
+//! How a model is cut into pipeline chunks: contiguous runs of blocks, the embedding on the first
+//! chunk, the head (final norm, LM head, loss) on the last. The model says what its units cost
+//! (`CutCosts`, layers/model_part.hpp; GPT-2's: `models::cut_costs`) and builds the units a
+//! chunk's `ModelPart` names.
 //!
 //!     layers = 5, chunks = 2 (balanced)      chunk 0: embedding  h.0 h.1 h.2
 //!                                            chunk 1:            h.3 h.4   ln_f, head (wte)
 //!
-//! `balanced` minimises the largest chunk's parameter count (the embedding's wte and wpe count
-//! on chunk 0, ln_f and the tied head's copy of wte on the last chunk); ties go to the cut that
-//! puts more blocks early. `at_cuts` takes the first block of every chunk after the first
+//! `balanced` minimises the largest chunk's parameter count (GPT-2: the embedding's wte and wpe
+//! count on chunk 0, ln_f and the tied head's copy of wte on the last chunk); ties go to the cut
+//! that puts more blocks early. `at_cuts` takes the first block of every chunk after the first
 //! (Megatron's `--pipeline-model-parallel-layout`-style explicit split). Every chunk holds at
 //! least one block. A chunk is placed on a pipeline rank by the schedule table (`Table::rank_of`).
 #pragma once
@@ -18,18 +20,12 @@
 
 #include "fourway/config.hpp"
 #include "fourway/core/error.hpp"
-#include "fourway/layers/gpt.hpp"
+#include "fourway/layers/model_part.hpp"
 
 namespace fourway::pp {
 
-/// What `Partition::balanced` weighs: `layers` equal blocks of `block` parameters, the first
-/// chunk's embedding and the last chunk's head (final norm, LM head).
-struct CutCosts {
-  int layers = 1;
-  std::int64_t block = 1;
-  std::int64_t embedding = 0;
-  std::int64_t head = 0;
-};
+/// What `Partition::balanced` weighs (layers/model_part.hpp).
+using CutCosts = ::fourway::CutCosts;
 
 class Partition {
  public:
@@ -37,8 +33,8 @@ class Partition {
   [[nodiscard]] int chunks() const { return static_cast<int>(bounds_.size()) - 1; }
   [[nodiscard]] int first(int c) const { return bounds_[static_cast<std::size_t>(c)]; }
   [[nodiscard]] int end(int c) const { return bounds_[static_cast<std::size_t>(c) + 1]; }
-  [[nodiscard]] models::GptPart part(int c) const {
-    return models::GptPart{first(c), end(c), c == 0, c == chunks() - 1};
+  [[nodiscard]] ModelPart part(int c) const {
+    return ModelPart{first(c), end(c), c == 0, c == chunks() - 1};
   }
   /// "[0,3) [3,5)".
   [[nodiscard]] std::string describe() const {
@@ -60,18 +56,6 @@ class Partition {
     }
     p.bounds_.push_back(layers);
     return p;
-  }
-
-  /// Contiguous chunks with the largest parameter count as small as possible, GPT-2's counts.
-  static Partition balanced(const models::GptConfig& cfg, int chunks) {
-    return balanced(gpt_costs(cfg), chunks);
-  }
-  /// GPT-2's counts: a block 12C² + 13C, the embedding (V + max_seq)·C, ln_f and the tied head
-  /// V·C + 2C.
-  static CutCosts gpt_costs(const models::GptConfig& cfg) {
-    const std::int64_t C = cfg.dim;
-    return CutCosts{cfg.layers, 12 * C * C + 13 * C, (cfg.vocab + cfg.max_seq) * C,
-                    cfg.vocab * C + 2 * C};
   }
 
   /// Contiguous chunks with the largest cost (parameter count) as small as possible, any model

@@ -23,13 +23,13 @@
 //! fw::models::Gpt's), so a Trainer step's host waits are the strategy's step scalars alone
 //! (docs/parallel-tp.md). `forward` reads the loss back (one synchronising call).
 //!
-//! A `models::GptPart` builds only some units, as fw::models::Gpt does (a pipeline chunk under
-//! tensor parallelism, train/pipeline_strategy.hpp): blocks [first_block, end_block), the
-//! embedding and/or the head; `placements()` and `visit_parameters` list only what the part holds
-//! (the vocabulary slice of `wte` once if it holds either end). The pieces `forward_embedding`,
-//! `forward_block`, `forward_head` and their backwards run one unit at a time (the pipeline
-//! executor's interface); what passes between units is `boundary_shape(b, T)`: (b, T, C), or
-//! this rank's (b·T/N, C) rows under sequence parallelism.
+//! A `ModelPart` (layers/model_part.hpp) builds only some units, as fw::models::Gpt does (a
+//! pipeline chunk under tensor parallelism, train/pipeline_strategy.hpp): blocks [first_block,
+//! end_block), the embedding and/or the head; `placements()` and `visit_parameters` list only what
+//! the part holds (the vocabulary slice of `wte` once if it holds either end). The pieces
+//! `forward_embedding`, `forward_block`, `forward_head` and their backwards run one unit at a time
+//! (the pipeline executor's interface); what passes between units is `boundary_shape(b, T)`: (b, T,
+//! C), or this rank's (b·T/N, C) rows under sequence parallelism.
 #pragma once
 
 #include <algorithm>
@@ -45,23 +45,11 @@
 #include "fourway/layers/layernorm.hpp"
 #include "fourway/layers/vocab_loss.hpp"
 #include "fourway/parallel/tp/block.hpp"
+#include "fourway/parallel/tp/options.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/parallel/tp/slices.hpp"
 
 namespace fourway::tp {
-
-/// Run-time choices of the split.
-struct TpOptions {
-  bool sequence_parallel = false;
-  /// Vocabulary padded to a multiple of tp·alignment; 0 picks 128 on device backends (Megatron-
-  /// LM's default, whole tiles for the GEMM) and 1 on the host.
-  int vocab_alignment = 0;
-};
-
-template <class B>
-int resolve_alignment(int alignment) {
-  return alignment > 0 ? alignment : (B::on_device ? 128 : 1);
-}
 
 /// The placement table of a GPT-2 model split over `n` ranks, in `visit_parameters` order.
 inline std::vector<Placement> gpt_placements(const models::GptConfig& cfg, int n, int alignment,
@@ -147,18 +135,18 @@ class Gpt : public SlicedModel<Comm> {
   /// Builds this rank's slices of GPT-2 (the values of fw::models::Gpt(ctx, cfg, seed)); with
   /// `part`, only those units.
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed = 0,
-      TpOptions options = {}, models::GptPart part = {})
+      TpOptions options = {}, ModelPart part = {})
       : Gpt(ctx, cfg, tp, seed, options, part,
             gpt_placements(cfg, tp.size(), resolve_alignment<B>(options.vocab_alignment), seed)) {}
 
  private:
   /// `all`: the whole model's placement table (this part keeps the rows it holds).
   Gpt(const Context<B>& ctx, const models::GptConfig& cfg, Comm& tp, std::uint64_t seed,
-      TpOptions options, models::GptPart part, std::vector<Placement> all)
-      : base(tp, held_placements(models::resolve_part(part, cfg.layers), all)),
+      TpOptions options, ModelPart part, std::vector<Placement> all)
+      : base(tp, held_placements(resolve_part(part, cfg.layers), all)),
         cfg_(cfg),
         sp_(options.sequence_parallel),
-        part_(models::resolve_part(part, cfg.layers)),
+        part_(resolve_part(part, cfg.layers)),
         vocab_(all.front()),
         ln_f_(ctx, "ln_f", part_.head ? cfg.dim : 1) {
     wte_ = Parameter<T, B>(ctx, vocab_.name,
@@ -178,7 +166,7 @@ class Gpt : public SlicedModel<Comm> {
  public:
   [[nodiscard]] const models::GptConfig& config() const { return cfg_; }
   /// The units this object holds (end_block resolved).
-  [[nodiscard]] const models::GptPart& part() const { return part_; }
+  [[nodiscard]] const ModelPart& part() const { return part_; }
   [[nodiscard]] bool whole() const {
     return part_.embedding && part_.head && part_.first_block == 0 &&
            part_.end_block == cfg_.layers;
@@ -446,7 +434,7 @@ class Gpt : public SlicedModel<Comm> {
     return static_cast<std::size_t>(i - part_.first_block);
   }
   /// The rows of the whole table this part holds, in `visit_parameters` order.
-  static std::vector<Placement> held_placements(const models::GptPart& part,
+  static std::vector<Placement> held_placements(const ModelPart& part,
                                                 const std::vector<Placement>& all) {
     std::vector<Placement> out;
     const auto block_of = [](const std::string& name) {
@@ -548,7 +536,7 @@ class Gpt : public SlicedModel<Comm> {
 
   models::GptConfig cfg_;
   bool sp_;
-  models::GptPart part_;
+  ModelPart part_;
   Placement vocab_;      // wte's row of the whole table
   Parameter<T, B> wte_;  // (Vp/N, C) this rank's vocabulary rows
   Parameter<T, B> wpe_;  // (max_seq, C)

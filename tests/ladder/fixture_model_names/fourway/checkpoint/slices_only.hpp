@@ -1,0 +1,3 @@
+// A checkpoint header that knows slices and runs only: nothing for the check to name.
+#pragma once
+#include "fourway/layers/placement.hpp"
