@@ -78,6 +78,8 @@ class Block {
               fw::Init::gpt2(seed, cfg.layers).residual_std) {}
 
   void set_sequence_length(std::int64_t seq) { attn_.set_sequence_length(seq); }
+  /// Context parallelism: the attention follows the split sequence (ring, rotary positions).
+  void bind_sequence_shard(fw::SequenceShard<T, B>* shard) { attn_.bind_sequence_shard(shard); }
 
   fw::Tensor<T, B> forward(const fw::Context<B>& ctx, const fw::Tensor<T, B>& x, Stash& s) {
     const fw::Tensor<T, B> h = ln_.forward(ctx, x, s.ln);

@@ -107,6 +107,10 @@ class Block {
   }
   /// Under sequence parallelism the input holds this rank's rows only: the attention's T.
   void set_sequence_length(std::int64_t seq) { attention_.set_sequence_length(seq); }
+  /// Context parallelism: the attention follows the split sequence (ring, rotary positions).
+  void bind_sequence_shard(fw::SequenceShard<T, B>* shard) {
+    attention_.bind_sequence_shard(shard);
+  }
 
   fw::Tensor<T, B> forward(const fw::Context<B>& ctx, const fw::Tensor<T, B>& x, Stash& s) {
     fw::Tensor<T, B> a =

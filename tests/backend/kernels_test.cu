@@ -987,6 +987,20 @@ TYPED_TEST(CudaKernels, RmsNormRopeSwiGluMatchHost) {
     fw::host::rope_backward(e.host, x.data(), rows, seq, stride, heads, hs, 10000.0f);
     expect_match(dg.get(e, N), x, 2e-5, "rope_backward");
   }
+  // a context-parallel rank's run of rows: positions from first_position
+  {
+    const std::int64_t rows = 10, seq = 5, heads = 2, hs = 16, stride = heads * hs, first = 37;
+    const auto N = static_cast<std::size_t>(rows * stride);
+    auto x = ft::random_typed<T>(N, ++seed, -2.0f, 2.0f);
+    Dev<T> dx(e, x);
+    fw::cuda::rope_forward(e.dev, dx.p(), rows, seq, stride, heads, hs, 10000.0f, first);
+    fw::host::rope_forward(e.host, x.data(), rows, seq, stride, heads, hs, 10000.0f, first);
+    expect_match(dx.get(e, N), x, 1e-5, "rope_forward from position 37");
+    Dev<T> dg(e, x);
+    fw::cuda::rope_backward(e.dev, dg.p(), rows, seq, stride, heads, hs, 10000.0f, first);
+    fw::host::rope_backward(e.host, x.data(), rows, seq, stride, heads, hs, 10000.0f, first);
+    expect_match(dg.get(e, N), x, 2e-5, "rope_backward from position 37");
+  }
   std::vector<T> bad(12);
   Dev<T> dbad(e, bad);
   EXPECT_THROW(fw::cuda::rope_forward(e.dev, dbad.p(), 2, 2, 6, 2, 3, 10000.0f), fw::ShapeError);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fourway/backend/host/rmsnorm.hpp"
@@ -365,6 +366,34 @@ TEST(HostLlamaKernelsRope, HeadSizeAndTwoByTwoRotationByHand) {
   EXPECT_THROW(fw::host::rope_forward(ctx, bad.data(), 2, 2, 6, 2, 0, 10000.0f), fw::ShapeError);
   // row_stride too small for heads·head_size
   EXPECT_THROW(fw::host::rope_forward(ctx, bad.data(), 2, 2, 6, 2, 4, 10000.0f), fw::ShapeError);
+}
+
+// A run of rows in the middle of the sequence (a context-parallel rank's chunk) turns by its
+// positions in the whole sequence: rotating rows [a, a + n) of each sequence alone, from
+// first_position a, gives exactly those rows of the whole sequence's rotation, and the backward
+// turns them back.
+TEST(HostLlamaKernelsRope, FirstPositionRotatesARunAsTheWholeSequenceDoes) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t seq = 12, heads = 2, hs = 8, stride = heads * hs + 3, batch = 2;
+  const auto whole0 = ft::random_typed<float>(static_cast<std::size_t>(batch * seq * stride), 91);
+  auto whole = whole0;
+  fw::host::rope_forward(ctx, whole.data(), batch * seq, seq, stride, heads, hs, 500.0f);
+  const std::pair<std::int64_t, std::int64_t> runs[] = {{0, 3}, {3, 3}, {5, 7}};
+  for (const auto& [a, n] : runs) {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::size_t at = static_cast<std::size_t>((b * seq + a) * stride);
+      const std::size_t len = static_cast<std::size_t>(n * stride);
+      std::vector<float> run(whole0.begin() + at, whole0.begin() + at + len);
+      fw::host::rope_forward(ctx, run.data(), n, n, stride, heads, hs, 500.0f, a);
+      for (std::size_t i = 0; i < len; ++i)
+        ASSERT_EQ(run[i], whole[at + i]) << "rows [" << a << ", " << a + n << ") at " << i;
+      fw::host::rope_backward(ctx, run.data(), n, n, stride, heads, hs, 500.0f, a);
+      for (std::size_t i = 0; i < len; ++i) ASSERT_NEAR(run[i], whole0[at + i], 1e-5);
+    }
+  }
+  std::vector<float> x(16);
+  EXPECT_THROW(fw::host::rope_forward(ctx, x.data(), 1, 1, 16, 2, 8, 500.0f, -1), fw::ShapeError);
 }
 
 TYPED_TEST(HostLlamaKernels, SwiGluForwardAndBackward) {

@@ -72,13 +72,14 @@ TEST(Gptj, BackwardMatchesFiniteDifferences) {
 namespace {
 
 struct Case {
-  int tp = 1, pp = 1, dp = 1, zero = 0, micro_batches = 1;
+  int tp = 1, pp = 1, dp = 1, zero = 0, micro_batches = 1, cp = 1;
   fw::schedule::Kind schedule = fw::schedule::Kind::one_f_one_b;
   bool checkpoint = false;
   bool sequence_parallel = false;
   [[nodiscard]] std::string name() const {
-    return fw::detail::cat("tp", tp, " pp", pp, " dp", dp, " zero", zero, " M", micro_batches, " ",
-                           fw::schedule::kind_name(schedule), checkpoint ? " checkpointed" : "",
+    return fw::detail::cat("tp", tp, " cp", cp, " pp", pp, " dp", dp, " zero", zero, " M",
+                           micro_batches, " ", fw::schedule::kind_name(schedule),
+                           checkpoint ? " checkpointed" : "",
                            sequence_parallel ? " sequence-parallel" : "");
   }
 };
@@ -97,8 +98,8 @@ fw::CheckReport check(const Case& c) {
     targets.push_back(tg);
   }
   fw::CheckReport report;
-  fw::launch<fw::LocalWorld>(c.tp * c.pp * c.dp, [&](fw::World<fw::LocalWorld>& w) {
-    const MeshT mesh(w.size(), {.tp = c.tp, .pp = c.pp});
+  fw::launch<fw::LocalWorld>(c.tp * c.cp * c.pp * c.dp, [&](fw::World<fw::LocalWorld>& w) {
+    const MeshT mesh(w.size(), {.tp = c.tp, .cp = c.cp, .pp = c.pp});
     fw::MeshGroups<fw::LocalComm> groups(mesh, w.comm());
     fw::MeshOptions mo;
     mo.pipeline.schedule = c.schedule;
@@ -131,6 +132,11 @@ fw::CheckReport check_zero(const Case& c) {
 }
 
 fw::CheckReport check_case(const Case& c) {
+  if (c.cp > 1) {  // the context-parallel meshes of the list below, one instantiation each
+    if (c.tp > 1) return check<fw::dynamic_mesh_t<true, false, 2, true>>(c);
+    if (c.pp > 1) return check<fw::dynamic_mesh_t<false, true, 3, true>>(c);
+    return check<fw::dynamic_mesh_t<false, false, 0, true>>(c);
+  }
   switch (c.zero) {
     case 1: return check_zero<1>(c);
     case 2: return check_zero<2>(c);
@@ -141,10 +147,11 @@ fw::CheckReport check_case(const Case& c) {
 
 }  // namespace
 
-// Every mesh shape of the equivalence matrix that applies to a model with rotary positions (no
-// context parallelism: rotary attention refuses a sequence shard) against the one-rank run, with
-// fp32's bounds: tensor parallelism over 2 ranks (the 2 key/value heads), with and without
-// sequence parallelism, ZeRO 1-3, pipelines of every schedule family, the 3D mesh.
+// Every mesh shape of the equivalence matrix against the one-rank run, with fp32's bounds: tensor
+// parallelism over 2 ranks (the 2 key/value heads), with and without sequence parallelism, ZeRO
+// 1-3, pipelines of every schedule family, the 3D mesh, and context parallelism (sequences of 8
+// split over 2 ranks, the ring's attention and rotary positions at each row's place in the whole
+// sequence) alone, with tensor parallelism and with a pipeline.
 TEST(Gptj, EveryMeshMatchesTheOneRankRun) {
   using K = fw::schedule::Kind;
   const std::vector<Case> cases = {
@@ -159,6 +166,9 @@ TEST(Gptj, EveryMeshMatchesTheOneRankRun) {
       {.tp = 2, .pp = 2, .dp = 2, .zero = 1, .micro_batches = 2},
       {.tp = 2, .pp = 2, .dp = 2, .zero = 3, .micro_batches = 2, .checkpoint = true},
       {.tp = 2, .pp = 2, .micro_batches = 2, .sequence_parallel = true},
+      {.cp = 2},
+      {.tp = 2, .dp = 2, .zero = 2, .cp = 2, .sequence_parallel = true},
+      {.pp = 2, .dp = 2, .zero = 3, .micro_batches = 2, .cp = 2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());

@@ -58,6 +58,7 @@ struct Block {
     fc.visit_parameters(f); proj.visit_parameters(f);
   }
   void set_sequence_length(std::int64_t t) { attn.set_sequence_length(t); }  // sequence parallel
+  void bind_sequence_shard(fw::SequenceShard<T, B>* s) { attn.bind_sequence_shard(s); }  // cp
   Norm n1, n2;
   fw::ParallelAttention<T, B, Comm> attn;
   fw::ColumnLinear<T, B, Comm> fc;

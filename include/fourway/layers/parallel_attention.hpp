@@ -104,29 +104,24 @@ class ParallelAttention {
   /// The sequence length of the next forward under sequence parallelism (the input holds this
   /// rank's B·T/N rows, so T cannot be read off it); otherwise read from x (B, T, C).
   void set_sequence_length(std::int64_t seq) { T_ = seq; }
-  /// Context parallelism: the rows are the shard's part of each sequence and the attention its
-  /// ring (null: whole sequences). Rotary positions follow the row index, so a shard refuses a
-  /// rotary attention. Not owned.
-  void bind_sequence_shard(SequenceShard<T, B>* shard) {
-    check<ConfigError>(shard == nullptr || !rotary_, "fourway: rotary attention under context ",
-                       "parallelism needs each row's position in the sequence, which a sequence "
-                       "shard does not give this layer; train it without --cp");
-    shard_ = shard;
-  }
+  /// Context parallelism: the rows are the shard's part of each sequence, the attention its
+  /// ring and the rotary positions the rows' places in the whole sequence (null: whole
+  /// sequences). Not owned.
+  void bind_sequence_shard(SequenceShard<T, B>* shard) { shard_ = shard; }
 
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
     const auto [Bn, Tn] = batch_and_length(x);
     s.seq = Tn;
     if (!kv_) {  // multi-head: one projection, q and k rotated in place
       (void)qkv_.forward(ctx, x, s.qkv);
-      if (rotary_) rotary_->forward(ctx, s.qkv.linear.y, Tn, 3 * NH_ * hs_, 2 * NH_);
+      if (rotary_) rotary_->forward(ctx, s.qkv.linear.y, Tn, 3 * NH_ * hs_, 2 * NH_, shard_);
     } else {  // grouped-query: f once, q and k|v, k|v repeated over each group
       const Tensor<T, B> in = group().column_input(ctx, x, s.qkv.gathered);
       (void)qkv_.local().forward(ctx, in, s.qkv.linear);
       (void)kv_->local().forward(ctx, in, s.kv);
       if (rotary_) {
-        rotary_->forward(ctx, s.qkv.linear.y, Tn, NH_ * hs_, NH_);
-        rotary_->forward(ctx, s.kv.y, Tn, 2 * KV_ * hs_, KV_);
+        rotary_->forward(ctx, s.qkv.linear.y, Tn, NH_ * hs_, NH_, shard_);
+        rotary_->forward(ctx, s.kv.y, Tn, 2 * KV_ * hs_, KV_, shard_);
       }
       s.packed = detail::activation<T, B>(ctx, Shape{Bn, Tn, 3 * NH_ * hs_});
       Ops<B>::gqa_pack(ctx, s.packed.data(), s.qkv.linear.y.data(), s.kv.y.data(), Bn * Tn, NH_,
@@ -162,7 +157,7 @@ class ParallelAttention {
         attention_core_backward(ctx, dheads, packed_qkv(s), s.heads, s.lse, NH_ * hs_, NH_, shard_);
     dheads.reset();
     if (!kv_) {
-      if (rotary_) rotary_->backward(ctx, dqkv, Tn, 3 * NH_ * hs_, 2 * NH_);  // unrotated q, k
+      if (rotary_) rotary_->backward(ctx, dqkv, Tn, 3 * NH_ * hs_, 2 * NH_, shard_);  // unrotated
       Tensor<T, B> dx = qkv_.backward(ctx, dqkv, s.qkv);
       s = Stash{};
       return dx;
@@ -173,8 +168,8 @@ class ParallelAttention {
     Ops<B>::gqa_unpack_grad(ctx, dq.data(), dkv.data(), dqkv.data(), rows, NH_, KV_, hs_);
     dqkv.reset();
     if (rotary_) {
-      rotary_->backward(ctx, dq, Tn, NH_ * hs_, NH_);
-      rotary_->backward(ctx, dkv, Tn, 2 * KV_ * hs_, KV_);
+      rotary_->backward(ctx, dq, Tn, NH_ * hs_, NH_, shard_);
+      rotary_->backward(ctx, dkv, Tn, 2 * KV_ * hs_, KV_, shard_);
     }
     Tensor<T, B> dx = qkv_.local().backward(ctx, dq, s.qkv.linear);
     const Tensor<T, B> dx_kv = kv_->local().backward(ctx, dkv, s.kv);

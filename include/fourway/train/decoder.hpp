@@ -44,6 +44,7 @@
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/model_part.hpp"
 #include "fourway/layers/parameter.hpp"
+#include "fourway/layers/sequence_shard.hpp"
 #include "fourway/layers/tp_group.hpp"
 #include "fourway/parallel/pp/partition.hpp"
 #include "fourway/parallel/tp/options.hpp"
@@ -152,6 +153,25 @@ class Decoder : public tp::SlicedModel<Comm> {  // counts_in_norm, state_view, g
       if constexpr (requires { b.inner().set_sequence_length(Tn); }) {
         b.inner().set_sequence_length(Tn);
       }
+    }
+  }
+
+  /// Context parallelism (a ContextParallel mesh binds the strategy's shard): every unit that
+  /// follows a split sequence gets `shard` — the blocks (their attention's ring and rotary
+  /// positions), and the embedding and head when they have `bind_sequence_shard` (learned
+  /// positions would). A Decoder offers this only when its Block does, so a mesh refuses a model
+  /// whose attention cannot follow the split (train/mesh_strategy.hpp's static_assert).
+  void bind_sequence_shard(SequenceShard<T, B>* shard) requires
+      requires(Block& b, SequenceShard<T, B>* p) {
+    b.bind_sequence_shard(p);
+  }
+  {
+    if constexpr (requires(Embed & e) { e.bind_sequence_shard(shard); }) {
+      if (embed_) embed_->bind_sequence_shard(shard);
+    }
+    for (auto& b : blocks_) b.inner().bind_sequence_shard(shard);
+    if constexpr (requires(Head & h) { h.bind_sequence_shard(shard); }) {
+      if (head_) head_->bind_sequence_shard(shard);
     }
   }
 

@@ -2,7 +2,9 @@
 //! convention of GPT-NeoX and Hugging Face Llama.
 //!
 //! Row r (0 ≤ r < rows) starts at `x + r·row_stride` and holds `heads` consecutive heads of
-//! `head_size` elements; its position is `t = r % seq` (rows are (batch, time) flattened). In
+//! `head_size` elements; its position is `t = first_position + r % seq` (rows are (batch, time)
+//! flattened; `first_position` > 0 for a run of rows in the middle of the sequence, as a context-
+//! parallel rank holds). In
 //! each head, element i of the first half pairs with element i + head_size/2 and the pair turns
 //! by the angle `t · inv_freq[i]`, `inv_freq[i] = 1 / theta^(2i/head_size)` (fp32, as HF):
 //! `a' = a·cos − b·sin`, `b' = b·cos + a·sin`. The backward applies the transpose (the turn by
@@ -25,13 +27,16 @@ namespace detail {
 /// `1 / theta^(2i/head_size)` for i in [0, head_size/2), computed in fp32 as HF Llama does.
 inline std::vector<float> rope_inv_freq(std::int64_t rows, std::int64_t seq,
                                         std::int64_t row_stride, std::int64_t heads,
-                                        std::int64_t head_size, float theta, const char* who) {
+                                        std::int64_t head_size, float theta, const char* who,
+                                        std::int64_t first_position = 0) {
   check<ShapeError>(head_size > 0 && head_size % 2 == 0, "fourway: ", who,
                     " needs an even head_size > 0, got head_size=", head_size);
   check<ShapeError>(
       rows >= 0 && seq > 0 && heads > 0 && row_stride >= heads * head_size, "fourway: ", who,
       " needs rows >= 0, seq > 0, heads > 0 and row_stride >= ", "heads*head_size, got rows=", rows,
       " seq=", seq, " heads=", heads, " head_size=", head_size, " row_stride=", row_stride);
+  check<ShapeError>(first_position >= 0, "fourway: ", who, " needs first_position >= 0, got ",
+                    first_position);
   std::vector<float> f(static_cast<std::size_t>(head_size / 2));
   for (std::int64_t i = 0; i < head_size / 2; ++i) {
     f[static_cast<std::size_t>(i)] =
@@ -45,11 +50,11 @@ inline std::vector<float> rope_inv_freq(std::int64_t rows, std::int64_t seq,
 template <class T>
 void rope_apply(T* x, std::int64_t rows, std::int64_t seq, std::int64_t row_stride,
                 std::int64_t heads, std::int64_t head_size, const std::vector<float>& inv_freq,
-                float sign) {
+                float sign, std::int64_t first_position) {
   const std::int64_t half = head_size / 2;
   std::vector<float> cs(static_cast<std::size_t>(half)), sn(cs.size());
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float t = static_cast<float>(r % seq);
+    const float t = static_cast<float>(first_position + r % seq);
     for (std::int64_t i = 0; i < half; ++i) {
       const float angle = t * inv_freq[static_cast<std::size_t>(i)];
       cs[static_cast<std::size_t>(i)] = std::cos(angle);
@@ -70,25 +75,25 @@ void rope_apply(T* x, std::int64_t rows, std::int64_t seq, std::int64_t row_stri
 }  // namespace detail
 
 /// x (rows, row_stride) rotated in place: the first heads·head_size elements of each row, head
-/// by head, at position t = r % seq (see the file comment).
+/// by head, at position t = first_position + r % seq (see the file comment).
 template <floating_dtype T>
 void rope_forward(const Context<Host>& /*ctx*/, T* x, std::int64_t rows, std::int64_t seq,
-                  std::int64_t row_stride, std::int64_t heads, std::int64_t head_size,
-                  float theta) {
-  const auto f =
-      detail::rope_inv_freq(rows, seq, row_stride, heads, head_size, theta, "rope_forward");
-  detail::rope_apply(x, rows, seq, row_stride, heads, head_size, f, 1.0f);
+                  std::int64_t row_stride, std::int64_t heads, std::int64_t head_size, float theta,
+                  std::int64_t first_position = 0) {
+  const auto f = detail::rope_inv_freq(rows, seq, row_stride, heads, head_size, theta,
+                                       "rope_forward", first_position);
+  detail::rope_apply(x, rows, seq, row_stride, heads, head_size, f, 1.0f, first_position);
 }
 
 /// dx in place: the gradient through rope_forward (the transpose rotation),
 /// da = ga·cos + gb·sin, db = gb·cos − ga·sin.
 template <floating_dtype T>
 void rope_backward(const Context<Host>& /*ctx*/, T* dx, std::int64_t rows, std::int64_t seq,
-                   std::int64_t row_stride, std::int64_t heads, std::int64_t head_size,
-                   float theta) {
-  const auto f =
-      detail::rope_inv_freq(rows, seq, row_stride, heads, head_size, theta, "rope_backward");
-  detail::rope_apply(dx, rows, seq, row_stride, heads, head_size, f, -1.0f);
+                   std::int64_t row_stride, std::int64_t heads, std::int64_t head_size, float theta,
+                   std::int64_t first_position = 0) {
+  const auto f = detail::rope_inv_freq(rows, seq, row_stride, heads, head_size, theta,
+                                       "rope_backward", first_position);
+  detail::rope_apply(dx, rows, seq, row_stride, heads, head_size, f, -1.0f, first_position);
 }
 
 }  // namespace fourway::host
