@@ -241,18 +241,21 @@ void check_gemm_bias(const GemmCase& g, bool gelu, std::uint32_t seed) {
       " " + ft::type_name<T>();
   for (std::size_t i = 0; i < c.size(); ++i) {
     ASSERT_EQ(fw::convert<float>(c[i]), fw::convert<float>(u[i])) << what << " at " << i;
-    if (gelu) ASSERT_EQ(fw::convert<float>(pre[i]), fw::convert<float>(upre[i])) << what;
+    if (gelu) {
+      ASSERT_EQ(fw::convert<float>(pre[i]), fw::convert<float>(upre[i])) << what;
+    }
   }
   // the double reference
   GemmCase one = g;
   one.alpha = 1.0f;
   one.beta = 0.0f;
-  auto ref = reference(one, ft::to_double(a), lda, ft::to_double(b), ldb, ft::to_double(c0), ldc);
+  const std::vector<double> c0d = ft::to_double(c0);
+  auto ref = reference(one, ft::to_double(a), lda, ft::to_double(b), ldb, c0d, ldc);
   for (std::int64_t i = 0; i < g.m; ++i) {
     for (std::int64_t j = 0; j < ldc; ++j) {
       double& v = ref[static_cast<std::size_t>(i * ldc + j)];
       if (j >= g.n) {
-        v = ft::to_double(c0)[static_cast<std::size_t>(i * ldc + j)];
+        v = c0d[static_cast<std::size_t>(i * ldc + j)];
         continue;
       }
       v += fw::convert<double>(bias[static_cast<std::size_t>(j)]);
