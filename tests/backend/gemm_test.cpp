@@ -283,3 +283,132 @@ TEST(HostGemm, BiasAndGeluEpilogueIsTheUnfusedSequence) {
     }
   }
 }
+
+// The backward epilogues (host/gemm_epilogue.hpp): bitwise the unfused sequence a layer called
+// before them, and against a double reference. B is the dense (k, n) output gradient (ldb = n);
+// C keeps the case's padding where no bias gradient reduces it.
+template <class T>
+void check_backward_epilogues(const GemmCase& g, std::uint32_t seed) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  const std::int64_t lda = fw::detail::stored_cols(g.ta, g.m, g.k) + g.pad;
+  const auto a = ft::random_typed<T>(
+      static_cast<std::size_t>(fw::detail::stored_rows(g.ta, g.m, g.k) * lda), seed);
+  const auto b = ft::random_typed<T>(static_cast<std::size_t>(g.k * g.n), seed + 1);
+  const auto c0 = ft::random_typed<T>(static_cast<std::size_t>(g.m * g.n), seed + 2);
+  const auto db0 = ft::random_typed<T>(static_cast<std::size_t>(g.n), seed + 3);
+  const std::string what =
+      ::testing::PrintToString(std::make_tuple(g.m, g.n, g.k, static_cast<int>(g.ta), g.pad)) +
+      " " + ft::type_name<T>();
+  const auto colsum = [&](const std::vector<double>& v, std::int64_t rows, std::int64_t ld) {
+    std::vector<double> r(static_cast<std::size_t>(g.n), 0.0);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < g.n; ++j) r[j] += v[i * ld + j];
+    }
+    return r;
+  };
+  GemmCase plain = g;
+  plain.tb = fw::Trans::none;
+  plain.alpha = 1.0f;
+  {  // gemm_bgrad: c += op(A)·B, dbias += Σ_rows B
+    auto c = c0, db = db0, u = c0, udb = db0;
+    fw::host::gemm_bgrad(ctx, g.ta, fw::Trans::none, g.m, g.n, g.k, a.data(), lda, b.data(), g.n,
+                         c.data(), g.n, db.data());
+    fw::host::gemm(ctx, g.ta, fw::Trans::none, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), g.n,
+                   1.0f, u.data(), g.n);
+    fw::host::bias_backward(ctx, udb.data(), b.data(), g.k, g.n);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      ASSERT_EQ(fw::convert<float>(c[i]), fw::convert<float>(u[i])) << what << " at " << i;
+    }
+    for (std::size_t i = 0; i < db.size(); ++i) {
+      ASSERT_EQ(fw::convert<float>(db[i]), fw::convert<float>(udb[i])) << what << " dbias " << i;
+    }
+    plain.beta = 1.0f;
+    const auto ref =
+        reference(plain, ft::to_double(a), lda, ft::to_double(b), g.n, ft::to_double(c0), g.n);
+    const double acc = 4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24;
+    ft::expect_close(ft::to_double(c), ref, acc + 4.0 * ft::unit_roundoff<T>() * (g.k + 2) + 1e-6,
+                     4 * ft::unit_roundoff<T>(), "gemm_bgrad " + what);
+    auto dref = colsum(ft::to_double(b), g.k, g.n);
+    for (std::int64_t j = 0; j < g.n; ++j) dref[j] += fw::convert<double>(db0[j]);
+    ft::expect_close(ft::to_double(db), dref, acc + 4.0 * ft::unit_roundoff<T>() * (g.k + 2),
+                     4 * ft::unit_roundoff<T>(), "gemm_bgrad dbias " + what);
+  }
+  for (bool grad : {false, true}) {  // gemm_dgelu: c = gelu'(pre) ⊙ (op(A)·B), dbias += Σ c
+    const std::int64_t ldc = grad ? g.n : g.n + g.pad;
+    const auto pre =
+        ft::random_typed<T>(static_cast<std::size_t>(g.m * ldc), seed + 4, -3.0f, 3.0f);
+    const auto cs = ft::random_typed<T>(static_cast<std::size_t>(g.m * ldc), seed + 5);
+    auto c = cs, db = db0, u = cs, udb = db0, prod = cs;
+    fw::host::gemm_dgelu(ctx, g.ta, fw::Trans::none, g.m, g.n, g.k, a.data(), lda, b.data(), g.n,
+                         pre.data(), c.data(), ldc, grad ? db.data() : nullptr);
+    fw::host::gemm(ctx, g.ta, fw::Trans::none, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), g.n,
+                   0.0f, prod.data(), ldc);
+    for (std::int64_t r = 0; r < g.m; ++r) {
+      fw::host::gelu_backward(ctx, u.data() + r * ldc, pre.data() + r * ldc, prod.data() + r * ldc,
+                              g.n);
+    }
+    if (grad) fw::host::bias_backward(ctx, udb.data(), u.data(), g.m, g.n);
+    const std::string w = "gemm_dgelu " + what + (grad ? " +bgrad" : "");
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      ASSERT_EQ(fw::convert<float>(c[i]), fw::convert<float>(u[i])) << w << " at " << i;
+    }
+    for (std::size_t i = 0; i < db.size(); ++i) {
+      ASSERT_EQ(fw::convert<float>(db[i]), fw::convert<float>(udb[i])) << w << " dbias " << i;
+    }
+    plain.beta = 0.0f;
+    auto ref =
+        reference(plain, ft::to_double(a), lda, ft::to_double(b), g.n, ft::to_double(cs), ldc);
+    for (std::int64_t i = 0; i < g.m; ++i) {
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        const double x = fw::convert<double>(pre[i * ldc + j]);
+        const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+        const double d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 *
+                                               (1.0 + 3 * 0.044715 * x * x);
+        ref[i * ldc + j] *= d;
+      }
+    }
+    // the product rounded to T before GELU's derivative (|gelu'| < 1.13) scales it
+    const double acc = 4.0 * static_cast<double>(g.k) * static_cast<double>(g.k + 1) * 0x1p-24;
+    const double err = 1.13 * (acc + 4.0 * ft::unit_roundoff<T>() * (g.k + 1)) + 1e-5;
+    ft::expect_close(ft::to_double(c), ref, err, 4 * ft::unit_roundoff<T>(), w);
+    if (grad) {
+      auto dref = colsum(ref, g.m, ldc);
+      for (std::int64_t j = 0; j < g.n; ++j) dref[j] += fw::convert<double>(db0[j]);
+      ft::expect_close(ft::to_double(db), dref, g.m * err + 4.0 * ft::unit_roundoff<T>() * g.m,
+                       4 * ft::unit_roundoff<T>(), w + " dbias");
+    }
+  }
+}
+
+TEST(HostGemm, BackwardEpiloguesAreTheUnfusedSequence) {
+  std::uint32_t seed = 800;
+  for (const GemmCase& g : cases()) {
+    if (g.tb != fw::Trans::none) continue;  // B is the output gradient, stored as it is
+    check_backward_epilogues<float>(g, seed += 6);
+    check_backward_epilogues<fw::bf16>(g, seed += 6);
+    check_backward_epilogues<fw::fp16>(g, seed += 6);
+  }
+}
+
+TEST(HostGemm, BiasGradientEpilogueRefusesATransposedOrPaddedGradient) {
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::vector<float> a(12, 1.0f), b(12, 1.0f), c(9, 0.0f), db(3, 0.0f);
+  const auto refused = [&](fw::Trans tb, std::int64_t ldb) {
+    try {
+      fw::host::gemm_bgrad(ctx, fw::Trans::none, tb, 3, 3, 3, a.data(), 3, b.data(), ldb, c.data(),
+                           3, db.data());
+    } catch (const fw::ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("B must be the dense (k, n) = (3, 3) output gradient"),
+                std::string::npos)
+          << e.what();
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(fw::Trans::transpose, 3));
+  EXPECT_TRUE(refused(fw::Trans::none, 4));
+  EXPECT_FALSE(refused(fw::Trans::none, 3));
+  EXPECT_EQ(db[0], 3.0f);  // the accepted call reduced B's three rows of ones
+}

@@ -180,6 +180,66 @@ TYPED_TEST(CudaKernels, GemmBiasEpilogueMatchesHost) {
   }
 }
 
+// The backward epilogues against their host twins (the unfused sequence): a weight gradient with
+// its bias's (BGRADA; c and dbias accumulate onto random values) and GELU's input gradient with
+// the previous layer's bias gradient (DGELU_BGRAD, and DGELU without it). Aligned shapes take
+// cuBLASLt's fused kernels, the odd ones (n = 13, ldc = n + 3 without a bias gradient) the
+// fallback. The fused kernels round once where the host rounds the GEMM's output first; the bias
+// gradients are fp32 sums over k (bgrad) or m (dgelu) rows of values within the GEMM's bound.
+TYPED_TEST(CudaKernels, BackwardEpiloguesMatchHost) {
+  FW_REQUIRE_GPU();
+  using T = TypeParam;
+  Env e;
+  const std::int64_t shapes[][3] = {{8, 8, 8}, {7, 13, 5}, {64, 96, 128}, {768, 1024, 256}};
+  std::uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    const auto [m, n, k] = std::tuple{s[0], s[1], s[2]};
+    for (fw::Trans ta : {fw::Trans::none, fw::Trans::transpose}) {
+      const std::int64_t lda = fw::detail::stored_cols(ta, m, k);
+      const auto a = ft::random_typed<T>(
+          static_cast<std::size_t>(fw::detail::stored_rows(ta, m, k) * lda), ++seed);
+      const double atol = static_cast<double>(k) * 0x1p-22 +
+                          4.0 * ft::unit_roundoff<T>() * static_cast<double>(k + 1) + 1e-5;
+      const std::string shape = " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                " k=" + std::to_string(k) + (ta == fw::Trans::none ? "" : " A^T");
+      {  // gemm_bgrad: B is the dense (k, n) output gradient
+        const auto b = ft::random_typed<T>(static_cast<std::size_t>(k * n), ++seed);
+        auto c = ft::random_typed<T>(static_cast<std::size_t>(m * n), ++seed);
+        auto dbias = ft::random_typed<T>(static_cast<std::size_t>(n), ++seed);
+        Dev<T> da(e, a), db(e, b), dc(e, c), ddb(e, dbias);
+        fw::cuda::gemm_bgrad(e.dev, ta, fw::Trans::none, m, n, k, da.p(), lda, db.p(), n, dc.p(), n,
+                             ddb.p());
+        fw::host::gemm_bgrad(e.host, ta, fw::Trans::none, m, n, k, a.data(), lda, b.data(), n,
+                             c.data(), n, dbias.data());
+        expect_match(dc.get(e, c.size()), c, atol, "gemm_bgrad" + shape);
+        expect_match(ddb.get(e, dbias.size()), dbias,
+                     static_cast<double>(k) * 0x1p-20 + 4.0 * ft::unit_roundoff<T>() * k,
+                     "gemm_bgrad" + shape + " (bias gradient)");
+      }
+      for (bool grad : {false, true}) {  // gemm_dgelu: c = gelu'(pre) ⊙ (A·B)
+        const std::int64_t ldc = grad ? n : n + 3;
+        const auto b = ft::random_typed<T>(static_cast<std::size_t>(k * n), ++seed);
+        const auto pre =
+            ft::random_typed<T>(static_cast<std::size_t>(m * ldc), ++seed, -3.0f, 3.0f);
+        auto c = ft::random_typed<T>(static_cast<std::size_t>(m * ldc), ++seed);
+        auto dbias = ft::random_typed<T>(static_cast<std::size_t>(n), ++seed);
+        Dev<T> da(e, a), db(e, b), dpre(e, pre), dc(e, c), ddb(e, dbias);
+        fw::cuda::gemm_dgelu(e.dev, ta, fw::Trans::none, m, n, k, da.p(), lda, db.p(), n, dpre.p(),
+                             dc.p(), ldc, grad ? ddb.p() : nullptr);
+        fw::host::gemm_dgelu(e.host, ta, fw::Trans::none, m, n, k, a.data(), lda, b.data(), n,
+                             pre.data(), c.data(), ldc, grad ? dbias.data() : nullptr);
+        const std::string what = "gemm_dgelu" + shape + (grad ? " +bgrad" : " ldc=n+3");
+        expect_match(dc.get(e, c.size()), c, 1.2 * atol, what);
+        if (grad) {
+          expect_match(ddb.get(e, dbias.size()), dbias,
+                       static_cast<double>(m) * 1.2 * atol + 4.0 * ft::unit_roundoff<T>() * m,
+                       what + " (bias gradient)");
+        }
+      }
+    }
+  }
+}
+
 TYPED_TEST(CudaKernels, BiasResidualGeluCastScale) {
   FW_REQUIRE_GPU();
   using T = TypeParam;
@@ -418,6 +478,17 @@ TYPED_TEST(CudaKernels, LayerNormAndSoftmax) {
     expect_match(ddw.get(e, dw.size()), dw, static_cast<double>(rows) * 0x1p-20,
                  "layernorm dweight");
     expect_match(ddb.get(e, db.size()), db, static_cast<double>(rows) * 0x1p-20, "layernorm dbias");
+    // with the residual branch's gradient added in the same pass (the host adds it after
+    // rounding din: within a unit of T of the sum, |din + dy| < ~10)
+    const auto dres = ft::random_typed<T>(N, ++seed);
+    Dev<T> ddres(e, dres), ddin2(e, din);
+    std::vector<T> din2(N);
+    fw::cuda::layernorm_backward(e.dev, ddin2.p(), ddw.p(), ddb.p(), ddy.p(), di.p(), dwt.p(),
+                                 dmean.p(), drstd.p(), rows, C, ddres.p());
+    fw::host::layernorm_backward(e.host, din2.data(), dw.data(), db.data(), dy.data(), in.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C, dres.data());
+    expect_match(ddin2.get(e, N), din2, 1e-4 + 20.0 * ft::unit_roundoff<T>(),
+                 "layernorm din + residual gradient");
 
     std::vector<T> sm(N), dsm(N);
     Dev<T> dsmo(e, sm), ddsm(e, dsm);

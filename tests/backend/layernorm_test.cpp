@@ -135,6 +135,46 @@ TEST(HostLayerNormBf16, NanScalarsGiveNanNotInfinity) {
 // The fused residual + LayerNorm: r = a + b rounded to T, then the LayerNorm of the stored r,
 // against the double reference of that LayerNorm (the tolerance of the unfused test above) and
 // bitwise against the two unfused kernels; rows on both sides of its 16-row blocks.
+// The backward with the residual path's gradient (a pre-LayerNorm block's input gradient):
+// bitwise the unfused sequence, layernorm_backward then residual_forward, and the gains' and
+// biases' gradients untouched by it.
+TYPED_TEST(HostLayerNorm, BackwardAddsTheResidualGradientAsTheUnfusedSequence) {
+  using T = TypeParam;
+  fw::MemoryAccountant acct;
+  fw::Context<fw::Host> ctx(acct);
+  std::uint32_t seed = 90;
+  for (const auto& [rows, C] :
+       {std::pair<std::int64_t, std::int64_t>{1, 8}, {7, 13}, {16, 64}, {37, 77}}) {
+    const auto N = static_cast<std::size_t>(rows * C);
+    const auto R = static_cast<std::size_t>(rows);
+    const auto x = ft::random_typed<T>(N, ++seed, -2.0f, 3.0f);
+    const auto w = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed, 0.5f, 1.5f);
+    const auto bias = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed);
+    const auto dy = ft::random_typed<T>(N, ++seed);
+    const auto dres = ft::random_typed<T>(N, ++seed);
+    std::vector<T> out(N);
+    std::vector<float> mean(R), rstd(R);
+    fw::host::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                bias.data(), rows, C, eps);
+    std::vector<T> din(N), din2(N);
+    auto dw = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed), dw2 = dw;
+    auto db = ft::random_typed<T>(static_cast<std::size_t>(C), ++seed), db2 = db;
+    fw::host::layernorm_backward(ctx, din.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C, dres.data());
+    fw::host::layernorm_backward(ctx, din2.data(), dw2.data(), db2.data(), dy.data(), x.data(),
+                                 w.data(), mean.data(), rstd.data(), rows, C);
+    std::vector<double> sum(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      sum[i] = fw::convert<double>(din2[i]) + fw::convert<double>(dres[i]);
+    }
+    fw::host::residual_forward(ctx, din2.data(), din2.data(), dres.data(), rows * C);
+    EXPECT_EQ(ft::to_double(din), ft::to_double(din2));
+    EXPECT_EQ(ft::to_double(dw), ft::to_double(dw2));
+    EXPECT_EQ(ft::to_double(db), ft::to_double(db2));
+    ft::expect_close_t(din, sum, 0.0, ft::unit_roundoff<T>(), "din + dres");
+  }
+}
+
 TYPED_TEST(HostLayerNorm, ResidualThenLayerNormInOnePass) {
   using T = TypeParam;
   fw::MemoryAccountant acct;

@@ -45,6 +45,16 @@ inline void check_gemm_args(Trans ta, Trans tb, std::int64_t m, std::int64_t n, 
   check<ShapeError>(ldc >= std::max<std::int64_t>(1, n), "fourway: gemm ldc=", ldc,
                     " is below n=", n);
 }
+
+/// Throws ShapeError unless B of a bias-gradient GEMM (`gemm_bgrad`) is the dense, untransposed
+/// (k, n) output gradient whose column sums are the bias gradient.
+inline void check_bgrad_operand(Trans tb, std::int64_t k, std::int64_t n, std::int64_t ldb) {
+  check<ShapeError>(tb == Trans::none && ldb == n,
+                    "fourway: gemm_bgrad reduces the bias gradient over B's rows: B must be the "
+                    "dense (k, n) = (",
+                    k, ", ", n, ") output gradient, got ",
+                    tb == Trans::none ? "untransposed" : "transposed", " with ldb ", ldb);
+}
 }  // namespace detail
 
 }  // namespace fourway

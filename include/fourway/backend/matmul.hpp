@@ -110,4 +110,29 @@ void matmul_add(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b,
                1.0f, c.data, c.ld);
 }
 
+/// C += A·B and dbias += the column sums of B, the dense untransposed output gradient: a weight
+/// gradient Xᵀ·dY and its bias's Σ_rows dY in one call (`gemm_bgrad`: cuBLASLt's BGRAD epilogue
+/// on CUDA, the unfused `gemm` + `bias_backward` on the host).
+template <class B, class TA, class TB, class TC>
+requires detail::matmul_operands<TA, TB, TC>
+void matmul_add_bias_grad(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b,
+                          TC* dbias) {
+  detail::check_matmul(c, a, b);
+  Ops<B>::gemm_bgrad(ctx, a.trans, b.trans, c.rows, c.cols, a.cols, a.data, a.ld, b.data, b.ld,
+                     c.data, c.ld, dbias);
+}
+
+/// C = gelu'(pre_gelu) ⊙ (A·B) — GELU's input gradient from the product that gives its output's —
+/// and, with `dbias`, dbias += Σ_rows C (`gemm_dgelu`: cuBLASLt's DGELU(_BGRAD) epilogue on CUDA,
+/// the unfused `gemm` + `gelu_backward` (+ `bias_backward`) on the host). pre_gelu has C's shape
+/// and leading dimension.
+template <class B, class TA, class TB, class TC>
+requires detail::matmul_operands<TA, TB, TC>
+void matmul_dgelu(const Context<B>& ctx, Matrix<TC> c, Matrix<TA> a, Matrix<TB> b,
+                  const TC* pre_gelu, TC* dbias = nullptr) {
+  detail::check_matmul(c, a, b);
+  Ops<B>::gemm_dgelu(ctx, a.trans, b.trans, c.rows, c.cols, a.cols, a.data, a.ld, b.data, b.ld,
+                     pre_gelu, c.data, c.ld, dbias);
+}
+
 }  // namespace fourway

@@ -34,6 +34,8 @@ struct Ops;
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, from_host)                  \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm)                       \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_bias)                  \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_bgrad)                 \
+  FOURWAY_BACKEND_FORWARD_KERNEL(ns, gemm_dgelu)                 \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_add)                   \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, bias_backward)              \
   FOURWAY_BACKEND_FORWARD_KERNEL(ns, residual_forward)           \

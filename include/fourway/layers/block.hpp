@@ -75,13 +75,11 @@ class TransformerBlock {
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     check<ShapeError>(dy.numel() == s.y.numel() && !s.y.empty(), "fourway: TransformerBlock ",
                       "backward without a matching forward: dy ", dy.shape().str());
-    const std::int64_t n = dy.numel();
     attn_.recompute(ctx, s.attn);
     mlp_.recompute(ctx, s.mlp);
-    Tensor<T, B> dr = ln_2_.backward(ctx, mlp_.backward(ctx, dy, s.mlp), s.ln_2);
-    Ops<B>::residual_forward(ctx, dr.data(), dr.data(), dy.data(), n);
-    Tensor<T, B> dx = ln_1_.backward(ctx, attn_.backward(ctx, dr, s.attn), s.ln_1);
-    Ops<B>::residual_forward(ctx, dx.data(), dx.data(), dr.data(), n);
+    // each norm's backward adds the residual path's gradient in its own pass
+    Tensor<T, B> dr = ln_2_.backward(ctx, mlp_.backward(ctx, dy, s.mlp), s.ln_2, &dy);
+    Tensor<T, B> dx = ln_1_.backward(ctx, attn_.backward(ctx, dr, s.attn), s.ln_1, &dr);
     s = Stash{};
     return dx;
   }

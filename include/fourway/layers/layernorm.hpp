@@ -64,14 +64,23 @@ class LayerNorm {
     return s.y.view();
   }
 
-  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
+  /// dx, and the gains' and biases' gradients (accumulated). With `residual_grad` (dy's shape)
+  /// dx also gets it added, in the same pass on CUDA: a pre-LayerNorm block's input gradient is
+  /// the norm's plus the residual path's.
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                        const Tensor<T, B>* residual_grad = nullptr) {
     const std::int64_t rows = detail::rows_of(dy.shape(), C_, "LayerNorm backward");
     check<ShapeError>(s.mean.numel() == rows, "fourway: LayerNorm backward without a matching ",
                       "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
+    check<ShapeError>(residual_grad == nullptr || residual_grad->numel() == dy.numel(),
+                      "fourway: LayerNorm backward: the residual gradient ",
+                      residual_grad != nullptr ? residual_grad->shape().str() : std::string(),
+                      " is not dy's ", dy.shape().str());
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, dy.shape());
     Ops<B>::layernorm_backward(
         ctx, dx.data(), weight_.bound_grad().data(), bias_.bound_grad().data(), dy.data(),
-        s.x.data(), weight_.bound_weight().data(), s.mean.data(), s.rstd.data(), rows, C_);
+        s.x.data(), weight_.bound_weight().data(), s.mean.data(), s.rstd.data(), rows, C_,
+        residual_grad != nullptr ? residual_grad->data() : static_cast<const T*>(nullptr));
     s = Stash{};
     return dx;
   }

@@ -1,8 +1,11 @@
 //! `Linear<T, B>`: y = x·W + b with W stored (in, out) — the Hugging Face Conv1D layout of GPT-2.
 //!
-//! Backward: dx = dy·Wᵀ (written), dW += xᵀ·dy, db += Σ_rows dy (accumulated). The stash keeps
-//! a view of x (the caller keeps x alive) and owns y. Under a `DeferWeightGrads` scope the dW
-//! GEMM is pushed to the scope's queue with copies of x and dy (layers/weight_grad_queue.hpp).
+//! Backward: dx = dy·Wᵀ (written), dW += xᵀ·dy, db += Σ_rows dy (accumulated; dW and db in one
+//! GEMM call, `matmul_add_bias_grad`); `backward_gelu` returns GELU's input gradient instead of dx
+//! for the MLP's second matrix and reduces the first one's bias gradient in the same call. The
+//! stash keeps a view of x (the caller keeps x alive) and owns y. Under a `DeferWeightGrads` scope
+//! the dW GEMM is pushed to the scope's queue with copies of x and dy
+//! (layers/weight_grad_queue.hpp) and db is reduced alone.
 //! The bias is the GEMM's epilogue (`matmul_bias`: one cuBLASLt call on CUDA), and
 //! `forward_gelu` adds GELU to it for the MLP's first matrix, filling the `Gelu` stash too.
 #pragma once
@@ -92,25 +95,63 @@ class Linear {
     return g.y.view();
   }
 
-  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    const std::int64_t rows = detail::rows_of(dy.shape(), out_, "Linear backward");
-    check<ShapeError>(s.x.numel() == rows * in_, "fourway: Linear backward without a matching ",
-                      "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
+  /// dx = dy·Wᵀ (written), dW += xᵀ·dy and db += Σ_rows dy, the last two in one GEMM call (its
+  /// BGRAD epilogue on CUDA). `bias_grad_added`: the caller has already added this layer's bias
+  /// gradient (the previous GEMM's epilogue reduced it: `backward_gelu`), so only dW remains.
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                        bool bias_grad_added = false) {
+    const std::int64_t rows = check_backward(dy, s);
     Tensor<T, B> dx = detail::workspace<T, B>(ctx, s.x.shape());
-    const Matrix<T> dY = matrix(dy);
     // dX (rows, in) = dY (rows, out) · Wᵀ (out, in)
-    matmul(ctx, matrix(dx), dY, matrix(weight_.bound_weight()).t());
-    if (auto* q = DeferWeightGrads<T, B>::active()) {
-      q->push(ctx, weight_, s.x.view(), dy.view(), rows);
-    } else {
-      // dW (in, out) += Xᵀ (in, rows) · dY (rows, out)
-      matmul_add(ctx, matrix(weight_.bound_grad()), matrix(s.x).t(), dY);
-    }
-    if (has_bias_) Ops<B>::bias_backward(ctx, bias_.bound_grad().data(), dy.data(), rows, out_);
-    s = Stash{};
+    matmul(ctx, matrix(dx), matrix(dy), matrix(weight_.bound_weight()).t());
+    weight_backward(ctx, dy, s, rows, bias_grad_added);
     return dx;
   }
 
+  /// The backward of this layer when its input is GELU's output (an MLP's second matrix): returns
+  /// GELU's input gradient gelu'(pre_gelu) ⊙ (dy·Wᵀ) instead of dx, and adds Σ_rows of it to
+  /// `pre_bias_grad` when given — the previous layer's bias gradient — all in one GEMM call
+  /// (cuBLASLt's DGELU_BGRAD epilogue on CUDA; on the host exactly `backward`, `gelu_backward`
+  /// and `bias_backward` in turn). dW and db as `backward`. `pre_gelu` has the input's shape.
+  Tensor<T, B> backward_gelu(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                             const Tensor<T, B>& pre_gelu, T* pre_bias_grad) {
+    const std::int64_t rows = check_backward(dy, s);
+    check<ShapeError>(pre_gelu.shape() == s.x.shape(), "fourway: Linear backward_gelu: GELU's ",
+                      "input ", pre_gelu.shape().str(), " is not the layer's input ",
+                      s.x.shape().str());
+    Tensor<T, B> dh = detail::workspace<T, B>(ctx, s.x.shape());
+    matmul_dgelu(ctx, matrix(dh), matrix(dy), matrix(weight_.bound_weight()).t(), pre_gelu.data(),
+                 pre_bias_grad);
+    weight_backward(ctx, dy, s, rows, false);
+    return dh;
+  }
+
+ private:
+  std::int64_t check_backward(const Tensor<T, B>& dy, const Stash& s) const {
+    const std::int64_t rows = detail::rows_of(dy.shape(), out_, "Linear backward");
+    check<ShapeError>(s.x.numel() == rows * in_, "fourway: Linear backward without a matching ",
+                      "forward: dy ", dy.shape().str(), ", stashed x ", s.x.shape().str());
+    return rows;
+  }
+
+  // dW (in, out) += Xᵀ (in, rows) · dY (rows, out), db += Σ_rows dY (unless `bias_done`); clears
+  // the stash.
+  void weight_backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s, std::int64_t rows,
+                       bool bias_done) {
+    const bool bias = has_bias_ && !bias_done;
+    if (auto* q = DeferWeightGrads<T, B>::active()) {
+      q->push(ctx, weight_, s.x.view(), dy.view(), rows);
+      if (bias) Ops<B>::bias_backward(ctx, bias_.bound_grad().data(), dy.data(), rows, out_);
+    } else if (bias) {
+      matmul_add_bias_grad(ctx, matrix(weight_.bound_grad()), matrix(s.x).t(), matrix(dy),
+                           bias_.bound_grad().data());
+    } else {
+      matmul_add(ctx, matrix(weight_.bound_grad()), matrix(s.x).t(), matrix(dy));
+    }
+    s = Stash{};
+  }
+
+ public:
   template <class F>
   void visit_parameters(F&& f) {
     f(weight_);

@@ -1,4 +1,7 @@
-//! `Mlp<T, B>`: GPT-2's feed-forward — c_fc (C -> 4C), tanh GELU, c_proj (4C -> C).
+//! `Mlp<T, B>`: GPT-2's feed-forward — c_fc (C -> 4C), tanh GELU, c_proj (4C -> C). Forward
+//! is two GEMM calls (c_fc's with the bias and GELU in its epilogue), backward three: c_proj's
+//! input gradient through GELU's derivative with c_fc's bias gradient (`Linear::backward_gelu`),
+//! then each weight gradient with its bias's (docs/kernels.md, "GEMM epilogues").
 #pragma once
 
 #include <cstdint>
@@ -45,10 +48,12 @@ class Mlp {
 
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     recompute(ctx, s);
-    Tensor<T, B> dg = c_proj_.backward(ctx, dy, s.c_proj);
-    Tensor<T, B> dh = gelu_.backward(ctx, dg, s.gelu);
-    dg.reset();
-    Tensor<T, B> dx = c_fc_.backward(ctx, dh, s.c_fc);
+    // GELU's input gradient straight from c_proj's product, with c_fc's bias gradient, in one
+    // GEMM call (cuBLASLt's DGELU_BGRAD epilogue on CUDA)
+    T* fc_bias_grad = c_fc_.has_bias() ? c_fc_.bias().bound_grad().data() : nullptr;
+    Tensor<T, B> dh = c_proj_.backward_gelu(ctx, dy, s.c_proj, s.c_fc.y, fc_bias_grad);
+    s.gelu = typename Gelu<T, B>::Stash{};  // GELU's output was c_proj's input: done with
+    Tensor<T, B> dx = c_fc_.backward(ctx, dh, s.c_fc, fc_bias_grad != nullptr);
     s = Stash{};
     return dx;
   }
@@ -64,7 +69,6 @@ class Mlp {
 
  private:
   Linear<T, B> c_fc_;
-  Gelu<T, B> gelu_;
   Linear<T, B> c_proj_;
 };
 

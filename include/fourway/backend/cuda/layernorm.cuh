@@ -67,7 +67,7 @@ __global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, f
 template <class T>
 __global__ void layernorm_backward_din_kernel(T* din, const T* dout, const T* in, const T* weight,
                                               const float* mean, const float* rstd,
-                                              std::int64_t rows, std::int64_t C) {
+                                              std::int64_t rows, std::int64_t C, const T* dresid) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * ln_warps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -88,7 +88,8 @@ __global__ void layernorm_backward_din_kernel(T* din, const T* dout, const T* in
   for (std::int64_t c = lane; c < C; c += 32) {
     const float norm = (load(x + c) - m) * s;
     const float dnorm = load(weight + c) * load(dy + c);
-    store(dx + c, (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    const float v = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    store(dx + c, dresid != nullptr ? v + load(dresid + r * C + c) : v);
   }
 }
 }  // namespace detail
@@ -120,14 +121,16 @@ void residual_layernorm_forward(const Context<Cuda>& ctx, T* res, T* out, float*
 }
 
 /// din (rows, C) =, dweight (C) +=, dbias (C) += from dout (rows, C) and the saved mean, rstd.
+/// With `dresid` (rows, C) din also gets the residual branch's gradient, added in fp32 before
+/// din is rounded (the host twin adds it after): one pass where a residual pass followed.
 template <floating_dtype T>
 void layernorm_backward(const Context<Cuda>& ctx, T* din, T* dweight, T* dbias, const T* dout,
                         const T* in, const T* weight, const float* mean, const float* rstd,
-                        std::int64_t rows, std::int64_t C) {
+                        std::int64_t rows, std::int64_t C, const T* dresid = nullptr) {
   if (rows <= 0) return;
   detail::layernorm_backward_din_kernel<<<detail::blocks_for(rows, detail::ln_warps), 256, 0,
                                           ctx.stream()>>>(din, dout, in, weight, mean, rstd, rows,
-                                                          C);
+                                                          C, dresid);
   check_cuda(cudaGetLastError(), "layernorm_backward");
   detail::column_sum(
       ctx, rows, C,

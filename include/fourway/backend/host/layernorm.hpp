@@ -92,10 +92,13 @@ void residual_layernorm_forward(const Context<Host>& ctx, T* r, T* out, float* m
 }
 
 /// din (rows, C) =, dweight (C) +=, dbias (C) += from dout (rows, C) and the saved mean, rstd.
+/// With `dresid` (rows, C), din is that plus the residual branch's gradient: exactly
+/// `residual_forward(din, din, dresid)` after it (the CUDA twin adds it before rounding, in the
+/// same pass).
 template <floating_dtype T>
-void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbias, const T* dout,
+void layernorm_backward(const Context<Host>& ctx, T* din, T* dweight, T* dbias, const T* dout,
                         const T* in, const T* weight, const float* mean, const float* rstd,
-                        std::int64_t rows, std::int64_t C) {
+                        std::int64_t rows, std::int64_t C, const T* dresid = nullptr) {
   std::vector<float> dw(static_cast<std::size_t>(C), 0.0f);
   std::vector<float> db(static_cast<std::size_t>(C), 0.0f);
   std::vector<float> xbuf, gbuf, wbuf;
@@ -126,6 +129,7 @@ void layernorm_backward(const Context<Host>& /*ctx*/, T* din, T* dweight, T* dbi
     dweight[c] = convert<T>(convert<float>(dweight[c]) + dw[c]);
     dbias[c] = convert<T>(convert<float>(dbias[c]) + db[c]);
   }
+  if (dresid != nullptr) residual_forward(ctx, din, din, dresid, rows * C);
 }
 
 }  // namespace fourway::host
