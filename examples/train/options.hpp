@@ -40,7 +40,8 @@ struct Options {
   float min_lr = -1.0f;            // < 0: no decay; else cosine from --lr to it at the last step
   std::string precision = "fp32";  // run_program sets the target's default before parsing
   bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
-  std::string attention = "blockwise";  // fourway-train-cuda, 16-bit: "fused" tensor-core kernels
+  // fourway-train-cuda, 16-bit: "fused" tensor-core kernels, "cudnn" (the cuDNN component)
+  std::string attention = "blockwise";
   std::string checkpoint_activations = "none";  // none, selective, full
   int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
@@ -145,9 +146,10 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
       .add_switch("tf32", &o.tf32,
                   "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
-      .add_choice("attention", &o.attention, {"blockwise", "fused"},
+      .add_choice("attention", &o.attention, {"blockwise", "fused", "cudnn"},
                   "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: flash "
                   "kernels on the tensor cores, scores kept on chip, head sizes 16/32/64/128; "
+                  "cudnn: cuDNN's attention graph, in a build with the cuDNN component; "
                   "blockwise: batched cuBLAS GEMMs)")
       .add("classifier-chunk", &o.classifier_chunk, "ROWS",
            "LM-head logits ROWS token rows at a time, recomputed in backward (0: all B·T rows, "
@@ -270,6 +272,7 @@ struct TargetTraits {
   bool has_check;            // --check (the host build: check_program.hpp)
   bool has_tf32;             // --tf32
   bool has_fused_attention;  // --attention fused
+  bool has_cudnn_attention;  // --attention cudnn (built with fourway::cudnn)
   bool has_profiler_window;  // --profile-step
   bool has_mpi;              // --backend mpi
   bool has_nccl;             // --backend nccl
@@ -277,10 +280,11 @@ struct TargetTraits {
 
 /// fourway-train: host tensors; LocalWorld threads, or MPI processes when built with MPI.
 inline constexpr TargetTraits host_traits{
-    "fourway-train", "fp32", false, true, false, false, false, FOURWAY_HAS_MPI != 0, false};
+    "fourway-train", "fp32", false, true, false, false, false, false, FOURWAY_HAS_MPI != 0, false};
 /// fourway-train-cuda: GPU tensors, bf16 by default; LocalWorld on one GPU, or one process per
 /// GPU over NCCL when built with it.
 inline constexpr TargetTraits cuda_traits{
-    "fourway-train-cuda", "bf16", true, false, true, true, true, false, FOURWAY_HAS_NCCL != 0};
+    "fourway-train-cuda", "bf16", true, false, true, true, FOURWAY_HAS_CUDNN != 0, true, false,
+    FOURWAY_HAS_NCCL != 0};
 
 }  // namespace fourway_train

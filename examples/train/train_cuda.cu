@@ -10,13 +10,17 @@
 // Each rank's memory cap is --memory-cap-gb, or by default the device's free memory at start.
 // The working precision defaults to bf16 here (fp32 masters); --precision fp32 is true fp32, and
 // --tf32 lets its GEMMs use TF32 tensor cores. --attention fused runs the attention on the fused
-// tensor-core flash kernels (bf16/fp16; where they do not take the shape, the blockwise path).
+// tensor-core flash kernels (bf16/fp16; where they do not take the shape, the blockwise path);
+// --attention cudnn on cuDNN's attention graph, in a build with the cuDNN component.
 // --backend mpi is refused: MpiComm moves host memory; NCCL is the GPU transport.
 #include <cuda_profiler_api.h>
 
 #include <string>
 
 #include "fourway/backend/cuda/backend.cuh"
+#if FOURWAY_HAS_CUDNN
+#include "fourway/backend/cudnn/sdpa.cuh"  // --attention cudnn: what the program says it runs
+#endif
 #include "fourway/plan/hardware.hpp"
 #include "train_program.hpp"
 #if FOURWAY_HAS_NCCL && FOURWAY_HAS_MPI
@@ -47,14 +51,25 @@ struct CudaTarget {
   }
   static fw::Context<fw::Cuda> context(fw::MemoryAccountant& m, int device,
                                        const fourway_train::Options& o) {
-    return fw::Context<fw::Cuda>(m, device, o.tf32, o.attention == "fused");
+    return fw::Context<fw::Cuda>(m, device, o.tf32, o.attention == "fused", o.attention == "cudnn");
   }
-  /// --attention fused: the kernels the layers run for this model on this GPU — the fused ones,
-  /// or the blockwise path and the fused kernels' reason to refuse (head size, GPU). Asked of
-  /// one sequence; the grid limit (B·NH <= 65535) is the only refusal a batch adds.
+  /// --attention fused / cudnn: the kernels the layers run for this model on this GPU — the fused
+  /// ones (or cuDNN's graph), or the blockwise path and the reason to refuse (head size, GPU).
+  /// Asked of one sequence; the grid limit (B·NH <= 65535) is the only refusal a batch adds.
   static std::string attention_note(const fw::Context<fw::Cuda>& ctx,
                                     const fourway_train::Options& o,
                                     const fw::models::GptConfig& cfg) {
+#if FOURWAY_HAS_CUDNN
+    if (o.attention == "cudnn") {  // the first call of the shape builds (and keeps) its graphs
+      const bool takes =
+          o.precision == "fp16"
+              ? fw::cuda::cudnn_attention_supports<fw::fp16>(ctx, 1, o.seq, cfg.dim, cfg.heads)
+              : fw::cuda::cudnn_attention_supports<fw::bf16>(ctx, 1, o.seq, cfg.dim, cfg.heads);
+      return takes ? "cudnn (cuDNN's attention graph)"
+                   : "blockwise: cuDNN declines this model here (head size, sequence length or "
+                     "workspace)";
+    }
+#endif
     const auto why =
         o.precision == "fp16"
             ? fw::cuda::detail::fused_refusal<fw::fp16>(&ctx, 1, o.seq, cfg.dim, cfg.heads)

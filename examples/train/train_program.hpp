@@ -235,13 +235,13 @@ void print_memory_report(const Options& o, fw::World<W>& w, const fw::Context<B>
   }
 }
 
-/// --attention fused (fourway-train-cuda): the lead rank says which attention the layers run,
-/// the fused kernels or the blockwise path and why (Target::attention_note).
+/// --attention fused / cudnn (fourway-train-cuda): the lead rank says which attention the layers
+/// run, the fused kernels, cuDNN's graph or the blockwise path and why (Target::attention_note).
 template <class Target, class B>
 void print_attention(const fw::Context<B>& ctx, const Options& o, const fw::models::GptConfig& cfg,
                      bool lead) {
   if constexpr (Target::traits.has_fused_attention) {
-    if (lead && o.attention == "fused") {
+    if (lead && (o.attention == "fused" || o.attention == "cudnn")) {
       std::printf("attention: %s\n", Target::attention_note(ctx, o, cfg).c_str());
     }
   } else {

@@ -282,9 +282,15 @@ inline void check_values(Options& o, const TargetTraits& t) {
                              "fourway: --attention fused selects fourway-train-cuda's tensor-core ",
                              "kernels; ", t.program,
                              " runs the host flash attention (drop --attention)");
-  fw::check<fw::ConfigError>(o.attention != "fused" || o.precision != "fp32",
-                             "fourway: --attention fused runs in bf16 or fp16, and --precision ",
-                             "is fp32; drop --attention fused or use --precision bf16");
+  fw::check<fw::ConfigError>(o.attention != "cudnn" || t.has_cudnn_attention,
+                             "fourway: --attention cudnn needs a ", t.program, " built with the ",
+                             "cuDNN component (fourway::cudnn: cuDNN 9 and the cudnn-frontend ",
+                             "headers; configure's 'cuDNN attention' line says why it is off); ",
+                             "drop --attention or use --attention fused");
+  fw::check<fw::ConfigError>(
+      (o.attention != "fused" && o.attention != "cudnn") || o.precision != "fp32",
+      "fourway: --attention ", o.attention, " runs in bf16 or fp16, and ",
+      "--precision is fp32; drop --attention ", o.attention, " or use --precision bf16");
   fw::check<fw::ConfigError>(o.classifier_chunk >= 0, "fourway: --classifier-chunk must be >= 0 ",
                              "(0: the whole logits at once), got ", o.classifier_chunk);
   check_checkpoint_flags(o);

@@ -37,9 +37,10 @@
 #endif
 
 // Capability flags, always defined: 1 where the CMake component target (fourway::cuda,
-// fourway::nccl, fourway::mpi, fourway::cblas) is linked, else 0. A user who includes the headers
-// without CMake may define them by hand. Test them with `#if FOURWAY_HAS_MPI`; `#ifdef` and
-// `defined(...)` are always true (ctest lint.capability_flags finds them).
+// fourway::nccl, fourway::mpi, fourway::cblas, fourway::cudnn) is linked, else 0. A user who
+// includes the headers without CMake may define them by hand. Test them with
+// `#if FOURWAY_HAS_MPI`; `#ifdef` and `defined(...)` are always true (ctest
+// lint.capability_flags finds them).
 #ifndef FOURWAY_HAS_CUDA
 #define FOURWAY_HAS_CUDA 0
 #endif
@@ -51,6 +52,9 @@
 #endif
 #ifndef FOURWAY_HAS_CBLAS
 #define FOURWAY_HAS_CBLAS 0
+#endif
+#ifndef FOURWAY_HAS_CUDNN
+#define FOURWAY_HAS_CUDNN 0
 #endif
 
 #define FOURWAY_VERSION_MAJOR 0

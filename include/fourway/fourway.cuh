@@ -36,3 +36,7 @@
 #if FOURWAY_HAS_MPI && FOURWAY_HAS_NCCL
 #include "fourway/comm/nccl_mpi.cuh"
 #endif
+
+#if FOURWAY_HAS_CUDNN
+#include "fourway/backend/cudnn/sdpa.cuh"
+#endif

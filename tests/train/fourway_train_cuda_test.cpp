@@ -64,20 +64,30 @@ TEST(FourwayTrainCuda, DefaultsToBf16AndOffersTf32) {
       << bad.err;
 }
 
-// --attention fused (the tensor-core flash kernels) is offered, and refused in fp32 before the
-// device is touched.
+// --attention fused (the tensor-core flash kernels) and cudnn (the cuDNN component) are offered,
+// and refused in fp32 before the device is touched; cudnn, in a build without the component
+// (the test preset's), is refused for that first.
 TEST(FourwayTrainCuda, OffersFusedAttentionIn16BitOnly) {
   const auto r = run("--help");
   ASSERT_EQ(r.status, 0) << r.err;
-  const auto at = r.out.find("--attention");
+  const auto at = r.out.find("--attention blockwise|fused|cudnn");
   ASSERT_NE(at, std::string::npos) << r.out;
-  EXPECT_NE(r.out.substr(at, r.out.find('\n', at) - at).find("[blockwise]"), std::string::npos)
-      << r.out;
+  const auto entry = r.out.substr(at, r.out.find("\n  --", at) - at);  // the flag and its text
+  EXPECT_NE(entry.find("[blockwise]"), std::string::npos) << entry;
   const auto bad = run("--attention fused --precision fp32 --steps 1");
   EXPECT_EQ(bad.status, 1) << bad.err;
   EXPECT_NE(bad.err.find("--attention fused runs in bf16 or fp16, and --precision is fp32"),
             std::string::npos)
       << bad.err;
+  const auto cudnn = run("--attention cudnn --precision fp32 --steps 1");
+  EXPECT_EQ(cudnn.status, 1) << cudnn.err;
+  const bool no_component = cudnn.err.find(
+                                "--attention cudnn needs a fourway-train-cuda built with the cuDNN "
+                                "component") != std::string::npos;
+  const bool fp32 = cudnn.err.find(
+                        "--attention cudnn runs in bf16 or fp16, and --precision is "
+                        "fp32") != std::string::npos;
+  EXPECT_TRUE(no_component || fp32) << cudnn.err;
 }
 
 TEST(FourwayTrainCuda, BadFlagIsRefusedBeforeTheDeviceIsTouched) {

@@ -126,9 +126,15 @@ struct Context<Cuda> : SyncCounter {
   static constexpr std::size_t staging_bytes = std::size_t{4} << 20;
 
   using backend_type = Cuda;
-  /// `tf32`: see `set_tf32`; `fused_attention`: see `set_fused_attention`.
-  Context(MemoryAccountant& m, int device, bool tf32 = false, bool fused_attention = false)
-      : memory_(&m), device_(device), tf32_(tf32), fused_attention_(fused_attention) {
+  /// `tf32`: see `set_tf32`; `fused_attention`, `cudnn_attention`: see `set_fused_attention`,
+  /// `set_cudnn_attention`.
+  Context(MemoryAccountant& m, int device, bool tf32 = false, bool fused_attention = false,
+          bool cudnn_attention = false)
+      : memory_(&m),
+        device_(device),
+        tf32_(tf32),
+        fused_attention_(fused_attention),
+        cudnn_attention_(cudnn_attention) {
     const int visible = cuda::device_count();
     check<DeviceError>(device >= 0 && device < visible, "fourway: rank ", m.rank(),
                        " asks for CUDA device ", device, " but ", visible,
@@ -186,10 +192,16 @@ struct Context<Cuda> : SyncCounter {
   /// path on cuBLAS. fourway-train-cuda's `--attention fused`.
   void set_fused_attention(bool on) { fused_attention_ = on; }
   [[nodiscard]] bool fused_attention() const { return fused_attention_; }
+  /// The attention layers' kernels in bf16 / fp16 from cuDNN's attention graph (the optional
+  /// `fourway::cudnn` component, `cudnn/sdpa.cuh`) where cuDNN takes the shape; before the fused
+  /// kernels. A unit compiled without the component refuses it at the first attention call.
+  /// fourway-train-cuda's `--attention cudnn`.
+  void set_cudnn_attention(bool on) { cudnn_attention_ = on; }
+  [[nodiscard]] bool cudnn_attention() const { return cudnn_attention_; }
   /// Makes this context's device current for the calling thread.
   void activate() const { cuda::check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
-  void synchronize() const {
-    note_sync();
+  void synchronize(const char* call = "synchronize (cudaStreamSynchronize)") const {
+    note_sync(call);
     cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
   }
   /// Copies `bytes` (<= staging_bytes) from host memory to `dst` on the stream without waiting
@@ -220,6 +232,7 @@ struct Context<Cuda> : SyncCounter {
   mutable void* lt_workspace_ = nullptr;  // lt_workspace_bytes, made at the first epilogue GEMM
   bool tf32_ = false;
   bool fused_attention_ = false;
+  bool cudnn_attention_ = false;
   mutable void* staging_ = nullptr;       // pinned, staging_bytes, made at the first upload
   mutable cudaEvent_t staged_ = nullptr;  // recorded after the staging buffer's last copy
 };
