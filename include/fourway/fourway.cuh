@@ -17,6 +17,7 @@
 #include "fourway/backend/cuda/gemm.cuh"
 #include "fourway/backend/cuda/gemm_epilogue.cuh"
 #include "fourway/backend/cuda/gqa.cuh"
+#include "fourway/backend/cuda/graph.cuh"
 #include "fourway/backend/cuda/kernels.cuh"
 #include "fourway/backend/cuda/layernorm.cuh"
 #include "fourway/backend/cuda/rmsnorm.cuh"

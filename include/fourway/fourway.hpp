@@ -6,6 +6,7 @@
 
 #include "fourway/backend/blockwise_attention.hpp"
 #include "fourway/backend/blockwise_plan.hpp"
+#include "fourway/backend/capture.hpp"
 #include "fourway/backend/gemm_types.hpp"
 #include "fourway/backend/host/adamw.hpp"
 #include "fourway/backend/host/attention.hpp"

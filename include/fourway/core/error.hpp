@@ -76,6 +76,14 @@ class CommDeadlock : public CommError {
   using CommError::CommError;
 };
 
+/// A call that a CUDA graph capture cannot hold — a synchronising call or an allocation from the
+/// backend — made while a capture (or its host rehearsal) is open (backend/capture.hpp); the
+/// message names the call and the capture.
+class GraphCaptureError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A safetensors file, token file or checkpoint that is missing, truncated or inconsistent.
 class CheckpointError : public Error {
  public:

@@ -237,6 +237,28 @@ class MemoryAccountant {
     std::lock_guard lock(mu_);
     ++backend_allocations_;
   }
+  /// Opens (`what` names it in errors) and closes a CUDA graph capture on this rank
+  /// (backend/capture.hpp): while open, a tensor that the block cache cannot serve is refused
+  /// before the backend allocates (`refuse_allocation_in_capture`).
+  void begin_capture(const char* what) {
+    std::lock_guard lock(mu_);
+    capture_ = what;
+  }
+  void end_capture() {
+    std::lock_guard lock(mu_);
+    capture_ = nullptr;
+  }
+  /// Throws GraphCaptureError when a capture is open: a block of `bytes` would come from the
+  /// backend (cudaMalloc cannot be captured, and a replay would not allocate again).
+  void refuse_allocation_in_capture(std::size_t bytes) const {
+    std::lock_guard lock(mu_);
+    if (capture_ == nullptr) return;
+    throw GraphCaptureError(detail::cat(
+        "fourway: rank ", rank_, " allocates a new block of ", bytes, " bytes inside ", capture_,
+        ": a captured step may not allocate (the block cache holds no idle block of that size); ",
+        "run the step once uncaptured first, so that the cache holds its blocks, and keep its "
+        "shapes fixed from step to step"));
+  }
   /// Blocks allocated by the backend so far; a training step after the first ones adds none.
   [[nodiscard]] std::size_t backend_allocations() const {
     std::lock_guard lock(mu_);
@@ -326,6 +348,7 @@ class MemoryAccountant {
   std::size_t backend_allocations_ = 0;
   std::atomic<bool> tracking_{false};
   std::map<std::uintptr_t, std::size_t> blocks_;  // live tensor blocks: start -> bytes
+  const char* capture_ = nullptr;  // the open capture's name (begin_capture), or null
   BlockCache cache_;  // declared last: its idle blocks go back before the counters vanish
 };
 

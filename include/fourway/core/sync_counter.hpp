@@ -6,10 +6,17 @@
 //! `to_host`, the reductions that return a host value, and a host-to-device copy that had to
 //! wait — so a host test can assert how many a training step makes, and the count holds for the
 //! device run because the same algorithm makes the same calls (docs/contracts.md).
+//!
+//! While a CUDA graph capture is open on the context (`begin_capture`, backend/capture.hpp) a
+//! synchronising call is refused instead: a stream being captured cannot be waited on, and a
+//! value read back during capture would be read once, never at replay. GraphCaptureError names
+//! the call and the capture.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+
+#include "fourway/core/error.hpp"
 
 namespace fourway {
 
@@ -19,8 +26,22 @@ class SyncCounter {
   SyncCounter(const SyncCounter&) = delete;
   SyncCounter& operator=(const SyncCounter&) = delete;
 
-  /// Records one synchronising call (contexts are const where kernels are issued).
-  void note_sync() const noexcept { syncs_.fetch_add(1, std::memory_order_relaxed); }
+  /// Records one synchronising call, `call` naming it (contexts are const where kernels are
+  /// issued); throws GraphCaptureError instead inside a capture.
+  void note_sync(const char* call = "a synchronising call") const {
+    if (capture_ != nullptr) {
+      throw GraphCaptureError(detail::cat(
+          "fourway: ", call, " inside ", capture_, ": a captured step may not synchronise (the ",
+          "stream is being recorded, and a value read back now would not be read again at ",
+          "replay); keep the step's host reads outside the capture, or run it uncaptured"));
+    }
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Opens (`what` names it in errors) and closes a capture on this context.
+  void begin_capture(const char* what) const noexcept { capture_ = what; }
+  void end_capture() const noexcept { capture_ = nullptr; }
+  /// The open capture's name, or null.
+  [[nodiscard]] const char* capture() const noexcept { return capture_; }
   /// Synchronising calls so far.
   [[nodiscard]] std::uint64_t syncs() const noexcept {
     return syncs_.load(std::memory_order_relaxed);
@@ -28,6 +49,7 @@ class SyncCounter {
 
  private:
   mutable std::atomic<std::uint64_t> syncs_{0};
+  mutable const char* capture_ = nullptr;  // the rank's thread alone opens and closes it
 };
 
 }  // namespace fourway

@@ -125,6 +125,7 @@ class Tensor {
   /// back to it once, if it is out of memory).
   static void* acquire(std::size_t n, MemoryAccountant& memory) {
     if (void* p = memory.reuse_block(release_fn, n, !B::on_device)) return p;
+    memory.refuse_allocation_in_capture(n);
     void* p = nullptr;
     try {
       p = allocate(n, memory.device());

@@ -214,7 +214,7 @@ struct Context<Cuda> : SyncCounter {
       cuda::check_cuda(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming),
                        "cudaEventCreate (staging)");
     } else if (cudaEventQuery(staged_) == cudaErrorNotReady) {
-      note_sync();
+      note_sync("a staged upload waiting for its pinned buffer (cudaEventSynchronize)");
       cuda::check_cuda(cudaEventSynchronize(staged_), "cudaEventSynchronize (staging)");
     }
     std::memcpy(staging_, src, bytes);
@@ -263,7 +263,7 @@ void to_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
   check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
                              cudaMemcpyDeviceToHost, ctx.stream()),
              "cudaMemcpyAsync D2H");
-  ctx.synchronize();
+  ctx.synchronize("to_host (cudaMemcpyAsync D2H, then the stream waited for)");
 }
 /// Host -> device; returns once the host buffer may be reused. Up to
 /// `Context<Cuda>::staging_bytes`, staged through pinned memory without waiting for the stream;
@@ -279,7 +279,7 @@ void from_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
   check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
                              cudaMemcpyHostToDevice, ctx.stream()),
              "cudaMemcpyAsync H2D");
-  ctx.synchronize();
+  ctx.synchronize("from_host (a copy larger than the staging buffer, waited for)");
 }
 /// p[0, n) = value, on the context's stream.
 template <class T>

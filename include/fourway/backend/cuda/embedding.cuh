@@ -86,7 +86,8 @@ void add_token_buckets(const Context<Cuda>& ctx, E* dwte, const E* dout,
         store(w, load(w) + s);
       },
       what);
-  ctx.synchronize();  // `dev` is freed on return; the kernel must be done with it
+  // `dev` is freed on return; the kernel must be done with it
+  ctx.synchronize("the embedding backward's token buckets (their workspace freed)");
 }
 }  // namespace detail
 

@@ -43,7 +43,7 @@ struct Context<Host> : SyncCounter {
   explicit Context(MemoryAccountant& m) : memory_(&m) {}
   [[nodiscard]] MemoryAccountant& memory() const { return *memory_; }
   /// Host work is synchronous; present so code can be written once for both backends. Counted.
-  void synchronize() const { note_sync(); }
+  void synchronize() const { note_sync("synchronize"); }
 
  private:
   MemoryAccountant* memory_;
@@ -64,7 +64,7 @@ void fill(const Context<Host>& /*ctx*/, T* p, std::int64_t n, T value) {
 /// which waits for the stream: counted as a synchronising call).
 template <class T>
 void to_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
-  ctx.note_sync();
+  ctx.note_sync("to_host (a copy to the host)");
   copy(ctx, dst, src, n);
 }
 template <class T>

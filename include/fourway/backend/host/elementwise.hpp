@@ -170,7 +170,7 @@ void scale(const Context<Host>& /*ctx*/, T* p, std::int64_t n, float s) {
 /// synchronising call, as on the device).
 template <floating_dtype T>
 bool has_inf_nan(const Context<Host>& ctx, const T* p, std::int64_t n) {
-  ctx.note_sync();
+  ctx.note_sync("has_inf_nan (a value read back)");
   bool found = false;
   for (std::int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<T, float>) {
@@ -188,7 +188,7 @@ bool has_inf_nan(const Context<Host>& ctx, const T* p, std::int64_t n) {
 /// synchronising call, as on the device).
 template <floating_dtype T>
 double sum_squares(const Context<Host>& ctx, const T* p, std::int64_t n) {
-  ctx.note_sync();
+  ctx.note_sync("sum_squares (a value read back)");
   return detail::squares(p, n);
 }
 
