@@ -13,10 +13,15 @@
 # as the program leaves them) and reads gpu__time_duration.sum: so the sum is the step's kernel
 # time with no overlap and no launch gaps — measured per kernel, the step's wall time is not (the
 # difference to compare_pytorch_gpu.sh's step time is host and launch overhead plus overlap).
+# Then the kernel time by class (GEMM, attention, norm, loss, optimizer, communication,
+# elementwise) as a share of the step, the GEMMs against their own roofline (the weight products'
+# FLOPs at the GPU's peak) and the step's kernel time against the budget of 40% and 50% MFU, so
+# the gap is attributed, not guessed.
 # Environment: B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257), STEPS (2),
 #   TOP (10 kernel functions in the figures), ATTENTION (fourway-train-cuda's --attention:
 #   blockwise, the default, or fused), NCU (ncu on PATH, else Nsight Compute's usual folders),
-#   PYTHON (python3).
+#   PYTHON (python3), PEAK_TFLOPS (the roofline's peak; default 989 on an H100 or H200, dense
+#   bf16, plan/hardware.hpp; none elsewhere).
 # Kernels are named by function (namespaces and template arguments dropped; one templated on a
 # device lambda, as for_each and map are, also names the function holding the lambda).
 # Prints the table and `FIGURE profile-step ...` lines (scripts/device-check.sh's table); the raw
@@ -32,8 +37,8 @@ die() {
 }
 B=${B:-8} T=${T:-1024} LAYERS=${LAYERS:-12} DIM=${DIM:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-50257}
 steps=${STEPS:-2} top=${TOP:-10} py=${PYTHON:-python3} attention=${ATTENTION:-blockwise}
-[[ "$attention" =~ ^(blockwise|fused)$ ]] ||
-  die "ATTENTION takes blockwise or fused, got '$attention'"
+[[ "$attention" =~ ^(blockwise|fused|cudnn)$ ]] ||
+  die "ATTENTION takes blockwise, fused or cudnn, got '$attention'"
 for v in B T LAYERS DIM HEADS VOCAB steps top; do
   if ! [[ "${!v}" =~ ^[0-9]+$ ]] || [ "${!v}" -eq 0 ]; then
     die "$v must be a positive whole number, got '${!v}'"
@@ -58,6 +63,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   die "no GPU visible: nothing profiled" 77
 fi
 mkdir -p "$out"
+# the dense bf16 peak the roofline is drawn against: PEAK_TFLOPS, else the datasheet figure of an
+# H100 or H200 (plan/hardware.hpp: 989), else none
+peak_tflops=${PEAK_TFLOPS:-}
+if [ -z "$peak_tflops" ]; then
+  gpu_name=$(nvidia-smi -L 2>/dev/null | head -1)
+  case "$gpu_name" in *H100* | *H200*) peak_tflops=989 ;; esac
+fi
 
 "$py" "$here/../random_tokens.py" "$out/tok.bin" "$VOCAB" "$((B * T * steps + 1))"
 
@@ -77,7 +89,7 @@ if ! "$ncu" --profile-from-start off --clock-control none --cache-control none \
 fi
 
 # the CSV: ==PROF== lines, a header, a units row, one row per kernel launch
-"$py" - "$out/ncu.csv" "$top" <<'PY'
+"$py" - "$out/ncu.csv" "$top" "L=$LAYERS,C=$DIM,V=$VOCAB,T=$T,B=$B" "$peak_tflops" <<'PY'
 import csv, re, sys
 from collections import defaultdict
 path, top = sys.argv[1], int(sys.argv[2])
@@ -128,4 +140,51 @@ print(f"FIGURE profile-step {launches} kernel launches, {len(total)} functions, 
 for name, t in ranked[:top]:
     print(f"FIGURE profile-step {name[:60]} {t * scale:.2f} ms "
           f"({100 * t * scale / all_ms:.1f}%, {count[name]}x)")
+
+# by class, in the order the issue's profile asks for; a kernel is classed by its function name
+# (cuBLAS's kernels: nvjet / gemm / cutlass / xmma; the blockwise attention's products are cuBLAS
+# GEMMs too, so they count as GEMM here)
+classes = [
+    ("GEMM", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|cublas"),
+    ("attention", r"attention|flash|sdpa|fmha|fused_(forward|backward)|softmax|ring"),
+    ("norm", r"layernorm|rmsnorm"),
+    ("loss", r"cross_entropy|vocab_|classifier"),
+    ("optimizer", r"adamw|squares|inf_nan|clip"),
+    ("communication", r"nccl|all_reduce|reduce_scatter|all_gather|broadcast|sendrecv"),
+    ("elementwise", r"."),
+]
+by_class = defaultdict(float)
+for name, t in total.items():
+    for cls, pattern in classes:
+        if re.search(pattern, name, re.IGNORECASE):
+            by_class[cls] += t * scale
+            break
+print(f"\n{'ms':>9} {'%':>6}  class")
+for cls, _ in classes:
+    ms = by_class.get(cls, 0.0)
+    print(f"{ms:9.3f} {100 * ms / all_ms:6.1f}  {cls}")
+    print(f"FIGURE profile-step class {cls} {ms:.2f} ms ({100 * ms / all_ms:.1f}%)")
+
+# the GEMMs against their own roofline, and the step against 40% and 50% MFU: the model FLOPs are
+# fourway-train's (plan/step_time.hpp's flops_per_token: 6·(L·(12C² + 13C) + V·C) + 12·L·T·C
+# per token), the GEMMs' the weight products alone (6·(12·L·C² + V·C) per token)
+shape = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[3].split(","))}
+peak = float(sys.argv[4]) * 1e12 if sys.argv[4] else 0.0
+L, C, V, T, B = shape["L"], shape["C"], shape["V"], shape["T"], shape["B"]
+tokens = B * T
+model_flops = tokens * (6 * (L * (12 * C * C + 13 * C) + V * C) + 12 * L * T * C)
+gemm_flops = tokens * 6 * (12 * L * C * C + V * C)
+if peak > 0:
+    gemm_ms = by_class.get("GEMM", 0.0)
+    ideal_ms = gemm_flops / peak * 1e3
+    print(f"FIGURE profile-step GEMM roofline: {gemm_flops / 1e12:.2f} TFLOP of weight products "
+          f"need {ideal_ms:.2f} ms at {peak / 1e12:.0f} TFLOP/s; the GEMM kernels take "
+          f"{gemm_ms:.2f} ms ({100 * ideal_ms / gemm_ms if gemm_ms > 0 else 0:.0f}% of the peak)")
+    for mfu in (0.4, 0.5):
+        budget = model_flops / (mfu * peak) * 1e3
+        print(f"FIGURE profile-step at {100 * mfu:.0f}% MFU the step has {budget:.2f} ms; its "
+              f"kernels take {all_ms:.2f} ms ({all_ms - budget:+.2f} ms), of which outside the "
+              f"GEMMs {all_ms - by_class.get('GEMM', 0.0):.2f} ms")
+else:
+    print("FIGURE profile-step no peak for this GPU (PEAK_TFLOPS): no roofline")
 PY

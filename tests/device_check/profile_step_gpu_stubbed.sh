@@ -58,7 +58,26 @@ done
 expect_in_out "" "FIGURE profile-step 4 kernel launches, 3 functions, GPU time 5.00 ms" \
   "FIGURE profile-step nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT 2.50 ms (50.0%, 1x)" \
   "FIGURE profile-step fused_forward_kernel 2.00 ms (40.0%, 2x)" \
-  "FIGURE profile-step for_each_kernel [cast] 0.50 ms (10.0%, 1x)"
+  "FIGURE profile-step for_each_kernel [cast] 0.50 ms (10.0%, 1x)" \
+  "FIGURE profile-step class GEMM 2.50 ms (50.0%)" \
+  "FIGURE profile-step class attention 2.00 ms (40.0%)" \
+  "FIGURE profile-step class norm 0.00 ms (0.0%)" \
+  "FIGURE profile-step class elementwise 0.50 ms (10.0%)" \
+  "FIGURE profile-step no peak for this GPU (PEAK_TFLOPS): no roofline"
+
+# the roofline at a given peak: GPT-2 124M's weight products, 6·(12·L·C² + V·C) FLOPs per token
+# over 8192 tokens = 6.07 TFLOP, 6.14 ms at 989 TFLOP/s; the model's FLOPs (6·(L·(12C² + 13C) +
+# V·C) + 12·L·T·C per token) give 14.17 ms of budget at 50% MFU
+out=$(PEAK_TFLOPS=989 ATTENTION=cudnn bash "$script" "$work/build" "$work/out" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with PEAK_TFLOPS=989"
+grep -q -- "--attention cudnn" "$STUB_ARGS" || fail "ATTENTION=cudnn not passed on"
+expect_in_out "" "FIGURE profile-step GEMM roofline: 6.07 TFLOP of weight products need 6.14 ms at \
+989 TFLOP/s; the GEMM kernels take 2.50 ms (246% of the peak)" \
+  "FIGURE profile-step at 40% MFU the step has 17.71 ms; its kernels take 5.00 ms (-12.71 ms), \
+of which outside the GEMMs 2.50 ms" \
+  "FIGURE profile-step at 50% MFU the step has 14.17 ms; its kernels take 5.00 ms (-9.17 ms), \
+of which outside the GEMMs 2.50 ms"
 
 out=$(STEPS=3 bash "$script" "$work/build" "$work/out" 2>&1)
 rc=$?
@@ -70,7 +89,7 @@ done
 out=$(ATTENTION=tiled bash "$script" "$work/build" "$work/out" 2>&1)
 rc=$?
 [ $rc -eq 2 ] || fail "exit $rc for ATTENTION=tiled, want 2"
-grep -qF "ATTENTION takes blockwise or fused, got 'tiled'" <<< "$out" ||
+grep -qF "ATTENTION takes blockwise, fused or cudnn, got 'tiled'" <<< "$out" ||
   fail "no clear message for ATTENTION=tiled"
 
 finish profile_step_gpu_stubbed
