@@ -224,7 +224,7 @@ plan=(
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
   "train-cuda-vs-host|110|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; cp2 dp2 ZeRO-3, cp2 pp2 bf16; classifier chunks; fp16; fused attention; tf32"
   "multi-gpu|300|examples/train/multi_gpu_vs_host.sh: --backend nccl on 2, 4, 8 GPUs (launch-local.sh, torchrun-style): dp, zero3, tp2, pp2 x gpipe/1f1b/interleaved/zb-h1/zb-v, tp2 pp2 dp2 zero3 vs host losses; needs >= 2 GPUs"
-  "train-vs-pytorch-gpu|120|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA, 3 rounds"
+  "train-vs-pytorch-gpu|180|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA/torch.compile with fused AdamW, 3 rounds (torch.compile's compilation in each round's warm-up)"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
   "profile-step|180|benchmarks/train/profile_step_gpu.sh: ncu times every kernel of one GPT-2 124M bf16 step (fused attention)"

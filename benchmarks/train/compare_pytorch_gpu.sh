@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPT-2 124M training step on one GPU, fourway-train-cuda vs PyTorch eager, side by side in
-# one call: tokens/s and MFU of each side and the ratio.
+# One GPT-2 124M training step on one GPU, fourway-train-cuda vs PyTorch (eager, SDPA and
+# torch.compile, fused AdamW), side by side in one call: tokens/s and MFU of each and the ratios.
 #
 #   benchmarks/train/compare_pytorch_gpu.sh [build-dir]     (default build/cuda)
 #
@@ -12,7 +12,9 @@
 # master weights and AdamW moments); PyTorch pytorch_step.py --device cuda --dtype bf16 (fp32
 # parameters, forward under torch.autocast bf16, fp32 gradients and moments: what PyTorch users
 # run). PyTorch's attention: eager (the (B, H, T, T) scores materialised, as tools/make_golden.py)
-# and, when the installed PyTorch has it, F.scaled_dot_product_attention (flash), both measured.
+# and, when the installed PyTorch has them, F.scaled_dot_product_attention (flash) and that model
+# under torch.compile (`compile`: what a PyTorch user who wants speed runs), all measured; AdamW
+# fused (nanoGPT's choice) unless ADAMW says otherwise.
 #
 # Each run does WARMUP steps, then takes the median step time of STEPS timed steps (fourway: the
 # step_ms of its --log-json, wall time of trainer.step, which reads the loss back to the host;
@@ -27,10 +29,12 @@
 # Environment:
 #   B (8), T (1024), LAYERS (12), DIM (768), HEADS (12), VOCAB (50257)
 #   ROUNDS (3), STEPS (10 timed steps per run), WARMUP (3)
-#   ATTENTION   PyTorch's attentions, comma list (default eager,sdpa; eager when PyTorch < 2.0)
-#   FW_ATTENTION fourway-train-cuda's --attention values, comma list (default blockwise,fused);
-#               the blockwise run is labelled `fourway`, the fused one `fourway-fused`
-#   ADAMW       default | foreach | fused: torch.optim.AdamW's implementation (default: PyTorch's)
+#   ATTENTION   PyTorch's variants, comma list of eager, sdpa, compile (default all three; eager
+#               when PyTorch < 2.0)
+#   FW_ATTENTION fourway-train-cuda's --attention values, comma list of blockwise, fused, cudnn
+#               (default blockwise,fused); the blockwise run is labelled `fourway`, the others
+#               `fourway-fused`, `fourway-cudnn`
+#   ADAMW       default | foreach | fused: torch.optim.AdamW's implementation (default fused)
 #   FW_FLAGS    extra fourway-train-cuda flags (e.g. "--classifier-chunk 1024")
 #   PYTHON      the interpreter with a CUDA PyTorch (default: python3, else /usr/bin/python3)
 #   PEAK_TFLOPS (989)
@@ -53,7 +57,7 @@ die() {
 B=${B:-8} T=${T:-1024} LAYERS=${LAYERS:-12} DIM=${DIM:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-50257}
 rounds=${ROUNDS:-3} steps=${STEPS:-10} warmup=${WARMUP:-3}
 max_s=${MAX_SECONDS:-$([ -n "${STEP_LIMIT_S:-}" ] && echo $((STEP_LIMIT_S - 10)) || echo 0)}
-peak=${PEAK_TFLOPS:-989} adamw=${ADAMW:-default}
+peak=${PEAK_TFLOPS:-989} adamw=${ADAMW:-fused}
 [[ "$max_s" =~ ^-?[0-9]+$ ]] || die "MAX_SECONDS must be a whole number, got '$max_s'"
 for v in B T LAYERS DIM HEADS VOCAB rounds steps warmup; do
   if ! [[ "${!v}" =~ ^[0-9]+$ ]] || [ "${!v}" -eq 0 ]; then
@@ -80,7 +84,8 @@ torch_info=$("$py" - <<'PY'
 import torch, torch.nn.functional as F
 ok = torch.cuda.is_available()
 print(torch.__version__, torch.version.cuda or "none", int(ok),
-      int(hasattr(F, "scaled_dot_product_attention")), torch.cuda.get_device_name(0) if ok else "-")
+      int(hasattr(F, "scaled_dot_product_attention") and hasattr(torch, "compile")),
+      torch.cuda.get_device_name(0) if ok else "-")
 PY
 ) || die "$py could not query PyTorch" 1
 read -r torch_version torch_cuda torch_ok has_sdpa gpu_name <<< "$torch_info"
@@ -88,23 +93,23 @@ if [ "$torch_ok" != 1 ]; then
   die "PyTorch $torch_version ($py, built for CUDA $torch_cuda) reports no GPU \
 (torch.cuda.is_available() is False): run this on a GPU machine with a CUDA build of PyTorch" 77
 fi
-attention=${ATTENTION:-$([ "$has_sdpa" = 1 ] && echo eager,sdpa || echo eager)}
+attention=${ATTENTION:-$([ "$has_sdpa" = 1 ] && echo eager,sdpa,compile || echo eager)}
 IFS=, read -r -a atts <<< "$attention"
 fw_attention=${FW_ATTENTION:-blockwise,fused}
 IFS=, read -r -a fw_atts <<< "$fw_attention"
 for a in "${fw_atts[@]}"; do
   case "$a" in
-    blockwise | fused) ;;
-    *) die "FW_ATTENTION takes blockwise, fused or both (comma list), got '$a'" ;;
+    blockwise | fused | cudnn) ;;
+    *) die "FW_ATTENTION takes blockwise, fused, cudnn (comma list), got '$a'" ;;
   esac
 done
 fw_label() { [ "$1" = blockwise ] && echo fourway || echo "fourway-$1"; }
 for a in "${atts[@]}"; do
   case "$a" in
     eager) ;;
-    sdpa) [ "$has_sdpa" = 1 ] || die "ATTENTION has sdpa but PyTorch $torch_version lacks \
-F.scaled_dot_product_attention (PyTorch >= 2.0)" ;;
-    *) die "ATTENTION takes eager, sdpa or both (comma list), got '$a'" ;;
+    sdpa | compile) [ "$has_sdpa" = 1 ] || die "ATTENTION has $a but PyTorch $torch_version lacks \
+F.scaled_dot_product_attention or torch.compile (PyTorch >= 2.0)" ;;
+    *) die "ATTENTION takes eager, sdpa, compile (comma list), got '$a'" ;;
   esac
 done
 

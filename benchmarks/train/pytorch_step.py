@@ -30,8 +30,11 @@ torch.cuda.synchronize() calls. The line above gets more fields:
                       scores materialised, as make_golden and nanoGPT's manual path do
   --attention sdpa    F.scaled_dot_product_attention(q, k, v, is_causal=True) (PyTorch >= 2.0:
                       flash / memory-efficient kernels); --sdpa is short for it
-  --attention eager,sdpa   both in one process, one after the other (fresh model, optimizer and
-                      warm-up each), one line each: saves a second start-up and CUDA init
+  --attention compile the sdpa model's loss under torch.compile (PyTorch >= 2.0: the inductor
+                      fuses the elementwise work around the GEMMs); the compilation happens in
+                      the warm-up steps, which are not timed
+  --attention eager,sdpa,compile   several in one process, one after the other (fresh model,
+                      optimizer and warm-up each), one line each: saves start-ups and CUDA init
   --adamw default|foreach|fused   torch.optim.AdamW's implementation (default: PyTorch's choice,
                       foreach on CUDA; nanoGPT passes fused=True)
 MFU = tokens/s · (6·N + 12·L·T·C) / peak, with N every parameter (wte counted once: it is the
@@ -118,10 +121,15 @@ def run(a, cfg, dev, attention, init, tokens):
         causal = torch.ones(a.seq, a.seq, dtype=torch.bool, device=dev).triu(1)
     autocast = a.dtype == "bf16"
 
+    loss_fn = gpt_loss_device
+    if attention == "compile":  # the sdpa model, compiled
+        loss_fn = torch.compile(gpt_loss_device)
+
     def forward():
         if golden:
             return gpt_loss(params, cfg, inputs, targets)
-        return gpt_loss_device(params, cfg, inputs, targets, attention, causal)
+        return loss_fn(params, cfg, inputs, targets, "sdpa" if attention == "compile" else attention,
+                       causal)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times, cpu = [], []
@@ -171,7 +179,8 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                     help="fp32, or bf16 autocast over fp32 parameters (default fp32)")
     ap.add_argument("--attention", default="eager",
-                    help="eager, sdpa, or a comma list run one after the other (default eager)")
+                    help="eager, sdpa, compile, or a comma list run one after the other "
+                         "(default eager)")
     ap.add_argument("--sdpa", action="store_true", help="short for --attention sdpa")
     ap.add_argument("--adamw", choices=["default", "foreach", "fused"], default="default",
                     help="torch.optim.AdamW implementation (default: PyTorch's choice)")
@@ -182,17 +191,19 @@ def main():
     a = ap.parse_args()
     attentions = ["sdpa"] if a.sdpa else [s.strip() for s in a.attention.split(",") if s.strip()]
     for att in attentions:
-        if att not in ("eager", "sdpa"):
-            ap.error(f"--attention takes eager, sdpa or a comma list of them, got '{att}'")
+        if att not in ("eager", "sdpa", "compile"):
+            ap.error(f"--attention takes eager, sdpa, compile or a comma list of them, got '{att}'")
     if not attentions:
         ap.error("--attention is empty")
     if a.steps < 1 or a.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     if a.peak_tflops is None:
         a.peak_tflops = H200_BF16_DENSE_TFLOPS if a.device == "cuda" else 0.0
-    if "sdpa" in attentions and not hasattr(F, "scaled_dot_product_attention"):
-        fail(f"--attention sdpa needs F.scaled_dot_product_attention (PyTorch >= 2.0); this is "
-             f"PyTorch {torch.__version__}")
+    for att in ("sdpa", "compile"):
+        if att in attentions and not (hasattr(F, "scaled_dot_product_attention")
+                                      and hasattr(torch, "compile")):
+            fail(f"--attention {att} needs F.scaled_dot_product_attention and torch.compile "
+                 f"(PyTorch >= 2.0); this is PyTorch {torch.__version__}")
     if a.device == "cuda":
         if not torch.cuda.is_available():
             built = torch.version.cuda or "none (a CPU-only build)"

@@ -2,7 +2,7 @@
 # benchmarks/train/compare_pytorch_gpu.sh without a GPU: stand-ins for fourway-train-cuda (its
 # --log-json step times: 99 ms for the warm-up steps, then 30 ms blockwise, 22 fused; the warm-up
 # must not count) and for a CUDA Python
-# (PyTorch eager 78 ms, SDPA 43 ms) let the script's own logic run — the interleaved order of the
+# (PyTorch eager 78 ms, SDPA 43 ms, torch.compile 35 ms) let the script's own logic run — the interleaved order of the
 # sides, the round lines, the min / median / max, the tokens/s, MFU and ratio figures, and the
 # failure of one --attention leaving the other's figures. The real comparison needs a GPU
 # (scripts/device-check.sh, step train-vs-pytorch-gpu).
@@ -43,41 +43,52 @@ STUB
 cat > "$work/python" <<'STUB'
 #!/usr/bin/env bash
 [ "$1" = -c ] && exit 0
-if [ "$1" = - ]; then echo "2.5.0 12.4 1 1 StubGPU"; exit 0; fi
+if [ "$1" = - ]; then echo "2.5.0 12.4 1 1 StubGPU"; exit 0; fi  # version, CUDA, GPU, sdpa+compile
 case "$1" in *random_tokens.py) exit 0 ;; esac
-att=
+att=; adamw=
 while [ $# -gt 0 ]; do
   [ "$1" = --attention ] && { att=$2; shift; }
+  [ "$1" = --adamw ] && { adamw=$2; shift; }
   shift
 done
 echo "pytorch $att" >> "$STUB_ORDER"
+echo "$adamw" >> "$STUB_ORDER.adamw"
 IFS=, read -r -a a <<< "$att"
 for x in "${a[@]}"; do
   ms=78
   [ "$x" = sdpa ] && ms=43
-  echo "pytorch step_ms $ms device cuda dtype bf16 attention $x adamw default params 124439808"
+  [ "$x" = compile ] && ms=35
+  echo "pytorch step_ms $ms device cuda dtype bf16 attention $x adamw $adamw params 124439808"
 done
 STUB
 chmod +x "$work/build/examples/train/fourway-train-cuda" "$work/python"
 export PYTHON=$work/python STEPS=1 WARMUP=2 STUB_WARMUP=2 ROUNDS=2
 
-# 1. both attentions, both PyTorch attentions: every figure, the order of the sides alternating
+# 1. both attentions, the three PyTorch variants (fused AdamW): every figure, the order of the
+# sides alternating
 export STUB_ORDER=$work/order.txt
 : > "$STUB_ORDER"
+: > "$STUB_ORDER.adamw"
 out=$(bash "$script" "$work/build" 2>&1)
 rc=$?
 [ $rc -eq 0 ] || fail "exit $rc with every side working"
-# tokens/s = 8192 tokens / step time: 273067 (30 ms), 372364 (22), 105026 (78), 190512 (43)
+# tokens/s = 8192 tokens / step time: 273067 (30 ms), 372364 (22), 105026 (78), 190512 (43),
+# 234057 (35)
 expect_in_out "" \
-  "round 1 (load" "fourway 30 ms, fourway-fused 22 ms, pytorch-eager 78 ms, pytorch-sdpa 43 ms" \
+  "round 1 (load" \
+  "fourway 30 ms, fourway-fused 22 ms, pytorch-eager 78 ms, pytorch-sdpa 43 ms, pytorch-compile 35 ms" \
+  "FIGURE train-vs-pytorch-gpu pytorch-compile bf16 B8 T1024: tokens/s 234057" \
+  "fourway / pytorch-compile 1.167, fourway-fused / pytorch-compile 1.591" \
   "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024: tokens/s 273067 / 273067 / 273067" \
   "FIGURE train-vs-pytorch-gpu fourway-fused bf16 B8 T1024: tokens/s 372364 / 372364 / 372364" \
   "FIGURE train-vs-pytorch-gpu pytorch-eager bf16 B8 T1024: tokens/s 105026" \
   "fourway / pytorch-eager 2.600, fourway-fused / pytorch-eager 3.545" \
   "fourway / pytorch-sdpa 1.433, fourway-fused / pytorch-sdpa 1.955"
 order=$(paste -sd'|' "$STUB_ORDER")
-want_order="fourway blockwise|fourway fused|pytorch eager,sdpa|pytorch sdpa,eager|fourway fused|fourway blockwise"
+want_order="fourway blockwise|fourway fused|pytorch eager,sdpa,compile|pytorch compile,sdpa,eager|fourway fused|fourway blockwise"
 [ "$order" = "$want_order" ] || fail "sides ran in the order '$order', want '$want_order'"
+[ "$(sort -u "$STUB_ORDER.adamw")" = fused ] ||
+  fail "PyTorch's AdamW was not the fused one: $(sort -u "$STUB_ORDER.adamw" | paste -sd,)"
 
 # 2. the fused run fails: the blockwise and PyTorch figures stay, the script exits 1 naming it
 : > "$STUB_ORDER"
@@ -86,7 +97,7 @@ rc=$?
 [ $rc -eq 1 ] || fail "exit $rc when the fused run fails, want 1"
 expect_in_out " when the fused run fails" "fourway 30 ms, fourway-fused FAILED, pytorch-eager 78 ms" \
   "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024" \
-  "ratio of the median tokens/s: fourway / pytorch-eager 2.600, fourway / pytorch-sdpa 1.433 (" \
+  "ratio of the median tokens/s: fourway / pytorch-eager 2.600, fourway / pytorch-sdpa 1.433, fourway / pytorch-compile 1.167 (" \
   "failed with --attention fused"
 grep -q "FIGURE train-vs-pytorch-gpu fourway-fused" <<< "$out" &&
   fail "a fourway-fused figure although every fused run failed"
@@ -95,7 +106,7 @@ grep -q "FIGURE train-vs-pytorch-gpu fourway-fused" <<< "$out" &&
 out=$(FW_ATTENTION=flash bash "$script" "$work/build" 2>&1)
 rc=$?
 [ $rc -eq 2 ] || fail "exit $rc for FW_ATTENTION=flash, want 2"
-grep -qF "FW_ATTENTION takes blockwise, fused or both (comma list), got 'flash'" <<< "$out" ||
+grep -qF "FW_ATTENTION takes blockwise, fused, cudnn (comma list), got 'flash'" <<< "$out" ||
   fail "no clear message for FW_ATTENTION=flash"
 
 # 4. one attention only: its figures and no other fourway side
