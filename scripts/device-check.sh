@@ -153,6 +153,11 @@ first: docs/building.md, 'A staged build')"
     mkdir -p "$stage_dir/$(dirname "$f")"
     strip -o "$stage_dir/$f" "$build/$f" || die "cannot strip $build/$f"
   done
+  # llm.c's trainers, the comparison's anchor, when benchmarks/train/build_llmc.sh built them
+  if compgen -G "$build/llmc/train_gpt2cu*" > /dev/null; then
+    mkdir -p "$stage_dir/llmc" && cp "$build"/llmc/train_gpt2cu* "$stage_dir/llmc/" ||
+      die "cannot copy $build/llmc"
+  fi
   # shared libraries the GPU machine lacks (Google Benchmark); CUDA's, cuBLAS's and NCCL's are there
   while read -r lib; do
     cp -L "$lib" "$stage_dir/lib/" || die "cannot copy $lib"
@@ -539,7 +544,9 @@ if [ "$built" -eq 1 ]; then
   fi
   # GPT-2 124M, fourway-train-cuda vs PyTorch on this GPU: tokens/s, MFU and the ratio as notes
   if [ -x "$train_cuda" ]; then
-    step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
+    # llm.c beside them when it was built (benchmarks/train/build_llmc.sh) or staged
+    llmc=$(compgen -G "$build/llmc/train_gpt2cu*" | paste -sd, || true)
+    LLMC=$llmc step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
     while IFS= read -r f; do note train-vs-pytorch-gpu "${f#FIGURE train-vs-pytorch-gpu }"; done \
       < <(grep '^FIGURE train-vs-pytorch-gpu' "$logdir/train-vs-pytorch-gpu.log")
   else

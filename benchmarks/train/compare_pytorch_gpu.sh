@@ -35,6 +35,12 @@
 #               (default blockwise,fused); the blockwise run is labelled `fourway`, the others
 #               `fourway-fused`, `fourway-cudnn`
 #   ADAMW       default | foreach | fused: torch.optim.AdamW's implementation (default fused)
+#   LLMC        llm.c's trainers to run beside them, comma list of built train_gpt2cu programs
+#               (../shared/anchors/README.md has the build lines; labelled by file name, e.g.
+#               train_gpt2cu, train_gpt2cu_cudnn): each round runs each at the same shape from a
+#               fresh GPT-2 124M (-e d12 -b B -t T, lr 3e-4, weight decay 0.1, its own defaults
+#               otherwise) on the same token file, and its step time is the median of the
+#               `... | X ms | ...` lines it prints after the warm-up steps
 #   FW_FLAGS    extra fourway-train-cuda flags (e.g. "--classifier-chunk 1024")
 #   PYTHON      the interpreter with a CUDA PyTorch (default: python3, else /usr/bin/python3)
 #   PEAK_TFLOPS (989)
@@ -104,6 +110,14 @@ for a in "${fw_atts[@]}"; do
   esac
 done
 fw_label() { [ "$1" = blockwise ] && echo fourway || echo "fourway-$1"; }
+llmcs=()
+if [ -n "${LLMC:-}" ]; then
+  IFS=, read -r -a llmcs <<< "$LLMC"
+  for p in "${llmcs[@]}"; do
+    [ -x "$p" ] || die "LLMC names $p, which is not an executable (llm.c's train_gpt2cu: \
+../shared/anchors/README.md has the build lines)"
+  done
+fi
 for a in "${atts[@]}"; do
   case "$a" in
     eager) ;;
@@ -156,6 +170,25 @@ pytorch_run() {  # one pytorch_step.py process, attentions in the order given; a
   fi
   echo "$out" | grep '^pytorch '
 }
+llmc_ms() {  # llmc_ms PROGRAM: median step ms of one llm.c run (after warm-up)
+  if ! "$1" -e d12 -b "$B" -t "$T" -i "$tmp/tok.bin" -j "$tmp/tok.bin" -x $((steps + warmup)) \
+      -l 3e-4 -c 0.1 -v 1000000 -s 1000000 > "$tmp/llmc.out" 2>&1; then
+    tail -5 "$tmp/llmc.out" >&2
+    echo "compare_pytorch_gpu: $1 failed (above)" >&2
+    return 1
+  fi
+  sed -nE 's/^step +[0-9]+\/[0-9]+ \|.*\| ([0-9.]+) ms \|.*/\1/p' "$tmp/llmc.out" |
+    awk -v w="$warmup" 'NR > w' | median
+}
+llmc_round() {  # one run of each LLMC program: "LABEL MS" or "LABEL failed" lines
+  for p in "${llmcs[@]}"; do
+    if llmc_ms "$p" > "$tmp/llmc.now" && [ -s "$tmp/llmc.now" ]; then
+      echo "$(basename "$p") $(cat "$tmp/llmc.now")"
+    else
+      echo "$(basename "$p") failed"
+    fi
+  done
+}
 field() { sed -E "s/.* $1 ([^ ]+).*/\\1/"; }  # field NAME < line: the value after NAME
 tps() { awk -v t="$tokens" '{ printf "%.0f\n", t * 1000 / $1 }'; }  # step ms -> tokens/s
 mfu() { awk -v f="$flops_token" -v p="$peak" '{ printf "%.1f", 100 * $1 * f / (p * 1e12) }'; }
@@ -165,7 +198,7 @@ echo "PyTorch $torch_version (CUDA $torch_cuda) from $py; fourway-train-cuda $ex
 echo "model: $model (GPT-2 124M at the defaults: $params parameters), bf16 with fp32 masters," \
   "AdamW, clip 1.0; $tokens tokens per step; $steps timed steps after $warmup warm-up, $rounds" \
   "rounds; fourway attention ${fw_atts[*]}; PyTorch attention ${atts[*]}, AdamW" \
-  "$adamw${FW_FLAGS:+; fourway flags $FW_FLAGS}"
+  "$adamw${FW_FLAGS:+; fourway flags $FW_FLAGS}${LLMC:+; llm.c $LLMC}"
 echo "MFU = tokens/s x (6 N + 12 L T C) / $peak TFLOP/s = tokens/s x $flops_token FLOP / peak"
 # one fourway-train-cuda run per attention of fw_order: "ATTENTION MS" lines, "ATTENTION failed"
 # for a run that failed (its log above); the other attentions still run and are reported, and the
@@ -195,7 +228,9 @@ for i in $(seq "$rounds"); do
   if (( i % 2 )); then
     fw=$(fourway_round)
     pt=$(pytorch_run "$order") || exit 1
+    lc=$(llmc_round)
   else
+    lc=$(llmc_round)
     pt=$(pytorch_run "$order") || exit 1
     fw=$(fourway_round)
   fi
@@ -217,6 +252,17 @@ for i in $(seq "$rounds"); do
     echo "$ms" >> "$tmp/pt-$a.ms"
     echo "$l" | field params > "$tmp/pt.params"
     line+=", pytorch-$a $ms ms"
+  done
+  for p in "${llmcs[@]}"; do
+    n=$(basename "$p")
+    ms=$(echo "$lc" | awk -v a="$n" '$1 == a { print $2 }')
+    if [ "$ms" = failed ] || [ -z "$ms" ]; then
+      echo "$n" >> "$tmp/llmc.failed"
+      line+=", $n FAILED"
+    else
+      echo "$ms" >> "$tmp/llmc-$n.ms"
+      line+=", $n $ms ms"
+    fi
   done
   echo "$line"
   done_rounds=$i
@@ -253,8 +299,22 @@ for a in "${atts[@]}"; do
       "$(median < "$tmp/pt-$a.ms.tps")")")
   done
 done
+for p in "${llmcs[@]}"; do
+  n=$(basename "$p")
+  [ -s "$tmp/llmc-$n.ms" ] || continue
+  summary "$n" "$tmp/llmc-$n.ms"
+  for f in "${measured[@]}"; do
+    ratios+=("$(fw_label "$f") / $n $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
+      "$(median < "$tmp/llmc-$n.ms.tps")")")
+  done
+done
 echo "FIGURE train-vs-pytorch-gpu ratio of the median tokens/s: $(printf '%s, ' "${ratios[@]}" |
   sed 's/, $//') (PyTorch $torch_version, $gpu_name)"
+if [ -s "$tmp/llmc.failed" ]; then
+  echo "compare_pytorch_gpu: llm.c failed: $(sort -u "$tmp/llmc.failed" | paste -sd,)" \
+    "(its output above)" >&2
+  exit 1
+fi
 if [ -s "$tmp/fw.failed" ]; then
   echo "compare_pytorch_gpu: fourway-train-cuda failed with --attention" \
     "$(sort -u "$tmp/fw.failed" | paste -sd, -) (the runs' logs above)" >&2

@@ -90,6 +90,40 @@ want_order="fourway blockwise|fourway fused|pytorch eager,sdpa,compile|pytorch c
 [ "$(sort -u "$STUB_ORDER.adamw")" = fused ] ||
   fail "PyTorch's AdamW was not the fused one: $(sort -u "$STUB_ORDER.adamw" | paste -sd,)"
 
+# 1b. llm.c beside them (LLMC): a stand-in prints llm.c's step lines, 99 ms for the warm-up
+# steps, then 25 ms (327680 tokens/s); the arguments are the same shape and data
+cat > "$work/train_gpt2cu" <<'STUB'
+#!/usr/bin/env bash
+echo "$*" > "$STUB_LLMC_ARGS"
+n=0
+while [ $# -gt 0 ]; do
+  [ "$1" = -x ] && { n=$2; shift; }
+  shift
+done
+for i in $(seq "$n"); do
+  ms=25.00
+  [ "$i" -le "$STUB_WARMUP" ] && ms=99.00
+  printf 'step %4d/%d | loss 10.9 (+0.00z)| norm 1.0 (+0.00z)| lr 3.00e-04 | %s ms | 20.1%% bf16 MFU | 1000 tok/s\n' "$i" "$n" "$ms"
+done
+echo "val loss 10.9"
+STUB
+chmod +x "$work/train_gpt2cu"
+export STUB_LLMC_ARGS=$work/llmc-args.txt
+out=$(LLMC=$work/train_gpt2cu bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with LLMC"
+expect_in_out " with LLMC" "pytorch-compile 35 ms, train_gpt2cu 25.00 ms" \
+  "FIGURE train-vs-pytorch-gpu train_gpt2cu bf16 B8 T1024: tokens/s 327680 / 327680 / 327680" \
+  "fourway / train_gpt2cu 0.833, fourway-fused / train_gpt2cu 1.136"
+for want in "-e d12" "-b 8" "-t 1024" "-x 3" "tok.bin"; do
+  grep -q -- "$want" "$STUB_LLMC_ARGS" || fail "llm.c not given '$want': $(cat "$STUB_LLMC_ARGS")"
+done
+out=$(LLMC=$work/missing bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 2 ] || fail "exit $rc for LLMC naming no program, want 2"
+grep -qF "LLMC names $work/missing, which is not an executable" <<< "$out" ||
+  fail "no clear message for a missing LLMC program"
+
 # 2. the fused run fails: the blockwise and PyTorch figures stay, the script exits 1 naming it
 : > "$STUB_ORDER"
 out=$(STUB_FAIL_FUSED=1 bash "$script" "$work/build" 2>&1)
