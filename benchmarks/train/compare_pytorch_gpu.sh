@@ -292,21 +292,19 @@ for f in "${fw_atts[@]}"; do
   fi
 done
 ratios=()
-for a in "${atts[@]}"; do
-  summary "pytorch-$a" "$tmp/pt-$a.ms"
+anchor() {  # anchor NAME FILE: an anchor's summary, and each measured fourway run's ratio to it
+  summary "$1" "$2"
   for f in "${measured[@]}"; do
-    ratios+=("$(fw_label "$f") / pytorch-$a $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
-      "$(median < "$tmp/pt-$a.ms.tps")")")
+    ratios+=("$(fw_label "$f") / $1 $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
+      "$(median < "$2.tps")")")
   done
+}
+for a in "${atts[@]}"; do
+  anchor "pytorch-$a" "$tmp/pt-$a.ms"
 done
 for p in "${llmcs[@]}"; do
   n=$(basename "$p")
-  [ -s "$tmp/llmc-$n.ms" ] || continue
-  summary "$n" "$tmp/llmc-$n.ms"
-  for f in "${measured[@]}"; do
-    ratios+=("$(fw_label "$f") / $n $(ratio "$(median < "$tmp/fw-$f.ms.tps")" \
-      "$(median < "$tmp/llmc-$n.ms.tps")")")
-  done
+  if [ -s "$tmp/llmc-$n.ms" ]; then anchor "$n" "$tmp/llmc-$n.ms"; fi
 done
 echo "FIGURE train-vs-pytorch-gpu ratio of the median tokens/s: $(printf '%s, ' "${ratios[@]}" |
   sed 's/, $//') (PyTorch $torch_version, $gpu_name)"
