@@ -1,6 +1,7 @@
-// One fp32 training step of tp::Gpt on a LocalWorld tensor-parallel group of tp = 1, 2, 4 ranks
-// (Arg 1: sequence parallelism): 4 layers, width 256, 8 heads, vocab 8192, B 4 x T 64. Counters: ms
-// per step (the slowest rank: real time), the bytes one rank sent in the tp group as counted
+// One fp32 training step of the split models::Gpt on a LocalWorld tensor-parallel group of tp = 1,
+// 2, 4 ranks (Arg 1: sequence parallelism): 4 layers, width 256, 8 heads, vocab 8192, B 4 x T 64.
+// Counters: ms per step (the slowest rank: real time), the bytes one rank sent in the tp group as
+// counted
 // (`tp_bytes`) and as `plan::runtime_tensor_parallel_bytes` predicts (`tp_bytes_plan`), and the
 // planner's FLOPs per token per rank.
 #include <benchmark/benchmark.h>
@@ -14,7 +15,6 @@
 #include "fourway/comm/counting.hpp"
 #include "fourway/comm/local_world.hpp"
 #include "fourway/models/gpt2.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/plan/communication.hpp"
 #include "fourway/plan/step_time.hpp"
 #include "fourway/train/trainer.hpp"
@@ -52,7 +52,7 @@ void BM_TensorParallelStep(benchmark::State& state) {
     Comm dp(w.comm().split(w.rank(), 0, "dp"));
     fw::tp::TpOptions to;
     to.sequence_parallel = sp;
-    fw::tp::Gpt<float, fw::Host, Comm> model(w.ctx(), cfg, tpc, 1, to);
+    fw::models::Gpt<float, fw::Host, Comm> model(w.ctx(), cfg, tpc, 1, to);
     fw::Trainer<S> trainer(fw::TrainerOptions{}, w.ctx(), model, dp, fw::AdamW(acfg));
     trainer.step(batch);  // warm-up
     if (w.rank() == 0) {

@@ -28,7 +28,6 @@
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/models/gpt2.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "fourway/schedule/generators.hpp"
 #include "fourway/schedule/simulate.hpp"

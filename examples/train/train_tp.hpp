@@ -15,7 +15,6 @@
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/models/gpt2.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 
 namespace fourway_train {
@@ -26,7 +25,7 @@ template <class Target, class T, int Stage, class W>
 void train_tp_ranks(const Options& o) {
   using B = typename Target::backend;
   using Comm = fw::Counting<typename W::comm_type>;
-  using Model = fw::tp::Gpt<T, B, Comm>;
+  using Model = fw::models::Gpt<T, B, Comm>;
   using S = fw::TensorParallelStrategy<Stage, T, B, Comm>;
   const auto rank_main = [&](fw::World<W>& w) {
     const bool lead = w.rank() == 0;

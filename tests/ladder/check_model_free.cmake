@@ -2,17 +2,17 @@
 # pipeline machinery of parallel/pp/ speak ModelPart and CutCosts (layers/model_part.hpp) and get
 # their models from a model family (models/gpt2.hpp registers GPT-2's); checkpoint/ knows slices
 # and runs, not a policy's model. Outside comments, a header of
-#   train/, parallel/pp/   may not name `models::`, a `Gpt` type, or include layers/gpt.hpp,
-#                          parallel/tp/gpt.hpp or models/
-#   checkpoint/            may not name `tp::Gpt` or include parallel/ or models/
+#   train/, parallel/pp/   may not name `models::`, a `Gpt` type, or include layers/gpt.hpp or
+#                          models/
+#   checkpoint/            may not name a model type (`Gpt<`) or include parallel/ or models/
 # Usage: cmake -DROOT=<dir holding fourway/> -P check_model_free.cmake   (fails listing each line)
 if(NOT ROOT)
   message(FATAL_ERROR "check_model_free.cmake: pass -DROOT=<directory that holds fourway/>")
 endif()
 get_filename_component(ROOT "${ROOT}" ABSOLUTE)
 set(_generic_code "models::|Gpt")
-set(_generic_includes "fourway/layers/gpt\\.hpp|fourway/parallel/tp/gpt\\.hpp|fourway/models/")
-set(_checkpoint_code "tp::Gpt")
+set(_generic_includes "fourway/layers/gpt\\.hpp|fourway/models/")
+set(_checkpoint_code "Gpt<")
 set(_checkpoint_includes "fourway/parallel/|fourway/models/")
 file(GLOB_RECURSE _headers RELATIVE ${ROOT} ${ROOT}/fourway/train/*.hpp
      ${ROOT}/fourway/parallel/pp/*.hpp ${ROOT}/fourway/checkpoint/*.hpp)

@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "fourway/mesh/mesh.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/parallel/tp/placement.hpp"
 #include "parallel_harness.hpp"
+#include "tp_harness.hpp"
 
 namespace {
 
@@ -161,7 +162,7 @@ TEST(Holdings, TensorParallelSliceFollowsGpt2sLayers) {
   const int layers = cfg.layers;
   // per block: c_attn weight and bias, c_fc weight and bias split by columns; the two c_proj
   // weights by rows; LayerNorms and the c_proj biases replicated; wpe and ln_f replicated too
-  const auto table = fw::tp::gpt_placements(cfg, 2, 4);  // vocab 37 padded to 40 (2 x 4 x 5)
+  const auto table = tph::gpt_placements(cfg, 2, 4);  // vocab 37 padded to 40 (2 x 4 x 5)
   EXPECT_EQ(fw::tp::describe_slice(table, 2, 0),
             "column slice 0/2 of " + std::to_string(4 * layers) + " tensors, row slice 0/2 of " +
                 std::to_string(2 * layers) + ", vocab rows [0,20) of wte.weight, " +

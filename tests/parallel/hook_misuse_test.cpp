@@ -12,7 +12,7 @@
 
 #include "fourway/comm/local_world.hpp"
 #include "fourway/layers/gpt.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
+#include "fourway/models/gpt2.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/trainer.hpp"
 #include "parallel_harness.hpp"
@@ -96,10 +96,10 @@ TEST(HookMisuse, Zero3NamesTheParameterAndTheHooksInsteadOfCrashing) {
   EXPECT_NE(e.find("hooks.pre_forward(u)"), std::string::npos) << e;
 }
 
-// The tensor-parallel layers read their weights the same way (tp::Gpt's embedding, blocks and
+// The tensor-parallel layers read their weights the same way (the split GPT's embedding, blocks and
 // vocabulary-parallel head): the same typed error, not a read of released memory.
 TEST(HookMisuse, TensorParallelLayersNameTheParameterToo) {
-  using TpGpt = fw::tp::Gpt<float, Host, fw::LocalComm>;
+  using TpGpt = fw::models::Gpt<float, Host, fw::LocalComm>;
   const std::string e =
       step_without_hooks<3, TpGpt>([](const fw::Context<Host>& ctx, fw::LocalComm& tp) {
         return TpGpt(ctx, harness::tiny_gpt(), tp, harness::kSeed);

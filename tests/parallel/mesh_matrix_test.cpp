@@ -436,7 +436,7 @@ TEST(MeshMatrix, PoliciesInAnyOrder) {
 }
 
 TEST(MeshMatrix, RefusesWhatCannotRun) {
-  // tp 3 does not divide 8 heads: the tp::Gpt error names the numbers
+  // tp 3 does not divide 8 heads: the attention's error names the numbers
   Case c = mesh(3, 1, 1);
   try {
     (void)run_mesh<fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>, float>(c, 1);

@@ -1,7 +1,7 @@
-// tp::Gpt on CUDA: tp = 2 (with and without sequence parallelism) on a 2-rank LocalWorld whose
-// ranks share one GPU (one stream each), vocabulary 301 padded with the CUDA default alignment
-// (128: Vp = 512, rank 1 holds 45 real rows), against the one-rank host run. Skips without a
-// GPU; scripts/device-check.sh runs it on a GPU machine.
+// models::Gpt split over a tp group on CUDA: tp = 2 (with and without sequence parallelism) on a
+// 2-rank LocalWorld whose ranks share one GPU (one stream each), vocabulary 301 padded with the
+// CUDA default alignment (128: Vp = 512, rank 1 holds 45 real rows), against the one-rank host run.
+// Skips without a GPU; scripts/device-check.sh runs it on a GPU machine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +17,7 @@ namespace {
 using fw::Cuda;
 
 std::vector<float> device_losses(bool sp, int steps) {
-  using Model = fw::tp::Gpt<float, Cuda, fw::LocalComm>;
+  using Model = fw::models::Gpt<float, Cuda, fw::LocalComm>;
   using S = fw::TensorParallelStrategy<0, float, Cuda, fw::LocalComm>;
   std::vector<float> losses;
   std::mutex mu;

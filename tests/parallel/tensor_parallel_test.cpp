@@ -1,6 +1,7 @@
-// tp::Gpt (Megatron splits, vocabulary-parallel embedding and loss, sequence parallelism) under
-// ShardedStrategy on LocalWorld meshes against the one-rank fw::models::Gpt: fp32, 20 steps,
-// losses, per-step global norms and the gathered final parameters within 1e-5 relative.
+// models::Gpt split over a tp group (Megatron splits, vocabulary-parallel embedding and loss,
+// sequence parallelism) under ShardedStrategy on LocalWorld meshes against the one-rank
+// fw::models::Gpt: fp32, 20 steps, losses, per-step global norms and the gathered final parameters
+// within 1e-5 relative.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,7 +173,7 @@ TEST(TensorParallel, NormCountsReplicatedParametersOnce) {
   fw::models::Gpt<float, fw::Host>::Stash s;
   model.forward(ctx, tok, tgt, s);
   model.backward(ctx, s);
-  const auto table = fw::tp::gpt_placements(tph::config(), 2, 1);
+  const auto table = tph::gpt_placements(tph::config(), 2, 1);
   double once = 0, twice = 0;
   std::size_t i = 0;
   model.visit_parameters([&](fw::Parameter<float, fw::Host>& p) {
@@ -189,7 +190,7 @@ TEST(TensorParallel, HeadsNotDivisibleIsATypedError) {
     auto cfg = tph::config();
     cfg.heads = 6;  // 24 / 6 = 4 per head, 6 heads over 4 ranks
     try {
-      fw::tp::Gpt<float, fw::Host, fw::LocalComm> m(w.ctx(), cfg, w.comm(), 1);
+      fw::models::Gpt<float, fw::Host, fw::LocalComm> m(w.ctx(), cfg, w.comm(), 1);
       ADD_FAILURE() << "no error for heads=6 over tp=4";
     } catch (const fw::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("tp=4 ranks needs heads=6 divisible by 4"),
@@ -260,7 +261,7 @@ TEST(TensorParallel, WeightBytesPerRankEqualThePlanner) {
     // and the placement table says the same (padding included), for any alignment
     for (int align : {1, 128}) {
       std::int64_t local = 0;
-      for (const auto& p : fw::tp::gpt_placements(cfg, n, align)) local += p.local_numel(n);
+      for (const auto& p : tph::gpt_placements(cfg, n, align)) local += p.local_numel(n);
       const std::int64_t vp = fw::tp::padded_vocab(cfg.vocab, n, align);
       EXPECT_EQ(local,
                 fp::stage_params(arch, n, 1, 0) + (vp / n - (cfg.vocab + n - 1) / n) * cfg.dim)
@@ -364,7 +365,8 @@ TEST(TensorParallel, ActivationBytesEqualThePrediction) {
         fw::tp::TpOptions to;
         to.sequence_parallel = sp;
         to.vocab_alignment = 1;
-        fw::tp::Gpt<float, fw::Host, fw::LocalComm> model(w.ctx(), cfg, w.comm(), tph::kSeed, to);
+        fw::models::Gpt<float, fw::Host, fw::LocalComm> model(w.ctx(), cfg, w.comm(), tph::kSeed,
+                                                              to);
         auto& mem = w.memory();
         fw::Tensor<std::int32_t, fw::Host> tok(fw::Shape{b.B, b.T}, fw::MemTag::workspace, mem);
         fw::Tensor<std::int32_t, fw::Host> tgt(fw::Shape{b.B, b.T}, fw::MemTag::workspace, mem);

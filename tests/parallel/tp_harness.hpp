@@ -1,6 +1,7 @@
 // Shared by the tensor-parallel tests: a GPT whose vocabulary (301) divides by no tp > 1, trained
-// by the one-rank reference (fw::models::Gpt + SingleRank) or by tp::Gpt under ShardedStrategy on
-// a LocalWorld mesh of dp x tp ranks, with what the tests compare.
+// by the one-rank reference (fw::models::Gpt<T, Host> + SingleRank) or split over a tp group
+// (fw::models::Gpt<T, Host, Comm>) under ShardedStrategy on a LocalWorld mesh of dp x tp ranks,
+// with what the tests compare.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +19,6 @@
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/models/gpt2.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
 #include "fourway/train/trainer.hpp"
 
 namespace fw = fourway;
@@ -39,6 +39,24 @@ inline fw::models::GptConfig config(bool checkpoint = false) {
 inline constexpr std::int64_t kBatch = 8;  // B·T = 40 rows: divides by tp·dp <= 8
 inline constexpr std::int64_t kSeq = 5;
 inline constexpr std::uint64_t kSeed = 20261201;
+
+/// The placement table of GPT-2 `cfg` split over `n` ranks with the vocabulary padded to a
+/// multiple of n·`alignment`, as the split model reads it off its layers (built described, on a
+/// LocalWorld of n ranks; rank 0's table, which every rank shares).
+inline std::vector<fw::tp::Placement> gpt_placements(const fw::models::GptConfig& cfg, int n,
+                                                     int alignment) {
+  std::vector<fw::tp::Placement> table;
+  std::mutex mu;
+  fw::launch<fw::LocalWorld>(n, [&](fw::World<fw::LocalWorld>& w) {
+    const fw::DeferredInit describe_only;
+    fw::tp::TpOptions to;
+    to.vocab_alignment = alignment;
+    const fw::models::Gpt<float, fw::Host, fw::LocalComm> m(w.ctx(), cfg, w.comm(), 0, to);
+    const std::lock_guard<std::mutex> lock(mu);
+    if (w.rank() == 0) table = m.placements();
+  });
+  return table;
+}
 
 inline fw::AdamW adamw() {
   fw::AdamWConfig c;
@@ -114,7 +132,7 @@ using TpMesh = fw::Mesh<fw::TensorParallel<fw::dynamic>, fw::DataParallel>;
 
 template <class T, int Stage>
 RunResult run_tp_stage(const RunConfig& rc) {
-  using Model = fw::tp::Gpt<T, fw::Host, Comm>;
+  using Model = fw::models::Gpt<T, fw::Host, Comm>;
   using S = fw::TensorParallelStrategy<Stage, T, fw::Host, Comm>;
   const int world = rc.tp * rc.dp;
   RunResult r;

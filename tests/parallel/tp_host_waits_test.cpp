@@ -1,4 +1,4 @@
-// The host waits of a tensor-parallel training step (issue 43): tp::Gpt under
+// The host waits of a tensor-parallel training step (issue 43): the split models::Gpt under
 // TensorParallelStrategy on a LocalWorld of tp ranks (dp = 1), every group a Counting<LocalComm>
 // that records how each operation was completed (comm/counting.hpp), and the context's count of
 // synchronising calls (core/sync_counter.hpp). The counts are what the algorithm asks for, so
@@ -15,7 +15,7 @@
 // Everything inside the layers is ordered on the device: the conjugate all-reduces / all-gathers
 // / reduce-scatters and the vocabulary-parallel loss's two all-reduces, whose number below comes
 // from the algorithm (Megatron-LM's f/g, Korthikanti et al.'s ḡ/ḡ'), not from the code, and the
-// loss never leaves the device before the step's end (tp::Gpt::forward_into).
+// loss never leaves the device before the step's end (Gpt::forward_into).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -41,7 +41,7 @@ struct StepWaits {
 /// Step 1's counts on every rank (step 0 warms up: it is the same algorithm, but a first step
 /// may set things up once).
 std::vector<StepWaits> measure(int tp, bool sequence_parallel, int micro_batches) {
-  using Model = fw::tp::Gpt<float, fw::Host, tph::Comm>;
+  using Model = fw::models::Gpt<float, fw::Host, tph::Comm>;
   using S = fw::TensorParallelStrategy<0, float, fw::Host, tph::Comm>;
   std::vector<StepWaits> out(static_cast<std::size_t>(tp));
   std::mutex mu;

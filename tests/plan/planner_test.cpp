@@ -227,7 +227,7 @@ TEST(PlanPlanner, FourwayFootprintIsTheRuntimeLayout) {
   EXPECT_TRUE(contains(error_of_with(fp::Model{a, 0}, cluster(2), fp::Strategy{.pp = 2}, o),
                        "needs micro-batches >= pipeline ranks (2)"));
   // Tensor parallelism (5 heads over 5 ranks, vocabulary 97 padded to 100 with alignment 4 on
-  // 5 ranks: 20 rows each, 17 real on the last): tp::Gpt's slices and stash (the runtime
+  // 5 ranks: 20 rows each, 17 real on the last): the split GPT's slices and stash (the runtime
   // comparison is tests/parallel/tensor_parallel_test.cpp).
   fp::Strategy t{.dp = 1, .tp = 5, .zero = 0, .micro_batch = 2, .precision = fp::Precision::fp32};
   t.sequence_parallel = true;

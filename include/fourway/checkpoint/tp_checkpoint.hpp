@@ -1,7 +1,8 @@
 //! Hugging Face GPT-2 files for a tensor-parallel model: the ordinary unsplit file, read and
 //! written through the model's placements (layers/placement.hpp). The file layer knows slices and
 //! runs, not models: any model that lists the runs of the unsplit tensors it holds
-//! (`load_runs`, e.g. tp::Gpt over `tp::load_slices`, parallel/tp/slices.hpp) loads here.
+//! (`load_runs`, e.g. models::Gpt over a tp group, through `tp::load_slices`,
+//! layers/sliced_model.hpp) loads here.
 //!
 //! Load: every rank reads from the file (positioned reads, `SafetensorsReader`) only the runs
 //! of elements its table entry names. Save: every rank writes only the runs it owns, through the

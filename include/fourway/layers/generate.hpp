@@ -5,10 +5,10 @@
 //! A model for `generate` (`generative_model`) has `kv_caches(ctx, capacity)` and the decode of
 //! one token unit by unit — `decode_embedding(ctx, token, pos)`, `decode_block(ctx, i, x, cache,
 //! pos)`, `decode_head(ctx, x) -> std::vector<float>` (the next token's logits) — as
-//! `fw::models::Gpt` and `fw::tp::Gpt` do; `decode_token` runs them in order. The hooks are a
-//! strategy's (`ShardedStrategy::hooks()`): ZeRO-3 then gathers one unit at a time for each token,
-//! as in a forward, and every rank of the group must generate together (the same calls; the same
-//! seed gives the same tokens on every rank).
+//! `fw::models::Gpt` does, whole or split over a tensor-parallel group; `decode_token` runs them in
+//! order. The hooks are a strategy's (`ShardedStrategy::hooks()`): ZeRO-3 then gathers one unit at
+//! a time for each token, as in a forward, and every rank of the group must generate together (the
+//! same calls; the same seed gives the same tokens on every rank).
 //!
 //! Sampling (`SampleOptions`), as Hugging Face's `generate` and nanoGPT's sample.py define it:
 //! temperature 0 is greedy (the first largest logit); otherwise the logits are divided by the

@@ -4,8 +4,8 @@
 //! A decoder's units are its embedding (unit 0), its `layers` blocks (units 1 .. layers) and its
 //! head (final norm, LM head, loss: unit layers + 1). A `ModelPart` is a run of blocks, with the
 //! embedding when it starts the model and the head when it ends it; the model builds the units a
-//! part names (models::Gpt, tp::Gpt, fw::Decoder). `CutCosts` is what a model reports so that a
-//! pipeline's partition can balance its blocks over the stages (`pp::Partition::balanced`).
+//! part names (models::Gpt, whole or split, and fw::Decoder). `CutCosts` is what a model reports so
+//! that a pipeline's partition can balance its blocks over the stages (`pp::Partition::balanced`).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 //! `ParallelAttention<T, B, Comm>`: causal multi-head self-attention split by heads over a
 //! `TpGroup` (Megatron-LM's attention): q|k|v is a `ColumnLinear` of 3 parts, so a rank holds
 //! NH/N whole heads of each; optional rotary position embeddings turn q and k in place; the
-//! flash-style core (layers/attention.hpp `attention_core`) runs on this rank's heads; the
+//! flash-style core (layers/attention_core.hpp `attention_core`) runs on this rank's heads; the
 //! output projection is a `RowLinear`, whose g joins the group. With grouped-query attention
 //! (Ainslie et al. 2023; `AttentionSpec::kv_heads` < heads) q and k|v are two column splits fed by
 //! one f, a rank holds KV/N key/value heads and the NH/N query heads that read them, and each
@@ -23,7 +23,8 @@
 #include <string>
 #include <utility>
 
-#include "fourway/layers/attention.hpp"
+#include "fourway/layers/attention_core.hpp"
+#include "fourway/layers/kv_cache.hpp"
 #include "fourway/layers/layer.hpp"
 #include "fourway/layers/parallel_linear.hpp"
 #include "fourway/layers/parameter.hpp"
@@ -129,6 +130,24 @@ class ParallelAttention {
     }
     attention_core(ctx, packed_qkv(s), Bn, Tn, NH_ * hs_, NH_, s.lse, s.heads, shard_);
     return out_.forward(ctx, s.heads, s.out);
+  }
+
+  /// One new token of one sequence, x (1, 1, C) on every rank of the group (a single row is
+  /// never split, sequence parallel or not): its keys and values go to row `pos` of `cache` (this
+  /// rank's NH/N heads, layers/kv_cache.hpp), it attends over rows [0, pos], and the output
+  /// projection's partial sums are summed over the group. Returns (1, 1, C); nothing is kept for
+  /// a backward. Multi-head attention with learned positions (GPT-2's).
+  Tensor<T, B> decode(const Context<B>& ctx, const Tensor<T, B>& x, KvCache<T, B>& cache,
+                      std::int64_t pos) const {
+    check<ConfigError>(!kv_ && !rotary_, "fourway: decoding one token at a time is implemented ",
+                       "for multi-head attention without rotary embeddings (GPT-2's); this ",
+                       "attention has ", kv_ ? "grouped-query heads" : "rotary embeddings");
+    typename Linear<T, B>::Stash in;
+    typename RowLinear<T, B, Comm>::Stash out;
+    const Tensor<T, B> qkv = qkv_.local().forward(ctx, x, in);
+    const Tensor<T, B> y = decode_attention(ctx, qkv, cache, pos, NH_ * hs_, NH_);
+    (void)out_.forward_replicated(ctx, y, out);
+    return std::move(out.linear.y);
   }
 
   /// Selective recomputation: frees the heads' output and log-sum-exp after forward; backward

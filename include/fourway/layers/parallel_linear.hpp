@@ -102,8 +102,10 @@ class ColumnLinear {
     return linear_.forward_gelu(ctx, group_.column_input(ctx, x, s.gathered), s.linear, g);
   }
   /// dx: the group's sum (or this rank's chunk of it under sequence parallelism).
-  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
-    Tensor<T, B> dx = linear_.backward(ctx, dy, s.linear);
+  /// `bias_grad_added` as Linear::backward (the next layer's `backward_gelu` reduced it).
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                        bool bias_grad_added = false) {
+    Tensor<T, B> dx = linear_.backward(ctx, dy, s.linear, bias_grad_added);
     s.gathered.reset();
     return group_.column_input_backward(ctx, std::move(dx));
   }
@@ -173,12 +175,19 @@ class RowLinear {
     if (group_.size() == 1) return linear_.forward(ctx, x, s.linear);  // Linear, to the bit
     (void)linear_.forward_without_bias(ctx, x, s.linear);
     s.y = group_.row_output(ctx, s.linear.y.view(), MemTag::activations);
-    if (linear_.has_bias()) {
-      const std::int64_t out = linear_.out_features();
-      Ops<B>::bias_add(ctx, s.y.data(), linear_.bias().bound_weight().data(), s.y.numel() / out,
-                       out);
-    }
+    // reduce-scattered: the partial sum is not needed again (the backward reads x only)
+    if (group_.sequence_parallel()) s.linear.y.reset();
+    add_bias(ctx, s.y);
     return s.y.view();
+  }
+  /// x (rows, in/N) -> the group's sum (rows, out) + b on every rank, sequence parallel or not:
+  /// one decoded token's row, which is never split. Nothing is kept for a backward.
+  Tensor<T, B> forward_replicated(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
+    if (group_.size() == 1) return linear_.forward(ctx, x, s.linear);
+    (void)linear_.forward_without_bias(ctx, x, s.linear);
+    group_.all_reduce(s.linear.y);
+    add_bias(ctx, s.linear.y);
+    return s.linear.y.view();
   }
   /// dx (rows, in/N): this rank's columns of the input gradient.
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
@@ -186,6 +195,16 @@ class RowLinear {
     Tensor<T, B> dx = linear_.backward(ctx, full, s.linear);
     s.y.reset();
     return dx;
+  }
+  /// The backward when the input is GELU's output (an MLP's second matrix): after g's backward,
+  /// Linear::backward_gelu — GELU's input gradient of this rank's in/N columns, with Σ_rows of it
+  /// added to `pre_bias_grad` (the column split's bias gradient) when given.
+  Tensor<T, B> backward_gelu(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                             const Tensor<T, B>& pre_gelu, T* pre_bias_grad) {
+    const Tensor<T, B> full = group_.row_output_backward(ctx, dy);
+    Tensor<T, B> dh = linear_.backward_gelu(ctx, full, s.linear, pre_gelu, pre_bias_grad);
+    s.y.reset();
+    return dh;
   }
 
   template <class F>
@@ -202,6 +221,12 @@ class RowLinear {
   Parameter<T, B>& bias() { return linear_.bias(); }
 
  private:
+  /// The replicated bias, added once to the group's sum (rows, out).
+  void add_bias(const Context<B>& ctx, Tensor<T, B>& y) const {
+    if (!linear_.has_bias()) return;
+    const std::int64_t out = linear_.out_features();
+    Ops<B>::bias_add(ctx, y.data(), linear_.bias().bound_weight().data(), y.numel() / out, out);
+  }
   static std::int64_t checked_rows(const std::string& name, std::int64_t in, int n) {
     check<ConfigError>(in % n == 0, "fourway: ", name, " splits its ", in,
                        " input rows over tp=", n, " ranks; ", in, " must divide by ", n,

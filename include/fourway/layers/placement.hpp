@@ -1,7 +1,7 @@
 //! How a parameter is split over the N ranks of a tensor-parallel group: one `Placement` per
 //! parameter. A tensor-parallel-ready layer (layers/parallel_linear.hpp, layers/vocab_parallel.hpp)
 //! writes it on the parameters it builds (`Parameter::placement`), so a model's placement table is
-//! read off its parameters (parallel/tp/slices.hpp `placements_of`), never written by its author.
+//! read off its parameters (layers/sliced_model.hpp `placements_of`), never written by its author.
 //! `StateView` (below) says where a rank's slice lies in the unsplit tensor (checkpoints).
 //! The table drives everything that depends on the split — local shapes, initialisation and
 //! checkpoint slices, gathering the full tensor back, which ranks count a parameter in the global

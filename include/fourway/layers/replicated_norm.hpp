@@ -21,11 +21,12 @@ namespace fourway {
 namespace detail {
 /// The backward of `norm` on this rank's chunk of the rows, its parameters' gradients summed
 /// over the group by `reduce(T* p, count)` before they are added (see the file comment).
-template <class Norm, class Reduce>
+/// `extra` goes to the norm's backward after the stash (LayerNorm's residual gradient).
+template <class Norm, class Reduce, class... Extra>
 auto norm_backward_over_rows(
     const Context<typename Norm::backend_type>& ctx, Norm& norm,
     const Tensor<typename Norm::value_type, typename Norm::backend_type>& dy,
-    typename Norm::Stash& s, Reduce&& reduce) {
+    typename Norm::Stash& s, Reduce&& reduce, Extra&&... extra) {
   using T = typename Norm::value_type;
   using B = typename Norm::backend_type;
   std::vector<Parameter<T, B>*> params;
@@ -41,7 +42,7 @@ auto norm_backward_over_rows(
     p->grad = part.slice(at, Shape{p->numel()});
     at += p->numel();
   }
-  Tensor<T, B> dx = norm.backward(ctx, dy, s);
+  Tensor<T, B> dx = norm.backward(ctx, dy, s, std::forward<Extra>(extra)...);
   reduce(part.data(), total);
   at = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -80,11 +81,23 @@ class ReplicatedNorm {
   Tensor<T, B> forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s) const {
     return norm_.forward(ctx, x, s);
   }
+  /// r = a + b (into `r`, which the caller keeps), then forward(r), in one pass: the norm's
+  /// `forward_residual` (LayerNorm's), row by row, so this rank's chunk of the rows under
+  /// sequence parallelism works the same.
+  Tensor<T, B> forward_residual(const Context<B>& ctx, const Tensor<T, B>& a, const Tensor<T, B>& b,
+                                const Tensor<T, B>& r, Stash& s) const {
+    return norm_.forward_residual(ctx, a, b, r, s);
+  }
   Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s) {
     if (!group_.sequence_parallel()) return norm_.backward(ctx, dy, s);
-    return detail::norm_backward_over_rows(ctx, norm_, dy, s, [this](T* p, std::int64_t n) {
-      group_.all_reduce(p, n, ReduceOp::sum);
-    });
+    return detail::norm_backward_over_rows(ctx, norm_, dy, s, reduce_over_group());
+  }
+  /// The backward with the residual path's gradient added to dx (LayerNorm's
+  /// `backward(ctx, dy, s, residual_grad)`; dy's shape).
+  Tensor<T, B> backward(const Context<B>& ctx, const Tensor<T, B>& dy, Stash& s,
+                        const Tensor<T, B>* residual_grad) {
+    if (!group_.sequence_parallel()) return norm_.backward(ctx, dy, s, residual_grad);
+    return detail::norm_backward_over_rows(ctx, norm_, dy, s, reduce_over_group(), residual_grad);
   }
 
   template <class F>
@@ -96,6 +109,11 @@ class ReplicatedNorm {
   [[nodiscard]] const TpGroup<Comm>& group() const { return group_; }
 
  private:
+  /// Sums a chunk's partial gain and bias gradients over the group.
+  auto reduce_over_group() const {
+    return [this](T* p, std::int64_t n) { group_.all_reduce(p, n, ReduceOp::sum); };
+  }
+
   TpGroup<Comm> group_;
   Norm norm_;
 };

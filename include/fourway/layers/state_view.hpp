@@ -5,7 +5,7 @@
 //! local element local + i·local_stride, global run i at global element global + i·global_stride
 //! of the flattened global tensor. An unsplit parameter is one block of one run (`state_view_of`'s
 //! default; without the padding rows of a padded vocabulary); a tensor-parallel slice is a column
-//! block per part, a row block or the real rows of a vocabulary slice (parallel/tp/gpt.hpp). Local
+//! block per part, a row block or the real rows of a vocabulary slice (layers/embedding.hpp). Local
 //! elements outside every block are padding.
 #pragma once
 

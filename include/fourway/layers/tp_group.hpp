@@ -59,6 +59,9 @@ class TpGroup {
     }
   }
   [[nodiscard]] bool sequence_parallel() const { return sp_; }
+  /// Built over a communicator (of any size, one included): a layer then keeps the split form
+  /// of its parameters and kernels even at one rank, as a tensor-parallel mesh of tp = 1 has it.
+  [[nodiscard]] bool has_comm() const { return comm_ != nullptr; }
   /// The communicator (null for a group of one).
   [[nodiscard]] Comm* comm() const { return comm_; }
 

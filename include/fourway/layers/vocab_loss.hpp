@@ -3,10 +3,10 @@
 //! real rows; padding rows never enter a product), computes only its logits (rows, Vv) and joins
 //! the softmax with two all-reduces: MAX of the row maxima, then SUM of (Σ exp, target logit).
 //! Full logits are never formed, and the backward communicates nothing; the input gradient it
-//! returns is this rank's partial sum (the caller reduces it over the group). Used by tp::Gpt
-//! (the tied head, W = wte's slice) and by any tensor-parallel model (an untied head).
-//! Both all-reduces are completed in stream order (layers/conjugate.hpp): no host wait. Given a
-//! `LossSink`, the loss stays on the device too (added to the sink, as fw::models::Gpt's
+//! returns is this rank's partial sum (the caller reduces it over the group). Used by models::Gpt
+//! over a tp group (the tied head, W = wte's slice) and by any tensor-parallel model (an untied
+//! head). Both all-reduces are completed in stream order (layers/conjugate.hpp): no host wait.
+//! Given a `LossSink`, the loss stays on the device too (added to the sink, as fw::models::Gpt's
 //! `forward_into` does), so the forward makes no synchronising call at all; without one it reads
 //! the loss back, one synchronising call.
 #pragma once

@@ -1,13 +1,16 @@
-//! GPT-2 on every mesh: fourway's GPT (`models::Gpt`, layers/gpt.hpp; `tp::Gpt`, its tensor-
-//! parallel split, parallel/tp/gpt.hpp) registered with the generic runtime of train/, which names
-//! no model. This is the one place that says what the strategies build for a GPT:
+//! GPT-2 on every mesh: fourway's GPT (`models::Gpt<T, B, Comm>`, layers/gpt.hpp — one
+//! definition, whole in a group of one rank, split over a tensor-parallel group) registered with
+//! the generic runtime of train/, which names no model. This is the one place that says what the
+//! strategies build for a GPT:
 //! ```
-//!   model_family<models::GptConfig>   the family (train/model_family.hpp): models::Gpt without a
-//!                                     TensorParallel axis (built deferred, so a rank materialises
-//!                                     only what it owns under ZeRO-3), tp::Gpt with one
+//!   model_family<models::GptConfig>   the family (train/model_family.hpp): models::Gpt<T, B>
+//!                                     without a TensorParallel axis (built deferred, so a rank
+//!                                     materialises only what it owns under ZeRO-3),
+//!                                     models::Gpt<T, B, Comm> over the tp group with one
 //!   default_model_config<>            GPT-2 is the family MeshStrategy<M, P, B, Comm> and
 //!                                     check_mesh<M, P> train when no Config is named
-//!   TensorParallelStrategy<S, T, B, Comm>   ShardedStrategy<S> over tp::Gpt (docs/parallel-tp.md)
+//!   TensorParallelStrategy<S, T, B, Comm>   ShardedStrategy<S> over the split GPT
+//!                                     (docs/parallel-tp.md)
 //!   models::part_factory<T>(ctx, cfg, seed) a PipelineStrategy's chunk factory: models::Gpt parts
 //!                                     with the whole model's values; models::cut_costs(cfg)
 //!                                     (layers/gpt.hpp) balances them
@@ -27,21 +30,20 @@
 #include "fourway/checkpoint/gpt2_checkpoint.hpp"
 #include "fourway/layers/gpt.hpp"
 #include "fourway/layers/model_part.hpp"
+#include "fourway/layers/tp_options.hpp"
 #include "fourway/optim/precision.hpp"
-#include "fourway/parallel/tp/gpt.hpp"
-#include "fourway/parallel/tp/options.hpp"
 #include "fourway/train/model_family.hpp"
 #include "fourway/train/sharded_strategy.hpp"
 #include "fourway/train/weights_save.hpp"
 
 namespace fourway {
 
-/// GPT-2: models::Gpt without a tensor-parallel axis, tp::Gpt with one.
+/// GPT-2: models::Gpt whole without a tensor-parallel axis, over the tp group with one.
 template <>
 struct model_family<models::GptConfig> {
   using config_type = models::GptConfig;
   template <class T, class B, class Comm, bool TensorParallel>
-  using rank_model = std::conditional_t<TensorParallel, tp::Gpt<T, B, Comm>, models::Gpt<T, B>>;
+  using rank_model = models::Gpt<T, B, std::conditional_t<TensorParallel, Comm, Alone>>;
   template <class T, class B, class Comm>
   using one_rank_model = models::Gpt<T, B>;
 
@@ -49,8 +51,7 @@ struct model_family<models::GptConfig> {
   static std::unique_ptr<M> make(const Context<B>& ctx, const config_type& cfg, std::uint64_t seed,
                                  Comm& tp, const tp::TpOptions& options,
                                  std::optional<ModelPart> part, bool loaded) {
-    using T = typename M::value_type;
-    if constexpr (std::is_same_v<M, tp::Gpt<T, B, Comm>>) {
+    if constexpr (!std::is_same_v<typename M::comm_type, Alone>) {
       return std::make_unique<M>(ctx, cfg, tp, seed, options, part.value_or(ModelPart{}));
     } else {
       (void)tp;
@@ -77,7 +78,7 @@ struct default_model_config<void> {
 
 /// A tensor-parallel GPT trained over a mesh's data-parallel group: the ShardedStrategy
 /// (train/sharded_strategy.hpp) over the dp group, owning the optimizer and the step, applied to
-/// `tp::Gpt`, which holds the tensor-parallel group:
+/// `models::Gpt<T, B, Comm>`, which holds the tensor-parallel group:
 /// ```
 ///   world of D·N ranks (fw::Mesh<TensorParallel<N>, DataParallel>, tp fastest):
 ///     tp group (N consecutive ranks)   splits every layer; gradients of split parameters are
@@ -89,7 +90,8 @@ struct default_model_config<void> {
 /// ```
 /// Stage 0 is DataParallel across the groups, 1-3 ZeRO sharding each TP rank's local parameters.
 template <int Stage, class T, class B, class Comm>
-using TensorParallelStrategy = ShardedStrategy<Stage, tp::Gpt<T, B, Comm>, Precision<T>, B, Comm>;
+using TensorParallelStrategy =
+    ShardedStrategy<Stage, models::Gpt<T, B, Comm>, Precision<T>, B, Comm>;
 
 /// `save_weights_sharded` (train/weights_save.hpp) of a GPT-2 model of `cfg`: the Hugging Face
 /// file `save_gpt2` writes of the same weights on one rank (HF names, the strategy's element

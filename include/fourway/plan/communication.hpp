@@ -237,8 +237,8 @@ constexpr Traffic context_parallel_traffic_per_micro_batch(ContextShape x, int c
   return t;
 }
 
-/// The bytes one rank of fourway's tensor-parallel GPT (parallel/tp/gpt.hpp) sends in its
-/// tensor-parallel group in one step, counted as `Counting` counts them (comm/counting.hpp):
+/// The bytes one rank of fourway's GPT split over a tensor-parallel group (layers/gpt.hpp) sends in
+/// its tensor-parallel group in one step, counted as `Counting` counts them (comm/counting.hpp):
 /// per micro-batch 4L + 2 all-reduce equivalents of b·s·h (two per block each way, the
 /// embedding's forward and the LM head's input gradient; +2L when every block is recomputed),
 /// sequence parallel as all-gather + reduce-scatter pairs of the same volume plus one all-reduce of

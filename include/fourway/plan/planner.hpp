@@ -415,7 +415,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
     const bool own = o.footprint == Footprint::fourway;
     const bool own_pp = own && s.pp > 1;
     // models::Gpt (tp = 1) pads the vocabulary to a multiple of the alignment
-    // (GptConfig::vocab_alignment); tp::Gpt pads it to tp·alignment
+    // (GptConfig::vocab_alignment); split over a tp group it is padded to tp·alignment
     const TensorSplit split{s.tp, o.vocab_alignment};
     // the logits' row width of the tp = 1 head: the padded vocabulary
     const std::int64_t head_vocab = !own        ? 0
@@ -489,8 +489,7 @@ inline Plan make_plan(const Model& model, const Cluster& cluster, const Strategy
           sp.activations = static_cast<double>(act.kept);
           sp.recompute_working = static_cast<double>(act.peak - act.kept);
           sp.backward_workspace = static_cast<double>(act.with_workspace - act.peak);
-        } else if (s.tp >
-                   1) {  // tp::Gpt: the fullest rank holds min(Vp/tp, V) real vocabulary rows
+        } else if (s.tp > 1) {  // split: the fullest rank holds min(Vp/tp, V) real vocabulary rows
           const std::int64_t rows = std::min(runtime_vocab_rows(a, split), a.vocab);
           const std::int64_t out =
               runtime_tp_embedding_activation_bytes(g, s.tp, s.sequence_parallel);

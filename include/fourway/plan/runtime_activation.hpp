@@ -118,12 +118,12 @@ constexpr std::int64_t runtime_activation_bytes(const GptActivationShape& x, Che
                                             runtime_head_activation_bytes(x));
 }
 
-/// Bytes one rank of a tensor-parallel group of `tp` keeps per `tp::Block` (parallel/tp/block.hpp)
-/// after forward. The split parts are /tp: c_attn.y 3, heads 1, c_fc.y 4, gelu.y 4 (·BTC) and the
-/// attention's log-sum-exp B·NH·T (fp32). The LayerNorm/residual region — ln_1.y, attention output,
-/// r, ln_2.y, MLP output, y (6·BTC) and the LayerNorm statistics — is whole on every rank, or /tp
-/// under sequence parallelism, which then keeps the gathered inputs of the two column splits
-/// (2·BTC) instead (Megatron-LM gathers them again in backward; fourway keeps them).
+/// Bytes one rank of a tensor-parallel group of `tp` keeps per `TransformerBlock` over the group
+/// (layers/block.hpp) after forward. The split parts are /tp: c_attn.y 3, heads 1, c_fc.y 4, gelu.y
+/// 4 (·BTC) and the attention's log-sum-exp B·NH·T (fp32). The LayerNorm/residual region — ln_1.y,
+/// attention output, r, ln_2.y, MLP output, y (6·BTC) and the LayerNorm statistics — is whole on
+/// every rank, or /tp under sequence parallelism, which then keeps the gathered inputs of the two
+/// column splits (2·BTC) instead (Megatron-LM gathers them again in backward; fourway keeps them).
 constexpr std::int64_t runtime_tp_block_activation_bytes(const GptActivationShape& x, int tp,
                                                          bool sequence_parallel) {
   const std::int64_t w = working_bytes(x.precision);

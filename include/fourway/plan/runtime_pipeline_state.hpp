@@ -7,7 +7,7 @@
 //! (schedule/generators.hpp): one chunk per rank for gpipe, 1f1b and zb-h1, v for interleaved,
 //! two (a V) for zb-v. A rank's parameters are its chunks' (`models::GptPart`): the first chunk
 //! holds wte and wpe, the last ln_f and its own copy of the tied wte (the LM head). Under tensor
-//! parallelism (tp > 1, `tp::Gpt` chunks) each holds its tp slices (`TensorSplit`).
+//! parallelism (tp > 1, `models::Gpt<T, B, Comm>` chunks) each holds its tp slices (`TensorSplit`).
 //!
 //!   ZeRO 0     the chunks' weights and gradients, fp32 masters (mixed precision) and Adam moments
 //!              of every parameter: nothing padded
@@ -24,8 +24,8 @@
 //! unit of a chunk from its B to its next W.
 //!
 //! Parts keep placeholders for the pieces they do not hold, weights and gradients in the working
-//! precision that no optimizer sees: `models::Gpt` a 1-row wte and wpe of width C and a 1-feature
-//! ln_f (weight, bias); `tp::Gpt` a 1x1 wte and wpe and the 1-feature ln_f.
+//! precision that no optimizer sees: a 1-row wte and wpe of width C (on each rank of a tp group)
+//! and a 1-feature ln_f (weight, bias).
 #pragma once
 
 #include <algorithm>
@@ -88,9 +88,9 @@ inline std::vector<models::GptPart> runtime_rank_parts(const Architecture& a,
 }
 
 /// Placeholder elements of a part (weights, and as many gradients): what it does not hold.
-inline std::int64_t runtime_placeholder_elements(const Architecture& a, const TensorSplit& t,
+inline std::int64_t runtime_placeholder_elements(const Architecture& a,
                                                  const models::GptPart& part) {
-  const std::int64_t row = t.tp > 1 ? 1 : a.hidden;  // tp::Gpt 1x1, models::Gpt 1 x C
+  const std::int64_t row = a.hidden;  // a 1 x C wte and wpe, split or not
   const bool wte = part.embedding || part.head;
   return (wte ? 0 : row) + (part.embedding ? 0 : row) + (part.head ? 0 : 2);
 }
@@ -239,7 +239,7 @@ inline PipelineRankState runtime_pipeline_rank_state(const Architecture& a, Prec
   for (const auto& part : parts) {
     r.layers += part.end_block - part.first_block;
     for (std::int64_t u : runtime_part_units(a, t, part)) r.params += u;
-    placeholders += runtime_placeholder_elements(a, t, part);
+    placeholders += runtime_placeholder_elements(a, part);
   }
   const std::vector<std::int64_t> segments = runtime_pipeline_segments(a, zero_stage, p, t, parts);
   r.states = model_state_bytes(r.params, p, zero_stage, dp, Padding::per_unit(segments), optimizer);
@@ -290,9 +290,9 @@ inline std::vector<PipelineRankState> runtime_pipeline_states(
 ///            a block's backward — the first one's, or when checkpointed the last one's (W's copies
 ///            of those after it queued, its stash recomputed) — at the block's largest moment,
 ///            BTC + 4·BTC/tp above its start (the MLP's row-split GEMM: its input and output
-///            gradient copied before its output is freed), or 4·BTC + 3·BTC/tp less ln_2's rows
-///            under sequence parallelism (the attention's c_attn: the gathered ln_1 output and
-///            dqkv copied while the MLP's gathered input copy is kept)
+///            gradient copied before its output is freed), or 3·BTC + BTC/tp under sequence
+///            parallelism (the attention's c_attn: the gathered ln_1 output and dqkv copied; the
+///            MLP's column split has freed its gathered input in its own backward)
 ///   W        frees what B kept
 ///
 /// `kept` is the largest sum at an action's end, `peak` the largest at any moment; `in_flight`
@@ -346,7 +346,7 @@ inline PipelineActivation runtime_pipeline_activation(const Architecture& a,
   const std::int64_t again = selective ? block - kept_block : 0;
   // the split backward: per block what W keeps, and the block's largest moment above its start
   const std::int64_t queue_block = 4 * u + 12 * un;
-  const std::int64_t walk = sp ? 4 * u + 3 * un - 2 * (bt / t.tp) * 4 : u + 4 * un;
+  const std::int64_t walk = sp ? 3 * u + un : u + 4 * un;
   // activations + workspace at GELU's backward above the block's start, fused and split
   const std::int64_t chain = sp ? 9 * un : 8 * un;
   const std::int64_t chain_split = sp ? u + 13 * un : u + 12 * un;

@@ -45,10 +45,10 @@
 #include "fourway/layers/model_part.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/sequence_shard.hpp"
+#include "fourway/layers/sliced_model.hpp"
 #include "fourway/layers/tp_group.hpp"
+#include "fourway/layers/tp_options.hpp"
 #include "fourway/parallel/pp/partition.hpp"
-#include "fourway/parallel/tp/options.hpp"
-#include "fourway/parallel/tp/slices.hpp"
 
 namespace fourway {
 

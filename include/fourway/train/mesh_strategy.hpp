@@ -10,9 +10,9 @@
 //! ```
 //! The rank models are the ones the `fw::model_family<Config>` names (train/model_family.hpp);
 //! nothing here names a model. Without a `Config`, GPT-2 (models/gpt2.hpp: models::Gpt, and
-//! tp::Gpt under tensor parallelism); a decoder of the user's own names its own (examples/llama/).
-//! Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S for `Sharded<S>`.
-//! A `ContextParallel<N>` axis splits every sequence over N ranks: the strategy
+//! models::Gpt over the tp group under tensor parallelism); a decoder of the user's own names its
+//! own (examples/llama/). Z is the dp policy's ZeRO stage: 0 for `DataParallel` or no dp policy, S
+//! for `Sharded<S>`. A `ContextParallel<N>` axis splits every sequence over N ranks: the strategy
 //! owns a `cp::RingShard` over the cp group and binds it to the rank model
 //! (`bind_sequence_shard`: positions and attention follow it), and the data-parallel work — the
 //! gradient reduction, ZeRO's shards, the loss sum — runs over the cp × dp group, a context rank
@@ -51,13 +51,13 @@
 #include "fourway/layers/model_part.hpp"
 #include "fourway/layers/parameter.hpp"
 #include "fourway/layers/sequence_shard.hpp"
+#include "fourway/layers/tp_options.hpp"
 #include "fourway/mesh/groups.hpp"
 #include "fourway/mesh/mesh.hpp"
 #include "fourway/optim/adamw.hpp"
 #include "fourway/optim/precision.hpp"
 #include "fourway/parallel/cp/ring_shard.hpp"
 #include "fourway/parallel/dp/data_parallel.hpp"
-#include "fourway/parallel/tp/options.hpp"
 #include "fourway/train/model_family.hpp"
 #include "fourway/train/pipeline_strategy.hpp"
 #include "fourway/train/sharded_strategy.hpp"

@@ -78,9 +78,9 @@ struct ShardedOptions {
   bool unit_segments = false;
 };
 
-/// A model split over a model-parallel group as well (tp::Gpt, parallel/tp/gpt.hpp): it says
-/// which of its parameters this rank counts in the global gradient norm (a replicated one on one
-/// rank of the group only) and sums the norm over that group; the strategy's communicator is
+/// A model split over a model-parallel group as well (models::Gpt over a tp group, layers/gpt.hpp):
+/// it says which of its parameters this rank counts in the global gradient norm (a replicated one
+/// on one rank of the group only) and sums the norm over that group; the strategy's communicator is
 /// then the data-parallel group.
 template <class M>
 concept model_parallel_model = requires(M& m, const M& cm, StepScalars<Host>& s, int i) {

@@ -9,8 +9,8 @@
 //!                    chunk that holds it (both copies are sharded and stepped alike)
 //!   counts_in_norm   false for the LM head's copy of `wte` (the last chunk's, when the model
 //!                    has more than one chunk): Σg² counts the tied embedding once; for
-//!                    tensor-parallel chunks (tp::Gpt) also what the chunk says (a replicated
-//!                    parameter counts on tp rank 0 only)
+//!                    tensor-parallel chunks (a GPT over a tp group) also what the chunk says (a
+//!                    replicated parameter counts on tp rank 0 only)
 //!   own_segment      the parameters the pipeline names (the two copies of a tied `wte` under
 //!                    ZeRO-2/3, whose reduced shards it sums element for element): each is a
 //!                    segment of its own in the sharded layout (parallel/dp/parameter_layout.hpp)

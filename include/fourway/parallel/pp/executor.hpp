@@ -104,8 +104,9 @@ struct ExecSpan {
 };
 
 /// What the executor runs a chunk with: a model part's units one at a time (models::Gpt and
-/// tp::Gpt both are, and so can a model of the user's own). A chunk whose LM head is tied to its
-/// embedding also has `wte()` (train/pipeline_strategy.hpp sums the two copies' gradients).
+/// split over a tp group both are, and so can a model of the user's own). A chunk whose LM head is
+/// tied to its embedding also has `wte()` (train/pipeline_strategy.hpp sums the two copies'
+/// gradients).
 template <class M, class T, class B>
 concept pipeline_chunk = requires(M& m, const Context<B>& ctx, typename M::Stash& s,
                                   const Tensor<T, B>& x, const Tensor<std::int32_t, B>& ids,

@@ -1,8 +1,8 @@
 //! A tensor-parallel model's values through its placement table (tp/placement.hpp): set every
 //! parameter to its slice of the unsplit tensors, and gather the unsplit tensors back from every
 //! rank's slices; `SlicedModel`, what the strategies ask of such a model, answered from the
-//! table. Shared by tp::Gpt and any model that describes its split with `Placement`s
-//! (examples/llama/).
+//! table. Shared by models::Gpt over a tp group and any model that describes its split with
+//! `Placement`s (examples/llama/).
 #pragma once
 
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include "fourway/comm/staged.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/layers/parameter.hpp"
-#include "fourway/parallel/tp/placement.hpp"
+#include "fourway/layers/placement.hpp"
 
 namespace fourway::tp {
 
@@ -105,8 +105,9 @@ std::vector<Placement> placements_of(Model& m) {
 
 /// What the strategies ask of a model split over a tensor-parallel group by a placement table
 /// (train/sharded_strategy.hpp's `model_parallel_model`, checkpoints, the numerics check),
-/// answered from the table: a base of tp::Gpt and of any such model of the user's own
-/// (examples/llama/). `table` lists the parameters the model holds, in `visit_parameters` order.
+/// answered from the table: a base of models::Gpt over a tp group and of any such model of the
+/// user's own (examples/llama/). `table` lists the parameters the model holds, in
+/// `visit_parameters` order.
 template <communicator Comm>
 class SlicedModel {
  public:
