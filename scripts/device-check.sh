@@ -31,6 +31,9 @@
 #                        PyTorch eager (and SDPA) on the same GPU, 3 interleaved rounds, fourway
 #                        with its blockwise and its fused attention; tokens/s, MFU and the ratios
 #                        in the table (benchmarks/train/compare_pytorch_gpu.sh)
+#   train-vs-pytorch-gpu-b64  the same at B 64 (llm.c's published batch at T 1024): fourway
+#                        (blockwise and fused), llm.c when staged, PyTorch SDPA and torch.compile
+#                        (eager's (B, H, T, T) scores left out), 3 rounds of 4 timed steps
 #   bench-kernels        near the end, with what is left of the budget: bench_kernels_gpu (GEMM
 #                        vs a direct cuBLAS call, AdamW (one tensor and GPT-2's 148) / LayerNorm /
 #                        GELU / softmax / cross-entropy / column sum vs the copy bandwidth,
@@ -230,6 +233,7 @@ plan=(
   "train-cuda-vs-host|110|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; cp2 dp2 ZeRO-3, cp2 pp2 bf16; classifier chunks; fp16; fused attention; tf32"
   "multi-gpu|300|examples/train/multi_gpu_vs_host.sh: --backend nccl on 2, 4, 8 GPUs (launch-local.sh, torchrun-style): dp, zero3, tp2, pp2 x gpipe/1f1b/interleaved/zb-h1/zb-v, tp2 pp2 dp2 zero3 vs host losses; needs >= 2 GPUs"
   "train-vs-pytorch-gpu|180|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA/torch.compile with fused AdamW, 3 rounds (torch.compile's compilation in each round's warm-up)"
+  "train-vs-pytorch-gpu-b64|150|benchmarks/train/compare_pytorch_gpu.sh at B64 T1024: fourway-train-cuda (blockwise and fused) vs PyTorch SDPA/torch.compile (and llm.c when staged), 3 rounds of 4 timed steps"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
   "profile-step|180|benchmarks/train/profile_step_gpu.sh: ncu times every kernel of one GPT-2 124M bf16 step (fused attention)"
@@ -258,11 +262,11 @@ if [ -n "$prebuilt" ]; then  # the three build steps become one
 else
   echo "== device-check ($mode): kit $kit, build $build, budget ${budget}s, -j $jobs"
 fi
-printf '   %-22s %5s  %s\n' step limit what
+printf '   %-24s %5s  %s\n' step limit what
 for p in "${plan[@]}"; do
   IFS='|' read -r n l w <<< "$p"
   case "$n" in kit-build|configure|build|prebuilt) ;; *) asked "$n" || w="(not asked) $w" ;; esac
-  printf '   %-22s %5s  %s\n' "$n" "${l}s" "$w"
+  printf '   %-24s %5s  %s\n' "$n" "${l}s" "$w"
 done
 # GPUs this run may use: nvidia-smi's list, cut to CUDA_VISIBLE_DEVICES when that is set
 visible_gpus() {
@@ -549,8 +553,14 @@ if [ "$built" -eq 1 ]; then
     LLMC=$llmc step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
     while IFS= read -r f; do note train-vs-pytorch-gpu "${f#FIGURE train-vs-pytorch-gpu }"; done \
       < <(grep '^FIGURE train-vs-pytorch-gpu' "$logdir/train-vs-pytorch-gpu.log")
+    # the larger batch: llm.c's B 64, the attentions a PyTorch user runs there
+    B=64 ROUNDS=3 STEPS=4 WARMUP=2 ATTENTION=sdpa,compile LLMC=$llmc \
+      step train-vs-pytorch-gpu-b64 "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
+    while IFS= read -r f; do note train-vs-pytorch-gpu-b64 "${f#FIGURE train-vs-pytorch-gpu }"; done \
+      < <(grep '^FIGURE train-vs-pytorch-gpu' "$logdir/train-vs-pytorch-gpu-b64.log")
   else
     skip train-vs-pytorch-gpu "fourway-train-cuda not built"
+    skip train-vs-pytorch-gpu-b64 "fourway-train-cuda not built"
   fi
   bench=$build/benchmarks/backend/bench_kernels_gpu
   if [ -x "$bench" ]; then
@@ -587,8 +597,8 @@ if [ "$built" -eq 1 ]; then
   fi
 else
   for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
-           gpt-step train-cuda-vs-host multi-gpu train-vs-pytorch-gpu bench-kernels bench-comm \
-           profile-step; do
+           gpt-step train-cuda-vs-host multi-gpu train-vs-pytorch-gpu train-vs-pytorch-gpu-b64 \
+           bench-kernels bench-comm profile-step; do
     skip "$n" "build failed"
   done
 fi
@@ -596,11 +606,11 @@ fi
 {
   echo
   echo "== device-check summary: $(($(date +%s) - t0)) s of ${budget} s, $(date -u +%FT%TZ)"
-  printf '| %-20s | %-8s | %5s | %s\n' step status sec "figures / notes"
-  printf '| %-20s | %-8s | %5s | %s\n' --- --- --- ---
+  printf '| %-24s | %-8s | %5s | %s\n' step status sec "figures / notes"
+  printf '| %-24s | %-8s | %5s | %s\n' --- --- --- ---
   for r in "${rows[@]}"; do
     IFS='|' read -r n st dt nt <<< "$r"
-    printf '| %-20s | %-8s | %5s | %s\n' "$n" "$st" "$dt" "$nt"
+    printf '| %-24s | %-8s | %5s | %s\n' "$n" "$st" "$dt" "$nt"
   done
   verdict=PASSED
   [ "$failed" -eq 0 ] || verdict=FAILED
