@@ -55,6 +55,16 @@ inline void check_bgrad_operand(Trans tb, std::int64_t k, std::int64_t n, std::i
                     k, ", ", n, ") output gradient, got ",
                     tb == Trans::none ? "untransposed" : "transposed", " with ldb ", ldb);
 }
+
+/// gemm_dgelu's bias gradient sums the rows of C, which must then be dense (ldc = n): both
+/// backends' check.
+template <class T>
+void check_dgelu_output(const T* dbias, std::int64_t n, std::int64_t ldc) {
+  check<ShapeError>(dbias == nullptr || ldc == n,
+                    "fourway: gemm_dgelu's bias gradient reduces a "
+                    "dense C: ldc ",
+                    ldc, " for ", n, " columns");
+}
 }  // namespace detail
 
 }  // namespace fourway

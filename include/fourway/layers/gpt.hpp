@@ -70,7 +70,7 @@
 #include "fourway/layers/sliced_model.hpp"
 #include "fourway/layers/tp_group.hpp"
 #include "fourway/layers/tp_options.hpp"
-#include "fourway/layers/vocab_loss.hpp"
+#include "fourway/layers/vocab_parallel.hpp"
 #include "fourway/layers/weight_grad_queue.hpp"
 
 namespace fourway::models {
@@ -177,12 +177,10 @@ class Gpt : public detail::gpt_base<Comm> {  // split: counts_in_norm, state_vie
     std::vector<typename Checkpointed<Block>::Stash>
         blocks;  // `.inner` used when not checkpointing
     typename Norm::Stash ln_f;
-    Tensor<T, B> h;           // sequence parallel: ln_f's output gathered (B·T, C)
-    Tensor<T, B> logits;      // whole: (B, T, Vp) when classifier_chunk is 0, else empty;
-                              // split: (B·T, Vv), this rank's real vocabulary columns
+    Tensor<T, B> logits;      // whole: (B, T, Vp) when classifier_chunk is 0, else empty
     Tensor<float, B> losses;  // whole: (B, T) per-token cross-entropy
-    Tensor<float, B> stats;   // split: (3, B·T) global row max | Σ exp | target logit
-    float loss = 0.0f;        // the head's mean loss; NaN when a LossSink took it
+    typename VocabHead<T, B, Comm>::Stash head;  // split: the vocabulary-parallel head's
+    float loss = 0.0f;  // the head's mean loss; NaN when a LossSink took it
   };
 
   /// Builds and initialises the model as GPT-2 / nanoGPT do (normal std 0.02, c_proj weights
@@ -405,10 +403,11 @@ class Gpt : public detail::gpt_base<Comm> {  // split: counts_in_norm, state_vie
              matrix(wte().bound_weight()).t());
     } else {
       Ops<B>::fill(ctx, logits.data(), logits.numel(), convert<T>(0.0f));
-      const tp::VocabSlice<T, B> w = head_slice();
-      if (w.valid > 0) {
-        matmul(ctx, matrix(logits.data() + w.start, 1, w.valid), matrix(h.data(), 1, C),
-               matrix(w.weight, w.valid, C).t());
+      const std::int64_t start = embedding_.vocab_start();
+      const std::int64_t valid = embedding_.vocab_valid();
+      if (valid > 0) {
+        matmul(ctx, matrix(logits.data() + start, 1, valid), matrix(h.data(), 1, C),
+               matrix(wte().bound_weight().data(), valid, C).t());
       }
       group_.all_reduce(logits);
     }
@@ -538,7 +537,7 @@ class Gpt : public detail::gpt_base<Comm> {  // split: counts_in_norm, state_vie
   /// head and the split embedding, as every tp of a mesh has them.
   [[nodiscard]] bool split() const { return group_.has_comm(); }
   [[nodiscard]] static bool head_stashed(const Stash& s) {
-    return !s.losses.empty() || !s.stats.empty();
+    return !s.losses.empty() || !s.head.stats.empty();
   }
   [[nodiscard]] int head_unit() const { return cfg_.layers + 1; }
   void check_block(int i) const {
@@ -555,10 +554,9 @@ class Gpt : public detail::gpt_base<Comm> {  // split: counts_in_norm, state_vie
   [[nodiscard]] std::int64_t classifier_rows(std::int64_t rows) const {
     return cfg_.classifier_chunk > 0 ? std::min<std::int64_t>(cfg_.classifier_chunk, rows) : rows;
   }
-  /// This rank's rows of the tied head: its real vocabulary rows of wte.
-  tp::VocabSlice<T, B> head_slice() {
-    return {wte().bound_weight().data(), embedding_.vocab_start(), embedding_.vocab_valid()};
-  }
+  /// The split model's LM head: a vocabulary-parallel head tied to wte (this rank's rows),
+  /// made where it is used, so that it always borrows this object's wte.
+  VocabHead<T, B, Comm> split_head() { return VocabHead<T, B, Comm>(wte(), group_); }
 
   // ---- the head of the whole model: the padded logits' cross-entropy -------------------------
 
@@ -633,32 +631,18 @@ class Gpt : public detail::gpt_base<Comm> {  // split: counts_in_norm, state_vie
     return ln_f_.backward(ctx, dh, s.ln_f);
   }
 
-  // ---- the head over a tensor-parallel group: vocabulary-parallel (layers/vocab_loss.hpp) ----
+  // ---- the head over a tensor-parallel group: VocabHead, tied (layers/vocab_parallel.hpp) ----
 
   float split_head_forward(const Context<B>& ctx, const Tensor<T, B>& x, Stash& s,
                            const LossSink* sink) {
-    const std::int64_t rows = s.targets.numel();
-    ::fourway::detail::check_vocab_ids(s.targets, cfg_.vocab, "target");
-    const Tensor<T, B> l = ln_f_.forward(ctx, x, s.ln_f);     // sequence parallel: (B·T/N, C)
-    const Tensor<T, B> h = group_.column_input(ctx, l, s.h);  // (B·T, C)
-    return tp::vocab_parallel_loss_forward_with(
-        ctx, [this](float* p, std::int64_t n, ReduceOp op) { group_.all_reduce(p, n, op); },
-        head_slice(), h.data(), rows, cfg_.dim, s.targets.data(), s.logits, s.stats, sink);
+    const Tensor<T, B> h = ln_f_.forward(ctx, x, s.ln_f);  // sequence parallel: (B·T/N, C)
+    return split_head().forward(ctx, h, s.targets, s.head, sink);
   }
 
   Tensor<T, B> split_head_backward(const Context<B>& ctx, Stash& s, float grad_scale) {
-    const std::int64_t rows = s.targets.numel();
-    const std::int64_t C = cfg_.dim;
-    const T* h = s.h.empty() ? s.ln_f.y.data() : s.h.data();
-    // (B·T, C), a partial sum over the group until f's backward reduces it
-    Tensor<T, B> dh = ::fourway::detail::workspace<T, B>(
-        ctx, sequence_parallel() ? Shape{rows, C} : s.ln_f.y.shape());
-    tp::vocab_parallel_loss_backward(ctx, head_slice(), wte().bound_grad().data(), h, rows, C,
-                                     s.targets.data(), s.logits, s.stats, grad_scale, dh.data());
-    s.h.reset();  // the head's stash is done with: freed before the blocks' backward
-    s.logits.reset();
-    s.stats.reset();
-    return ln_f_.backward(ctx, group_.column_input_backward(ctx, std::move(dh)), s.ln_f);
+    // the head's stash is freed before f's backward; dh comes back in ln_f's output's rows
+    const Tensor<T, B> dh = split_head().backward(ctx, s.head, grad_scale);
+    return ln_f_.backward(ctx, dh.view(s.ln_f.y.shape()), s.ln_f);
   }
 
   GptConfig cfg_;

@@ -154,7 +154,10 @@ class VocabHead {
   /// A head tied to `embedding`'s table: it borrows the parameter (not visited here; the
   /// embedding's owner keeps it alive and in place). Call `tie` again after moving either.
   explicit VocabHead(VocabEmbedding<T, B, Comm>& embedding)
-      : group_(embedding.group()), weight_(&embedding.weight()) {}
+      : VocabHead(embedding.weight(), embedding.group()) {}
+  /// A head tied to `table`, a vocabulary split (Vp/N, C) over `group` (GPT-2's wte, layers/
+  /// embedding.hpp), borrowed as above.
+  VocabHead(Parameter<T, B>& table, TpGroup<Comm> group) : group_(group), weight_(&table) {}
   void tie(VocabEmbedding<T, B, Comm>& embedding) { weight_ = &embedding.weight(); }
 
   VocabHead(VocabHead&& o) noexcept
@@ -203,7 +206,9 @@ class VocabHead {
     Tensor<T, B> dh = detail::workspace<T, B>(ctx, Shape{rows, C});
     tp::vocab_parallel_loss_backward(ctx, slice(), weight_->bound_grad().data(), s.h.data(), rows,
                                      C, s.targets.data(), s.logits, s.stats, grad_scale, dh.data());
-    s.h.reset();
+    s.h.reset();  // the stash is done with: freed before f's backward allocates
+    s.logits.reset();
+    s.stats.reset();
     return group_.column_input_backward(ctx, std::move(dh));
   }
 

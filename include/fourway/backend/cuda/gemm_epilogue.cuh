@@ -247,10 +247,7 @@ void gemm_dgelu(const Context<Cuda>& ctx, Trans ta, Trans tb, std::int64_t m, st
                 std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
                 const T* pre_gelu, T* c, std::int64_t ldc, T* dbias = nullptr) {
   fourway::detail::check_gemm_args(ta, tb, m, n, k, lda, ldb, ldc);
-  check<ShapeError>(dbias == nullptr || ldc == n,
-                    "fourway: gemm_dgelu's bias gradient reduces a "
-                    "dense C: ldc ",
-                    ldc, " for ", n, " columns");
+  fourway::detail::check_dgelu_output(dbias, n, ldc);
   if (m == 0 || n == 0) return;
   const bool grad = dbias != nullptr;
   if (!grad || detail::fits_bias_scratch(n)) {

@@ -57,10 +57,7 @@ template <floating_dtype T>
 void gemm_dgelu(const Context<Host>& ctx, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
                 std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
                 const T* pre_gelu, T* c, std::int64_t ldc, T* dbias = nullptr) {
-  check<ShapeError>(dbias == nullptr || ldc == n,
-                    "fourway: gemm_dgelu's bias gradient reduces a "
-                    "dense C: ldc ",
-                    ldc, " for ", n, " columns");
+  fourway::detail::check_dgelu_output(dbias, n, ldc);
   gemm(ctx, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
   for (std::int64_t r = 0; r < m; ++r) {
     gelu_backward(ctx, c + r * ldc, pre_gelu + r * ldc, c + r * ldc, n);
