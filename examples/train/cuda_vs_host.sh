@@ -14,6 +14,10 @@
 #                                                      against the host's bf16 run; the program
 #                                                      must say it runs the fused kernels)
 #   --tf32 against the host's fp32    relative 2e-3   (TF32 rounds GEMM inputs to 10 bits)
+#   fp32, 1 rank, --cuda-graph off    relative 1e-4   (the one-rank cases above capture their
+#                                                      step in a CUDA graph, fourway-train-cuda's
+#                                                      default: this one launches it kernel by
+#                                                      kernel; fp32-1rank must say it captured)
 # Tolerances: in fp32 only the summation order differs (cuBLAS vs the host GEMM, device vs host
 # collectives): ~1e-6 relative per step, grown by the AdamW steps; 1e-4 as in
 # tests/parallel/sharded_cuda_test.cu. In bf16 the whole effect of bf16 rounding on this run is
@@ -64,4 +68,11 @@ if ! grep -q '^attention: fused' "$out/bf16-fused-attention.cuda.txt" 2>/dev/nul
   status=1
 fi
 compare tf32-1rank 2e-3 -- --tf32
+compare fp32-1rank-uncaptured 1e-4 -- --cuda-graph off
+# a one-rank run captures its step by default: fp32-1rank must have, or it tested the other path
+if ! grep -Eq '^cuda graph: [0-9]+ captures?, [0-9]+ of' "$out/fp32-1rank.cuda.txt" 2>/dev/null; then
+  echo "FAIL fp32-1rank: fourway-train-cuda did not capture its step:" \
+    "$(grep '^cuda graph:' "$out/fp32-1rank.cuda.txt" 2>/dev/null || echo 'no cuda graph line')"
+  status=1
+fi
 exit $status

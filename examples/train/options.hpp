@@ -42,6 +42,9 @@ struct Options {
   bool tf32 = false;               // fourway-train-cuda: TF32 tensor cores for fp32 GEMMs
   // fourway-train-cuda, 16-bit: "fused" tensor-core kernels, "cudnn" (the cuDNN component)
   std::string attention = "blockwise";
+  // the one-rank step in a CUDA graph: auto (fourway-train-cuda: where the step allows it;
+  // fourway-train: off), on (required; fourway-train rehearses it), off
+  std::string cuda_graph = "auto";
   std::string checkpoint_activations = "none";  // none, selective, full
   int classifier_chunk = 0;  // LM-head rows of logits at a time (0: all, kept for backward)
   std::string log_json;
@@ -146,6 +149,11 @@ inline fw::tools::ArgParser make_parser(Options& o, const char* program) {
                   "working precision (bf16/fp16 keep fp32 masters; fp16 scales the loss)")
       .add_switch("tf32", &o.tf32,
                   "fourway-train-cuda, --precision fp32: TF32 tensor cores for the GEMMs")
+      .add_choice("cuda-graph", &o.cuda_graph, {"auto", "on", "off"},
+                  "a one-rank run's step (gradients zeroed, forwards, backwards, the gradient "
+                  "norm) captured in a CUDA graph once and replayed (auto: fourway-train-cuda "
+                  "captures where the step allows it, fourway-train does not; on: capture, an "
+                  "error where it cannot be, rehearsed on the host by fourway-train; off)")
       .add_choice("attention", &o.attention, {"blockwise", "fused", "cudnn"},
                   "fourway-train-cuda, bf16/fp16: the causal attention's kernels (fused: flash "
                   "kernels on the tensor cores, scores kept on chip, head sizes 16/32/64/128; "

@@ -249,11 +249,29 @@ void print_attention(const fw::Context<B>& ctx, const Options& o, const fw::mode
   }
 }
 
-/// --micro-batches: gradient accumulation over M micro-batches per step.
-inline fw::TrainerOptions trainer_options(const Options& o) {
+/// --micro-batches: gradient accumulation over M micro-batches per step; --cuda-graph on a
+/// one-rank run (`on_device`: auto captures where the step allows it).
+inline fw::TrainerOptions trainer_options(const Options& o, bool on_device = false) {
   fw::TrainerOptions t;
   t.micro_batches = o.micro_batches;
+  if (run_path(o) == Path::single) {
+    t.capture = o.cuda_graph == "on"                  ? fw::StepCapture::on
+                : o.cuda_graph == "auto" && on_device ? fw::StepCapture::when_possible
+                                                      : fw::StepCapture::off;
+  }
   return t;
+}
+
+/// The step capture's outcome, once the run is over: how often the step was captured and
+/// replayed, or why it was not (nothing when it was never asked for).
+template <class Trainer>
+void print_capture(const Trainer& trainer, int steps) {
+  if (trainer.capture() != fw::StepCapture::off) {
+    std::printf("cuda graph: %ld capture%s, %ld of %d steps replayed\n", trainer.captures(),
+                trainer.captures() == 1 ? "" : "s", trainer.replays(), steps);
+  } else if (!trainer.capture_note().empty()) {
+    std::printf("cuda graph: %s\n", trainer.capture_note().c_str());
+  }
 }
 
 /// What a step's line reports beside its loss: the tokens and model FLOPs of one step, the peak
@@ -557,7 +575,8 @@ int train(const Options& o) {
 
   // ---- optimizer ------------------------------------------------------------------------------
   using P = fw::Precision<T>;
-  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o), ctx, model, make_adamw(o));
+  fw::Trainer<fw::SingleRank<Model, P, B>> trainer(trainer_options(o, Target::traits.on_device),
+                                                   ctx, model, make_adamw(o));
   const fw::FlagGather alone = [](std::int64_t mine) { return std::vector<std::int64_t>{mine}; };
   const int resumed = resume_run(trainer, alone, o, loader, true);
   fw::AsyncStateSave pending;  // --save-async
@@ -595,6 +614,7 @@ int train(const Options& o) {
   }
   finish_saves(pending, alone, o, true, true);
   print_loop_time(o, loop_start, o.steps - resumed);
+  print_capture(trainer, o.steps - resumed);
   progress.finish();
   print_losses(o, first_loss, last_loss, o.steps - resumed);
   val.finish(trainer, true);

@@ -7,7 +7,8 @@
 //!
 //! Which path honours which flag (anything else given is refused by `validate`):
 //!   - every path: the model, data, batch, steps, optimizer, precision, memory cap and block cache;
-//!   - single (one rank): no communicator, so no mesh flag and no --comm-timeout;
+//!   - single (one rank): no communicator, so no mesh flag and no --comm-timeout; the only path
+//!     whose step is captured in a CUDA graph (--cuda-graph on is refused elsewhere);
 //!   - dp and tp: the mesh (--ranks, --backend, --comm-timeout, --dp, --zero, --tp); --bucket-mb
 //!     and --no-overlap only where there is more than one replica;
 //!   - pipeline: the mesh with --pp, and --schedule, --virtual-stages, --trace; no buckets (the
@@ -294,6 +295,14 @@ inline void check_values(Options& o, const TargetTraits& t) {
   fw::check<fw::ConfigError>(o.classifier_chunk >= 0, "fourway: --classifier-chunk must be >= 0 ",
                              "(0: the whole logits at once), got ", o.classifier_chunk);
   check_checkpoint_flags(o);
+  fw::check<fw::ConfigError>(o.cuda_graph != "on" || run_path(o) == Path::single,
+                             "fourway: --cuda-graph on captures a one-rank step; a mesh's steps ",
+                             "(--ranks, --tp, --pp, --cp, --check) run collectives between their ",
+                             "kernels and are not captured: use --cuda-graph auto or off");
+  fw::check<fw::ConfigError>(o.cuda_graph != "on" || o.block_cache != "off",
+                             "fourway: --cuda-graph on needs the block cache (a captured step ",
+                             "may not allocate, and --block-cache off allocates every tensor); ",
+                             "drop --block-cache off or use --cuda-graph auto or off");
   fw::check<fw::ConfigError>(o.profile_step >= 0 && o.profile_step <= o.steps,
                              "fourway: --profile-step must be in [0, --steps] = [0, ", o.steps,
                              "], got ", o.profile_step);
@@ -538,9 +547,15 @@ inline std::string describe(const Options& o, const TargetTraits& t,
              ", beta1 ", num(o.beta1), ", beta2 ", num(o.beta2), ", eps ", num(o.eps), ", clip ",
              num(o.grad_clip), ", warmup ", o.warmup, ", min lr ",
              o.min_lr < 0.0f ? std::string("off") : num(o.min_lr), "\n");
+  const bool graph =
+      path == Path::single && (o.cuda_graph == "on" || (o.cuda_graph == "auto" && t.on_device));
   out += cat("precision: ", o.precision, o.tf32 ? ", tf32" : "", ", attention ", o.attention,
              ", recomputation ", o.checkpoint_activations, ", classifier chunk ",
-             o.classifier_chunk, "\n");
+             o.classifier_chunk, ", cuda graph ",
+             !graph                 ? "off"
+             : o.cuda_graph == "on" ? "on"
+                                    : "where the step allows it",
+             "\n");
   out +=
       cat("memory: ",
           o.memory_cap_gb > 0 ? cat("cap ", num(o.memory_cap_gb), " GB per rank")

@@ -1,12 +1,15 @@
 // What a CUDA graph capture cannot hold, refused on the host as on the GPU (backend/capture.hpp):
-// a synchronising call and a tensor the block cache cannot serve throw GraphCaptureError naming
-// the call (or the bytes) and the capture; what the cache serves, and kernels, pass; the guard
-// closes on every path; captures do not nest; StepGraph<Host> rehearses a capture and its
-// replays. Expected messages are the calls' names as the backend passes them.
+// a synchronising call, a copy from host memory and a tensor the block cache cannot serve throw
+// GraphCaptureError naming the call (or the bytes) and the capture; what the cache serves, and
+// kernels, pass; the guard closes on every path; captures do not nest; StepGraph<Host> rehearses
+// a capture and its replays; the blocks a graph was served are its own until it goes, and a step
+// that frees a tensor made before its capture is refused. Expected messages are the calls' names
+// as the backend passes them.
 #include "fourway/backend/capture.hpp"
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,12 @@ TEST(GraphCapture, SynchronisingCallsAreRefusedNamingTheCall) {
     EXPECT_TRUE(contains(capture_error([&] { (void)fw::host::has_inf_nan(ctx, a.data(), 8); }),
                          "has_inf_nan (a value read back)"));
     EXPECT_TRUE(contains(capture_error([&] { ctx.synchronize(); }), "synchronize inside"));
+    const std::string upload =
+        capture_error([&] { fw::host::from_host(ctx, b.data(), a.data(), 8); });
+    EXPECT_TRUE(contains(upload,
+                         "from_host (a copy from host memory) inside the test's capture: a "
+                         "captured step may not copy from host memory"))
+        << upload;
     // kernels are what a capture records: they run
     fw::host::scale(ctx, a.data(), 8, 2.0f);
     EXPECT_EQ(b[0], 0.0f);  // the refused copy did not happen
@@ -127,4 +136,57 @@ TEST(GraphCapture, StepGraphRehearsesTheCaptureAndEachReplayOnTheHost) {
                        "on the host)"))
       << e;
   EXPECT_FALSE(reads.captured());
+}
+
+TEST(GraphCapture, AGraphsBlocksServeOnlyItsCapturesUntilItGoes) {
+  fw::MemoryAccountant mem;
+  fw::Context<fw::Host> ctx(mem);
+  std::vector<float> x(16, 1.0f);
+  const auto step = [&] {
+    fw::Tensor<float, fw::Host> scratch({64}, fw::MemTag::workspace, mem);
+    fw::host::scale(ctx, x.data(), 16, 2.0f);
+  };
+  step();  // one 256-byte block in the cache
+  const std::size_t blocks = mem.backend_allocations();
+  fw::StepGraph<fw::Host> graph;
+  graph.capture(ctx, step);
+  EXPECT_EQ(mem.backend_allocations(), blocks) << "the capture was served from the cache";
+  EXPECT_EQ(mem.graph_blocks(), 1u);
+  {
+    // a tensor made between replays never gets the graph's block: a replay would write over it
+    fw::Tensor<float, fw::Host> between({64}, fw::MemTag::activations, mem);
+    EXPECT_EQ(mem.backend_allocations(), blocks + 1);
+    graph.replay(ctx);
+    EXPECT_EQ(mem.backend_allocations(), blocks + 1) << "the replay reuses its own block";
+  }
+  // the graph's idle block stays when the cache is emptied (the other block goes)
+  EXPECT_EQ(mem.release_cached_blocks(), 256u);
+  EXPECT_EQ(mem.cached_bytes(), 256u);
+  graph.replay(ctx);
+  EXPECT_EQ(mem.backend_allocations(), blocks + 1);
+  // once the graph goes, its block serves any tensor
+  graph.drop();
+  EXPECT_EQ(mem.graph_blocks(), 0u);
+  fw::Tensor<float, fw::Host> after({64}, fw::MemTag::activations, mem);
+  EXPECT_EQ(mem.backend_allocations(), blocks + 1);
+  EXPECT_EQ(mem.cached_bytes(), 0u);
+}
+
+TEST(GraphCapture, AStepThatFreesATensorMadeBeforeItsCaptureIsRefused) {
+  fw::MemoryAccountant mem(2);
+  fw::Context<fw::Host> ctx(mem);
+  std::optional<fw::Tensor<float, fw::Host>> kept;
+  kept.emplace(fw::Shape{32}, fw::MemTag::activations, mem);  // made before the capture
+  fw::StepGraph<fw::Host> graph;
+  const std::string e = capture_error([&] { graph.capture(ctx, [&] { kept.reset(); }); });
+  EXPECT_TRUE(contains(e,
+                       "rank 2 frees a tensor of 128 bytes (activations) made before a CUDA "
+                       "graph capture (rehearsed on the host)"))
+      << e;
+  EXPECT_TRUE(contains(e, "free it before the capture, or keep it alive past it")) << e;
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(mem.graph_blocks(), 0u) << "a refused capture keeps no block";
+  // a tensor made and freed inside the step is what a capture may hold
+  graph.capture(ctx, [&] { fw::Tensor<float, fw::Host> t({32}, fw::MemTag::activations, mem); });
+  EXPECT_TRUE(graph.captured());
 }

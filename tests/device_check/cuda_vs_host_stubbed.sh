@@ -4,8 +4,10 @@
 # every case must pass, each with its flags on the right side (--attention fused and --tf32 on
 # the CUDA side only, --precision fp32 added to both sides of a case that names none); with
 # STUB_SKEW the stand-in scales its losses, and a case whose tolerance that passes must fail;
-# with STUB_ATTENTION it reports the blockwise fallback, which fails the fused case; no GPU
-# visible is exit 77. The real comparison needs a GPU (scripts/device-check.sh, step
+# with STUB_ATTENTION it reports the blockwise fallback, which fails the fused case; a one-rank
+# run without --cuda-graph gets the host's --cuda-graph on (fourway-train-cuda captures such a
+# run by default; the host program rehearses the capture), and with STUB_NO_CAPTURE the host
+# runs uncaptured, which fails fp32-1rank; no GPU visible is exit 77. The real comparison needs a GPU (scripts/device-check.sh, step
 # train-cuda-vs-host).
 #   cuda_vs_host_stubbed.sh SCRIPT HOST_EXE WORKDIR
 set -uo pipefail
@@ -19,9 +21,11 @@ cat > "$work/fourway-train-cuda" <<'STUB'
 #!/usr/bin/env bash
 echo "$*" >> "$STUB_ARGS"
 [ -n "${STUB_NO_GPU:-}" ] && echo "fourway-train-cuda: no CUDA device is visible" >&2 && exit 1
-args=() json=
+args=() json= mesh= graph=
 while [ $# -gt 0 ]; do
   case $1 in
+    --ranks|--tp|--pp|--cp) mesh=1 && args+=("$1") ;;
+    --cuda-graph) graph=1 && args+=("$1") ;;
     --attention) echo "attention: ${STUB_ATTENTION:-fused (the tensor-core flash kernels)}" && shift ;;
     --tf32) ;;
     --log-json) json=$2 && args+=("$1" "$2") && shift ;;
@@ -29,6 +33,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ -z "$mesh" ] && [ -z "$graph" ] && [ -z "${STUB_NO_CAPTURE:-}" ] && args+=(--cuda-graph on)
 "$STUB_HOST" "${args[@]}" || exit 1
 if [ -n "${STUB_SKEW:-}" ] && [ -n "$json" ]; then
   "$STUB_SKEWER" "$json" "$STUB_SKEW"
@@ -45,10 +50,12 @@ rc=$?
 expect_in_out "" "PASS fp32-1rank: 8 steps" "PASS fp32-zero3-4ranks:" "PASS bf16-zero3-4ranks:" \
   "PASS fp32-tp2-dp2-zero1:" "PASS fp32-tp2-pp2-dp2-zero1:" "PASS fp32-cp2-dp2-zero3:" \
   "PASS bf16-cp2-pp2:" "PASS fp32-classifier-chunk:" "PASS fp16-1rank:" \
-  "PASS bf16-fused-attention:" "PASS tf32-1rank:"
-[ "$(grep -c '^PASS' <<< "$out")" -eq 11 ] || fail "not 11 PASS lines"
+  "PASS bf16-fused-attention:" "PASS tf32-1rank:" "PASS fp32-1rank-uncaptured:"
+[ "$(grep -c '^PASS' <<< "$out")" -eq 12 ] || fail "not 12 PASS lines"
 # the flags each side got: the CUDA side's from the record, the host's from its own logs
 args_of() { grep -E -- "--log-json [^ ]*/$1.cuda.json" "$STUB_ARGS"; }
+grep -q -- "--cuda-graph off" <<< "$(args_of fp32-1rank-uncaptured)" ||
+  fail "fp32-1rank-uncaptured: the CUDA side was not given --cuda-graph off"
 grep -q -- "--precision bf16 --attention fused" <<< "$(args_of bf16-fused-attention)" ||
   fail "bf16-fused-attention: the CUDA side was not given --attention fused after its flags"
 grep -q -- "--precision fp32 --tf32" <<< "$(args_of tf32-1rank)" ||
@@ -75,6 +82,13 @@ rc=$?
 [ $rc -eq 1 ] || fail "exit $rc when the fused kernels were refused, want 1"
 expect_in_out " when the fused kernels were refused" \
   "FAIL bf16-fused-attention: fourway-train-cuda did not run the fused kernels: attention: blockwise"
+
+# the CUDA side did not capture the one-rank step: fp32-1rank fails, naming that
+out=$(STUB_NO_CAPTURE=1 bash "$script" "$host" "$work/fourway-train-cuda" "$work/uncaptured" 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "exit $rc when the step was not captured, want 1"
+expect_in_out " when the step was not captured" \
+  "FAIL fp32-1rank: fourway-train-cuda did not capture its step: no cuda graph line"
 
 out=$(STUB_NO_GPU=1 bash "$script" "$host" "$work/fourway-train-cuda" "$work/nogpu" 2>&1)
 rc=$?

@@ -147,6 +147,7 @@ std::map<std::string, Sample> samples() {
       {"check", {{"--check"}, "check: "}},
       {"quiet", {{"--quiet"}, "quiet"}},
       {"profile-step", {{"--profile-step", "1"}, "profile step 1"}},
+      {"cuda-graph", {{"--cuda-graph", "on"}, "cuda graph on"}},
       {"peak-tflops", {{"--peak-tflops", "100"}, "MFU against 100 TFLOP/s per device"}},
       {"dry-run", {{"--dry-run"}, "dry run"}},
   };

@@ -75,6 +75,19 @@ std::vector<double> losses(const std::filesystem::path& log) {
   return v;
 }
 
+/// A token file `name` of `n` pseudo-random byte ids (as the built-in corpus's) from `seed`.
+std::filesystem::path byte_tokens(const std::string& name, std::size_t n, std::uint32_t seed) {
+  const auto path = scratch(name);
+  std::vector<std::uint16_t> toks(n);
+  std::uint32_t x = seed;
+  for (auto& t : toks) {
+    x = x * 1664525u + 1013904223u;
+    t = static_cast<std::uint16_t>(x >> 24);
+  }
+  fw::TokenData::write(path, toks);
+  return path;
+}
+
 }  // namespace
 
 TEST(FourwayTrain, EveryStepMatchesPyTorchAdamWOnGoldenFiles) {
@@ -209,22 +222,23 @@ TEST(FourwayTrain, WarmupAndCosineDecayFollowNanoGptSchedule) {
 TEST(FourwayTrain, HelpExitsZeroAndListsEveryFlag) {
   const ProgramRun r = run("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* f : {"--init-from", "--layers",
-                        "--dim",       "--heads",
-                        "--vocab",     "--seq",
-                        "--seed",      "--data",
-                        "--batch",     "--steps",
-                        "--lr",        "--weight-decay",
-                        "--beta1",     "--beta2",
-                        "--eps",       "--grad-clip",
-                        "--precision", "--checkpoint-activations",
-                        "--log-json",  "--save",
-                        "--save-dir",  "--save-every",
-                        "--keep",      "--resume",
-                        "--tf32",      "--classifier-chunk",
-                        "--attention", "--profile-step",
-                        "--backend",   "--comm-timeout",
-                        "strict",      "--help"}) {
+  for (const char* f : {"--init-from",    "--layers",
+                        "--dim",          "--heads",
+                        "--vocab",        "--seq",
+                        "--seed",         "--data",
+                        "--batch",        "--steps",
+                        "--lr",           "--weight-decay",
+                        "--beta1",        "--beta2",
+                        "--eps",          "--grad-clip",
+                        "--precision",    "--checkpoint-activations",
+                        "--log-json",     "--save",
+                        "--save-dir",     "--save-every",
+                        "--keep",         "--resume",
+                        "--tf32",         "--classifier-chunk",
+                        "--attention",    "--profile-step",
+                        "--cuda-graph",   "--backend",
+                        "--comm-timeout", "strict",
+                        "--help"}) {
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   }
   // the host program works in fp32 unless told otherwise (fourway-train-cuda: bf16)
@@ -560,14 +574,7 @@ TEST(FourwayTrain, EveryPathLogsModelFlopsAndTheMfuAgainstThePeak) {
 // held to NCCL's contract by the strict world, and the 3-D mesh); --steps 0 evaluates the
 // weights as loaded; bad flags are refused by name.
 TEST(FourwayTrain, ValidationLossIsTheOneRankFigureOnEveryMesh) {
-  const auto val = scratch("val.bin");
-  std::vector<std::uint16_t> toks(2000);
-  std::uint32_t x = 12345;
-  for (auto& t : toks) {
-    x = x * 1664525u + 1013904223u;
-    t = static_cast<std::uint16_t>(x >> 24);  // byte ids, as the built-in corpus's
-  }
-  fw::TokenData::write(val, toks);
+  const auto val = byte_tokens("val.bin", 2000, 12345);
   const auto log = scratch("val.jsonl");
   const std::string model = "--layers 4 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 8 " +
                             std::string("--val-data '") + val.string() + "' --eval-batches 3 ";
@@ -1060,4 +1067,47 @@ TEST(FourwayTrain, ReadmesZero3PeakIsWhatTheProgramMeasures) {
     ++ranks;
   }
   EXPECT_EQ(ranks, 8) << r.out;
+}
+
+// --cuda-graph on rehearses the captured step on the host (train/trainer.hpp, StepCapture): the
+// same losses, validation losses and saved file as the uncaptured run, bit for bit; step 1 fills
+// the cache, step 2 is captured, the validation after step 3 drops the graph and step 4
+// recaptures. A mesh is refused; auto leaves the host program uncaptured and says nothing.
+TEST(FourwayTrain, CudaGraphOnRehearsesTheCaptureWithTheSameLossesAndFile) {
+  const auto val = byte_tokens("graph_val.bin", 600, 777);
+  const std::string model =
+      "--layers 2 --dim 32 --heads 2 --vocab 256 --seq 16 --batch 4 "
+      "--steps 6 --eval-every 3 --eval-batches 2 --val-data '" +
+      val.string() + "' --micro-batches 2 ";
+  std::vector<std::string> logged;
+  std::vector<std::string> saved;
+  for (const std::string graph : {"off", "on", "auto"}) {
+    const auto log = scratch("graph_" + graph + ".jsonl");
+    const auto file = scratch("graph_" + graph + ".safetensors");
+    const ProgramRun r = run(model + "--cuda-graph " + graph + " --log-json '" + log.string() +
+                             "' --save '" + file.string() + "'");
+    ASSERT_EQ(r.status, 0) << graph << r.err << r.out;
+    std::string figures;  // each line's loss and validation loss as logged
+    for (const auto& l : lines_of(slurp(log))) {
+      const auto at = l.find("\"loss\":");
+      figures += l.substr(at, l.find(',', at) - at);
+      const auto v = l.find("\"val_loss\":");
+      if (v != std::string::npos) figures += l.substr(v, l.find(',', v) - v);
+      figures += "\n";
+    }
+    logged.push_back(figures);
+    saved.push_back(slurp(file));
+    const bool says =
+        r.out.find("cuda graph: 2 captures, 3 of 6 steps replayed") != std::string::npos;
+    EXPECT_EQ(says, graph == "on") << graph << r.out;
+    EXPECT_EQ(r.out.find("cuda graph:") != std::string::npos, graph == "on") << graph << r.out;
+  }
+  EXPECT_NE(logged[0].find("val_loss"), std::string::npos) << logged[0];
+  EXPECT_EQ(logged[1], logged[0]);
+  EXPECT_EQ(logged[2], logged[0]);
+  EXPECT_TRUE(saved[1] == saved[0]) << "the captured run saved other weights";
+  const ProgramRun mesh = run(model + "--cuda-graph on --ranks 2");
+  EXPECT_NE(mesh.status, 0);
+  EXPECT_NE(mesh.err.find("--cuda-graph on captures a one-rank step"), std::string::npos)
+      << mesh.err;
 }

@@ -10,12 +10,21 @@
 //! the backend at once. Device blocks are reused in the order of the rank's stream, the only
 //! stream its kernels and collectives run on. Under AddressSanitizer an idle host block is
 //! poisoned, so a use after free is still reported.
+//!
+//! Graph blocks: a CUDA graph (backend/capture.hpp) replays the addresses its capture was served,
+//! long after the host has freed those tensors. Every block taken or given back while a capture
+//! is open is therefore *reserved* for that graph's owner: idle, it serves only a capture (never
+//! a tensor made between replays, which a replay would overwrite), it stays past the cap, and
+//! `release_all` keeps it, until `unreserve(owner)` when the graph goes (PyTorch keeps a private
+//! memory pool per graph for the same reason).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -39,33 +48,59 @@ class BlockCache {
   BlockCache() = default;
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
-  ~BlockCache() { release_all(nullptr); }
-
-  /// An idle block of exactly `bytes` from `release`'s backend on `device`, or null.
-  void* take(Release release, int device, std::size_t bytes, bool host_memory) {
-    auto it = idle_.find(Key{release, device, bytes});
-    if (it == idle_.end() || it->second.empty()) {
-      ++misses_;
-      return nullptr;
-    }
-    void* p = it->second.back();
-    it->second.pop_back();
-    idle_bytes_ -= bytes;
-    ++hits_;
-    if (host_memory) unpoison(p, bytes);
-    return p;
+  ~BlockCache() {
+    reserved_.clear();  // the graphs went before the accountant that owns the cache
+    release_all(nullptr);
   }
 
-  /// Keeps block `p` of `bytes` while the idle bytes stay within `cap`; false: the caller gives
-  /// it back to the backend.
+  /// An idle block of exactly `bytes` from `release`'s backend on `device`, or null. Inside a
+  /// capture (`capture_owner` not null) any idle block serves and becomes the owner's; outside
+  /// one, only a block no graph holds.
+  void* take(Release release, int device, std::size_t bytes, bool host_memory,
+             const void* capture_owner = nullptr) {
+    auto it = idle_.find(Key{release, device, bytes});
+    if (it != idle_.end()) {
+      auto& blocks = it->second;
+      for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+        void* p = *b;
+        if (capture_owner == nullptr && reserved_.contains(p)) continue;
+        blocks.erase(std::next(b).base());
+        idle_bytes_ -= bytes;
+        ++hits_;
+        if (capture_owner != nullptr) reserved_[p] = capture_owner;
+        if (host_memory) unpoison(p, bytes);
+        return p;
+      }
+    }
+    ++misses_;
+    return nullptr;
+  }
+
+  /// Keeps block `p` of `bytes` while the idle bytes stay within `cap` (a graph's block always);
+  /// false: the caller gives it back to the backend. Inside a capture (`capture_owner` not null)
+  /// the block becomes the owner's.
   bool give(Release release, int device, std::size_t bytes, void* p, bool host_memory,
-            std::size_t cap) {
-    if (!enabled_ || idle_bytes_ + bytes > cap) return false;
+            std::size_t cap, const void* capture_owner = nullptr) {
+    if (capture_owner != nullptr) reserved_[p] = capture_owner;
+    if (!reserved_.contains(p) && (!enabled_ || idle_bytes_ + bytes > cap)) return false;
     idle_[Key{release, device, bytes}].push_back(p);
     idle_bytes_ += bytes;
     if (host_memory) poison(p, bytes);
     return true;
   }
+
+  /// Whether a graph holds block `p` (taken or given back inside its capture); `owner`'s graph
+  /// when `owner` is not null.
+  [[nodiscard]] bool reserved(const void* p, const void* owner = nullptr) const {
+    const auto it = reserved_.find(const_cast<void*>(p));
+    return it != reserved_.end() && (owner == nullptr || it->second == owner);
+  }
+  /// The blocks `owner`'s graph held are ordinary cached blocks again; how many.
+  std::size_t unreserve(const void* owner) {
+    return std::erase_if(reserved_, [&](const auto& kv) { return kv.second == owner; });
+  }
+  /// Blocks a graph holds.
+  [[nodiscard]] std::size_t reserved_blocks() const { return reserved_.size(); }
 
   /// Gives every idle block of `release`'s backend (every backend when null) back; the bytes.
   std::size_t release_all(Release release) {
@@ -76,13 +111,17 @@ class BlockCache {
         ++it;
         continue;
       }
-      for (void* p : it->second) {
+      // a graph's blocks stay: a replay still writes them
+      auto& blocks = it->second;
+      std::erase_if(blocks, [&](void* p) {
+        if (reserved_.contains(p)) return false;
         unpoison(p, k.bytes);
         k.release(p);
         freed += k.bytes;
-      }
-      idle_bytes_ -= k.bytes * it->second.size();
-      it = idle_.erase(it);
+        idle_bytes_ -= k.bytes;
+        return true;
+      });
+      it = blocks.empty() ? idle_.erase(it) : std::next(it);
     }
     return freed;
   }
@@ -117,6 +156,7 @@ class BlockCache {
   }
 
   std::map<Key, std::vector<void*>> idle_;
+  std::unordered_map<void*, const void*> reserved_;  // graph blocks (idle or live) -> the owner
   std::size_t idle_bytes_ = 0;
   std::size_t hits_ = 0;
   std::size_t misses_ = 0;

@@ -215,19 +215,30 @@ class MemoryAccountant {
   }
 
   // ---- the block cache (core/block_cache.hpp), used by Tensor ---------------------------------
-  /// An idle block of exactly `bytes` of the backend `release` belongs to, or null.
+  /// An idle block of exactly `bytes` of the backend `release` belongs to, or null (inside a
+  /// capture it becomes the capture's graph's; outside one, no graph's block serves).
   void* reuse_block(BlockCache::Release release, std::size_t bytes, bool host_memory) {
     std::lock_guard lock(mu_);
-    return cache_.take(release, device_, bytes, host_memory);
+    return cache_.take(release, device_, bytes, host_memory, capture_owner_);
   }
   /// Keeps a block a tensor gives back (false: the caller frees it). Idle blocks stay within
   /// twice the rank's live peak (blocks of one size cannot serve another, so a step whose sizes
-  /// change from unit to unit keeps more than its peak idle between uses).
-  bool keep_block(BlockCache::Release release, std::size_t bytes, void* p, bool host_memory) {
+  /// change from unit to unit keeps more than its peak idle between uses); a graph's always stay.
+  /// Inside a capture, a block the capture was not served (a tensor made before it) is the
+  /// capture's fault (`capture_fault`): a replay would read it after the host reused it.
+  bool keep_block(BlockCache::Release release, std::size_t bytes, void* p, bool host_memory,
+                  MemTag tag) {
     std::lock_guard lock(mu_);
-    return cache_.give(release, device_, bytes, p, host_memory, 2 * total_peak_);
+    if (capture_ != nullptr && capture_fault_.empty() && !cache_.reserved(p, capture_owner_)) {
+      capture_fault_ = detail::cat(
+          "fourway: rank ", rank_, " frees a tensor of ", bytes, " bytes (", mem_tag_name(tag),
+          ") made before ", capture_,
+          ": each replay would run the step's work on it again after the host has given its "
+          "block to other tensors; free it before the capture, or keep it alive past it");
+    }
+    return cache_.give(release, device_, bytes, p, host_memory, 2 * total_peak_, capture_owner_);
   }
-  /// Gives the idle blocks of one backend (all when null) back to it; the bytes released.
+  /// Gives the idle blocks of one backend (all when null) back to it, but a graph's; the bytes.
   std::size_t release_cached_blocks(BlockCache::Release release = nullptr) {
     std::lock_guard lock(mu_);
     return cache_.release_all(release);
@@ -237,16 +248,35 @@ class MemoryAccountant {
     std::lock_guard lock(mu_);
     ++backend_allocations_;
   }
-  /// Opens (`what` names it in errors) and closes a CUDA graph capture on this rank
-  /// (backend/capture.hpp): while open, a tensor that the block cache cannot serve is refused
-  /// before the backend allocates (`refuse_allocation_in_capture`).
-  void begin_capture(const char* what) {
+  /// Opens (`what` names it in errors) and closes a CUDA graph capture on this rank for the graph
+  /// `owner` (backend/capture.hpp): while open, a tensor that the block cache cannot serve is
+  /// refused before the backend allocates (`refuse_allocation_in_capture`), and every block taken
+  /// or given back becomes the owner's until `release_graph_blocks(owner)`.
+  void begin_capture(const char* what, const void* owner) {
     std::lock_guard lock(mu_);
     capture_ = what;
+    capture_owner_ = owner;
+    capture_fault_.clear();
   }
   void end_capture() {
     std::lock_guard lock(mu_);
     capture_ = nullptr;
+    capture_owner_ = nullptr;
+  }
+  /// What the last capture did that a replay cannot repeat (empty: nothing); see `keep_block`.
+  [[nodiscard]] std::string capture_fault() const {
+    std::lock_guard lock(mu_);
+    return capture_fault_;
+  }
+  /// The blocks `owner`'s graph held are ordinary cached blocks again (the graph is gone).
+  void release_graph_blocks(const void* owner) {
+    std::lock_guard lock(mu_);
+    cache_.unreserve(owner);
+  }
+  /// Blocks a graph holds (idle or in a tensor).
+  [[nodiscard]] std::size_t graph_blocks() const {
+    std::lock_guard lock(mu_);
+    return cache_.reserved_blocks();
   }
   /// Throws GraphCaptureError when a capture is open: a block of `bytes` would come from the
   /// backend (cudaMalloc cannot be captured, and a replay would not allocate again).
@@ -348,7 +378,9 @@ class MemoryAccountant {
   std::size_t backend_allocations_ = 0;
   std::atomic<bool> tracking_{false};
   std::map<std::uintptr_t, std::size_t> blocks_;  // live tensor blocks: start -> bytes
-  const char* capture_ = nullptr;  // the open capture's name (begin_capture), or null
+  const char* capture_ = nullptr;        // the open capture's name (begin_capture), or null
+  const void* capture_owner_ = nullptr;  // the graph the open capture records
+  std::string capture_fault_;            // the open (or last) capture's fault, see keep_block
   BlockCache cache_;  // declared last: its idle blocks go back before the counters vanish
 };
 

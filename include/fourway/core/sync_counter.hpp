@@ -10,7 +10,9 @@
 //! While a CUDA graph capture is open on the context (`begin_capture`, backend/capture.hpp) a
 //! synchronising call is refused instead: a stream being captured cannot be waited on, and a
 //! value read back during capture would be read once, never at replay. GraphCaptureError names
-//! the call and the capture.
+//! the call and the capture. So is a copy from host memory (`note_upload`): a capture records
+//! the copy's source address, and each replay would copy what lies there then, not the values
+//! the step was given.
 #pragma once
 
 #include <atomic>
@@ -36,6 +38,16 @@ class SyncCounter {
           "replay); keep the step's host reads outside the capture, or run it uncaptured"));
     }
     syncs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// A copy from host memory, `call` naming it: allowed, and not a synchronising call, outside a
+  /// capture; inside one, GraphCaptureError.
+  void note_upload(const char* call) const {
+    if (capture_ == nullptr) return;
+    throw GraphCaptureError(detail::cat(
+        "fourway: ", call, " inside ", capture_,
+        ": a captured step may not copy from host "
+        "memory (each replay would copy what the host buffer holds then, not these values); "
+        "upload before the capture into a buffer the step reads, or run it uncaptured"));
   }
   /// Opens (`what` names it in errors) and closes a capture on this context.
   void begin_capture(const char* what) const noexcept { capture_ = what; }

@@ -148,7 +148,8 @@ class Tensor {
   void release() noexcept {
     if (owning_) {
       if (data_ != nullptr) memory_->forget_block(data_);
-      if (data_ != nullptr && !memory_->keep_block(release_fn, bytes(), data_, !B::on_device)) {
+      if (data_ != nullptr &&
+          !memory_->keep_block(release_fn, bytes(), data_, !B::on_device, tag_)) {
         B::deallocate(data_);
       }
       try {

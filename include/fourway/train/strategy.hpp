@@ -232,15 +232,28 @@ class SingleRank {
   /// sum, both read back together: the step's one synchronising call. An inf or NaN gradient
   /// makes Σg² non-finite, which is the fp16 overflow test.
   StepReport finish_step(const StepControl& c) {
+    reduce_step(c);
+    return complete_step(c);
+  }
+  /// The device half of `finish_step`, which a CUDA graph may hold (train/trainer.hpp,
+  /// `StepCapture`): Σg² into the scalars beside the loss sum; nothing read back or uploaded when
+  /// the loss is on the device.
+  void reduce_step(const StepControl& c) {
     if (!c.loss_on_device) scalars_.set(0, c.loss_sum);
     std::vector<std::span<const param_type>> grads;
-    std::vector<SegmentBinding<param_type>> bindings;
     model_->visit_parameters([&](auto& p) {
       grads.emplace_back(p.grad.data(), static_cast<std::size_t>(p.grad.numel()));
-      bindings.push_back({p.weight.data(), p.grad.data()});
     });
     scalars_.zero(1);  // Σg² is this call's alone, whether or not begin_step ran
     Ops<B>::sum_squares_into(*ctx_, scalars_.slot(1), grads);
+  }
+  /// The host half: the scalars read back, then the step skipped (fp16 overflow) or clipped and
+  /// applied with the learning rate and loss scale of `c`.
+  StepReport complete_step(const StepControl& c) {
+    std::vector<SegmentBinding<param_type>> bindings;
+    model_->visit_parameters([&](auto& p) {
+      bindings.push_back({p.weight.data(), p.grad.data()});
+    });
     const auto [loss_sum, ss] = scalars_.template read<2>();
     StepReport r;
     r.loss_sum = loss_sum;

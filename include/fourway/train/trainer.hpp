@@ -33,16 +33,35 @@
 //! and the strategy `device_loss_sum()`, every micro-batch's loss is added to the strategy's
 //! device scalars, and the step's one synchronising call is the strategy's read-out of its
 //! scalars (loss sum and Σg² together). Otherwise each forward returns its loss to the host.
+//!
+//! Graph capture (`TrainerOptions::capture`, backend/capture.hpp): a strategy whose step splits
+//! into a device half (`reduce_step`: no collective, nothing read back or uploaded — SingleRank)
+//! and a host half (`complete_step`: the read-back, the clip, the fp16 skip, the optimizer), with
+//! a model that leaves its loss on the device, can have the device half — zeroing the
+//! gradients, every micro-batch's forward and backward, Σg² — captured into a CUDA graph and
+//! replayed each step with one launch. The tokens are uploaded before the replay into the same
+//! buffer; the learning rate, clip coefficient and skip are decided after the read-back, outside
+//! the graph, so they are never stale. The graph is keyed by the micro-batch shape, the count and
+//! the gradient scale (fp16's loss scale): a step with new shapes runs uncaptured (its blocks then
+//! fill the cache) and the next one is captured, a new gradient scale alone is captured at once,
+//! and the steps after replay the graph. While a graph is held its blocks serve only it
+//! (backend/capture.hpp), so `evaluate` and `generate` drop it first — their forwards reuse the
+//! step's blocks, as without a graph — and the next step recaptures. On the host the capture is
+//! rehearsed (the same refusals, the same results).
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "fourway/backend/capture.hpp"
 #include "fourway/backend/ops.hpp"
 #include "fourway/core/error.hpp"
 #include "fourway/core/memory.hpp"
@@ -107,9 +126,20 @@ concept generating_strategy = requires(S& s, std::span<const std::int32_t> promp
   { s.generate(prompt, o) } -> std::same_as<std::vector<std::int32_t>>;
 };
 
+/// Whether a Trainer captures the device half of its step in a CUDA graph and replays it (see the
+/// file comment).
+enum class StepCapture {
+  off,            // every step launches its kernels
+  on,             // captured; a strategy or model that cannot be is a ConfigError, a failed
+                  // capture a GraphCaptureError
+  when_possible,  // captured where it can be; otherwise uncaptured, with the reason in
+                  // `Trainer::capture_note()`
+};
+
 struct TrainerOptions {
   int micro_batches = 1;           // per data-parallel rank and step (gradient accumulation)
   LossScalerConfig loss_scaler{};  // used when the precision is fp16
+  StepCapture capture = StepCapture::off;
 };
 
 template <training_strategy S>
@@ -142,6 +172,13 @@ class Trainer {
                                              : LossScaler::none()) {
     check<ConfigError>(opts_.micro_batches >= 1, "fourway: micro_batches must be >= 1, got ",
                        opts_.micro_batches);
+    if (!capturable && capture_ != StepCapture::off) {
+      check<ConfigError>(capture_ != StepCapture::on,
+                         "fourway: the step cannot be captured in a CUDA graph (", uncapturable(),
+                         "); set TrainerOptions::capture to when_possible or off");
+      capture_ = StepCapture::off;
+      capture_note_ = detail::cat("not captured: ", uncapturable());
+    }
   }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -158,38 +195,30 @@ class Trainer {
     const auto& ctx = strategy_.context();
     model_type& model = strategy_.model();
 
-    strategy_.begin_step();
     double local_sum = 0.0;
     bool loss_on_device = false;
+    bool graph = false;
     if constexpr (pipelined) {
       // a pipeline runs the rank's micro-batches in its schedule's order
       // (train/pipeline_strategy.hpp); the weighting is the same
+      strategy_.begin_step();
       local_sum = strategy_.run_micro_batches(
           batch, static_cast<std::int64_t>(strategy_.dp_rank()) * M * b, b, M, grad_scale);
     } else {
+      graph = capture_ != StepCapture::off;
+      if (!graph) strategy_.begin_step();
       // this rank's rows [first, first + M·b): uploaded once, then one view per micro-batch
       stage_rows(ctx, model, batch, strategy_.dp_rank() * static_cast<std::int64_t>(M) * b, M * b);
       loss_on_device = sinks_loss;
-      for (int i = 0; i < M; ++i) {
-        strategy_.begin_micro_batch(i, M);
-        const auto tokens = staged(false, i * b * T, Shape{b, T});
-        const auto targets = staged(true, i * b * T, Shape{b, T});
-        if constexpr (sinks_loss) {
-          // Σ per-token losses · b / (b·T): the micro-batch's mean loss times its rows
-          const LossSink sink{strategy_.device_loss_sum(), 1.0 / static_cast<double>(T),
-                              B::on_device && checks_tokens};
-          model.forward_into(ctx, tokens, targets, stash_, sink, strategy_.hooks());
-        } else {
-          const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
-          local_sum += static_cast<double>(loss) * static_cast<double>(b);
-        }
-        model.backward(ctx, stash_, grad_scale, strategy_.hooks());
-        strategy_.end_micro_batch(i, M);
+      if (graph) {
+        graph_step(ctx, CaptureKey{b, T, M, grad_scale});
+      } else {
+        local_sum = micro_batches(b, T, M, grad_scale);
       }
     }
     const StepControl control{strategy_.optimizer().lr_at(iteration_), loss_scale,
                               precision_type::loss_scaling, local_sum, loss_on_device};
-    report_ = strategy_.finish_step(control);
+    report_ = graph ? complete_step(control) : strategy_.finish_step(control);
     scaler_.update(report_.found_inf);
     ++iteration_;
     return static_cast<float>(report_.loss_sum / shares);
@@ -208,6 +237,7 @@ class Trainer {
     const double shares = static_cast<double>(batch.B) * sequence_split_of(strategy_).ranks;
     const std::int64_t first = strategy_.dp_rank() * static_cast<std::int64_t>(M) * b;
     double sum = 0.0;
+    drop_graph();
     if constexpr (pipelined) {
       sum = strategy_.evaluate_micro_batches(batch, first, b, M);
     } else {
@@ -241,6 +271,7 @@ class Trainer {
                        sequence_split_of(strategy_).ranks,
                        " of a sequence) is not supported: decoding keeps whole sequences; save the "
                        "model and generate on a mesh without ContextParallel");
+    drop_graph();
     if constexpr (pipelined) {
       return strategy_.generate(prompt, o);  // the chunks' ranks in turn
     } else {
@@ -269,6 +300,13 @@ class Trainer {
   /// Calls of `step` so far (skipped fp16 steps included); the learning-rate schedule's index.
   [[nodiscard]] long iteration() const { return iteration_; }
   [[nodiscard]] const TrainerOptions& options() const { return opts_; }
+  /// The step capture in force: the option, or off where it could not be had (`capture_note`).
+  [[nodiscard]] StepCapture capture() const { return capture_; }
+  /// Why the step is not captured (empty while it is, or when capture was never asked for).
+  [[nodiscard]] const std::string& capture_note() const { return capture_note_; }
+  /// Steps captured (each also ran once) and replayed so far.
+  [[nodiscard]] long captures() const { return captures_; }
+  [[nodiscard]] long replays() const { return replays_; }
   /// Restores the step counter (the schedule's index) and the loss scaler from a checkpoint.
   void restore_progress(long iteration, float loss_scale, int clean_run, long skipped) {
     check<CheckpointError>(iteration >= 0, "fourway: a checkpoint's iteration must be >= 0, got ",
@@ -285,6 +323,124 @@ class Trainer {
     { s.device_loss_sum() } -> std::same_as<double*>;
     m.forward_into(ctx, tok, tok, st, sink, s.hooks());
   };
+
+  /// The strategy's step splits into a device half a graph can hold and a host half, and the model
+  /// leaves its loss on the device (see the file comment).
+  static constexpr bool capturable =
+      !pipelined && sinks_loss && requires(S & s, const StepControl& c) {
+    s.reduce_step(c);
+    { s.complete_step(c) } -> std::same_as<StepReport>;
+  };
+  static constexpr const char* uncapturable() {
+    if (pipelined) return "a pipeline's schedule exchanges activations between ranks";
+    if (!sinks_loss) return "the model returns each micro-batch's loss to the host";
+    return "the strategy's step has collectives or reads values back before its end; only "
+           "SingleRank's step splits into a device half and a host half";
+  }
+  /// What a captured graph was recorded for: a replay must have the same.
+  struct CaptureKey {
+    std::int64_t rows = 0;
+    std::int64_t length = 0;
+    int micro_batches = 0;
+    float grad_scale = 0.0f;
+    bool operator==(const CaptureKey&) const = default;
+    [[nodiscard]] bool same_shapes(const CaptureKey& o) const {
+      return rows == o.rows && length == o.length && micro_batches == o.micro_batches;
+    }
+  };
+  /// Forgets the captured graph, so that its blocks serve other work (a validation's or a
+  /// generation's forward) instead of new ones; the next step recaptures (its shapes are warm).
+  void drop_graph() {
+    if constexpr (capturable) {
+      graph_.drop();
+      graph_key_.reset();
+    }
+  }
+
+  /// The micro-batches' forwards and backwards over the staged rows; Σ loss·rows of those whose
+  /// loss came back to the host (0 when the model leaves it on the device).
+  double micro_batches(std::int64_t b, std::int64_t T, int M, float grad_scale) {
+    const auto& ctx = strategy_.context();
+    model_type& model = strategy_.model();
+    double local_sum = 0.0;
+    for (int i = 0; i < M; ++i) {
+      strategy_.begin_micro_batch(i, M);
+      const auto tokens = staged(false, i * b * T, Shape{b, T});
+      const auto targets = staged(true, i * b * T, Shape{b, T});
+      if constexpr (sinks_loss) {
+        // Σ per-token losses · b / (b·T): the micro-batch's mean loss times its rows
+        const LossSink sink{strategy_.device_loss_sum(), 1.0 / static_cast<double>(T),
+                            B::on_device && checks_tokens};
+        model.forward_into(ctx, tokens, targets, stash_, sink, strategy_.hooks());
+      } else {
+        const float loss = model.forward(ctx, tokens, targets, stash_, strategy_.hooks());
+        local_sum += static_cast<double>(loss) * static_cast<double>(b);
+      }
+      model.backward(ctx, stash_, grad_scale, strategy_.hooks());
+      strategy_.end_micro_batch(i, M);
+    }
+    return local_sum;
+  }
+
+  /// The device half of a step: the gradients zeroed, the micro-batches, Σg² (what a graph holds).
+  void device_step(const CaptureKey& k) {
+    if constexpr (capturable) {
+      strategy_.begin_step();
+      (void)micro_batches(k.rows, k.length, k.micro_batches, k.grad_scale);
+      strategy_.reduce_step(StepControl{0.0f, 1.0f, false, 0.0, true});
+    } else {
+      (void)k;
+    }
+  }
+  /// The host half after `graph_step`.
+  StepReport complete_step(const StepControl& c) {
+    if constexpr (capturable) {
+      return strategy_.complete_step(c);
+    } else {
+      return strategy_.finish_step(c);  // not reached: graph_step needs a capturable step
+    }
+  }
+
+  /// The device half of a step under `capture_`: replayed when the graph was recorded for `key`;
+  /// otherwise run uncaptured once for new shapes (their blocks then fill the cache), or captured
+  /// (which runs it) — a new gradient scale alone recaptures at once. A capture that fails under
+  /// `when_possible` leaves the step uncaptured for good, the reason in `capture_note_`.
+  void graph_step(const Context<B>& ctx, const CaptureKey& key) {
+    if constexpr (capturable) {
+      if (graph_.captured() && graph_key_ == key) {
+        graph_.replay(ctx);
+        ++replays_;
+        return;
+      }
+      graph_.drop();
+      const bool warm = warm_key_ && warm_key_->same_shapes(key);
+      warm_key_ = key;
+      if (!warm) {
+        device_step(key);  // new shapes: their blocks fill the cache
+        return;
+      }
+      try {
+        graph_.capture(ctx, [this, key] { device_step(key); });
+        graph_key_ = key;
+        ++captures_;
+      } catch (const GraphCaptureError& e) {
+        uncaptured_after(e, key);
+      } catch (const DeviceError& e) {
+        uncaptured_after(e, key);
+      }
+    } else {
+      (void)ctx, (void)key;
+    }
+  }
+  /// A failed capture: rethrown under `on`; under `when_possible` the step runs uncaptured now
+  /// and from now on.
+  void uncaptured_after(const Error& e, const CaptureKey& key) {
+    if (capture_ == StepCapture::on) throw;
+    capture_ = StepCapture::off;
+    capture_note_ = detail::cat("not captured (", e.what(), ")");
+    stash_ = typename model_type::Stash{};
+    device_step(key);
+  }
 
   /// The rows of one micro-batch of `batch` on one rank, after checking that the batch is whole
   /// and splits into the data-parallel ranks x micro-batches.
@@ -382,6 +538,13 @@ class Trainer {
   Tensor<std::int32_t, B> device_tokens_;  // device backends: (2 · M·b·T) inputs, then targets
   StepReport report_{};
   long iteration_ = 0;
+  StepCapture capture_ = opts_.capture;
+  std::string capture_note_;  // why the step is not captured
+  std::conditional_t<capturable, StepGraph<B>, std::monostate> graph_;
+  std::optional<CaptureKey> graph_key_;  // what graph_ was recorded for
+  std::optional<CaptureKey> warm_key_;   // the key whose step last ran uncaptured
+  long captures_ = 0;
+  long replays_ = 0;
 };
 
 }  // namespace fourway

@@ -14,7 +14,10 @@
 //! `CUBLAS_COMPUTE_32F_FAST_TF32` then, `CUBLAS_COMPUTE_32F` otherwise (gemm.cuh). Streams are
 //! `cuda::Stream` handles: owned or borrowed (core/handle.hpp). The context also holds a cuBLASLt
 //! handle and its persistent workspace (`lt_workspace_bytes`, made at the first epilogue GEMM
-//! and counted under `MemTag::workspace` until the context goes: cuda/gemm_epilogue.cuh).
+//! and counted under `MemTag::workspace` until the context goes: cuda/gemm_epilogue.cuh); from
+//! then on cuBLAS's own GEMMs use its head as their workspace too (`cublasSetWorkspace`), so a
+//! step captured in a CUDA graph (backend/capture.hpp) runs the algorithms an uncaptured step
+//! runs, in memory the context owns, rather than a pool cuBLAS would allocate inside the capture.
 #pragma once
 
 #include <cublasLt.h>
@@ -167,6 +170,8 @@ struct Context<Cuda> : SyncCounter {
   [[nodiscard]] cublasHandle_t cublas() const { return cublas_; }
   /// Bytes of the persistent cuBLASLt workspace (32 MiB, what cuBLAS itself keeps for Hopper).
   static constexpr std::size_t lt_workspace_bytes = std::size_t{32} << 20;
+  /// Its last bytes: the bias gradients' scratch (gemm_epilogue.cuh); the GEMMs get the rest.
+  static constexpr std::size_t lt_tail_bytes = std::size_t{1} << 20;
   [[nodiscard]] cublasLtHandle_t cublaslt() const { return cublaslt_; }
   /// The cuBLASLt workspace on this context's device, made at the first call and kept (one
   /// allocation for the context's life, counted under MemTag::workspace).
@@ -180,6 +185,9 @@ struct Context<Cuda> : SyncCounter {
         throw;
       }
       lt_workspace_ = p;
+      // the stream's work is ordered: GEMMs queued before this switch finish with the old pool
+      cuda::check_cublas(cublasSetWorkspace(cublas_, p, lt_workspace_bytes - lt_tail_bytes),
+                         "cublasSetWorkspace");
     }
     return lt_workspace_;
   }
@@ -271,6 +279,7 @@ void to_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
 template <class T>
 void from_host(const Context<Cuda>& ctx, T* dst, const T* src, std::int64_t n) {
   if (n <= 0) return;
+  ctx.note_upload("from_host (a copy from host memory)");
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
   if (bytes <= Context<Cuda>::staging_bytes) {
     ctx.upload_staged(dst, src, bytes);

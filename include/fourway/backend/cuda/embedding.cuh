@@ -3,15 +3,19 @@
 //! device flag, which `Embedding` reads once per backward.
 //!
 //! Backward is deterministic with no atomics: `dwpe[t]` sums its B rows in order; for `dwte`
-//! the token ids are copied to the host and bucketed by token with the host's own
-//! `detail::bucket_tokens` (llm.c's scheme), the buckets go back to the device in a workspace
-//! tensor, and one thread per (bucket, channel) sums its positions in order and adds the sum
-//! once — the same fp32 order as the host, so fp32 results match the host bitwise. The copy
-//! synchronises the stream once per backward.
+//! the positions are grouped by token on the device — CUB's stable radix sort of (token,
+//! position) pairs, so a token's positions stay in ascending order, the host's
+//! `detail::bucket_tokens` order — and the one thread per (position, channel) that starts a
+//! token's run sums the run's rows in order and adds the sum once: the same fp32 order as the
+//! host, so fp32 results match the host bitwise. Nothing is read back or uploaded (the ids never
+//! leave the device), so a step's backward can be captured in a CUDA graph (backend/capture.hpp);
+//! llm.c groups the ids on the host instead, which costs a synchronisation per step.
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <vector>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
 
 #include "fourway/backend/cuda/common.cuh"
 #include "fourway/backend/host/embedding.hpp"
@@ -54,40 +58,59 @@ void embedding_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* tok
 }
 
 namespace detail {
-/// dwte[token of bucket u] += the fp32 sum, in position order, of dout's rows in bucket u, once
-/// per bucket and channel (llm.c's encoder backward): the buckets go to the device in one int64
-/// workspace [order | starts | token of each bucket]. Synchronises (the workspace is freed).
+/// dw[k] += the fp32 sum, in position order, of dout's rows whose token t has k = t - start in
+/// [0, count), once per k and channel (the other positions are skipped): the positions sorted by
+/// k on the device (CUB's radix sort over the bits of `count`, stable), then one thread per
+/// (sorted position, channel) that begins a run of equal k adds the run. No synchronisation.
 template <floating_dtype E>
-void add_token_buckets(const Context<Cuda>& ctx, E* dwte, const E* dout,
-                       const host::detail::TokenBuckets& buckets, std::int64_t C,
-                       const char* what) {
-  const auto nb = static_cast<std::int64_t>(buckets.tokens_of.size());
-  if (nb == 0 || C <= 0) return;
-  const auto n = static_cast<std::int64_t>(buckets.order.size());
-  std::vector<std::int64_t> packed;
-  packed.reserve(static_cast<std::size_t>(n + 2 * nb + 1));
-  packed.insert(packed.end(), buckets.order.begin(), buckets.order.end());
-  packed.insert(packed.end(), buckets.starts.begin(), buckets.starts.end());
-  packed.insert(packed.end(), buckets.tokens_of.begin(), buckets.tokens_of.end());
-  Tensor<std::int64_t, Cuda> dev({static_cast<std::int64_t>(packed.size())}, MemTag::workspace,
-                                 ctx.memory());
-  from_host(ctx, dev.data(), packed.data(), static_cast<std::int64_t>(packed.size()));
-  const std::int64_t* order = dev.data();
-  const std::int64_t* starts = order + n;
-  const std::int64_t* token_of = starts + nb + 1;
+void add_token_runs(const Context<Cuda>& ctx, E* dw, const E* dout, const std::int32_t* tokens,
+                    std::int64_t n, std::int64_t C, std::int64_t start, std::int64_t count,
+                    const char* what) {
+  if (n <= 0 || C <= 0 || count <= 0) return;  // count 0: a shard past the vocabulary's end
+  check<ShapeError>(n < (std::int64_t{1} << 31) && count < (std::int64_t{1} << 31),
+                    "fourway: ", what, ": ", n, " positions over ", count,
+                    " token ids exceed the sort's 32-bit range; split the batch");
+  const auto skip = static_cast<std::uint32_t>(count);  // the key of a position not in range
+  const int end_bit = std::bit_width(skip);
+  // int32 storage sorted as uint32 keys (every key is below 2^31)
+  Tensor<std::int32_t, Cuda> keys(Shape{2 * n}, MemTag::workspace, ctx.memory());
+  Tensor<std::int32_t, Cuda> positions(Shape{2 * n}, MemTag::workspace, ctx.memory());
+  auto* key_in = reinterpret_cast<std::uint32_t*>(keys.data());
+  std::uint32_t* key = key_in + n;
+  std::int32_t* pos_in = positions.data();
+  std::int32_t* pos = pos_in + n;
   for_each(
-      ctx, nb * C,
+      ctx, n,
       [=] __device__(std::int64_t i) {
-        const std::int64_t u = i / C;
+        const std::int64_t t = static_cast<std::int64_t>(tokens[i]) - start;
+        key_in[i] = (t >= 0 && t < count) ? static_cast<std::uint32_t>(t) : skip;
+        pos_in[i] = static_cast<std::int32_t>(i);
+      },
+      what);
+  std::size_t temp_bytes = 0;
+  check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, key_in, key, pos_in, pos,
+                                             static_cast<int>(n), 0, end_bit, ctx.stream()),
+             "cub::DeviceRadixSort::SortPairs (size query)");
+  Tensor<std::uint8_t, Cuda> temp({static_cast<std::int64_t>(temp_bytes) + 1}, MemTag::workspace,
+                                  ctx.memory());
+  check_cuda(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, key_in, key, pos_in, pos,
+                                             static_cast<int>(n), 0, end_bit, ctx.stream()),
+             "cub::DeviceRadixSort::SortPairs");
+  for_each(
+      ctx, n * C,
+      [=] __device__(std::int64_t i) {
+        const std::int64_t j = i / C;
         const std::int64_t c = i % C;
+        const std::uint32_t k = key[j];
+        if (k == skip || (j > 0 && key[j - 1] == k)) return;  // not the start of a run
         float s = 0.0f;
-        for (std::int64_t j = starts[u]; j < starts[u + 1]; ++j) s += load(dout + order[j] * C + c);
-        E* w = dwte + token_of[u] * C + c;
+        for (std::int64_t m = j; m < n && key[m] == k; ++m) {
+          s += load(dout + static_cast<std::int64_t>(pos[m]) * C + c);
+        }
+        E* w = dw + static_cast<std::int64_t>(k) * C + c;
         store(w, load(w) + s);
       },
       what);
-  // `dev` is freed on return; the kernel must be done with it
-  ctx.synchronize("the embedding backward's token buckets (their workspace freed)");
 }
 }  // namespace detail
 
@@ -109,10 +132,9 @@ void embedding_backward(const Context<Cuda>& ctx, E* dwte, E* dwpe, const E* dou
       },
       "embedding_backward (wpe)");
 
-  std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(n));
-  to_host(ctx, host_tokens.data(), tokens, n);
-  detail::add_token_buckets(ctx, dwte, dout, host::detail::bucket_tokens(host_tokens.data(), n), C,
-                            "embedding_backward (wte)");
+  // every id is a row: [0, 2^31 - 1) covers int32's non-negative ids
+  detail::add_token_runs(ctx, dwte, dout, tokens, n, C, 0, std::numeric_limits<std::int32_t>::max(),
+                         "embedding_backward (wte)");
 }
 
 /// Vocabulary-parallel lookup, twin of `host::vocab_embed_forward`.
@@ -131,17 +153,13 @@ void vocab_embed_forward(const Context<Cuda>& ctx, E* out, const std::int32_t* t
 }
 
 /// Vocabulary-parallel scatter-add, twin of `host::vocab_embed_backward` (same buckets, same
-/// fp32 order; the ids are bucketed on the host as in `embedding_backward`).
+/// fp32 order; the ids are grouped on the device as in `embedding_backward`).
 template <floating_dtype E>
 void vocab_embed_backward(const Context<Cuda>& ctx, E* dwte_shard, const E* dout,
                           const std::int32_t* tokens, std::int64_t rows, std::int64_t C,
                           std::int64_t vocab_start, std::int64_t Vlocal) {
-  if (rows <= 0 || C <= 0) return;
-  std::vector<std::int32_t> host_tokens(static_cast<std::size_t>(rows));
-  to_host(ctx, host_tokens.data(), tokens, rows);
-  const host::detail::TokenBuckets buckets =
-      host::detail::bucket_vocab_shard(host_tokens.data(), rows, vocab_start, Vlocal);
-  detail::add_token_buckets(ctx, dwte_shard, dout, buckets, C, "vocab_embed_backward");
+  detail::add_token_runs(ctx, dwte_shard, dout, tokens, rows, C, vocab_start, Vlocal,
+                         "vocab_embed_backward");
 }
 
 }  // namespace fourway::cuda

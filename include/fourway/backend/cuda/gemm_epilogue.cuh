@@ -71,7 +71,7 @@ inline bool on_16_bytes(const void* p) { return reinterpret_cast<std::uintptr_t>
 
 /// Bytes at the end of the persistent workspace that hold a bias gradient (fp32) between the GEMM
 /// that reduces it and the pass that adds it; the GEMM's own workspace is the rest.
-inline constexpr std::size_t lt_bias_scratch_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t lt_bias_scratch_bytes = Context<Cuda>::lt_tail_bytes;
 inline constexpr std::size_t lt_gemm_workspace_bytes =
     Context<Cuda>::lt_workspace_bytes - lt_bias_scratch_bytes;
 inline float* lt_bias_scratch(const Context<Cuda>& ctx) {

@@ -69,6 +69,7 @@ void to_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
 }
 template <class T>
 void from_host(const Context<Host>& ctx, T* dst, const T* src, std::int64_t n) {
+  ctx.note_upload("from_host (a copy from host memory)");
   copy(ctx, dst, src, n);
 }
 }  // namespace host
