@@ -230,9 +230,9 @@ plan=(
   "racecheck-kernels|90|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; attention: tiled, and fused in bf16)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
-  "train-cuda-vs-host|110|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; cp2 dp2 ZeRO-3, cp2 pp2 bf16; classifier chunks; fp16; fused attention; tf32"
+  "train-cuda-vs-host|110|examples/train/cuda_vs_host.sh: 1 rank; 4-rank ZeRO-3 LocalWorld fp32, bf16; tp2 dp2; tp2 pp2 dp2; cp2 dp2 ZeRO-3, cp2 pp2 bf16; classifier chunks; fp16; fused attention; tf32; one rank uncaptured (the others capture by default)"
   "multi-gpu|300|examples/train/multi_gpu_vs_host.sh: --backend nccl on 2, 4, 8 GPUs (launch-local.sh, torchrun-style): dp, zero3, tp2, pp2 x gpipe/1f1b/interleaved/zb-h1/zb-v, tp2 pp2 dp2 zero3 vs host losses; needs >= 2 GPUs"
-  "train-vs-pytorch-gpu|180|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise and fused attention) vs PyTorch eager/SDPA/torch.compile with fused AdamW, 3 rounds (torch.compile's compilation in each round's warm-up)"
+  "train-vs-pytorch-gpu|180|benchmarks/train/compare_pytorch_gpu.sh: GPT-2 124M bf16 B8 T1024, fourway-train-cuda (blockwise captured in a CUDA graph and not, fused) vs PyTorch eager/SDPA/torch.compile with fused AdamW, 3 rounds (torch.compile's compilation in each round's warm-up)"
   "train-vs-pytorch-gpu-b64|150|benchmarks/train/compare_pytorch_gpu.sh at B64 T1024: fourway-train-cuda (blockwise and fused) vs PyTorch SDPA/torch.compile (and llm.c when staged), 3 rounds of 4 timed steps"
   "bench-kernels|60|bench_kernels_gpu: GEMM vs cuBLAS, gelu(x·W+b) fused vs unfused, AdamW (one tensor, GPT-2's list)/LayerNorm/GELU/softmax/cross-entropy/column sum vs copy, attention fused/blockwise/tiled/materialised"
   "bench-comm|30|bench_comm_gpu: GEMMs + bucket all-reduces on the communication stream vs the bound stream, 3 interleaved repetitions"
@@ -550,7 +550,9 @@ if [ "$built" -eq 1 ]; then
   if [ -x "$train_cuda" ]; then
     # llm.c beside them when it was built (benchmarks/train/build_llmc.sh) or staged
     llmc=$(compgen -G "$build/llmc/train_gpt2cu*" | paste -sd, || true)
-    LLMC=$llmc step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
+    # the blockwise step with and without its CUDA graph (the graph's own gain), and fused
+    FW_ATTENTION=blockwise,blockwise-nograph,fused LLMC=$llmc \
+      step train-vs-pytorch-gpu "$root/benchmarks/train/compare_pytorch_gpu.sh" "$build"
     while IFS= read -r f; do note train-vs-pytorch-gpu "${f#FIGURE train-vs-pytorch-gpu }"; done \
       < <(grep '^FIGURE train-vs-pytorch-gpu' "$logdir/train-vs-pytorch-gpu.log")
     # the larger batch: llm.c's B 64, the attentions a PyTorch user runs there

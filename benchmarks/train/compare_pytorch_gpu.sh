@@ -33,7 +33,10 @@
 #               when PyTorch < 2.0)
 #   FW_ATTENTION fourway-train-cuda's --attention values, comma list of blockwise, fused, cudnn
 #               (default blockwise,fused); the blockwise run is labelled `fourway`, the others
-#               `fourway-fused`, `fourway-cudnn`
+#               `fourway-fused`, `fourway-cudnn`. Each runs with its step captured in a CUDA graph
+#               (fourway-train-cuda's default); a value with `-nograph` (blockwise-nograph, ...)
+#               runs it with --cuda-graph off, labelled `fourway-nograph`, `fourway-fused-nograph`:
+#               the graph's own gain is the ratio of the two
 #   ADAMW       default | foreach | fused: torch.optim.AdamW's implementation (default fused)
 #   LLMC        llm.c's trainers to run beside them, comma list of built train_gpt2cu programs
 #               (../shared/anchors/README.md has the build lines; labelled by file name, e.g.
@@ -104,12 +107,19 @@ IFS=, read -r -a atts <<< "$attention"
 fw_attention=${FW_ATTENTION:-blockwise,fused}
 IFS=, read -r -a fw_atts <<< "$fw_attention"
 for a in "${fw_atts[@]}"; do
-  case "$a" in
+  case "${a%-nograph}" in
     blockwise | fused | cudnn) ;;
-    *) die "FW_ATTENTION takes blockwise, fused, cudnn (comma list), got '$a'" ;;
+    *) die "FW_ATTENTION takes blockwise, fused, cudnn, each also with -nograph (comma list), \
+got '$a'" ;;
   esac
 done
-fw_label() { [ "$1" = blockwise ] && echo fourway || echo "fourway-$1"; }
+fw_label() {  # blockwise -> fourway, fused -> fourway-fused, blockwise-nograph -> fourway-nograph
+  local base=${1%-nograph}
+  local label=fourway
+  [ "$base" = blockwise ] || label+="-$base"
+  [ "$base" = "$1" ] || label+=-nograph
+  echo "$label"
+}
 llmcs=()
 if [ -n "${LLMC:-}" ]; then
   IFS=, read -r -a llmcs <<< "$LLMC"
@@ -145,14 +155,20 @@ tokens=$((B * T))
 params=$((VOCAB * DIM + T * DIM + LAYERS * (12 * DIM * DIM + 13 * DIM) + 2 * DIM))
 flops_token=$((6 * params + 12 * LAYERS * T * DIM))
 
-fourway_ms() {  # fourway_ms ATTENTION: median step_ms of one fourway-train-cuda run (after warm-up)
+fourway_ms() {  # fourway_ms ATTENTION[-nograph]: median step_ms of one fourway-train-cuda run
+  local att=${1%-nograph} graph=auto
+  [ "$att" = "$1" ] || graph=off
   # shellcheck disable=SC2086
   if ! "$exe" $model --precision bf16 --data "$tmp/tok.bin" --steps $((steps + warmup)) --lr 3e-4 \
       --beta2 0.95 --weight-decay 0.1 --grad-clip 1.0 --log-json "$tmp/log.jsonl" --quiet \
-      --attention "$1" ${FW_FLAGS:-} > "$tmp/fw.out" 2>&1; then
+      --attention "$att" --cuda-graph "$graph" ${FW_FLAGS:-} > "$tmp/fw.out" 2>&1; then
     tail -5 "$tmp/fw.out" >&2
     echo "compare_pytorch_gpu: fourway-train-cuda failed (above)" >&2
     return 1
+  fi
+  # a captured run that fell back says why (its figure is then the uncaptured step's)
+  if grep -q '^cuda graph: not captured' "$tmp/fw.out"; then
+    echo "compare_pytorch_gpu: $(fw_label "$1"): $(grep '^cuda graph:' "$tmp/fw.out")" >&2
   fi
   [ -s "$tmp/fw.params" ] ||
     sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$tmp/fw.out" > "$tmp/fw.params"

@@ -164,6 +164,14 @@ TEST(GraphCapture, AGraphsBlocksServeOnlyItsCapturesUntilItGoes) {
   EXPECT_EQ(mem.cached_bytes(), 256u);
   graph.replay(ctx);
   EXPECT_EQ(mem.backend_allocations(), blocks + 1);
+  // another graph's capture does not get it either: the second graph's first capture misses
+  {
+    fw::StepGraph<fw::Host> other;
+    const std::string e = capture_error([&] { other.capture(ctx, step); });
+    EXPECT_TRUE(contains(e, "allocates a new block of 256 bytes")) << e;
+    EXPECT_EQ(mem.graph_blocks(), 1u) << "the refused capture took nothing";
+  }
+  graph.replay(ctx);
   // once the graph goes, its block serves any tensor
   graph.drop();
   EXPECT_EQ(mem.graph_blocks(), 0u);

@@ -15,11 +15,12 @@ work=$2
 rm -rf "$work" && mkdir -p "$work/build/examples/train"
 cat > "$work/build/examples/train/fourway-train-cuda" <<'STUB'
 #!/usr/bin/env bash
-log=; att=blockwise; steps=0
+log=; att=blockwise; steps=0; graph=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --log-json) log=$2; shift ;;
     --attention) att=$2; shift ;;
+    --cuda-graph) graph=$2; shift ;;
     --steps) steps=$2; shift ;;
   esac
   shift
@@ -27,12 +28,15 @@ done
 echo "model: 124439808 parameters"
 [ -n "$log" ] || exit 0
 echo "fourway $att" >> "$STUB_ORDER"
+echo "graph $graph" >> "$STUB_ORDER.graph"
 if [ "$att" = fused ] && [ -n "${STUB_FAIL_FUSED:-}" ]; then
   echo "stub: fused attention failed" >&2
   exit 3
 fi
 base=30
 [ "$att" = fused ] && base=22
+[ "$graph" = off ] && base=$((base + 10))
+[ "$graph" != off ] && [ -n "${STUB_UNCAPTURED:-}" ] && echo "cuda graph: not captured (stub)"
 : > "$log"
 for i in $(seq "$steps"); do
   ms=$base
@@ -140,7 +144,8 @@ grep -q "FIGURE train-vs-pytorch-gpu fourway-fused" <<< "$out" &&
 out=$(FW_ATTENTION=flash bash "$script" "$work/build" 2>&1)
 rc=$?
 [ $rc -eq 2 ] || fail "exit $rc for FW_ATTENTION=flash, want 2"
-grep -qF "FW_ATTENTION takes blockwise, fused, cudnn (comma list), got 'flash'" <<< "$out" ||
+grep -qF "FW_ATTENTION takes blockwise, fused, cudnn, each also with -nograph (comma list), \
+got 'flash'" <<< "$out" ||
   fail "no clear message for FW_ATTENTION=flash"
 
 # 4. one attention only: its figures and no other fourway side
@@ -151,5 +156,26 @@ rc=$?
 grep -qF "ratio of the median tokens/s: fourway-fused / pytorch-eager 3.545 (" <<< "$out" ||
   fail "FW_ATTENTION=fused ATTENTION=eager: wrong ratio line"
 grep -q "fourway blockwise" "$STUB_ORDER" && fail "FW_ATTENTION=fused ran the blockwise attention"
+
+# 5. the step with and without its CUDA graph (the stand-in takes 10 ms longer with --cuda-graph
+# off): each labelled, the graph's side asking for auto, the other for off; a captured side that
+# fell back says so
+: > "$STUB_ORDER"
+: > "$STUB_ORDER.graph"
+out=$(FW_ATTENTION=blockwise,blockwise-nograph ATTENTION=eager STUB_UNCAPTURED=1 \
+  bash "$script" "$work/build" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || fail "exit $rc with FW_ATTENTION=blockwise,blockwise-nograph"
+# 8192 tokens: 273067 tokens/s at 30 ms, 204800 at 40 ms; PyTorch eager 105026 at 78 ms
+expect_in_out " with and without the graph" \
+  "FIGURE train-vs-pytorch-gpu fourway bf16 B8 T1024: tokens/s 273067 / 273067 / 273067" \
+  "FIGURE train-vs-pytorch-gpu fourway-nograph bf16 B8 T1024: tokens/s 204800 / 204800 / 204800" \
+  "fourway / pytorch-eager 2.600, fourway-nograph / pytorch-eager 1.950" \
+  "compare_pytorch_gpu: fourway: cuda graph: not captured (stub)"
+[ "$(grep -c '^graph auto$' "$STUB_ORDER.graph")" -eq 2 ] &&
+  [ "$(grep -c '^graph off$' "$STUB_ORDER.graph")" -eq 2 ] ||
+  fail "not 2 rounds each of --cuda-graph auto and off: $(sort "$STUB_ORDER.graph" | uniq -c)"
+grep -q "fourway-nograph: cuda graph" <<< "$out" &&
+  fail "the uncaptured side was reported as a fallen-back capture"
 
 finish compare_pytorch_gpu_stubbed

@@ -53,9 +53,9 @@ class BlockCache {
     release_all(nullptr);
   }
 
-  /// An idle block of exactly `bytes` from `release`'s backend on `device`, or null. Inside a
-  /// capture (`capture_owner` not null) any idle block serves and becomes the owner's; outside
-  /// one, only a block no graph holds.
+  /// An idle block of exactly `bytes` from `release`'s backend on `device`, or null: one no
+  /// graph holds, or inside a capture (`capture_owner` not null) one its graph holds, which then
+  /// becomes the owner's too. Another graph's block never serves.
   void* take(Release release, int device, std::size_t bytes, bool host_memory,
              const void* capture_owner = nullptr) {
     auto it = idle_.find(Key{release, device, bytes});
@@ -63,7 +63,8 @@ class BlockCache {
       auto& blocks = it->second;
       for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
         void* p = *b;
-        if (capture_owner == nullptr && reserved_.contains(p)) continue;
+        const auto held = reserved_.find(p);
+        if (held != reserved_.end() && held->second != capture_owner) continue;
         blocks.erase(std::next(b).base());
         idle_bytes_ -= bytes;
         ++hits_;
