@@ -227,6 +227,7 @@ plan=(
   "gpu-tests|50|ctest -L gpu (but layers_cuda_test and the train comparison: own steps)"
   "memcheck-kernels|25|compute-sanitizer --tool memcheck backend_kernels_cuda_test"
   "memcheck-localworld|20|compute-sanitizer --tool memcheck comm_cuda_test, LocalWorld tests (fp32)"
+  "memcheck-graph|30|compute-sanitizer --tool memcheck train_trainer_cuda_test: the one-rank step captured in a CUDA graph and replayed (TrainerCuda.CapturedSteps*)"
   "racecheck-kernels|90|compute-sanitizer --tool racecheck backend_kernels_cuda_test (fp32, not the cuBLAS GEMM tests; attention: tiled, and fused in bf16)"
   "racecheck-localworld|15|compute-sanitizer --tool racecheck comm_cuda_test, LocalWorld tests (fp32)"
   "gpt-step|90|layers_cuda_test --gtest_filter=GptCuda.*MatchesHost (small; GPT-2 width T=1024)"
@@ -508,6 +509,7 @@ if [ "$built" -eq 1 ]; then
   }
   sanitize memcheck-kernels memcheck "$kernels" '*'
   sanitize memcheck-localworld memcheck "$comm" "$localworld"
+  sanitize memcheck-graph memcheck "$(exe train_trainer_cuda_test)" 'TrainerCuda.CapturedSteps*'
   FOURWAY_TEST_ATTENTION_PATHS=tiled,fused sanitize racecheck-kernels racecheck "$kernels" \
     'CudaKernels/0.*:CudaKernels/1.FlashAttention*-CudaKernels/0.Gemm*'
   sanitize racecheck-localworld racecheck "$comm" "$localworld"
@@ -598,7 +600,8 @@ if [ "$built" -eq 1 ]; then
     skip profile-step "fourway-train-cuda not built"
   fi
 else
-  for n in gpu-tests memcheck-kernels memcheck-localworld racecheck-kernels racecheck-localworld \
+  for n in gpu-tests memcheck-kernels memcheck-localworld memcheck-graph racecheck-kernels \
+           racecheck-localworld \
            gpt-step train-cuda-vs-host multi-gpu train-vs-pytorch-gpu train-vs-pytorch-gpu-b64 \
            bench-kernels bench-comm profile-step; do
     skip "$n" "build failed"
